@@ -1,0 +1,42 @@
+//! flotilla: an orchestrator for clusters of long-running software components.
+//!
+//! A **master** keeps the truth about clusters in RocksDB and serves the HTTP
+//! admin API; a **node manager (agent)** on every machine installs component
+//! packages, writes per-instance config, and runs and watches the processes.
+//! The master is an actix actor system: one supervisor, one actor per cluster,
+//! per instance and per connected agent.
+//!
+//! # Layout
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`config`] | master and agent settings (file + `FLOTILLA_*` env), validated on load |
+//! | [`error`] | the domain `Error` (no HTTP in it) and `ErrorChain` |
+//! | [`ids`] | typed ids and the name rule |
+//! | [`spec`] | `component.toml`: model, validation, config typing, template rendering |
+//! | [`storage`] | RocksDB stores (master and agent), records, codec, the group-commit writer |
+//! | [`protocol`] | master <-> agent frames, messages, codec, handshake |
+//! | [`actors`] | master-side actors: supervisor, cluster, instance, node manager, read model |
+//! | [`operations`] | multi-step cluster operations as step lists with undo, and their runner |
+//! | [`http`] | the actix-web admin API: routes, DTOs, error mapping |
+//! | [`agent`] | the node manager: connection, installer, process control, local state |
+//! | [`master`] | wiring that starts a master: storage, actors, listeners |
+//! | [`dev`] | `flotilla dev`: a master and N agents on loopback |
+//! | [`package`] | package tarballs: reading `component.toml` out of an upload |
+//!
+//! Integration tests in `tests/` start a real master and real agents as
+//! processes of the `flotilla` binary and check `/proc` and the disk.
+
+pub mod actors;
+pub mod agent;
+pub mod config;
+pub mod dev;
+pub mod error;
+pub mod http;
+pub mod ids;
+pub mod master;
+pub mod operations;
+pub mod package;
+pub mod protocol;
+pub mod spec;
+pub mod storage;

@@ -1,0 +1,204 @@
+//! Every message that crosses the master <-> agent link.
+//!
+//! The link is one TCP connection dialled by the agent. After the handshake
+//! (`Hello` -> `Welcome` | `Refused`) the master sends [`MasterFrame::Request`]s
+//! and the agent answers each with a [`AgentFrame::Response`] carrying the same
+//! `request_id`; the agent also sends unsolicited [`AgentEvent`]s (heartbeats,
+//! process exits).
+//!
+//! A package install is one logical request spread over several frames that
+//! share one `request_id`: `InstallBegin` (the agent answers `InstallReady`,
+//! saying whether it needs the bytes), then, if it does, `InstallData` chunks
+//! and `InstallEnd`, after which the agent answers `InstallResult`.
+//!
+//! Every instance command carries the instance's desired-state `generation`;
+//! the agent refuses a command older than the newest one it has applied.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{InstanceId, NodeId};
+
+/// Bumped on any incompatible change to these types. Both sides refuse a
+/// peer with another version, with a message naming both versions.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Size of one `InstallData` chunk sent by the master.
+pub const INSTALL_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// Largest frame either side accepts: one chunk plus generous room for headers
+/// (rendered files travel in `InstallBegin`/`WriteFiles`).
+pub const MAX_FRAME_BYTES: usize = 8 * 1024 * 1024;
+
+// ---------------------------------------------------------------- frames
+
+/// A frame sent by the master.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MasterFrame {
+    Welcome(Welcome),
+    /// The handshake failed; the master closes the connection after this.
+    Refused { reason: String },
+    Request { request_id: u64, body: AgentRequest },
+}
+
+/// A frame sent by an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentFrame {
+    Hello(Hello),
+    /// The agent refuses the master (e.g. protocol version mismatch).
+    Refused { reason: String },
+    Response { request_id: u64, body: AgentResponse },
+    Event(AgentEvent),
+}
+
+// ---------------------------------------------------------------- handshake
+
+/// The agent's first frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol_version: u32,
+    pub node_id: NodeId,
+    /// The host instances on this node bind to and peers dial, e.g. `127.0.0.11`.
+    pub address: String,
+    /// Inclusive port range the master may allocate instance ports from.
+    pub port_range: (u16, u16),
+    pub labels: BTreeMap<String, String>,
+    pub agent_version: String,
+    /// Whether this agent can put each instance in its own cgroup v2.
+    pub cgroups: bool,
+    /// Everything the agent holds, so the master can reconcile.
+    pub inventory: Vec<InstanceReport>,
+}
+
+/// The master's answer to a good `Hello`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Welcome {
+    pub protocol_version: u32,
+    /// How often the agent must send `AgentEvent::Heartbeat`.
+    pub heartbeat_interval_ms: u64,
+}
+
+/// One instance as the agent sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceReport {
+    pub instance: InstanceId,
+    pub generation: u64,
+    pub desired_running: bool,
+    pub running: bool,
+    pub pid: Option<u32>,
+}
+
+// ---------------------------------------------------------------- requests
+
+/// What the master asks an agent to do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentRequest {
+    InstallBegin(InstallBegin),
+    InstallData { instance: InstanceId, seq: u32, bytes: Vec<u8> },
+    InstallEnd { instance: InstanceId },
+    /// Writes (re-rendered) files into an installed instance and reports which
+    /// of them changed. Does not restart anything.
+    WriteFiles { instance: InstanceId, generation: u64, files: Vec<RenderedFile> },
+    Start { instance: InstanceId, generation: u64 },
+    Stop { instance: InstanceId, generation: u64 },
+    /// Stops the instance if it runs, then removes its directory and records.
+    Delete { instance: InstanceId, generation: u64 },
+    Ping,
+}
+
+/// The header of a package install: everything the agent needs to create or
+/// replace an instance directory, except the package bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstallBegin {
+    pub instance: InstanceId,
+    pub generation: u64,
+    /// The run-as user from the spec; `None` means the agent's default.
+    pub run_as: Option<String>,
+    pub process: ProcessSpec,
+    pub files: Vec<RenderedFile>,
+    pub package_sha256: String,
+    pub package_size: u64,
+}
+
+/// How to run and stop an instance. Commands are argv arrays relative to the
+/// instance directory, never shell strings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessSpec {
+    pub start: Vec<String>,
+    pub stop: Option<Vec<String>>,
+    /// Present: the start command daemonizes and writes this pidfile
+    /// (relative to the instance directory). Absent: the child is the process.
+    pub pidfile: Option<String>,
+    pub stop_grace_ms: u64,
+    /// How long a start (until the pid is known) may take.
+    pub start_timeout_ms: u64,
+    pub env: Vec<(String, String)>,
+}
+
+/// A file rendered on the master, written by the agent. `path` is relative to
+/// the instance directory and validated on both sides.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RenderedFile {
+    pub path: String,
+    pub contents: Vec<u8>,
+    pub mode: u32,
+}
+
+// ---------------------------------------------------------------- responses
+
+/// The agent's answer to one request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentResponse {
+    /// Answer to `InstallBegin`: `need_bytes == false` means the agent holds
+    /// the package already and installed from its copy; `InstallResult` follows
+    /// at once without data frames.
+    InstallReady { need_bytes: bool },
+    InstallResult { files_written: u32 },
+    FilesWritten { changed: Vec<String> },
+    Started { pid: u32, already_running: bool },
+    Stopped { was_running: bool },
+    Deleted { existed: bool },
+    Pong,
+    Failed(CommandFailure),
+}
+
+/// Why a command failed on the agent, with what an operator needs to fix it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommandFailure {
+    pub kind: FailureKind,
+    pub message: String,
+    /// Exit code of the failed process, when one exited.
+    pub exit_code: Option<i32>,
+    /// Last lines of the failed process's stderr.
+    pub stderr_tail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// The command carried a generation older than one already applied.
+    StaleGeneration,
+    UnknownInstance,
+    BadRequest,
+    Install,
+    Start,
+    Stop,
+    Timeout,
+    Internal,
+}
+
+// ---------------------------------------------------------------- events
+
+/// Unsolicited news from an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentEvent {
+    Heartbeat,
+    /// A process the agent was running exited without being asked to stop.
+    ProcessExited {
+        instance: InstanceId,
+        pid: u32,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        stderr_tail: String,
+    },
+}

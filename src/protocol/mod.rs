@@ -1,0 +1,2 @@
+//! protocol
+pub mod messages;

@@ -1,0 +1,3 @@
+//! storage
+pub mod records;
+pub mod agent_records;

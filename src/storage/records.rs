@@ -1,0 +1,272 @@
+//! The records the master persists, one per key, each carrying its schema
+//! `version` so a later release can migrate old values.
+//!
+//! These are storage types: the HTTP layer maps them to its own DTOs and
+//! never serializes them directly. They are encoded by `storage::codec`
+//! (bincode), which has no self-describing types, so nothing here may hold a
+//! `serde_json::Value` or use `#[serde(untagged/flatten)]`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::ids::{ClusterId, InstanceId, NodeId, OperationId};
+
+/// Schema version written into every record created by this release.
+pub const RECORD_VERSION: u32 = 1;
+
+/// A typed config value, as validated against the component spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ConfigValue {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+}
+
+impl ConfigValue {
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            ConfigValue::Int(i) => serde_json::Value::from(*i),
+            ConfigValue::Float(f) => serde_json::Value::from(*f),
+            ConfigValue::Bool(b) => serde_json::Value::from(*b),
+            ConfigValue::Str(s) => serde_json::Value::from(s.clone()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackageRef {
+    pub name: String,
+    pub version: String,
+}
+
+impl std::fmt::Display for PackageRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.name, self.version)
+    }
+}
+
+/// Cluster statuses: the seeds' Sahara vocabulary (DESIGN.md §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClusterStatus {
+    Validating,
+    Installing,
+    Configuring,
+    Starting,
+    Active,
+    Scaling,
+    AddingInstances,
+    Decommissioning,
+    DeletingInstances,
+    Stopping,
+    Stopped,
+    Restarting,
+    Upgrading,
+    Reconfiguring,
+    Deleting,
+    Error,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoleState {
+    pub count: u32,
+    /// The next ordinal to hand out; ordinals are never reused in a cluster.
+    pub next_ordinal: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterRecord {
+    pub version: u32,
+    pub id: ClusterId,
+    pub name: String,
+    pub package: PackageRef,
+    pub status: ClusterStatus,
+    pub status_description: String,
+    pub config: BTreeMap<String, ConfigValue>,
+    pub roles: BTreeMap<String, RoleState>,
+    /// The operation running on this cluster, if any.
+    pub operation: Option<OperationId>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InstanceStatus {
+    Pending,
+    Installing,
+    Installed,
+    Starting,
+    Running,
+    Stopping,
+    Stopped,
+    Failed,
+    Lost,
+    Deleting,
+}
+
+/// What the operator wants an instance to be; the agent converges to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DesiredState {
+    Installed,
+    Running,
+    Stopped,
+    Deleted,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceRecord {
+    pub version: u32,
+    pub id: InstanceId,
+    pub cluster_id: ClusterId,
+    pub cluster: String,
+    pub role: String,
+    pub ordinal: u32,
+    pub node: NodeId,
+    pub host: String,
+    pub ports: BTreeMap<String, u16>,
+    pub status: InstanceStatus,
+    pub desired: DesiredState,
+    pub pid: Option<u32>,
+    /// Desired-state generation; bumped before every command sent to the agent.
+    pub generation: u64,
+    /// The instance directory on the agent.
+    pub dir: String,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeStatus {
+    Ready,
+    Unknown,
+    Down,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub version: u32,
+    pub id: NodeId,
+    pub address: String,
+    pub port_range: (u16, u16),
+    pub labels: BTreeMap<String, String>,
+    pub cgroups: bool,
+    pub agent_version: String,
+    /// The agent's instance root (`<root>/instances`), for the API's `dir`.
+    pub instance_root: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub registered_at: OffsetDateTime,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PackageRecord {
+    pub version: u32,
+    pub name: String,
+    pub package_version: String,
+    pub sha256: String,
+    pub size: u64,
+    /// The package's `component.toml`, verbatim; parsed again on load.
+    pub spec_toml: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub uploaded_at: OffsetDateTime,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OperationKind {
+    Create,
+    Start,
+    Stop,
+    Restart,
+    ScaleOut,
+    ScaleIn,
+    Delete,
+    StartInstance,
+    StopInstance,
+    RestartInstance,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OperationStatus {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    RolledBack,
+    Cancelled,
+}
+
+impl OperationStatus {
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, OperationStatus::Pending | OperationStatus::Running)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepStatus {
+    Pending,
+    Running,
+    Done,
+    Failed,
+    Undoing,
+    Undone,
+    UndoFailed,
+}
+
+/// The outcome of one step on one instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceResult {
+    pub instance: InstanceId,
+    pub ok: bool,
+    pub message: String,
+    pub exit_code: Option<i32>,
+    pub stderr_tail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub name: String,
+    pub status: StepStatus,
+    pub error: Option<String>,
+    pub results: Vec<InstanceResult>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationRecord {
+    pub version: u32,
+    pub id: OperationId,
+    pub cluster_id: ClusterId,
+    pub cluster: String,
+    pub kind: OperationKind,
+    /// The request parameters as JSON text (bincode cannot carry JSON values).
+    pub params: String,
+    pub status: OperationStatus,
+    pub steps: Vec<StepRecord>,
+    pub error: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub ended_at: Option<OffsetDateTime>,
+}
+
+impl OperationRecord {
+    /// (done, total) steps.
+    pub fn progress(&self) -> (usize, usize) {
+        let done = self.steps.iter().filter(|s| s.status == StepStatus::Done).count();
+        (done, self.steps.len())
+    }
+}
+
+/// An append-only record of a state change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub version: u32,
+    pub seq: u64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+    pub cluster: Option<String>,
+    pub instance: Option<InstanceId>,
+    pub kind: String,
+    pub message: String,
+}
