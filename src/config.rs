@@ -1,1 +1,316 @@
-//! config
+//! Settings for `flotilla master` and `flotilla agent`.
+//!
+//! Each is read, lowest priority first, from: built-in defaults; a TOML file
+//! (`--config PATH`; `config/master.toml` and `config/agent.toml` document every
+//! key); `FLOTILLA_MASTER_*` / `FLOTILLA_AGENT_*` environment variables (e.g.
+//! `FLOTILLA_MASTER_HTTP_ADDR=0.0.0.0:7070`); then command-line flags. Unknown
+//! keys and bad values stop start-up with an error naming the key.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot load configuration: {0}")]
+    Load(String),
+    #[error("invalid configuration value for `{key}`: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+/// The master's settings. See `config/master.toml` for each key's meaning.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MasterConfig {
+    pub data_dir: PathBuf,
+    pub http_addr: String,
+    pub agent_addr: String,
+    pub max_upload_bytes: u64,
+    pub max_json_bytes: usize,
+    #[serde(with = "humantime_serde_compat")]
+    pub heartbeat_interval: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub node_unknown_after: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub node_down_after: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub agent_reply_timeout: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub handshake_timeout: Duration,
+    pub endpoints_file: Option<PathBuf>,
+    pub log_format: LogFormat,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        MasterConfig {
+            data_dir: PathBuf::from("./flotilla-data/master"),
+            http_addr: "127.0.0.1:7070".into(),
+            agent_addr: "127.0.0.1:7071".into(),
+            max_upload_bytes: 1024 * 1024 * 1024,
+            max_json_bytes: 1024 * 1024,
+            heartbeat_interval: Duration::from_secs(2),
+            node_unknown_after: Duration::from_secs(6),
+            node_down_after: Duration::from_secs(30),
+            agent_reply_timeout: Duration::from_secs(120),
+            handshake_timeout: Duration::from_secs(10),
+            endpoints_file: None,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// An agent's settings. See `config/agent.toml` for each key's meaning.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    pub node_id: String,
+    pub master_addr: String,
+    pub address: String,
+    pub data_dir: PathBuf,
+    pub port_range: String,
+    pub labels: BTreeMap<String, String>,
+    pub default_run_as: Option<String>,
+    pub allow_root: bool,
+    pub use_cgroups: bool,
+    pub stop_instances_on_exit: bool,
+    #[serde(with = "humantime_serde_compat")]
+    pub reconnect_max_backoff: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub handshake_timeout: Duration,
+    pub log_format: LogFormat,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            node_id: String::new(),
+            master_addr: "127.0.0.1:7071".into(),
+            address: "127.0.0.1".into(),
+            data_dir: PathBuf::from("./flotilla-data/agent"),
+            port_range: "20000-29999".into(),
+            labels: BTreeMap::new(),
+            default_run_as: None,
+            allow_root: false,
+            use_cgroups: true,
+            stop_instances_on_exit: false,
+            reconnect_max_backoff: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(10),
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// The parsed, validated port range.
+    pub fn ports(&self) -> Result<(u16, u16), ConfigError> {
+        parse_port_range(&self.port_range)
+    }
+}
+
+fn parse_port_range(s: &str) -> Result<(u16, u16), ConfigError> {
+    let bad = |m: &str| ConfigError::Invalid { key: "port_range", message: format!("{s:?}: {m}") };
+    let (lo, hi) = s.split_once('-').ok_or_else(|| bad("expected LOW-HIGH, e.g. 20000-29999"))?;
+    let lo: u16 = lo.trim().parse().map_err(|_| bad("LOW is not a port number"))?;
+    let hi: u16 = hi.trim().parse().map_err(|_| bad("HIGH is not a port number"))?;
+    if lo < 1024 || lo > hi {
+        return Err(bad("need 1024 <= LOW <= HIGH"));
+    }
+    Ok((lo, hi))
+}
+
+/// Loads settings of type `T`: defaults, then `file`, then environment
+/// variables with `env_prefix` (`FLOTILLA_MASTER` → `FLOTILLA_MASTER_HTTP_ADDR`),
+/// then `overrides` (from command-line flags).
+fn load<T: for<'de> Deserialize<'de>>(
+    file: Option<&Path>,
+    env_prefix: &str,
+    env: Option<config::Map<String, String>>,
+    overrides: &[(&str, String)],
+) -> Result<T, ConfigError> {
+    let mut builder = config::Config::builder();
+    if let Some(path) = file {
+        if !path.exists() {
+            return Err(ConfigError::Load(format!("config file {} does not exist", path.display())));
+        }
+        builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+    }
+    builder = builder.add_source(
+        config::Environment::with_prefix(env_prefix)
+            .prefix_separator("_")
+            .try_parsing(true)
+            .source(env),
+    );
+    for (key, value) in overrides {
+        builder = builder
+            .set_override(*key, value.clone())
+            .map_err(|e| ConfigError::Load(e.to_string()))?;
+    }
+    let cfg = builder.build().map_err(|e| ConfigError::Load(e.to_string()))?;
+    cfg.try_deserialize().map_err(|e| ConfigError::Load(e.to_string()))
+}
+
+impl MasterConfig {
+    pub fn load(file: Option<&Path>, overrides: &[(&str, String)]) -> Result<Self, ConfigError> {
+        Self::load_with_env(file, None, overrides)
+    }
+
+    fn load_with_env(
+        file: Option<&Path>,
+        env: Option<config::Map<String, String>>,
+        overrides: &[(&str, String)],
+    ) -> Result<Self, ConfigError> {
+        let cfg: MasterConfig = load(file, "FLOTILLA_MASTER", env, overrides)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_addr("http_addr", &self.http_addr)?;
+        check_addr("agent_addr", &self.agent_addr)?;
+        if self.max_upload_bytes < 1024 {
+            return Err(ConfigError::Invalid { key: "max_upload_bytes", message: "must be at least 1024".into() });
+        }
+        if self.max_json_bytes < 1024 {
+            return Err(ConfigError::Invalid { key: "max_json_bytes", message: "must be at least 1024".into() });
+        }
+        check_nonzero("heartbeat_interval", self.heartbeat_interval)?;
+        if self.node_unknown_after <= self.heartbeat_interval {
+            return Err(ConfigError::Invalid {
+                key: "node_unknown_after",
+                message: "must be longer than heartbeat_interval".into(),
+            });
+        }
+        if self.node_down_after < self.node_unknown_after {
+            return Err(ConfigError::Invalid {
+                key: "node_down_after",
+                message: "must not be shorter than node_unknown_after".into(),
+            });
+        }
+        check_nonzero("agent_reply_timeout", self.agent_reply_timeout)?;
+        check_nonzero("handshake_timeout", self.handshake_timeout)
+    }
+}
+
+impl AgentConfig {
+    pub fn load(file: Option<&Path>, overrides: &[(&str, String)]) -> Result<Self, ConfigError> {
+        Self::load_with_env(file, None, overrides)
+    }
+
+    fn load_with_env(
+        file: Option<&Path>,
+        env: Option<config::Map<String, String>>,
+        overrides: &[(&str, String)],
+    ) -> Result<Self, ConfigError> {
+        let cfg: AgentConfig = load(file, "FLOTILLA_AGENT", env, overrides)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.node_id.is_empty() {
+            return Err(ConfigError::Invalid { key: "node_id", message: "must be set (e.g. node_id = \"node-1\")".into() });
+        }
+        crate::ids::validate_name(&self.node_id)
+            .map_err(|m| ConfigError::Invalid { key: "node_id", message: m })?;
+        check_addr("master_addr", &self.master_addr)?;
+        self.address
+            .parse::<std::net::IpAddr>()
+            .map_err(|_| ConfigError::Invalid { key: "address", message: format!("{:?} is not an IP address", self.address) })?;
+        self.ports()?;
+        check_nonzero("reconnect_max_backoff", self.reconnect_max_backoff)?;
+        check_nonzero("handshake_timeout", self.handshake_timeout)
+    }
+}
+
+fn check_addr(key: &'static str, value: &str) -> Result<(), ConfigError> {
+    value
+        .parse::<SocketAddr>()
+        .map(|_| ())
+        .map_err(|_| ConfigError::Invalid { key, message: format!("{value:?} is not HOST:PORT with an IP host") })
+}
+
+fn check_nonzero(key: &'static str, d: Duration) -> Result<(), ConfigError> {
+    if d.is_zero() {
+        return Err(ConfigError::Invalid { key, message: "must be greater than zero".into() });
+    }
+    Ok(())
+}
+
+/// Durations are written as humantime strings (`"2s"`, `"1m 30s"`).
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration like \"5s\": {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
+        Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    #[test]
+    fn defaults_are_valid_and_env_overrides() {
+        let cfg = MasterConfig::load_with_env(None, env(&[("FLOTILLA_MASTER_HTTP_ADDR", "127.0.0.1:9999")]), &[])
+            .unwrap();
+        assert_eq!(cfg.http_addr, "127.0.0.1:9999");
+        assert_eq!(cfg.heartbeat_interval, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn shipped_config_files_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        MasterConfig::load_with_env(Some(&dir.join("master.toml")), env(&[]), &[]).unwrap();
+        AgentConfig::load_with_env(Some(&dir.join("agent.toml")), env(&[]), &[("node_id", "n1".into())]).unwrap();
+    }
+
+    #[test]
+    fn unknown_key_and_bad_value_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("m.toml");
+        std::fs::write(&f, "htp_addr = \"x\"\n").unwrap();
+        let err = MasterConfig::load_with_env(Some(&f), env(&[]), &[]).unwrap_err().to_string();
+        assert!(err.contains("htp_addr"), "{err}");
+
+        let err = MasterConfig::load_with_env(None, env(&[("FLOTILLA_MASTER_HTTP_ADDR", "nope")]), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("http_addr"), "{err}");
+
+        let err = MasterConfig::load_with_env(None, env(&[("FLOTILLA_MASTER_HEARTBEAT_INTERVAL", "soon")]), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("soon"), "{err}");
+    }
+
+    #[test]
+    fn agent_needs_node_id_and_a_sane_port_range() {
+        let err = AgentConfig::load_with_env(None, env(&[]), &[]).unwrap_err().to_string();
+        assert!(err.contains("node_id"), "{err}");
+        let err = AgentConfig::load_with_env(None, env(&[]), &[("node_id", "n1".into()), ("port_range", "30000-20000".into())])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("port_range"), "{err}");
+        let ok = AgentConfig::load_with_env(None, env(&[]), &[("node_id", "n1".into())]).unwrap();
+        assert_eq!(ok.ports().unwrap(), (20000, 29999));
+    }
+}

@@ -1,1 +1,300 @@
-//! dev
+//! `flotilla dev`: the embedded default. One command starts a master and N
+//! agents (each on its own loopback address 127.0.0.11, .12, ...) as child
+//! processes of this one, loads the example packages from
+//! `examples/components/`, writes `DIR/endpoints.json`, and prints the URLs
+//! and a copy-paste example. Ctrl-C stops the agents first (each stops its
+//! instances), then the master, and leaves no process behind.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+/// Flags of `flotilla dev`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DevArgs {
+    /// Where the master's and agents' data live.
+    #[arg(long, default_value = "./flotilla-data")]
+    pub data_dir: PathBuf,
+    /// The admin API address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub http_addr: String,
+    /// How many agents (at most 200).
+    #[arg(long, default_value_t = 3)]
+    pub agents: u8,
+    /// Folder of example components to load (each a folder with component.toml).
+    #[arg(long)]
+    pub examples: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    #[error("{0}")]
+    Setup(String),
+    #[error("cannot start {what}")]
+    Spawn { what: String, #[source] source: std::io::Error },
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return futures::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn setup<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> DevError + '_ {
+    move |e| DevError::Setup(format!("{what}: {e}"))
+}
+
+pub async fn run(args: DevArgs) -> Result<(), DevError> {
+    if args.agents == 0 || args.agents > 200 {
+        return Err(DevError::Setup("--agents must be 1 to 200".into()));
+    }
+    std::fs::create_dir_all(&args.data_dir).map_err(setup("creating --data-dir"))?;
+    let dir = std::fs::canonicalize(&args.data_dir).map_err(setup("resolving --data-dir"))?;
+    let exe = std::env::current_exe().map_err(setup("finding the flotilla binary"))?;
+    let internal = dir.join("master").join("endpoints.internal.json");
+    let _ = std::fs::remove_file(&internal);
+    std::fs::create_dir_all(dir.join("master")).map_err(setup("creating the master's dir"))?;
+
+    let mut children: Vec<(String, Child)> = Vec::new();
+    let master = Command::new(&exe)
+        .arg("master")
+        .arg("--data-dir")
+        .arg(dir.join("master"))
+        .arg("--http-addr")
+        .arg(&args.http_addr)
+        .arg("--agent-addr")
+        .arg("127.0.0.1:0")
+        .arg("--endpoints-file")
+        .arg(&internal)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| DevError::Spawn { what: "the master".into(), source })?;
+    children.push(("master".into(), master));
+
+    let result = start_and_wait(&args, &dir, &exe, &internal, &mut children).await;
+    if let Err(e) = &result {
+        eprintln!("flotilla dev: {e}");
+    }
+    stop_children(children).await;
+    result
+}
+
+async fn start_and_wait(args: &DevArgs, dir: &Path, exe: &Path, internal: &Path, children: &mut Vec<(String, Child)>) -> Result<(), DevError> {
+    let endpoints = wait_for_endpoints(internal, children).await?;
+    let api_url = endpoints["api_url"].as_str().unwrap_or_default().to_string();
+    let agent_addr = endpoints["agent_addr"].as_str().unwrap_or_default().to_string();
+    let me = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name).unwrap_or_else(|| "nobody".into());
+    for i in 1..=args.agents {
+        let address = format!("127.0.0.{}", 10 + i as u32);
+        let child = Command::new(exe)
+            .arg("agent")
+            .args(["--node-id", &format!("node-{i}")])
+            .args(["--master", &agent_addr])
+            .args(["--address", &address])
+            .arg("--data-dir")
+            .arg(dir.join(format!("agent-{i}")))
+            .args(["--port-range", "20000-29999"])
+            // Dev mode runs instances as the user who ran `flotilla dev`.
+            .args(["--default-run-as", &me])
+            .arg("--allow-root")
+            .arg("--stop-instances-on-exit")
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| DevError::Spawn { what: format!("agent {i}"), source })?;
+        children.push((format!("agent-{i}"), child));
+    }
+    let client = reqwest::Client::builder().no_proxy().build().map_err(setup("http client"))?;
+    wait_for_nodes(&client, &api_url, args.agents as usize).await?;
+    let examples = args.examples.clone().unwrap_or_else(default_examples);
+    let loaded = load_examples(&client, &api_url, &examples).await;
+    crate::master::write_endpoints(&dir.join("endpoints.json"), parse_addr(&api_url)?, parse_addr(&agent_addr)?)
+        .map_err(setup("writing endpoints.json"))?;
+    print_banner(&api_url, dir, args.agents, &loaded);
+    tokio::select! {
+        _ = shutdown_signal() => {
+            eprintln!("\nflotilla dev: stopping agents (and their instances), then the master ...");
+            Ok(())
+        }
+        who = any_exit(children) => Err(DevError::Setup(format!("{who} exited; stopping everything"))),
+    }
+}
+
+fn parse_addr(url: &str) -> Result<SocketAddr, DevError> {
+    url.trim_start_matches("http://").parse().map_err(|_| DevError::Setup(format!("bad address {url}")))
+}
+
+fn default_examples() -> PathBuf {
+    let local = PathBuf::from("examples/components");
+    if local.is_dir() { local } else { Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/components") }
+}
+
+async fn wait_for_endpoints(path: &Path, children: &mut [(String, Child)]) -> Result<serde_json::Value, DevError> {
+    for _ in 0..600 {
+        if let Ok(bytes) = std::fs::read(path) {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                return Ok(v);
+            }
+        }
+        if let Some((_, c)) = children.first_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                return Err(DevError::Setup(format!("the master exited at start ({status}); see its log above")));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(DevError::Setup("the master did not start within 30 s".into()))
+}
+
+async fn wait_for_nodes(client: &reqwest::Client, api: &str, n: usize) -> Result<(), DevError> {
+    for _ in 0..300 {
+        if let Ok(r) = client.get(format!("{api}/api/v1/nodes")).send().await {
+            if let Ok(v) = r.json::<serde_json::Value>().await {
+                let ready = v["nodes"].as_array().map(|a| a.iter().filter(|n| n["status"] == "Ready").count()).unwrap_or(0);
+                if ready >= n {
+                    return Ok(());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(DevError::Setup(format!("{n} agents did not connect within 30 s")))
+}
+
+/// Packs every `examples/components/<name>/` folder and uploads it.
+async fn load_examples(client: &reqwest::Client, api: &str, dir: &Path) -> Vec<String> {
+    let mut loaded = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        eprintln!("flotilla dev: no examples at {}", dir.display());
+        return loaded;
+    };
+    let mut dirs: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("component.toml").is_file()).collect();
+    dirs.sort();
+    for d in dirs {
+        match pack_dir(&d) {
+            Ok((name, version, bytes)) => {
+                let url = format!("{api}/api/v1/packages/{name}/{version}");
+                match client.put(&url).body(bytes).send().await {
+                    Ok(r) if r.status().is_success() => loaded.push(format!("{name}/{version}")),
+                    Ok(r) => eprintln!("flotilla dev: loading {}: {} {}", d.display(), r.status(), r.text().await.unwrap_or_default()),
+                    Err(e) => eprintln!("flotilla dev: loading {}: {e}", d.display()),
+                }
+            }
+            Err(e) => eprintln!("flotilla dev: packing {}: {e}", d.display()),
+        }
+    }
+    loaded
+}
+
+fn print_banner(api: &str, dir: &Path, agents: u8, loaded: &[String]) {
+    println!(
+        r#"
+flotilla dev is running: a master and {agents} agents (127.0.0.11 ...).
+
+  admin API   {api}/api/v1
+  endpoints   {dir}/endpoints.json
+  data        {dir}
+  packages    {packages}
+
+Try it (copy-paste):
+
+  curl -s -X POST {api}/api/v1/clusters -H 'content-type: application/json' \
+       -d '{{"name":"demo","package":{{"name":"web","version":"1.0.0"}},"roles":{{"server":{{"count":3}}}}}}'
+  curl -s {api}/api/v1/clusters/demo
+  curl -s -X POST {api}/api/v1/clusters/demo/scale -H 'content-type: application/json' -d '{{"role":"server","add":2}}'
+  curl -s -X DELETE {api}/api/v1/clusters/demo
+
+Ctrl-C stops everything.
+"#,
+        dir = dir.display(),
+        packages = if loaded.is_empty() { "(none)".to_string() } else { loaded.join(", ") },
+    );
+}
+
+async fn any_exit(children: &mut [(String, Child)]) -> String {
+    loop {
+        for (name, c) in children.iter_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                return format!("{name} ({status})");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// SIGTERM to the agents, wait; then to the master, wait; KILL what is left.
+async fn stop_children(children: Vec<(String, Child)>) {
+    let (master, agents): (Vec<_>, Vec<_>) = children.into_iter().partition(|(n, _)| n == "master");
+    for group in [agents, master] {
+        for (_, c) in &group {
+            if let Some(pid) = c.id() {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+            }
+        }
+        for (name, mut c) in group {
+            match tokio::time::timeout(Duration::from_secs(60), c.wait()).await {
+                Ok(_) => {}
+                Err(_) => {
+                    eprintln!("flotilla dev: {name} did not stop within 60 s; killing it");
+                    let _ = c.kill().await;
+                }
+            }
+        }
+    }
+}
+
+/// Packs a component folder (with `component.toml` at its root) into a
+/// `.tar.gz`; returns the component's name, version and the bytes.
+/// File modes are kept (scripts stay executable); ownership is not.
+pub fn pack_dir(dir: &Path) -> Result<(String, String, Vec<u8>), String> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        component: HeadComponent,
+    }
+    #[derive(serde::Deserialize)]
+    struct HeadComponent {
+        name: String,
+        version: String,
+    }
+    let text = std::fs::read_to_string(dir.join("component.toml")).map_err(|e| format!("component.toml: {e}"))?;
+    let head: Head = toml::from_str::<toml::Table>(&text)
+        .map_err(|e| format!("component.toml: {e}"))
+        .and_then(|t| toml::Value::Table(t).try_into().map_err(|e: toml::de::Error| format!("component.toml: {e}")))?;
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let mut tar = tar::Builder::new(gz);
+    tar.mode(tar::HeaderMode::Deterministic);
+    tar.follow_symlinks(false);
+    let mut entries: Vec<PathBuf> = walk(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    entries.sort();
+    for path in entries {
+        let rel = path.strip_prefix(dir).map_err(|e| e.to_string())?;
+        if rel.as_os_str().is_empty() || rel.starts_with("build.sh") {
+            continue;
+        }
+        tar.append_path_with_name(&path, rel).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let gz = tar.into_inner().map_err(|e| e.to_string())?;
+    let bytes = gz.finish().map_err(|e| e.to_string())?;
+    Ok((head.component.name, head.component.version, bytes))
+}
+
+fn walk(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        let meta = std::fs::symlink_metadata(&p)?;
+        out.push(p.clone());
+        if meta.is_dir() {
+            out.extend(walk(&p)?);
+        }
+    }
+    Ok(out)
+}

@@ -1,1 +1,142 @@
-fn main() {}
+//! The `flotilla` binary: command-line parsing only; everything else is in
+//! the library.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use flotilla::config::{AgentConfig, LogFormat, MasterConfig};
+
+#[derive(Parser)]
+#[command(name = "flotilla", version, about = "Orchestrates clusters of long-running software across machines")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the master: admin API, agent listener, metadata store.
+    Master {
+        /// TOML settings file (see config/master.toml).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        #[arg(long)]
+        http_addr: Option<String>,
+        #[arg(long)]
+        agent_addr: Option<String>,
+        /// Write {"api_url", "agent_addr"} here once listening.
+        #[arg(long)]
+        endpoints_file: Option<PathBuf>,
+    },
+    /// Run a node manager (agent) that dials the master.
+    Agent {
+        /// TOML settings file (see config/agent.toml).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        node_id: Option<String>,
+        /// The master's agent listener, HOST:PORT.
+        #[arg(long)]
+        master: Option<String>,
+        /// The IP instances on this node bind to.
+        #[arg(long)]
+        address: Option<String>,
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// LOW-HIGH, e.g. 20000-29999.
+        #[arg(long)]
+        port_range: Option<String>,
+        #[arg(long)]
+        default_run_as: Option<String>,
+        #[arg(long)]
+        allow_root: bool,
+        #[arg(long)]
+        no_cgroups: bool,
+        /// Stop every instance when the agent exits (dev mode).
+        #[arg(long)]
+        stop_instances_on_exit: bool,
+    },
+    /// A master and N agents on loopback, with the example packages loaded.
+    Dev(flotilla::dev::DevArgs),
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn path_str(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Master { config, data_dir, http_addr, agent_addr, endpoints_file } => {
+            let mut o: Vec<(&str, String)> = Vec::new();
+            if let Some(v) = &data_dir {
+                o.push(("data_dir", path_str(v)));
+            }
+            if let Some(v) = http_addr {
+                o.push(("http_addr", v));
+            }
+            if let Some(v) = agent_addr {
+                o.push(("agent_addr", v));
+            }
+            if let Some(v) = &endpoints_file {
+                o.push(("endpoints_file", path_str(v)));
+            }
+            let cfg = MasterConfig::load(config.as_deref(), &o)?;
+            init_logs(cfg.log_format);
+            actix::System::new().block_on(flotilla::master::run(cfg)).context("master failed")?;
+        }
+        Command::Agent {
+            config,
+            node_id,
+            master,
+            address,
+            data_dir,
+            port_range,
+            default_run_as,
+            allow_root,
+            no_cgroups,
+            stop_instances_on_exit,
+        } => {
+            let mut o: Vec<(&str, String)> = Vec::new();
+            for (k, v) in [("node_id", node_id), ("master_addr", master), ("address", address), ("port_range", port_range), ("default_run_as", default_run_as)] {
+                if let Some(v) = v {
+                    o.push((k, v));
+                }
+            }
+            if let Some(v) = &data_dir {
+                o.push(("data_dir", path_str(v)));
+            }
+            if allow_root {
+                o.push(("allow_root", "true".into()));
+            }
+            if no_cgroups {
+                o.push(("use_cgroups", "false".into()));
+            }
+            if stop_instances_on_exit {
+                o.push(("stop_instances_on_exit", "true".into()));
+            }
+            let cfg = AgentConfig::load(config.as_deref(), &o)?;
+            init_logs(cfg.log_format);
+            let rt = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            rt.block_on(flotilla::agent::run(cfg, flotilla::dev::shutdown_signal())).context("agent failed")?;
+        }
+        Command::Dev(args) => {
+            init_logs(LogFormat::Text);
+            let rt = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            rt.block_on(flotilla::dev::run(args))?;
+        }
+    }
+    Ok(())
+}

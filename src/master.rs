@@ -1,1 +1,183 @@
-//! master
+//! Starts a master: opens storage, loads the read model, starts the actors,
+//! the agent listener and the admin API. Runs inside an actix `System`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use actix::Actor;
+use actix_web::{App, HttpServer};
+use time::OffsetDateTime;
+use tokio::net::TcpListener;
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+use crate::actors::node_manager::{NodeLinks, NodeManagerActor};
+use crate::actors::packages::Packages;
+use crate::actors::placement::PortAllocator;
+use crate::actors::read_model::{NodeView, PackageView, ReadModel};
+use crate::actors::supervisor::{Boot, Supervisor};
+use crate::actors::{Shared, Timing};
+use crate::config::MasterConfig;
+use crate::protocol::codec::MasterCodec;
+use crate::protocol::handshake::master_handshake;
+use crate::protocol::messages::{MasterFrame, PROTOCOL_VERSION, Welcome};
+use crate::spec::ComponentSpec;
+use crate::storage::records::{NodeRecord, NodeStatus, RECORD_VERSION};
+use crate::storage::{BlobStore, MasterStore, WriteOp};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MasterError {
+    #[error("cannot open storage")]
+    Storage(#[source] crate::storage::StorageError),
+    #[error("cannot listen on {addr}")]
+    Listen { addr: String, #[source] source: std::io::Error },
+    #[error("cannot write {path}")]
+    Io { path: String, #[source] source: std::io::Error },
+}
+
+/// Runs the master until the HTTP server stops (SIGINT / SIGTERM).
+pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
+    let io_err = |path: &std::path::Path| {
+        let path = path.display().to_string();
+        move |source| MasterError::Io { path, source }
+    };
+    std::fs::create_dir_all(&cfg.data_dir).map_err(io_err(&cfg.data_dir))?;
+    let store = MasterStore::open(&cfg.data_dir.join("db")).map_err(MasterError::Storage)?;
+    let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
+    let loader = store.clone();
+    let snapshot = tokio::task::spawn_blocking(move || loader.load_all())
+        .await
+        .map_err(|e| MasterError::Storage(crate::storage::StorageError::Codec(e.to_string())))?
+        .map_err(MasterError::Storage)?;
+
+    let read_model = ReadModel::new();
+    {
+        let mut s = read_model.write();
+        for p in snapshot.packages {
+            match ComponentSpec::parse(&p.spec_toml) {
+                Ok(spec) => {
+                    s.packages.insert((p.name.clone(), p.package_version.clone()), PackageView { record: p, spec: Arc::new(spec) });
+                }
+                Err(e) => tracing::error!(package = %p.name, version = %p.package_version, error = %e, "stored package spec no longer parses; skipped"),
+            }
+        }
+        for n in snapshot.nodes {
+            s.nodes.insert(n.id.clone(), NodeView { record: n, status: NodeStatus::Unknown, connected: false, last_heartbeat: None });
+        }
+    }
+    let timing = Timing {
+        agent_reply_timeout: cfg.agent_reply_timeout,
+        node_unknown_after: cfg.node_unknown_after,
+        node_down_after: cfg.node_down_after,
+    };
+    let shared = Shared {
+        store: store.writer().clone(),
+        blobs: Arc::new(blobs),
+        read_model: read_model.clone(),
+        links: NodeLinks::default(),
+        ports: Arc::new(PortAllocator::from_instances(snapshot.instances.iter())),
+        timing,
+    };
+    let boot = Boot { clusters: snapshot.clusters, instances: snapshot.instances, operations: snapshot.operations };
+    let supervisor = Supervisor::new(shared.clone(), boot).start();
+
+    let agent_listener = TcpListener::bind(&cfg.agent_addr)
+        .await
+        .map_err(|source| MasterError::Listen { addr: cfg.agent_addr.clone(), source })?;
+    let agent_addr = agent_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.agent_addr.clone(), source })?;
+    actix::spawn(accept_agents(agent_listener, shared.clone(), supervisor.clone(), cfg.clone()));
+
+    let http_listener = std::net::TcpListener::bind(&cfg.http_addr).map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
+    let http_addr = http_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
+    let state = crate::http::AppState {
+        supervisor,
+        read_model,
+        packages: Packages::new(shared.clone(), cfg.max_upload_bytes),
+        timing,
+        max_upload_bytes: cfg.max_upload_bytes,
+    };
+    let max_json = cfg.max_json_bytes;
+    let server = HttpServer::new(move || App::new().configure(|c| crate::http::configure(c, state.clone(), max_json)))
+        .workers(2)
+        .listen(http_listener)
+        .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?
+        .run();
+
+    tracing::info!(api = %format!("http://{http_addr}/api/v1"), agents = %agent_addr, "master ready");
+    if let Some(path) = &cfg.endpoints_file {
+        write_endpoints(path, http_addr, agent_addr).map_err(io_err(path))?;
+    }
+    server.await.map_err(|source| MasterError::Listen { addr: http_addr.to_string(), source })
+}
+
+/// Writes `{"api_url", "agent_addr"}` atomically (temp file + rename), so a
+/// script polling for it never reads half a file.
+pub fn write_endpoints(path: &std::path::Path, http: SocketAddr, agents: SocketAddr) -> std::io::Result<()> {
+    let body = serde_json::json!({ "api_url": format!("http://{http}"), "agent_addr": agents.to_string() });
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&body).unwrap_or_default())?;
+    std::fs::rename(tmp, path)
+}
+
+async fn accept_agents(listener: TcpListener, shared: Shared, supervisor: actix::Addr<Supervisor>, cfg: MasterConfig) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting an agent connection failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        let supervisor = supervisor.clone();
+        let cfg = cfg.clone();
+        actix::spawn(async move {
+            if let Err(e) = admit(stream, peer, shared, supervisor, &cfg).await {
+                tracing::warn!(%peer, error = %e, "agent not admitted");
+            }
+        });
+    }
+}
+
+/// Handshake, registration, then hands the connection to a NodeManagerActor.
+async fn admit(stream: tokio::net::TcpStream, peer: SocketAddr, shared: Shared, supervisor: actix::Addr<Supervisor>, cfg: &MasterConfig) -> Result<(), String> {
+    let _ = stream.set_nodelay(true);
+    let mut framed = tokio_util::codec::Framed::new(stream, MasterCodec::default());
+    let welcome = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64 };
+    let hello = master_handshake(&mut framed, welcome, cfg.handshake_timeout).await.map_err(|e| crate::error::ErrorChain(&e).to_string())?;
+    let node = hello.node_id.clone();
+    if let Err(m) = crate::ids::validate_name(node.as_str()) {
+        let _ = futures::SinkExt::send(&mut framed, MasterFrame::Refused { reason: format!("node id: {m}") }).await;
+        return Err(format!("bad node id {node}: {m}"));
+    }
+    if shared.links.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&node) {
+        let reason = format!("node {node} is already connected; refusing a second agent with the same node id");
+        let _ = futures::SinkExt::send(&mut framed, MasterFrame::Refused { reason: reason.clone() }).await;
+        return Err(reason);
+    }
+    let record = NodeRecord {
+        version: RECORD_VERSION,
+        id: node.clone(),
+        address: hello.address.clone(),
+        port_range: hello.port_range,
+        labels: hello.labels.clone(),
+        cgroups: hello.cgroups,
+        agent_version: hello.agent_version.clone(),
+        instance_root: hello.instance_root.clone(),
+        registered_at: OffsetDateTime::now_utc(),
+    };
+    let op = WriteOp::put_node(&record).map_err(|e| e.to_string())?;
+    shared.store.commit(vec![op]).await.map_err(|e| e.to_string())?;
+    shared.read_model.write().nodes.insert(
+        node.clone(),
+        NodeView { record, status: NodeStatus::Ready, connected: true, last_heartbeat: Some(OffsetDateTime::now_utc()) },
+    );
+    tracing::info!(%node, %peer, instances = hello.inventory.len(), "agent registered");
+    let parts = framed.into_parts();
+    let (read_half, write_half) = parts.io.into_split();
+    let mut reader = FramedRead::new(read_half, MasterCodec::default());
+    reader.read_buffer_mut().extend_from_slice(&parts.read_buf);
+    let writer = FramedWrite::new(write_half, MasterCodec::default());
+    NodeManagerActor::start_for(node, reader, writer, cfg.agent_reply_timeout, shared.links.clone(), shared.read_model.clone(), supervisor);
+    Ok(())
+}

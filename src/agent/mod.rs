@@ -1,1 +1,75 @@
-//! agent
+//! The node manager (agent): one per machine. It dials the master, installs
+//! packages into per-instance directories, writes rendered config, and runs,
+//! watches and stops the instances' processes (DESIGN.md §12).
+//!
+//! - [`connection`]: dial, handshake, request loop, heartbeats
+//! - [`node`]: the instance records and the command handlers
+//! - [`installer`]: streaming, checked tar extraction into a staging dir
+//! - [`files`]: rendered files, written atomically, never through a link
+//! - [`process`]: spawn, pid identity, pidfiles, cgroups, tree kill
+
+pub mod connection;
+pub mod files;
+pub mod installer;
+pub mod node;
+pub mod process;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::config::AgentConfig;
+use crate::ids::NodeId;
+use crate::storage::AgentStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("invalid configuration")]
+    Config(#[source] crate::config::ConfigError),
+    #[error("cannot open the agent's store")]
+    Storage(#[source] crate::storage::StorageError),
+    #[error("cannot prepare {path}")]
+    Io { path: String, #[source] source: std::io::Error },
+}
+
+/// Runs an agent until `shutdown` resolves.
+pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
+    let port_range = cfg.ports().map_err(AgentError::Config)?;
+    let master: SocketAddr = cfg
+        .master_addr
+        .parse()
+        .map_err(|_| AgentError::Config(crate::config::ConfigError::Invalid { key: "master_addr", message: cfg.master_addr.clone() }))?;
+    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| AgentError::Io { path: cfg.data_dir.display().to_string(), source })?;
+    let store = AgentStore::open(&cfg.data_dir.join("db")).map_err(AgentError::Storage)?;
+    let processes = process::ProcessController::new(&cfg.node_id, cfg.use_cgroups);
+    let cgroups = processes.cgroups_enabled();
+    let policy = node::RunAsPolicy { default_run_as: cfg.default_run_as.clone(), allow_root: cfg.allow_root };
+    let node = node::Node::new(store, processes, &cfg.data_dir, policy)
+        .map_err(|source| AgentError::Io { path: cfg.data_dir.display().to_string(), source })?;
+    node.recover().await.map_err(AgentError::Storage)?;
+    tracing::info!(node = %cfg.node_id, root = %node.root.display(), cgroups, "agent ready");
+
+    let identity = connection::Identity {
+        node_id: NodeId::new(cfg.node_id.clone()),
+        address: cfg.address.clone(),
+        port_range,
+        labels: cfg.labels.clone(),
+        cgroups,
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let link = tokio::spawn(connection::serve(
+        Arc::clone(&node),
+        identity,
+        master,
+        cfg.handshake_timeout,
+        cfg.reconnect_max_backoff,
+        stop_rx,
+    ));
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    let _ = link.await;
+    if cfg.stop_instances_on_exit {
+        tracing::info!("stopping every instance before exit");
+        node.stop_all().await;
+    }
+    Ok(())
+}

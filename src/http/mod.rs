@@ -1,1 +1,62 @@
-//! http
+//! The admin API (DESIGN.md §9): actix-web under `/api/v1`, JSON in and out.
+//!
+//! Handlers talk to actors (mutations) and to the read model (every GET),
+//! never to storage. Mutations answer `202 Accepted` with the operation once
+//! its record is durable; `GET /operations/{id}?wait=S` long-polls its end.
+
+mod clusters;
+pub mod dto;
+pub mod error;
+mod packages;
+mod status;
+
+use std::sync::Arc;
+
+use actix::Addr;
+use actix_web::web;
+
+use crate::actors::Timing;
+use crate::actors::packages::Packages;
+use crate::actors::read_model::ReadModel;
+use crate::actors::supervisor::Supervisor;
+
+/// What every handler gets.
+#[derive(Clone)]
+pub struct AppState {
+    pub supervisor: Addr<Supervisor>,
+    pub read_model: Arc<ReadModel>,
+    pub packages: Arc<Packages>,
+    pub timing: Timing,
+    pub max_upload_bytes: u64,
+}
+
+/// Registers every route under `/api/v1`.
+pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: usize) {
+    cfg.app_data(web::Data::new(state))
+        .app_data(web::JsonConfig::default().limit(max_json_bytes).error_handler(error::json_error))
+        .app_data(web::QueryConfig::default().error_handler(error::query_error))
+        .app_data(web::PathConfig::default().error_handler(error::path_error))
+        .service(
+            web::scope("/api/v1")
+                .route("/health", web::get().to(status::health))
+                .route("/actors", web::get().to(status::actors))
+                .route("/nodes", web::get().to(status::list_nodes))
+                .route("/nodes/{id}", web::get().to(status::get_node))
+                .route("/operations", web::get().to(status::list_operations))
+                .route("/operations/{id}", web::get().to(status::get_operation))
+                .route("/packages", web::get().to(packages::list))
+                .route("/packages/{name}/{version}", web::put().to(packages::upload))
+                .route("/packages/{name}/{version}", web::get().to(packages::get))
+                .route("/packages/{name}/{version}", web::delete().to(packages::delete))
+                .route("/clusters", web::post().to(clusters::create))
+                .route("/clusters", web::get().to(clusters::list))
+                .route("/clusters/{name}", web::get().to(clusters::get))
+                .route("/clusters/{name}", web::delete().to(clusters::delete))
+                .route("/clusters/{name}/start", web::post().to(clusters::start))
+                .route("/clusters/{name}/stop", web::post().to(clusters::stop))
+                .route("/clusters/{name}/restart", web::post().to(clusters::restart))
+                .route("/clusters/{name}/scale", web::post().to(clusters::scale))
+                .route("/clusters/{name}/instances/{id}/{verb}", web::post().to(clusters::instance_verb)),
+        )
+        .default_service(web::to(status::not_found));
+}

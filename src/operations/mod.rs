@@ -1,1 +1,121 @@
-//! operations
+//! Multi-step cluster operations (DESIGN.md §6).
+//!
+//! An operation is a [`Plan`]: an ordered list of [`Step`]s, each an
+//! [`Action`] on a set of instances and, where the action changes the world,
+//! an undo action. [`runner::run`] executes a plan against an
+//! [`OperationContext`], journals every step by name, fails a step that
+//! passes its deadline, and on failure undoes the completed steps in reverse.
+//!
+//! This module knows nothing of actix or HTTP: the cluster actor implements
+//! `OperationContext`, and the unit tests use a fake one. Each file below
+//! builds the plan of one operation.
+
+pub mod create;
+pub mod delete;
+pub mod lifecycle;
+pub mod runner;
+pub mod scale;
+
+use std::time::Duration;
+
+use crate::ids::InstanceId;
+use crate::storage::records::{ClusterStatus, InstanceResult, OperationRecord};
+
+/// One thing a step does. Every action is idempotent: running it twice has
+/// the effect of running it once (install replaces, start on a running
+/// instance and stop on a stopped one succeed without doing anything).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Send the package and rendered files to the agents, in parallel.
+    Install(Vec<InstanceId>),
+    /// Start the processes, in parallel; waits until each has a pid.
+    Start(Vec<InstanceId>),
+    /// Stop the processes (the whole tree), in parallel.
+    Stop(Vec<InstanceId>),
+    /// Re-render and write the config files of these instances (membership
+    /// or config changed). Nothing is restarted.
+    WriteFiles(Vec<InstanceId>),
+    /// Remove the instances from their agents (stop, delete the directory
+    /// and the agent's records).
+    DeleteOnAgent(Vec<InstanceId>),
+    /// Create the master's records of new instances (placement, ordinal and
+    /// ports were decided during validation and are in the operation's params).
+    Allocate(Vec<InstanceId>),
+    /// Forget the instances on the master and release their ports. Their
+    /// ordinals stay used, so they are never handed out again.
+    Forget(Vec<InstanceId>),
+}
+
+impl Action {
+    pub fn instances(&self) -> &[InstanceId] {
+        match self {
+            Action::Install(v)
+            | Action::Start(v)
+            | Action::Stop(v)
+            | Action::WriteFiles(v)
+            | Action::DeleteOnAgent(v)
+            | Action::Allocate(v)
+            | Action::Forget(v) => v,
+        }
+    }
+}
+
+/// One step of a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// Unique within the plan; the journal key (e.g. `start-order-0`).
+    pub name: String,
+    /// The cluster status to show while this step runs, if it changes.
+    pub status: Option<ClusterStatus>,
+    pub action: Action,
+    /// Run in order to put back what the action did. Empty when there is
+    /// nothing to put back; the plan builder says why in a comment.
+    pub undo: Vec<Action>,
+}
+
+impl Step {
+    pub fn new(name: impl Into<String>, status: Option<ClusterStatus>, action: Action, undo: Vec<Action>) -> Self {
+        let mut undo = undo;
+        undo.retain(|a| !a.instances().is_empty());
+        Step { name: name.into(), status, action, undo }
+    }
+}
+
+/// The steps of one operation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+}
+
+impl Plan {
+    pub fn push(&mut self, step: Step) {
+        // A step with no instances does nothing; leaving it out keeps the
+        // journal honest about what ran.
+        if !step.action.instances().is_empty() {
+            self.steps.push(step);
+        }
+    }
+}
+
+/// Why a step failed, with the per-instance results that show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepFailure {
+    pub message: String,
+    pub results: Vec<InstanceResult>,
+}
+
+/// What a step may do to the world. The cluster actor implements it over
+/// instance actors and storage; tests implement it with a fake.
+#[allow(async_fn_in_trait)] // implementations run on one actix arbiter; no Send bound wanted
+pub trait OperationContext {
+    /// Runs one action to completion. Must be idempotent. The commands it
+    /// sends must finish on their own even if this future is dropped (the
+    /// watchdog stops waiting, it does not cancel work mid-way).
+    async fn run_action(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure>;
+    /// Makes the record durable and visible (journal), before returning.
+    async fn journal(&self, record: &OperationRecord) -> Result<(), String>;
+    /// Shows a cluster status while a step runs.
+    async fn set_status(&self, status: ClusterStatus, description: &str) -> Result<(), String>;
+    /// How long `action` may take before the watchdog fails its step.
+    fn deadline(&self, action: &Action) -> Duration;
+}

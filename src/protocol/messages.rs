@@ -61,6 +61,9 @@ pub struct Hello {
     pub node_id: NodeId,
     /// The host instances on this node bind to and peers dial, e.g. `127.0.0.11`.
     pub address: String,
+    /// Absolute path of the agent's instance root: instance `X` lives in
+    /// `<instance_root>/X` (templates get it as `instance.dir`).
+    pub instance_root: String,
     /// Inclusive port range the master may allocate instance ports from.
     pub port_range: (u16, u16),
     pub labels: BTreeMap<String, String>,

@@ -1,3 +1,36 @@
-//! storage
-pub mod records;
+//! Persistent state: the master's and the agent's RocksDB stores, the records
+//! they hold, the codec that turns records into bytes, the group-commit
+//! writer every write goes through, and the blob directory for package
+//! tarballs (DESIGN.md §11).
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`records`], [`agent_records`] | the persisted record types |
+//! | [`codec`] | bincode encoding, the only place it is used for storage |
+//! | [`keys`] | column family names, key layouts, the typed `WriteOp` builders |
+//! | [`writer`] | the group-commit writer thread |
+//! | [`db`] | opening a database and checking its schema version |
+//! | [`master_store`], [`agent_store`] | the two stores: open, load at boot |
+//! | [`serde_time`] | serde helpers for time fields bincode can decode |
+//! | [`blobs`] | package tarballs as files named by sha256 |
+//! | [`error`] | `StorageError` |
 pub mod agent_records;
+pub mod agent_store;
+pub mod blobs;
+pub mod codec;
+pub mod db;
+pub mod error;
+pub mod keys;
+pub mod master_store;
+pub mod records;
+pub mod serde_time;
+pub mod writer;
+
+#[cfg(test)]
+mod testdata;
+
+pub use agent_store::{AgentSnapshot, AgentStore};
+pub use blobs::BlobStore;
+pub use error::StorageError;
+pub use master_store::{MasterSnapshot, MasterStore};
+pub use writer::{StoreWriter, WriteOp};

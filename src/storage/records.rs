@@ -71,7 +71,8 @@ pub enum ClusterStatus {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoleState {
-    pub count: u32,
+    // The role's instance count is not stored: it is derived from the
+    // instance records, so it can never disagree with them.
     /// The next ordinal to hand out; ordinals are never reused in a cluster.
     pub next_ordinal: u32,
 }
@@ -246,7 +247,7 @@ pub struct OperationRecord {
     pub error: Option<String>,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339::option")]
+    #[serde(with = "crate::storage::serde_time::rfc3339_option")]
     pub ended_at: Option<OffsetDateTime>,
 }
 

@@ -1,0 +1,514 @@
+//! `ClusterActor`: one per cluster. It owns the cluster record and runs the
+//! cluster's operations one at a time; a second mutating request while one
+//! runs answers `409 cluster_busy` naming the running operation.
+//!
+//! A request is validated in the handler (no side effect), then the
+//! operation record and the cluster record are written in one durable batch,
+//! then the caller gets `202` and the operation runs as a future spawned in
+//! the actor's context — so the mailbox stays free for the next request to
+//! be answered (with 409) while a long install runs.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use time::OffsetDateTime;
+
+use super::Shared;
+use super::cluster_ops::ClusterOps;
+use super::instance::{InstanceActor, InstanceHandle, MarkExited, Retire};
+use super::read_model::ActorStats;
+use super::supervisor::{ClusterGone, Escalate, Supervisor};
+use crate::error::Error;
+use crate::ids::{InstanceId, NodeId, OperationId};
+use crate::operations::lifecycle::InstanceVerb;
+use crate::operations::runner::{self, Outcome};
+use crate::operations::{self, Plan};
+use crate::spec::ComponentSpec;
+use crate::storage::WriteOp;
+use crate::storage::records::{
+    ClusterRecord, ClusterStatus, InstanceRecord, OperationKind, OperationRecord, OperationStatus, PackageRecord, RECORD_VERSION,
+};
+
+/// What the actor owns, shared with the running operation's context (both
+/// live on the actor's arbiter thread; borrows never cross an `.await`).
+pub struct Core {
+    pub record: ClusterRecord,
+    pub instances: BTreeMap<InstanceId, InstanceHandle>,
+    /// Instances decided during validation, created by the `allocate` step.
+    pub pending: BTreeMap<InstanceId, InstanceRecord>,
+}
+
+/// A mutating request on a cluster.
+#[derive(Debug, Clone)]
+pub enum OpRequest {
+    /// Sent by the supervisor for a new cluster; `pending` are the placed instances.
+    Create { pending: Vec<InstanceRecord>, params: String },
+    Start,
+    Stop,
+    Restart,
+    ScaleOut { role: String, add: u32, nodes: Option<Vec<NodeId>> },
+    ScaleIn { role: String, remove: Vec<InstanceId> },
+    Delete,
+    Instance { id: InstanceId, verb: InstanceVerb },
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<OperationRecord, Error>")]
+pub struct RunOperation(pub OpRequest);
+
+/// From the supervisor: an instance's process exited unexpectedly.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct InstanceProcessExited {
+    pub instance: InstanceId,
+    pub pid: u32,
+    pub description: String,
+}
+
+/// From the supervisor, after an escalation: show `Error` with the reason.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct EnterError {
+    pub description: String,
+    pub operation: Option<OperationId>,
+}
+
+pub struct ClusterActor {
+    core: Rc<RefCell<Core>>,
+    shared: Shared,
+    supervisor: Addr<Supervisor>,
+    stats: Arc<ActorStats>,
+}
+
+/// A validated request, ready to run.
+struct Prepared {
+    kind: OperationKind,
+    plan: Plan,
+    params: String,
+    pending: Vec<InstanceRecord>,
+    /// The cluster status when the operation succeeds (None: keep it).
+    on_success: Option<ClusterStatus>,
+}
+
+impl ClusterActor {
+    /// Starts the actor with its record and existing instances.
+    pub fn start(record: ClusterRecord, instances: Vec<InstanceRecord>, shared: Shared, supervisor: Addr<Supervisor>) -> Addr<ClusterActor> {
+        let stats = ActorStats::new("cluster", record.name.as_str(), Some("supervisor".into()));
+        stats.set_state(format!("{:?}", record.status));
+        shared.read_model.register_actor(&stats);
+        shared.read_model.write().clusters.insert(record.name.clone(), record.clone());
+        let handles = instances
+            .into_iter()
+            .map(|r| {
+                let id = r.id.clone();
+                (id, InstanceActor::start(r, shared.links.clone(), shared.store.clone(), shared.read_model.clone()))
+            })
+            .collect();
+        let core = Rc::new(RefCell::new(Core { record, instances: handles, pending: BTreeMap::new() }));
+        ClusterActor { core, shared, supervisor, stats }.start()
+    }
+
+    fn package(&self) -> Result<(PackageRecord, Arc<ComponentSpec>), Error> {
+        let pkg = self.core.borrow().record.package.clone();
+        let state = self.shared.read_model.read();
+        state
+            .packages
+            .get(&(pkg.name.clone(), pkg.version.clone()))
+            .map(|p| (p.record.clone(), p.spec.clone()))
+            .ok_or_else(|| Error::internal(std::io::Error::other(format!("package {pkg} of the cluster is missing"))))
+    }
+
+    /// Instance ids by role order (ascending), optionally only `only`.
+    fn groups(&self, spec: &ComponentSpec, only: Option<&[InstanceId]>) -> Vec<(i32, Vec<InstanceId>)> {
+        let name = self.core.borrow().record.name.clone();
+        let members = self.shared.read_model.read().cluster_instances(&name);
+        group_by_order(spec, members.iter().filter(|m| only.is_none_or(|o| o.contains(&m.id))))
+    }
+
+    fn prepare(&mut self, req: OpRequest, spec: &ComponentSpec) -> Result<Prepared, Error> {
+        let status = self.core.borrow().record.status;
+        let simple = |kind, plan, on_success| Prepared { kind, plan, params: "{}".into(), pending: vec![], on_success };
+        Ok(match req {
+            OpRequest::Create { pending, params } => {
+                let groups = group_by_order(spec, pending.iter());
+                Prepared { kind: OperationKind::Create, plan: operations::create::plan(&groups), params, pending, on_success: Some(ClusterStatus::Active) }
+            }
+            OpRequest::Start => simple(OperationKind::Start, operations::lifecycle::start(&self.groups(spec, None)), Some(ClusterStatus::Active)),
+            OpRequest::Stop => simple(OperationKind::Stop, operations::lifecycle::stop(&self.groups(spec, None)), Some(ClusterStatus::Stopped)),
+            OpRequest::Restart => simple(OperationKind::Restart, operations::lifecycle::restart(&self.groups(spec, None)), Some(ClusterStatus::Active)),
+            OpRequest::Delete => simple(OperationKind::Delete, operations::delete::plan(&self.groups(spec, None)), None),
+            OpRequest::Instance { id, verb } => {
+                if !self.core.borrow().instances.contains_key(&id) {
+                    return Err(Error::not_found("instance", &id));
+                }
+                let kind = match verb {
+                    InstanceVerb::Start => OperationKind::StartInstance,
+                    InstanceVerb::Stop => OperationKind::StopInstance,
+                    InstanceVerb::Restart => OperationKind::RestartInstance,
+                };
+                let params = serde_json::json!({ "instance": id.as_str() }).to_string();
+                Prepared { kind, plan: operations::lifecycle::instance(verb, &id), params, pending: vec![], on_success: None }
+            }
+            OpRequest::ScaleOut { role, add, nodes } => {
+                require_active(status, "scale")?;
+                let pending = self.place_new(spec, &role, add, nodes.as_deref())?;
+                let new = group_by_order(spec, pending.iter());
+                let existing: Vec<InstanceId> = self.core.borrow().instances.keys().cloned().collect();
+                let params = serde_json::json!({ "role": role, "add": add }).to_string();
+                Prepared { kind: OperationKind::ScaleOut, plan: operations::scale::scale_out(&new, &existing), params, pending, on_success: Some(ClusterStatus::Active) }
+            }
+            OpRequest::ScaleIn { role, remove } => {
+                require_active(status, "scale")?;
+                let name = self.core.borrow().record.name.clone();
+                let members = self.shared.read_model.read().cluster_instances(&name);
+                let mut seen = std::collections::BTreeSet::new();
+                for id in &remove {
+                    if !seen.insert(id) {
+                        return Err(Error::invalid("invalid_request", format!("remove: {id} is listed twice")));
+                    }
+                    match members.iter().find(|m| &m.id == id) {
+                        None => return Err(Error::not_found("instance", id)),
+                        Some(m) if m.role != role => {
+                            return Err(Error::invalid("invalid_request", format!("remove: {id} is a {} instance, not {role}", m.role)));
+                        }
+                        Some(_) => {}
+                    }
+                }
+                let left = members.iter().filter(|m| m.role == role).count() as u32 - remove.len() as u32;
+                spec.check_count(&role, left)?;
+                let removed = group_by_order(spec, members.iter().filter(|m| remove.contains(&m.id)));
+                let remaining: Vec<InstanceId> = members.iter().filter(|m| !remove.contains(&m.id)).map(|m| m.id.clone()).collect();
+                let params = serde_json::json!({ "role": role, "remove": remove.iter().map(|i| i.as_str()).collect::<Vec<_>>() }).to_string();
+                Prepared { kind: OperationKind::ScaleIn, plan: operations::scale::scale_in(&removed, &remaining), params, pending: vec![], on_success: Some(ClusterStatus::Active) }
+            }
+        })
+    }
+
+    /// Places `add` new instances of `role`: ordinals, nodes, ports.
+    fn place_new(&mut self, spec: &ComponentSpec, role: &str, add: u32, nodes: Option<&[NodeId]>) -> Result<Vec<InstanceRecord>, Error> {
+        if add == 0 {
+            return Err(Error::invalid("invalid_request", "add: must be at least 1"));
+        }
+        let role_spec = spec.role(role).ok_or_else(|| Error::spec("role", format!("the package has no role {role:?}")))?;
+        let record = self.core.borrow().record.clone();
+        let current = self.shared.read_model.read().cluster_instances(&record.name).iter().filter(|m| m.role == role).count() as u32;
+        spec.check_count(role, current + add)?;
+        let next = record.roles.get(role).map(|r| r.next_ordinal).unwrap_or(1);
+        let pending = super::supervisor::place_instances(&self.shared, &record, role_spec, next, add, nodes)?;
+        let mut core = self.core.borrow_mut();
+        let rs = core.record.roles.entry(role.to_string()).or_insert(crate::storage::records::RoleState { next_ordinal: 1 });
+        rs.next_ordinal = next + add;
+        Ok(pending)
+    }
+
+    fn spawn_operation(&mut self, ctx: &mut Context<Self>, prepared: Prepared, op: OperationRecord) {
+        let Ok((package, spec)) = self.package() else {
+            return;
+        };
+        let blob = match self.shared.blobs.path_for(&package.sha256) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "bad package sha");
+                return;
+            }
+        };
+        let ops = ClusterOps { core: self.core.clone(), shared: self.shared.clone(), spec, package, blob };
+        let plan = prepared.plan;
+        let on_success = prepared.on_success;
+        let kind = prepared.kind;
+        let mut op = op;
+        self.stats.set_state(format!("running {kind:?}"));
+        ctx.spawn(
+            async move {
+                let outcome = runner::run(&ops, &mut op, &plan).await;
+                (outcome, op, ops)
+            }
+            .into_actor(self)
+            .map(move |(outcome, op, ops), act, ctx| act.finish(ctx, outcome, op, kind, on_success, ops)),
+        );
+    }
+
+    /// Decides the cluster's status after an operation and persists it.
+    fn finish(&mut self, ctx: &mut Context<Self>, outcome: Outcome, op: OperationRecord, kind: OperationKind, on_success: Option<ClusterStatus>, ops: ClusterOps) {
+        let name = self.core.borrow().record.name.clone();
+        let verb = format!("{kind:?}").to_lowercase();
+        match outcome {
+            Outcome::Succeeded if kind == OperationKind::Delete => {
+                // The records are gone; remove the cluster itself, then free the name.
+                let cluster_id = self.core.borrow().record.id;
+                let supervisor = self.supervisor.clone();
+                let read_model = self.shared.read_model.clone();
+                let store = self.shared.store.clone();
+                let stats = self.stats.clone();
+                ctx.spawn(
+                    async move {
+                        let res = store.commit(vec![WriteOp::delete_cluster(&cluster_id)]).await;
+                        if let Err(e) = &res {
+                            tracing::error!(cluster = %name, error = %e, "cannot remove cluster record");
+                        }
+                        read_model.write().clusters.remove(&name);
+                        read_model.unregister_actor(&stats);
+                        supervisor.do_send(ClusterGone { name });
+                    }
+                    .into_actor(self)
+                    .map(|_, _, ctx| ctx.stop()),
+                );
+            }
+            Outcome::Succeeded => {
+                let description = format!("{verb} succeeded");
+                ctx.spawn(
+                    async move {
+                        let _ = ops
+                            .save_cluster(|r| {
+                                if let Some(s) = on_success {
+                                    r.status = s;
+                                }
+                                r.status_description = description;
+                                r.operation = None;
+                            })
+                            .await;
+                    }
+                    .into_actor(self)
+                    .map(|_, act, _| act.stats.set_state("idle")),
+                );
+            }
+            Outcome::Failed { step, error, undone } => {
+                let rolled_back_to_active = undone && matches!(kind, OperationKind::ScaleOut | OperationKind::ScaleIn);
+                let description = format!("{verb} failed at step {step}: {error}");
+                self.stats.end(Some(description.clone()));
+                if rolled_back_to_active {
+                    let description = format!("{description}; rolled back");
+                    ctx.spawn(
+                        async move {
+                            let _ = ops
+                                .save_cluster(|r| {
+                                    r.status = ClusterStatus::Active;
+                                    r.status_description = description;
+                                    r.operation = None;
+                                })
+                                .await;
+                        }
+                        .into_actor(self)
+                        .map(|_, act, _| act.stats.set_state("idle")),
+                    );
+                } else {
+                    // The cluster stays busy until the supervisor's EnterError
+                    // arrives, so no new operation slips in between.
+                    self.supervisor.do_send(Escalate { cluster: name, operation: Some(op.id), description });
+                }
+            }
+        }
+    }
+}
+
+fn require_active(status: ClusterStatus, what: &str) -> Result<(), Error> {
+    if status != ClusterStatus::Active {
+        return Err(Error::conflict("invalid_state", format!("cannot {what} a cluster in status {status:?}; it must be Active")));
+    }
+    Ok(())
+}
+
+/// Groups instances by their role's order, ascending; ids sorted within a group.
+pub fn group_by_order<'a>(spec: &ComponentSpec, instances: impl Iterator<Item = &'a InstanceRecord>) -> Vec<(i32, Vec<InstanceId>)> {
+    let mut groups: BTreeMap<i32, Vec<(String, u32, InstanceId)>> = BTreeMap::new();
+    for i in instances {
+        let order = spec.role(&i.role).map(|r| r.order).unwrap_or_default();
+        groups.entry(order).or_default().push((i.role.clone(), i.ordinal, i.id.clone()));
+    }
+    groups
+        .into_iter()
+        .map(|(order, mut v)| {
+            v.sort();
+            (order, v.into_iter().map(|(_, _, id)| id).collect())
+        })
+        .collect()
+}
+
+impl Actor for ClusterActor {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        for h in self.core.borrow().instances.values() {
+            h.addr.do_send(Retire);
+        }
+        self.shared.read_model.unregister_actor(&self.stats);
+    }
+}
+
+impl Handler<RunOperation> for ClusterActor {
+    type Result = ResponseActFuture<Self, Result<OperationRecord, Error>>;
+
+    fn handle(&mut self, msg: RunOperation, _ctx: &mut Context<Self>) -> Self::Result {
+        self.stats.begin(format!("{:?}", msg.0).split([' ', '{', '(']).next().unwrap_or("op").to_string());
+        let busy = self.core.borrow().record.operation;
+        if let Some(running) = busy {
+            let kind = self.shared.read_model.read().operations.get(&running).map(|o| format!("{:?}", o.kind)).unwrap_or_default();
+            let name = self.core.borrow().record.name.clone();
+            self.stats.end(None);
+            return Box::pin(fut::ready(Err(Error::conflict(
+                "cluster_busy",
+                format!("cluster {name} is busy with operation {running} ({kind}); retry when it has ended"),
+            ))));
+        }
+        let is_scale = matches!(msg.0, OpRequest::ScaleOut { .. } | OpRequest::ScaleIn { .. });
+        let prepared = self.package().and_then(|(_, spec)| self.prepare(msg.0, &spec));
+        let prepared = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                self.stats.end(Some(e.to_string()));
+                if is_scale && self.core.borrow().record.status == ClusterStatus::Active {
+                    // Sahara: a refused scale leaves the cluster Active, with the reason.
+                    let description = format!("scale refused: {e}");
+                    let ops = self.shared.clone();
+                    let core = self.core.clone();
+                    actix::spawn(async move {
+                        let snapshot = {
+                            let mut c = core.borrow_mut();
+                            c.record.status_description = description;
+                            c.record.clone()
+                        };
+                        if let Ok(op) = WriteOp::put_cluster(&snapshot) {
+                            if ops.store.commit(vec![op]).await.is_ok() {
+                                ops.read_model.write().clusters.insert(snapshot.name.clone(), snapshot);
+                            }
+                        }
+                    });
+                }
+                return Box::pin(fut::ready(Err(e)));
+            }
+        };
+        let now = OffsetDateTime::now_utc();
+        let op = {
+            let mut core = self.core.borrow_mut();
+            let op = OperationRecord {
+                version: RECORD_VERSION,
+                id: OperationId::random(),
+                cluster_id: core.record.id,
+                cluster: core.record.name.clone(),
+                kind: prepared.kind,
+                params: prepared.params.clone(),
+                status: OperationStatus::Pending,
+                steps: vec![],
+                error: None,
+                created_at: now,
+                ended_at: None,
+            };
+            // Busy from here on, before any await.
+            core.record.operation = Some(op.id);
+            core.record.updated_at = now;
+            for p in &prepared.pending {
+                core.pending.insert(p.id.clone(), p.clone());
+            }
+            op
+        };
+        let mut op = op;
+        runner::prepare(&mut op, &prepared.plan);
+        let cluster = self.core.borrow().record.clone();
+        let writes = WriteOp::put_cluster(&cluster).and_then(|a| WriteOp::put_operation(&op).map(|b| vec![a, b]));
+        let store = self.shared.store.clone();
+        Box::pin(
+            async move {
+                match writes {
+                    Ok(w) => store.commit(w).await.map_err(Error::from),
+                    Err(e) => Err(Error::from(e)),
+                }
+            }
+            .into_actor(self)
+            .map(move |res, act, ctx| {
+                act.stats.end(res.as_ref().err().map(|e| e.to_string()));
+                match res {
+                    Ok(()) => {
+                        act.shared.read_model.write().clusters.insert(cluster.name.clone(), cluster);
+                        act.shared.read_model.put_operation(&op);
+                        act.spawn_operation(ctx, prepared, op.clone());
+                        Ok(op)
+                    }
+                    Err(e) => {
+                        let mut core = act.core.borrow_mut();
+                        core.record.operation = None;
+                        for p in &prepared.pending {
+                            core.pending.remove(&p.id);
+                            act.shared.ports.release(&p.node, p.ports.values().copied());
+                        }
+                        Err(e)
+                    }
+                }
+            }),
+        )
+    }
+}
+
+impl Handler<InstanceProcessExited> for ClusterActor {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, msg: InstanceProcessExited, _ctx: &mut Context<Self>) -> Self::Result {
+        let handle = self.core.borrow().instances.get(&msg.instance).cloned();
+        let Some(handle) = handle else {
+            return Box::pin(fut::ready(()));
+        };
+        handle.stats.enqueue();
+        let description = msg.description.clone();
+        Box::pin(
+            async move { handle.addr.send(MarkExited { pid: msg.pid, description: msg.description }).await.unwrap_or(false) }
+                .into_actor(self)
+                .map(move |changed, act, _| {
+                    let (busy, status, name) = {
+                        let c = act.core.borrow();
+                        (c.record.operation.is_some(), c.record.status, c.record.name.clone())
+                    };
+                    // During an operation the operation reports failures itself.
+                    if changed && !busy && status == ClusterStatus::Active {
+                        act.core.borrow_mut().record.operation = None;
+                        act.supervisor.do_send(Escalate { cluster: name, operation: None, description });
+                    }
+                }),
+        )
+    }
+}
+
+impl Handler<EnterError> for ClusterActor {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, msg: EnterError, _ctx: &mut Context<Self>) -> Self::Result {
+        let snapshot = {
+            let mut c = self.core.borrow_mut();
+            c.record.status = ClusterStatus::Error;
+            c.record.status_description = msg.description;
+            c.record.updated_at = OffsetDateTime::now_utc();
+            c.record.operation = None;
+            c.record.clone()
+        };
+        self.stats.set_state("Error");
+        let shared = self.shared.clone();
+        Box::pin(
+            async move {
+                match WriteOp::put_cluster(&snapshot) {
+                    Ok(op) => {
+                        if let Err(e) = shared.store.commit(vec![op]).await {
+                            tracing::error!(cluster = %snapshot.name, error = %e, "cannot persist Error status");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "cannot encode cluster"),
+                }
+                shared.read_model.write().clusters.insert(snapshot.name.clone(), snapshot);
+            }
+            .into_actor(self),
+        )
+    }
+}
+
+/// Stops the actor without touching storage (a create that never became durable).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+impl Handler<Shutdown> for ClusterActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Shutdown, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

@@ -1,0 +1,350 @@
+//! `InstanceActor`: one per instance. It owns the instance record and is
+//! the only writer of it. Every mutating message is handled atomically
+//! (`AtomicResponse`): the actor takes no other message until the agent has
+//! answered and the new state is durable, so commands on one instance never
+//! interleave. Reads go to the read model, never through this mailbox.
+//!
+//! Each command bumps the instance's generation and persists the intent
+//! (desired state, transitional status) before it is sent, so after a crash
+//! the master knows what it was doing, and the agent refuses any older
+//! command that arrives late.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::node_manager::{NodeError, NodeLinks};
+use super::read_model::{ActorStats, ReadModel};
+use crate::ids::InstanceId;
+use crate::protocol::messages::{AgentRequest, AgentResponse, InstallBegin, ProcessSpec, RenderedFile};
+use crate::storage::WriteOp;
+use crate::storage::StoreWriter;
+use crate::storage::records::{DesiredState, InstanceRecord, InstanceResult, InstanceStatus};
+
+/// What one instance should do now.
+#[derive(Debug, Clone)]
+pub enum InstanceCmd {
+    Install(Box<InstallPayload>),
+    Start,
+    Stop,
+    WriteFiles(Vec<RenderedFile>),
+    Delete,
+}
+
+impl InstanceCmd {
+    fn verb(&self) -> &'static str {
+        match self {
+            InstanceCmd::Install(_) => "install",
+            InstanceCmd::Start => "start",
+            InstanceCmd::Stop => "stop",
+            InstanceCmd::WriteFiles(_) => "write files",
+            InstanceCmd::Delete => "delete",
+        }
+    }
+}
+
+/// Everything an install needs besides the instance itself.
+#[derive(Debug, Clone)]
+pub struct InstallPayload {
+    pub run_as: Option<String>,
+    pub process: ProcessSpec,
+    pub files: Vec<RenderedFile>,
+    pub package_sha256: String,
+    pub package_size: u64,
+    pub blob: PathBuf,
+}
+
+/// Runs one command on the instance. The answer is the per-instance result
+/// an operation journals, `ok == false` on failure.
+#[derive(Message)]
+#[rtype(result = "InstanceResult")]
+pub struct RunInstanceCommand(pub InstanceCmd);
+
+/// The agent reported that the instance's process exited unexpectedly.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct MarkExited {
+    pub pid: u32,
+    pub description: String,
+}
+
+/// Stops the actor (the instance was forgotten).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Retire;
+
+pub struct InstanceActor {
+    record: Rc<RefCell<InstanceRecord>>,
+    links: NodeLinks,
+    store: StoreWriter,
+    read_model: Arc<ReadModel>,
+    stats: Arc<ActorStats>,
+}
+
+/// A cluster's handle on one instance actor.
+#[derive(Clone)]
+pub struct InstanceHandle {
+    pub addr: Addr<InstanceActor>,
+    pub stats: Arc<ActorStats>,
+}
+
+impl InstanceHandle {
+    /// Runs a command to completion, even if the caller stops waiting: the
+    /// send runs in its own task, because actix drops a message whose
+    /// requester is gone, and a state-changing message must not vanish.
+    pub async fn run(&self, cmd: InstanceCmd) -> InstanceResult {
+        self.stats.enqueue();
+        let addr = self.addr.clone();
+        let id = self.stats.id.clone();
+        let task = actix::spawn(async move { addr.send(RunInstanceCommand(cmd)).await });
+        match task.await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => failed(&InstanceId::new(id), format!("instance actor unavailable: {e}")),
+            Err(e) => failed(&InstanceId::new(id), format!("instance command task failed: {e}")),
+        }
+    }
+}
+
+fn failed(id: &InstanceId, message: String) -> InstanceResult {
+    InstanceResult { instance: id.clone(), ok: false, message, exit_code: None, stderr_tail: String::new() }
+}
+
+impl InstanceActor {
+    pub fn start(record: InstanceRecord, links: NodeLinks, store: StoreWriter, read_model: Arc<ReadModel>) -> InstanceHandle {
+        let stats = ActorStats::new("instance", record.id.as_str(), Some(format!("cluster/{}", record.cluster)));
+        stats.set_state(format!("{:?}", record.status));
+        read_model.register_actor(&stats);
+        read_model.write().instances.insert(record.id.clone(), record.clone());
+        let actor = InstanceActor { record: Rc::new(RefCell::new(record)), links, store, read_model, stats: stats.clone() };
+        InstanceHandle { addr: actor.start(), stats }
+    }
+}
+
+impl Actor for InstanceActor {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.read_model.unregister_actor(&self.stats);
+    }
+}
+
+/// Shared pieces the command future needs, without borrowing the actor.
+struct Env {
+    record: Rc<RefCell<InstanceRecord>>,
+    links: NodeLinks,
+    store: StoreWriter,
+    read_model: Arc<ReadModel>,
+    stats: Arc<ActorStats>,
+}
+
+impl Env {
+    /// Applies `change` to the record, persists it, then publishes it.
+    async fn save(&self, change: impl FnOnce(&mut InstanceRecord)) -> Result<(), String> {
+        let snapshot = {
+            let mut r = self.record.borrow_mut();
+            change(&mut r);
+            r.clone()
+        };
+        let op = WriteOp::put_instance(&snapshot).map_err(|e| e.to_string())?;
+        self.store.commit(vec![op]).await.map_err(|e| format!("cannot persist instance record: {e}"))?;
+        self.stats.set_state(format!("{:?}", snapshot.status));
+        self.read_model.write().instances.insert(snapshot.id.clone(), snapshot);
+        Ok(())
+    }
+
+    async fn execute(&self, cmd: InstanceCmd) -> InstanceResult {
+        let (id, node) = {
+            let r = self.record.borrow();
+            (r.id.clone(), r.node.clone())
+        };
+        let verb = cmd.verb();
+        let (transitional, desired) = match &cmd {
+            InstanceCmd::Install(_) => (Some(InstanceStatus::Installing), None),
+            InstanceCmd::Start => (Some(InstanceStatus::Starting), Some(DesiredState::Running)),
+            InstanceCmd::Stop => (Some(InstanceStatus::Stopping), Some(DesiredState::Stopped)),
+            InstanceCmd::WriteFiles(_) => (None, None),
+            InstanceCmd::Delete => (Some(InstanceStatus::Deleting), Some(DesiredState::Deleted)),
+        };
+        // Intent first: a new generation, durable before the agent hears of it.
+        let intent = self
+            .save(|r| {
+                r.generation += 1;
+                if let Some(s) = transitional {
+                    r.status = s;
+                }
+                if let Some(d) = desired {
+                    r.desired = d;
+                }
+            })
+            .await;
+        if let Err(e) = intent {
+            return failed(&id, format!("{verb} of {id} on {node}: {e}"));
+        }
+        let generation = self.record.borrow().generation;
+        let link = self.links.lock().unwrap_or_else(|p| p.into_inner()).get(&node).cloned();
+        let reply = match link {
+            None => Err(NodeError::Disconnected(node.clone())),
+            Some(link) => match cmd {
+                InstanceCmd::Install(p) => {
+                    let begin = InstallBegin {
+                        instance: id.clone(),
+                        generation,
+                        run_as: p.run_as,
+                        process: p.process,
+                        files: p.files,
+                        package_sha256: p.package_sha256,
+                        package_size: p.package_size,
+                    };
+                    link.install(begin, p.blob).await
+                }
+                InstanceCmd::Start => link.call(AgentRequest::Start { instance: id.clone(), generation }, "Start").await,
+                InstanceCmd::Stop => link.call(AgentRequest::Stop { instance: id.clone(), generation }, "Stop").await,
+                InstanceCmd::WriteFiles(files) => {
+                    link.call(AgentRequest::WriteFiles { instance: id.clone(), generation, files }, "WriteFiles").await
+                }
+                InstanceCmd::Delete => link.call(AgentRequest::Delete { instance: id.clone(), generation }, "Delete").await,
+            },
+        };
+        match reply {
+            Ok(resp) => {
+                let (status, pid, message) = match resp {
+                    AgentResponse::InstallResult { files_written } => {
+                        (Some(InstanceStatus::Installed), None, format!("installed ({files_written} files written)"))
+                    }
+                    AgentResponse::Started { pid, already_running } => (
+                        Some(InstanceStatus::Running),
+                        Some(Some(pid)),
+                        if already_running { format!("already running as pid {pid}") } else { format!("started as pid {pid}") },
+                    ),
+                    AgentResponse::Stopped { was_running } => (
+                        Some(InstanceStatus::Stopped),
+                        Some(None),
+                        if was_running { "stopped".into() } else { "was not running".into() },
+                    ),
+                    AgentResponse::FilesWritten { changed } => (
+                        None,
+                        None,
+                        if changed.is_empty() { "no file changed".into() } else { format!("changed: {}", changed.join(", ")) },
+                    ),
+                    AgentResponse::Deleted { .. } => (Some(InstanceStatus::Deleting), Some(None), "deleted from its node".into()),
+                    other => {
+                        let m = format!("{verb} of {id} on {node}: unexpected answer {other:?}");
+                        let _ = self.save(|r| r.status = InstanceStatus::Failed).await;
+                        return failed(&id, m);
+                    }
+                };
+                let saved = self
+                    .save(|r| {
+                        if let Some(s) = status {
+                            r.status = s;
+                        }
+                        if let Some(p) = pid {
+                            r.pid = p;
+                        }
+                        r.last_error = None;
+                    })
+                    .await;
+                match saved {
+                    Ok(()) => InstanceResult { instance: id, ok: true, message, exit_code: None, stderr_tail: String::new() },
+                    Err(e) => failed(&id, format!("{verb} of {id} on {node}: {e}")),
+                }
+            }
+            Err(err) => {
+                let (exit_code, stderr_tail) = match &err {
+                    NodeError::Failed(f) => (f.exit_code, f.stderr_tail.clone()),
+                    _ => (None, String::new()),
+                };
+                let mut message = format!("{verb} of instance {id} on node {node} failed: {err}");
+                if let Some(code) = exit_code {
+                    message.push_str(&format!(" (exit code {code})"));
+                }
+                if !stderr_tail.trim().is_empty() {
+                    message.push_str(&format!("; stderr: {}", stderr_tail.trim()));
+                }
+                let m = message.clone();
+                let _ = self
+                    .save(|r| {
+                        r.status = InstanceStatus::Failed;
+                        r.last_error = Some(m);
+                    })
+                    .await;
+                InstanceResult { instance: id, ok: false, message, exit_code, stderr_tail }
+            }
+        }
+    }
+}
+
+impl Handler<RunInstanceCommand> for InstanceActor {
+    type Result = AtomicResponse<Self, InstanceResult>;
+
+    fn handle(&mut self, msg: RunInstanceCommand, _ctx: &mut Context<Self>) -> Self::Result {
+        self.stats.begin(msg.0.verb());
+        let env = Env {
+            record: self.record.clone(),
+            links: self.links.clone(),
+            store: self.store.clone(),
+            read_model: self.read_model.clone(),
+            stats: self.stats.clone(),
+        };
+        let stats = self.stats.clone();
+        AtomicResponse::new(Box::pin(
+            async move {
+                let result = env.execute(msg.0).await;
+                stats.end(if result.ok { None } else { Some(result.message.clone()) });
+                result
+            }
+            .into_actor(self),
+        ))
+    }
+}
+
+impl Handler<MarkExited> for InstanceActor {
+    type Result = ResponseActFuture<Self, bool>;
+
+    fn handle(&mut self, msg: MarkExited, _ctx: &mut Context<Self>) -> Self::Result {
+        self.stats.enqueue();
+        self.stats.begin("process exited");
+        let matches = {
+            let r = self.record.borrow();
+            r.pid == Some(msg.pid) && r.desired == DesiredState::Running
+        };
+        let env = Env {
+            record: self.record.clone(),
+            links: self.links.clone(),
+            store: self.store.clone(),
+            read_model: self.read_model.clone(),
+            stats: self.stats.clone(),
+        };
+        let stats = self.stats.clone();
+        Box::pin(
+            async move {
+                if !matches {
+                    stats.end(None);
+                    return false;
+                }
+                let d = msg.description.clone();
+                let _ = env
+                    .save(|r| {
+                        r.status = InstanceStatus::Failed;
+                        r.pid = None;
+                        r.last_error = Some(d);
+                    })
+                    .await;
+                stats.end(Some(msg.description));
+                true
+            }
+            .into_actor(self),
+        )
+    }
+}
+
+impl Handler<Retire> for InstanceActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Retire, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

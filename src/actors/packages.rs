@@ -1,0 +1,208 @@
+//! Uploaded packages: streamed to a temp file while hashing, size-capped,
+//! inspected (every tar entry checked, `component.toml` parsed and
+//! validated), then stored as a file named by its sha256 and recorded.
+//!
+//! Deleting a package goes through the supervisor, so it is serialized with
+//! cluster creates and a package in use can never disappear under one.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use actix::prelude::*;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+use tokio::io::AsyncWriteExt;
+
+use super::Shared;
+use super::read_model::PackageView;
+use super::supervisor::Supervisor;
+use crate::error::Error;
+use crate::ids::{validate_name, validate_version};
+use crate::package::{ExtractLimits, inspect_package};
+use crate::spec::ComponentSpec;
+use crate::storage::WriteOp;
+use crate::storage::records::{PackageRecord, RECORD_VERSION};
+
+pub struct Packages {
+    shared: Shared,
+    max_upload_bytes: u64,
+    /// Uploads in progress, so two uploads of one version don't race.
+    uploading: Mutex<HashSet<(String, String)>>,
+}
+
+/// Removes the in-progress mark whatever way the upload ends.
+struct UploadGuard<'a>(&'a Packages, (String, String));
+
+impl Drop for UploadGuard<'_> {
+    fn drop(&mut self) {
+        self.0.uploading.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.1);
+    }
+}
+
+/// Whether the upload created the package or found the same bytes there.
+pub enum Uploaded {
+    Created(PackageRecord),
+    Unchanged(PackageRecord),
+}
+
+impl Packages {
+    pub fn new(shared: Shared, max_upload_bytes: u64) -> Arc<Self> {
+        Arc::new(Packages { shared, max_upload_bytes, uploading: Mutex::default() })
+    }
+
+    pub fn check_names(name: &str, version: &str) -> Result<(), Error> {
+        validate_name(name).map_err(|m| Error::invalid("invalid_name", format!("package name: {m}")))?;
+        validate_version(version).map_err(|m| Error::invalid("invalid_version", format!("package version: {m}")))
+    }
+
+    /// Stores an upload. The body is streamed to disk; nothing is recorded
+    /// unless the whole package is good.
+    pub async fn upload<S, E>(&self, name: &str, version: &str, body: S) -> Result<Uploaded, Error>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        Self::check_names(name, version)?;
+        let key = (name.to_string(), version.to_string());
+        if !self.uploading.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone()) {
+            return Err(Error::conflict("upload_in_progress", format!("package {name}/{version} is being uploaded right now")));
+        }
+        let _guard = UploadGuard(self, key.clone());
+        let blobs = self.shared.blobs.clone();
+        let (tmp, mut file) = blobs.create_temp().await.map_err(Error::from)?;
+        let streamed = self.stream_to(&mut file, body).await;
+        let (sha256, size) = match streamed {
+            Ok(v) => v,
+            Err(e) => {
+                drop(file);
+                let _ = tokio::fs::remove_file(&tmp).await;
+                return Err(e);
+            }
+        };
+        drop(file);
+        let result = self.register(name, version, &tmp, sha256, size).await;
+        // On success the temp file was renamed away; on failure it goes.
+        let _ = tokio::fs::remove_file(&tmp).await;
+        result
+    }
+
+    async fn stream_to<S, E>(&self, file: &mut tokio::fs::File, mut body: S) -> Result<(String, u64), Error>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        let mut hasher = Sha256::new();
+        let mut size: u64 = 0;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| Error::invalid("upload_failed", format!("reading the upload failed: {e}")))?;
+            size += chunk.len() as u64;
+            if size > self.max_upload_bytes {
+                return Err(Error::TooLarge { message: format!("package is larger than the limit of {} bytes", self.max_upload_bytes) });
+            }
+            hasher.update(&chunk);
+            file.write_all(&chunk).await.map_err(Error::internal)?;
+        }
+        if size == 0 {
+            return Err(Error::invalid("invalid_package", "the upload is empty; send the package tarball (.tar.gz) as the body"));
+        }
+        file.sync_all().await.map_err(Error::internal)?;
+        Ok((hex::encode(hasher.finalize()), size))
+    }
+
+    async fn register(&self, name: &str, version: &str, tmp: &std::path::Path, sha256: String, size: u64) -> Result<Uploaded, Error> {
+        let existing = self.shared.read_model.read().packages.get(&(name.to_string(), version.to_string())).map(|p| p.record.clone());
+        if let Some(existing) = existing {
+            if existing.sha256 == sha256 {
+                return Ok(Uploaded::Unchanged(existing));
+            }
+            return Err(Error::AlreadyExists { kind: "package", id: format!("{name}/{version}") });
+        }
+        let path = tmp.to_path_buf();
+        let info = tokio::task::spawn_blocking(move || inspect_package(&path, &ExtractLimits::default()))
+            .await
+            .map_err(Error::internal)??;
+        let spec = ComponentSpec::parse(&info.spec_toml)?;
+        if spec.component.name != name || spec.component.version != version {
+            return Err(Error::spec(
+                "component",
+                format!(
+                    "the package is uploaded as {name}/{version} but its component.toml says {}/{}",
+                    spec.component.name, spec.component.version
+                ),
+            ));
+        }
+        self.shared.blobs.persist(tmp, &sha256).await.map_err(Error::from)?;
+        let record = PackageRecord {
+            version: RECORD_VERSION,
+            name: name.to_string(),
+            package_version: version.to_string(),
+            sha256,
+            size,
+            spec_toml: info.spec_toml,
+            uploaded_at: OffsetDateTime::now_utc(),
+        };
+        self.shared.store.commit(vec![WriteOp::put_package(&record)?]).await?;
+        self.shared
+            .read_model
+            .write()
+            .packages
+            .insert((name.to_string(), version.to_string()), PackageView { record: record.clone(), spec: Arc::new(spec) });
+        Ok(Uploaded::Created(record))
+    }
+}
+
+/// Deletes a package unless a cluster uses it.
+#[derive(Message)]
+#[rtype(result = "Result<(), Error>")]
+pub struct DeletePackage {
+    pub name: String,
+    pub version: String,
+}
+
+impl Handler<DeletePackage> for Supervisor {
+    type Result = ResponseFuture<Result<(), Error>>;
+
+    fn handle(&mut self, msg: DeletePackage, _ctx: &mut Context<Self>) -> Self::Result {
+        let shared = self.shared().clone();
+        let key = (msg.name.clone(), msg.version.clone());
+        let removed = {
+            let mut state = shared.read_model.write();
+            let users: Vec<String> = state
+                .clusters
+                .values()
+                .filter(|c| c.package.name == msg.name && c.package.version == msg.version)
+                .map(|c| c.name.clone())
+                .collect();
+            if !users.is_empty() {
+                return Box::pin(futures::future::ready(Err(Error::conflict(
+                    "package_in_use",
+                    format!("package {}/{} is used by clusters: {}", msg.name, msg.version, users.join(", ")),
+                ))));
+            }
+            // Removed from the read model first: a create that runs after
+            // this handler no longer finds the package.
+            state.packages.remove(&key).map(|p| {
+                let shared_blob = state.packages.values().any(|o| o.record.sha256 == p.record.sha256);
+                (p, shared_blob)
+            })
+        };
+        let Some((pkg, blob_in_use)) = removed else {
+            return Box::pin(futures::future::ready(Err(Error::not_found("package", format!("{}/{}", msg.name, msg.version)))));
+        };
+        Box::pin(async move {
+            let op = WriteOp::delete_package(&msg.name, &msg.version);
+            if let Err(e) = shared.store.commit(vec![op]).await {
+                shared.read_model.write().packages.insert(key, pkg);
+                return Err(Error::from(e));
+            }
+            if !blob_in_use {
+                if let Err(e) = shared.blobs.remove(&pkg.record.sha256).await {
+                    tracing::warn!(error = %e, "cannot remove package file");
+                }
+            }
+            Ok(())
+        })
+    }
+}

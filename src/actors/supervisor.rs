@@ -1,0 +1,346 @@
+//! `Supervisor`: the root of the actor tree. It starts one `ClusterActor`
+//! per cluster at boot, creates new clusters (validating the request before
+//! anything exists), removes deleted ones, routes process exits to their
+//! cluster, and turns escalated failures into a cluster `Error` with a
+//! description that says why.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use serde::Serialize;
+use time::OffsetDateTime;
+
+use super::Shared;
+use super::cluster::{ClusterActor, EnterError, InstanceProcessExited, OpRequest, RunOperation};
+use super::read_model::ActorStats;
+use crate::error::Error;
+use crate::ids::{ClusterId, InstanceId, NodeId, OperationId, validate_name};
+use crate::spec::RoleSpec;
+use crate::storage::WriteOp;
+use crate::storage::records::{
+    ClusterRecord, ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, OperationRecord, OperationStatus, PackageRef, RECORD_VERSION,
+    RoleState,
+};
+
+/// A request to create a cluster (already parsed from JSON).
+#[derive(Debug, Clone, Serialize)]
+pub struct CreateCluster {
+    pub name: String,
+    pub package: PackageRef,
+    pub roles: BTreeMap<String, RoleRequest>,
+    pub config: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RoleRequest {
+    pub count: Option<u32>,
+    pub nodes: Option<Vec<NodeId>>,
+}
+
+impl Message for CreateCluster {
+    type Result = Result<OperationRecord, Error>;
+}
+
+/// Looks up a cluster's actor by name.
+#[derive(Message)]
+#[rtype(result = "Option<Addr<ClusterActor>>")]
+pub struct GetCluster(pub String);
+
+/// A cluster finished its delete; its name is free.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ClusterGone {
+    pub name: String,
+}
+
+/// An agent reported an unexpected process exit.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct InstanceExited {
+    pub node: NodeId,
+    pub instance: InstanceId,
+    pub pid: u32,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stderr_tail: String,
+}
+
+/// A failure a cluster could not handle itself.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Escalate {
+    pub cluster: String,
+    pub operation: Option<OperationId>,
+    pub description: String,
+}
+
+pub struct Supervisor {
+    clusters: HashMap<String, Addr<ClusterActor>>,
+    shared: Shared,
+    boot: Option<Boot>,
+    stats: Arc<ActorStats>,
+}
+
+/// What the supervisor starts from.
+pub struct Boot {
+    pub clusters: Vec<ClusterRecord>,
+    pub instances: Vec<InstanceRecord>,
+    pub operations: Vec<OperationRecord>,
+}
+
+impl Supervisor {
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    pub fn new(shared: Shared, boot: Boot) -> Self {
+        let stats = ActorStats::new("supervisor", "supervisor", None);
+        shared.read_model.register_actor(&stats);
+        Supervisor { clusters: HashMap::new(), shared, boot: Some(boot), stats }
+    }
+}
+
+impl Actor for Supervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.stats.set_state("running");
+        let Some(boot) = self.boot.take() else { return };
+        let mut by_cluster: HashMap<ClusterId, Vec<InstanceRecord>> = HashMap::new();
+        for i in boot.instances {
+            by_cluster.entry(i.cluster_id).or_default().push(i);
+        }
+        let mut writes = Vec::new();
+        let now = OffsetDateTime::now_utc();
+        for mut op in boot.operations {
+            // Operations that were running when the master stopped are not
+            // resumed (yet): they end Failed, saying so, and their cluster
+            // goes Error so the operator looks before acting again.
+            if !op.status.is_terminal() {
+                op.status = OperationStatus::Failed;
+                op.error = Some("interrupted: the master stopped while this operation ran".into());
+                op.ended_at = Some(now);
+                if let Ok(w) = WriteOp::put_operation(&op) {
+                    writes.push(w);
+                }
+            }
+            self.shared.read_model.put_operation(&op);
+        }
+        for mut c in boot.clusters {
+            if let Some(op) = c.operation.take() {
+                c.status = ClusterStatus::Error;
+                c.status_description = format!("operation {op} was interrupted by a master restart; check the instances, then start, stop or delete the cluster");
+                if let Ok(w) = WriteOp::put_cluster(&c) {
+                    writes.push(w);
+                }
+            }
+            let instances = by_cluster.remove(&c.id).unwrap_or_default();
+            let name = c.name.clone();
+            let addr = ClusterActor::start(c, instances, self.shared.clone(), ctx.address());
+            self.clusters.insert(name, addr);
+        }
+        if !writes.is_empty() {
+            let store = self.shared.store.clone();
+            actix::spawn(async move {
+                if let Err(e) = store.commit(writes).await {
+                    tracing::error!(error = %e, "cannot record interrupted operations");
+                }
+            });
+        }
+    }
+}
+
+/// Places `n` new instances of `role` (ordinals from `first_ordinal`),
+/// allocating their ports. Nothing is persisted here.
+pub fn place_instances(shared: &Shared, cluster: &ClusterRecord, role: &RoleSpec, first_ordinal: u32, n: u32, pinned: Option<&[NodeId]>) -> Result<Vec<InstanceRecord>, Error> {
+    let timing = shared.timing;
+    let now = OffsetDateTime::now_utc();
+    let state = shared.read_model.read();
+    let nodes = super::placement::place(&state, &cluster.name, n as usize, pinned, now, |v, now| {
+        v.status_at(now, timing.node_unknown_after, timing.node_down_after)
+    })?;
+    let mut out: Vec<InstanceRecord> = Vec::new();
+    for (k, node) in nodes.into_iter().enumerate() {
+        let view = &state.nodes[&node];
+        let ports = match shared.ports.allocate(&node, view.record.port_range, role.ports.len()) {
+            Ok(p) => p,
+            Err(e) => {
+                for r in &out {
+                    shared.ports.release(&r.node, r.ports.values().copied());
+                }
+                return Err(e);
+            }
+        };
+        let ordinal = first_ordinal + k as u32;
+        let id = InstanceId::generate(&cluster.name, &cluster.id, &role.name, ordinal);
+        let dir = format!("{}/{}", view.record.instance_root.trim_end_matches('/'), id);
+        out.push(InstanceRecord {
+            version: RECORD_VERSION,
+            id,
+            cluster_id: cluster.id,
+            cluster: cluster.name.clone(),
+            role: role.name.clone(),
+            ordinal,
+            node: node.clone(),
+            host: view.record.address.clone(),
+            ports: role.ports.iter().cloned().zip(ports).collect(),
+            status: InstanceStatus::Pending,
+            desired: DesiredState::Installed,
+            pid: None,
+            generation: 0,
+            dir,
+            last_error: None,
+        });
+    }
+    Ok(out)
+}
+
+impl Supervisor {
+    fn validate_create(&self, req: &CreateCluster) -> Result<(ClusterRecord, Vec<InstanceRecord>), Error> {
+        validate_name(&req.name).map_err(|m| Error::invalid("invalid_name", format!("name: {m}")))?;
+        if self.clusters.contains_key(&req.name) {
+            return Err(Error::AlreadyExists { kind: "cluster", id: req.name.clone() });
+        }
+        let spec = {
+            let state = self.shared.read_model.read();
+            state
+                .packages
+                .get(&(req.package.name.clone(), req.package.version.clone()))
+                .map(|p| p.spec.clone())
+                .ok_or_else(|| Error::not_found("package", &req.package))?
+        };
+        for role in req.roles.keys() {
+            if spec.role(role).is_none() {
+                let known: Vec<&str> = spec.roles.iter().map(|r| r.name.as_str()).collect();
+                return Err(Error::spec(format!("roles.{role}"), format!("package {} has no role {role:?} (roles: {})", req.package, known.join(", "))));
+            }
+        }
+        let config = spec.resolve_config(&req.config, None)?;
+        let now = OffsetDateTime::now_utc();
+        let mut record = ClusterRecord {
+            version: RECORD_VERSION,
+            id: ClusterId::random(),
+            name: req.name.clone(),
+            package: req.package.clone(),
+            status: ClusterStatus::Validating,
+            status_description: "validated; waiting to install".into(),
+            config,
+            roles: BTreeMap::new(),
+            operation: None,
+            created_at: now,
+            updated_at: now,
+        };
+        let mut counts = Vec::new();
+        for role in &spec.roles {
+            let r = req.roles.get(&role.name).cloned().unwrap_or_default();
+            let count = r.count.unwrap_or(role.count.min);
+            spec.check_count(&role.name, count)?;
+            counts.push((role, count, r.nodes));
+        }
+        let mut pending: Vec<InstanceRecord> = Vec::new();
+        for (role, count, nodes) in counts {
+            record.roles.insert(role.name.clone(), RoleState { next_ordinal: count + 1 });
+            if count == 0 {
+                continue;
+            }
+            match place_instances(&self.shared, &record, role, 1, count, nodes.as_deref()) {
+                Ok(v) => pending.extend(v),
+                Err(e) => {
+                    for p in &pending {
+                        self.shared.ports.release(&p.node, p.ports.values().copied());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok((record, pending))
+    }
+}
+
+impl Handler<CreateCluster> for Supervisor {
+    type Result = ResponseActFuture<Self, Result<OperationRecord, Error>>;
+
+    fn handle(&mut self, req: CreateCluster, ctx: &mut Context<Self>) -> Self::Result {
+        self.stats.begin("create cluster");
+        let (record, pending) = match self.validate_create(&req) {
+            Ok(v) => v,
+            Err(e) => {
+                self.stats.end(None);
+                return Box::pin(fut::ready(Err(e)));
+            }
+        };
+        let name = record.name.clone();
+        let params = serde_json::to_string(&req).unwrap_or_default();
+        // The name is taken from here on, so a concurrent create of the same
+        // name gets 409 even before this one is durable.
+        let addr = ClusterActor::start(record, Vec::new(), self.shared.clone(), ctx.address());
+        self.clusters.insert(name.clone(), addr.clone());
+        self.stats.end(None);
+        Box::pin(
+            async move { addr.send(RunOperation(OpRequest::Create { pending, params })).await }
+                .into_actor(self)
+                .map(move |res, act, _| {
+                    let res = res.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))));
+                    if res.is_err() {
+                        if let Some(addr) = act.clusters.remove(&name) {
+                            addr.do_send(super::cluster::Shutdown);
+                        }
+                        act.shared.read_model.write().clusters.remove(&name);
+                    }
+                    res
+                }),
+        )
+    }
+}
+
+impl Handler<GetCluster> for Supervisor {
+    type Result = Option<Addr<ClusterActor>>;
+
+    fn handle(&mut self, msg: GetCluster, _ctx: &mut Context<Self>) -> Self::Result {
+        self.clusters.get(&msg.0).cloned()
+    }
+}
+
+impl Handler<ClusterGone> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClusterGone, _ctx: &mut Context<Self>) {
+        self.clusters.remove(&msg.name);
+        tracing::info!(cluster = %msg.name, "cluster deleted");
+    }
+}
+
+impl Handler<InstanceExited> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: InstanceExited, _ctx: &mut Context<Self>) {
+        let cluster = self.shared.read_model.read().instances.get(&msg.instance).map(|i| i.cluster.clone());
+        let Some(addr) = cluster.and_then(|c| self.clusters.get(&c).cloned()) else {
+            tracing::warn!(instance = %msg.instance, node = %msg.node, "exit of an instance the master does not know");
+            return;
+        };
+        let how = match (msg.exit_code, msg.signal) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(s)) => format!("signal {s}"),
+            _ => "unknown status".into(),
+        };
+        let mut description = format!("instance {} on node {} exited unexpectedly ({how})", msg.instance, msg.node);
+        if !msg.stderr_tail.trim().is_empty() {
+            description.push_str(&format!("; stderr: {}", msg.stderr_tail.trim()));
+        }
+        addr.do_send(InstanceProcessExited { instance: msg.instance, pid: msg.pid, description });
+    }
+}
+
+impl Handler<Escalate> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Escalate, _ctx: &mut Context<Self>) {
+        tracing::error!(cluster = %msg.cluster, operation = ?msg.operation, reason = %msg.description, "cluster failed");
+        self.stats.end(Some(format!("{}: {}", msg.cluster, msg.description)));
+        if let Some(addr) = self.clusters.get(&msg.cluster) {
+            addr.do_send(EnterError { description: msg.description, operation: msg.operation });
+        }
+    }
+}

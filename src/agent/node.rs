@@ -1,0 +1,517 @@
+//! The agent's instance manager: the local truth about every instance on
+//! this node (its RocksDB records), and the handlers for the master's
+//! commands. Commands on one instance are serialized by that instance's
+//! lock; commands on different instances run concurrently.
+//!
+//! Every handler is idempotent (start on a running instance, stop on a
+//! stopped one, delete of a deleted one all succeed without doing anything)
+//! and checks the command's generation: one older than the newest applied
+//! is refused, so a late duplicate can never undo a newer intent.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use super::files::{file_sha256, write_rendered_files};
+use super::installer;
+use super::process::{ProcessController, StartRequest, StopRequest, users};
+use crate::ids::InstanceId;
+use crate::protocol::messages::{AgentEvent, AgentFrame, AgentResponse, CommandFailure, FailureKind, InstallBegin, InstanceReport, RenderedFile};
+use crate::storage::agent_records::{AgentInstanceRecord, PidIdentity, Tombstone};
+use crate::storage::records::RECORD_VERSION;
+use crate::storage::{AgentStore, WriteOp};
+
+/// How the agent treats the run-as users of specs.
+#[derive(Debug, Clone)]
+pub struct RunAsPolicy {
+    pub default_run_as: Option<String>,
+    pub allow_root: bool,
+}
+
+/// One instance's slot: its record behind the lock that serializes commands.
+#[derive(Default)]
+pub struct Slot {
+    pub record: tokio::sync::Mutex<Option<AgentInstanceRecord>>,
+}
+
+pub struct Node {
+    pub store: AgentStore,
+    pub processes: ProcessController,
+    pub root: PathBuf,
+    pub package_cache: PathBuf,
+    policy: RunAsPolicy,
+    slots: Mutex<HashMap<InstanceId, Arc<Slot>>>,
+    /// Where unsolicited events go while connected to the master.
+    events: Mutex<Option<mpsc::Sender<AgentFrame>>>,
+}
+
+pub fn failure(kind: FailureKind, message: impl Into<String>) -> AgentResponse {
+    AgentResponse::Failed(CommandFailure { kind, message: message.into(), exit_code: None, stderr_tail: String::new() })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Node {
+    pub fn new(store: AgentStore, processes: ProcessController, data_dir: &Path, policy: RunAsPolicy) -> std::io::Result<Arc<Node>> {
+        let root = data_dir.join("instances");
+        let package_cache = data_dir.join("packages");
+        std::fs::create_dir_all(&root)?;
+        std::fs::create_dir_all(&package_cache)?;
+        // Instances run as other users; they must be able to reach their
+        // directory, while the package cache stays private to the agent.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::set_permissions(&package_cache, std::fs::Permissions::from_mode(0o700))?;
+        let root = std::fs::canonicalize(&root)?;
+        Ok(Arc::new(Node {
+            store,
+            processes,
+            root,
+            package_cache,
+            policy,
+            slots: Mutex::default(),
+            events: Mutex::default(),
+        }))
+    }
+
+    pub fn instance_dir(&self, id: &InstanceId) -> PathBuf {
+        self.root.join(id.as_str())
+    }
+
+    pub fn slot(&self, id: &InstanceId) -> Arc<Slot> {
+        lock(&self.slots).entry(id.clone()).or_default().clone()
+    }
+
+    pub fn set_events(&self, tx: Option<mpsc::Sender<AgentFrame>>) {
+        *lock(&self.events) = tx;
+    }
+
+    fn send_event(&self, event: AgentEvent) {
+        if let Some(tx) = lock(&self.events).clone() {
+            // A full queue means the connection is stuck; the inventory sent
+            // on the next connect carries the same news.
+            let _ = tx.try_send(AgentFrame::Event(event));
+        }
+    }
+
+    /// Loads the records at start: finishes deletes that were in progress,
+    /// and re-adopts processes that still run.
+    pub async fn recover(self: &Arc<Self>) -> Result<(), crate::storage::StorageError> {
+        let store = self.store.clone();
+        let snapshot = tokio::task::spawn_blocking(move || store.load_all())
+            .await
+            .map_err(|e| crate::storage::StorageError::Codec(e.to_string()))??;
+        for rec in snapshot.instances {
+            let slot = self.slot(&rec.id);
+            *slot.record.lock().await = Some(rec);
+        }
+        for t in snapshot.tombstones {
+            tracing::info!(instance = %t.id, "finishing a delete interrupted by an agent restart");
+            let _ = self.delete(&t.id, t.generation).await;
+        }
+        let slots: Vec<(InstanceId, Arc<Slot>)> = lock(&self.slots).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (id, slot) in slots {
+            let mut guard = slot.record.lock().await;
+            let Some(rec) = guard.as_mut() else { continue };
+            match &rec.pid {
+                Some(pid) if self.processes.is_alive(pid) => {
+                    tracing::info!(instance = %id, pid = pid.pid, "re-adopted running process");
+                    self.watch(id.clone(), pid.clone());
+                }
+                Some(_) => {
+                    tracing::warn!(instance = %id, "process is gone since the agent stopped");
+                    rec.pid = None;
+                    let r = rec.clone();
+                    drop(guard);
+                    let _ = self.persist(&r).await;
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// What the agent holds, for the handshake.
+    pub async fn inventory(&self) -> Vec<InstanceReport> {
+        let slots: Vec<Arc<Slot>> = lock(&self.slots).values().cloned().collect();
+        let mut out = Vec::new();
+        for slot in slots {
+            if let Some(r) = slot.record.lock().await.as_ref() {
+                let running = r.pid.as_ref().is_some_and(|p| self.processes.is_alive(p));
+                out.push(InstanceReport {
+                    instance: r.id.clone(),
+                    generation: r.generation,
+                    desired_running: r.desired_running,
+                    running,
+                    pid: if running { r.pid.as_ref().map(|p| p.pid) } else { None },
+                });
+            }
+        }
+        out
+    }
+
+    async fn persist(&self, rec: &AgentInstanceRecord) -> Result<(), String> {
+        let op = WriteOp::put_agent_instance(rec).map_err(|e| e.to_string())?;
+        self.store.writer().commit(vec![op]).await.map_err(|e| format!("cannot persist instance record: {e}"))
+    }
+
+    fn resolve_run_as(&self, wanted: Option<&str>) -> Result<users::RunAs, AgentResponse> {
+        if !nix::unistd::geteuid().is_root() {
+            // Not root: everything runs as the agent's own user.
+            return Ok(users::current());
+        }
+        let name = wanted.or(self.policy.default_run_as.as_deref()).unwrap_or("nobody");
+        if name == "root" && !self.policy.allow_root {
+            return Err(failure(FailureKind::BadRequest, "run_as = \"root\" is refused by this agent (allow_root = false)"));
+        }
+        users::resolve(name).map_err(|e| failure(FailureKind::BadRequest, format!("run_as {name:?}: {e}")))
+    }
+
+    /// Checks that a run-as user other than the agent's can reach the
+    /// instance root (every ancestor must be searchable by others).
+    fn check_reachable(&self, run_as: &users::RunAs) -> Result<(), AgentResponse> {
+        use std::os::unix::fs::PermissionsExt;
+        if run_as.uid == nix::unistd::geteuid().as_raw() || run_as.uid == 0 {
+            return Ok(());
+        }
+        let mut p = Some(self.root.as_path());
+        while let Some(dir) = p {
+            if let Ok(meta) = std::fs::metadata(dir) {
+                if meta.permissions().mode() & 0o001 == 0 {
+                    return Err(failure(
+                        FailureKind::BadRequest,
+                        format!(
+                            "user {} cannot reach {} ({} is not searchable by others); put the agent's data_dir elsewhere or set default_run_as",
+                            run_as.name,
+                            self.root.display(),
+                            dir.display()
+                        ),
+                    ));
+                }
+            }
+            p = dir.parent();
+        }
+        Ok(())
+    }
+
+    /// The cached copy of a package, if this node holds it.
+    pub fn cached_package(&self, sha256: &str) -> Option<PathBuf> {
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+            return None;
+        }
+        let p = self.package_cache.join(format!("{sha256}.tar.gz"));
+        p.is_file().then_some(p)
+    }
+
+    /// Checks an install header before any byte is written.
+    pub async fn check_install(&self, begin: &InstallBegin) -> Result<users::RunAs, AgentResponse> {
+        if !begin.instance.is_safe_path_component() {
+            return Err(failure(FailureKind::BadRequest, format!("instance id {:?} is not a safe name", begin.instance)));
+        }
+        let slot = self.slot(&begin.instance);
+        let guard = slot.record.lock().await;
+        if let Some(r) = guard.as_ref() {
+            if begin.generation < r.generation {
+                return Err(stale(&begin.instance, begin.generation, r.generation));
+            }
+            if r.pid.as_ref().is_some_and(|p| self.processes.is_alive(p)) {
+                return Err(failure(FailureKind::BadRequest, format!("instance {} is running; stop it before installing", begin.instance)));
+            }
+        }
+        drop(guard);
+        let run_as = self.resolve_run_as(begin.run_as.as_deref())?;
+        self.check_reachable(&run_as)?;
+        Ok(run_as)
+    }
+
+    /// Second half of an install: the package is extracted in `staging`.
+    /// Moves it into place, writes the rendered files, hands ownership to
+    /// the run-as user, and records the instance.
+    pub async fn complete_install(&self, begin: InstallBegin, staging: PathBuf, run_as: users::RunAs) -> AgentResponse {
+        let slot = self.slot(&begin.instance);
+        let mut guard = slot.record.lock().await;
+        if let Some(r) = guard.as_ref() {
+            if begin.generation < r.generation {
+                let _ = tokio::fs::remove_dir_all(&staging).await;
+                return stale(&begin.instance, begin.generation, r.generation);
+            }
+        }
+        let dir = self.instance_dir(&begin.instance);
+        let files = begin.files.clone();
+        let owner = (run_as.uid, run_as.gid);
+        let placed = tokio::task::spawn_blocking({
+            let dir = dir.clone();
+            move || -> Result<u32, String> {
+                installer::place_instance_dir(&staging, &dir).map_err(|e| crate::error::ErrorChain(&e).to_string())?;
+                write_rendered_files(&dir, &files, None).map_err(|e| crate::error::ErrorChain(&e).to_string())?;
+                if nix::unistd::geteuid().is_root() {
+                    installer::chown_tree_nofollow(&dir, owner.0, owner.1).map_err(|e| crate::error::ErrorChain(&e).to_string())?;
+                }
+                Ok(files.len() as u32)
+            }
+        })
+        .await;
+        let files_written = match placed {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return failure(FailureKind::Install, format!("install of {}: {e}", begin.instance)),
+            Err(e) => return failure(FailureKind::Internal, format!("install task failed: {e}")),
+        };
+        let rec = AgentInstanceRecord {
+            version: RECORD_VERSION,
+            id: begin.instance.clone(),
+            generation: begin.generation,
+            desired_running: false,
+            run_as: run_as.name.clone(),
+            process: begin.process.clone(),
+            package_sha256: begin.package_sha256.clone(),
+            file_hashes: hashes(&begin.files),
+            pid: None,
+        };
+        if let Err(e) = self.persist(&rec).await {
+            return failure(FailureKind::Internal, e);
+        }
+        *guard = Some(rec);
+        AgentResponse::InstallResult { files_written }
+    }
+
+    pub async fn write_files(&self, id: &InstanceId, generation: u64, files: Vec<RenderedFile>) -> AgentResponse {
+        let slot = self.slot(id);
+        let mut guard = slot.record.lock().await;
+        let Some(rec) = guard.as_mut() else {
+            return failure(FailureKind::UnknownInstance, format!("instance {id} is not installed on this node"));
+        };
+        if generation < rec.generation {
+            return stale(id, generation, rec.generation);
+        }
+        let owner = match users::resolve(&rec.run_as) {
+            Ok(u) if nix::unistd::geteuid().is_root() => Some((u.uid, u.gid)),
+            _ => None,
+        };
+        let dir = self.instance_dir(id);
+        let f = files.clone();
+        let written = tokio::task::spawn_blocking(move || write_rendered_files(&dir, &f, owner)).await;
+        let changed = match written {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return failure(FailureKind::Install, format!("writing files of {id}: {}", crate::error::ErrorChain(&e))),
+            Err(e) => return failure(FailureKind::Internal, format!("write task failed: {e}")),
+        };
+        rec.generation = generation;
+        rec.file_hashes.extend(hashes(&files));
+        let r = rec.clone();
+        if let Err(e) = self.persist(&r).await {
+            return failure(FailureKind::Internal, e);
+        }
+        AgentResponse::FilesWritten { changed }
+    }
+
+    pub async fn start(self: &Arc<Self>, id: &InstanceId, generation: u64) -> AgentResponse {
+        let slot = self.slot(id);
+        let mut guard = slot.record.lock().await;
+        let Some(rec) = guard.as_mut() else {
+            return failure(FailureKind::UnknownInstance, format!("instance {id} is not installed on this node"));
+        };
+        if generation < rec.generation {
+            return stale(id, generation, rec.generation);
+        }
+        let run_as = match users::resolve(&rec.run_as) {
+            Ok(u) if nix::unistd::geteuid().is_root() => u,
+            Ok(_) | Err(_) if !nix::unistd::geteuid().is_root() => users::current(),
+            Ok(u) => u,
+            Err(e) => return failure(FailureKind::Start, format!("run_as {}: {e}", rec.run_as)),
+        };
+        rec.generation = generation;
+        rec.desired_running = true;
+        let dir = self.instance_dir(id);
+        let req = StartRequest { instance: id, dir: &dir, spec: &rec.process, run_as: &run_as, current: rec.pid.as_ref() };
+        let started = self.processes.start(&req).await;
+        match started {
+            Ok(s) => {
+                let pid = s.identity.pid;
+                let already = s.already_running;
+                rec.pid = Some(s.identity.clone());
+                let r = rec.clone();
+                if let Err(e) = self.persist(&r).await {
+                    return failure(FailureKind::Internal, e);
+                }
+                if !already {
+                    self.watch(id.clone(), s.identity);
+                }
+                AgentResponse::Started { pid, already_running: already }
+            }
+            Err(e) => {
+                rec.pid = None;
+                let r = rec.clone();
+                let _ = self.persist(&r).await;
+                AgentResponse::Failed(CommandFailure {
+                    kind: FailureKind::Start,
+                    message: format!("start of {id} failed: {}", crate::error::ErrorChain(&e)),
+                    exit_code: e.exit_code(),
+                    stderr_tail: e.stderr_tail().to_string(),
+                })
+            }
+        }
+    }
+
+    pub async fn stop(&self, id: &InstanceId, generation: u64) -> AgentResponse {
+        let slot = self.slot(id);
+        let mut guard = slot.record.lock().await;
+        let Some(rec) = guard.as_mut() else {
+            return failure(FailureKind::UnknownInstance, format!("instance {id} is not installed on this node"));
+        };
+        if generation < rec.generation {
+            return stale(id, generation, rec.generation);
+        }
+        rec.generation = generation;
+        // Intent first: the exit watcher sees desired_running == false and
+        // does not report this exit as unexpected.
+        rec.desired_running = false;
+        let r = rec.clone();
+        if let Err(e) = self.persist(&r).await {
+            return failure(FailureKind::Internal, e);
+        }
+        match self.stop_processes(id, rec).await {
+            Ok(was_running) => {
+                rec.pid = None;
+                let r = rec.clone();
+                if let Err(e) = self.persist(&r).await {
+                    return failure(FailureKind::Internal, e);
+                }
+                AgentResponse::Stopped { was_running }
+            }
+            Err(resp) => resp,
+        }
+    }
+
+    async fn stop_processes(&self, id: &InstanceId, rec: &AgentInstanceRecord) -> Result<bool, AgentResponse> {
+        let run_as = users::resolve(&rec.run_as).unwrap_or_else(|_| users::current());
+        let dir = self.instance_dir(id);
+        let req = StopRequest { instance: id, dir: &dir, spec: &rec.process, run_as: &run_as, current: rec.pid.as_ref() };
+        self.processes.stop(&req).await.map_err(|e| AgentResponse::Failed(CommandFailure {
+            kind: FailureKind::Stop,
+            message: format!("stop of {id} failed: {}", crate::error::ErrorChain(&e)),
+            exit_code: e.exit_code(),
+            stderr_tail: e.stderr_tail().to_string(),
+        }))
+    }
+
+    pub async fn delete(&self, id: &InstanceId, generation: u64) -> AgentResponse {
+        if !id.is_safe_path_component() {
+            return failure(FailureKind::BadRequest, format!("instance id {id:?} is not a safe name"));
+        }
+        let slot = self.slot(id);
+        let mut guard = slot.record.lock().await;
+        if let Some(rec) = guard.as_ref() {
+            if generation < rec.generation {
+                return stale(id, generation, rec.generation);
+            }
+        }
+        let existed = guard.is_some() || self.instance_dir(id).exists();
+        // The tombstone makes the delete finish after a crash.
+        let tomb = Tombstone { version: RECORD_VERSION, id: id.clone(), generation };
+        let op = match WriteOp::put_tombstone(&tomb) {
+            Ok(op) => op,
+            Err(e) => return failure(FailureKind::Internal, e.to_string()),
+        };
+        if let Err(e) = self.store.writer().commit(vec![op]).await {
+            return failure(FailureKind::Internal, e.to_string());
+        }
+        if let Some(rec) = guard.as_mut() {
+            rec.desired_running = false;
+            let r = rec.clone();
+            if let Err(resp) = self.stop_processes(id, &r).await {
+                return resp;
+            }
+        } else {
+            // No record (e.g. an install that never completed): still make
+            // sure nothing of the instance runs.
+            let spec = crate::protocol::messages::ProcessSpec {
+                start: vec![],
+                stop: None,
+                pidfile: None,
+                stop_grace_ms: 1000,
+                start_timeout_ms: 1000,
+                env: vec![],
+            };
+            let me = users::current();
+            let dir = self.instance_dir(id);
+            let req = StopRequest { instance: id, dir: &dir, spec: &spec, run_as: &me, current: None };
+            let _ = self.processes.stop(&req).await;
+        }
+        let dir = self.instance_dir(id);
+        if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return failure(FailureKind::Internal, format!("cannot remove {}: {e}", dir.display()));
+            }
+        }
+        let ops = vec![WriteOp::delete_agent_instance(id), WriteOp::delete_tombstone(id)];
+        if let Err(e) = self.store.writer().commit(ops).await {
+            return failure(FailureKind::Internal, e.to_string());
+        }
+        *guard = None;
+        drop(guard);
+        lock(&self.slots).remove(id);
+        AgentResponse::Deleted { existed }
+    }
+
+    /// Watches a started process and reports an exit nobody asked for.
+    fn watch(self: &Arc<Self>, id: InstanceId, identity: PidIdentity) {
+        let node = self.clone();
+        let exit = self.processes.watch(&id, &identity);
+        tokio::spawn(async move {
+            let info = exit.await;
+            let slot = node.slot(&id);
+            let mut guard = slot.record.lock().await;
+            let Some(rec) = guard.as_mut() else { return };
+            if rec.pid.as_ref() != Some(&identity) {
+                return; // a newer process, or stopped already
+            }
+            rec.pid = None;
+            let unexpected = rec.desired_running;
+            let r = rec.clone();
+            drop(guard);
+            let _ = node.persist(&r).await;
+            if unexpected {
+                tracing::warn!(instance = %id, pid = info.pid, code = ?info.exit_code, "instance process exited unexpectedly");
+                node.send_event(AgentEvent::ProcessExited {
+                    instance: id,
+                    pid: info.pid,
+                    exit_code: info.exit_code,
+                    signal: info.signal,
+                    stderr_tail: info.stderr_tail,
+                });
+            }
+        });
+    }
+
+    /// Stops every instance (dev mode's Ctrl-C: leave no process behind).
+    pub async fn stop_all(&self) {
+        let ids: Vec<InstanceId> = lock(&self.slots).keys().cloned().collect();
+        let mut tasks = Vec::new();
+        for id in ids {
+            tasks.push(async move {
+                let slot = self.slot(&id);
+                let guard = slot.record.lock().await;
+                if let Some(rec) = guard.as_ref() {
+                    let mut r = rec.clone();
+                    r.desired_running = false;
+                    if let Err(AgentResponse::Failed(f)) = self.stop_processes(&id, &r).await {
+                        tracing::error!(instance = %id, error = %f.message, "cannot stop instance at exit");
+                    }
+                }
+            });
+        }
+        futures::future::join_all(tasks).await;
+    }
+}
+
+fn stale(id: &InstanceId, got: u64, have: u64) -> AgentResponse {
+    failure(FailureKind::StaleGeneration, format!("command for {id} has generation {got}, older than the applied {have}; refused"))
+}
+
+fn hashes(files: &[RenderedFile]) -> BTreeMap<String, String> {
+    files.iter().map(|f| (f.path.clone(), file_sha256(&f.contents))).collect()
+}

@@ -1,0 +1,162 @@
+//! Running and stopping the processes of instances (DESIGN.md §12).
+//!
+//! [`ProcessController`] starts an instance's command as its run-as user,
+//! in the instance directory, with a clean environment and its output in
+//! `logs/`; with a pidfile it waits for the daemon's pid and adopts it only
+//! if it belongs to the instance's process tree. Every instance runs in its
+//! own cgroup v2 where the agent can create one ([`cgroup`]), else in its own
+//! process group; either way every process carries the environment marker
+//! `FLOTILLA_INSTANCE=<id>` ([`tree`]). Stopping kills the whole tree: stop
+//! command, TERM, grace period, KILL.
+//!
+//! A process is known by its [`PidIdentity`] (pid + start time + boot id):
+//! nothing is signalled whose identity does not match, so a recycled pid is
+//! safe.
+
+pub mod cgroup;
+mod error;
+pub mod identity;
+pub mod pidfile;
+mod spawn;
+mod start;
+mod stop;
+mod sys;
+pub mod tree;
+pub mod users;
+mod watch;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+pub use cgroup::CgroupRoot;
+pub use error::ProcessError;
+pub use users::RunAs;
+pub use watch::{ExitInfo, ExitWatch};
+
+use crate::ids::InstanceId;
+use crate::protocol::messages::ProcessSpec;
+use crate::storage::agent_records::PidIdentity;
+
+/// What to start.
+#[derive(Debug, Clone, Copy)]
+pub struct StartRequest<'a> {
+    pub instance: &'a InstanceId,
+    /// The instance directory: working directory, base of relative paths.
+    pub dir: &'a Path,
+    pub spec: &'a ProcessSpec,
+    pub run_as: &'a RunAs,
+    /// The process the agent last started, if it recorded one.
+    pub current: Option<&'a PidIdentity>,
+}
+
+/// What to stop.
+#[derive(Debug, Clone, Copy)]
+pub struct StopRequest<'a> {
+    pub instance: &'a InstanceId,
+    pub dir: &'a Path,
+    /// For the stop command and the grace period.
+    pub spec: &'a ProcessSpec,
+    /// Who runs the stop command.
+    pub run_as: &'a RunAs,
+    /// The main process the agent recorded, if any.
+    pub current: Option<&'a PidIdentity>,
+}
+
+/// A started (or already running) instance.
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub identity: PidIdentity,
+    pub already_running: bool,
+    /// Resolves when this process is gone (see [`ProcessController::watch`]).
+    pub exit: ExitWatch,
+}
+
+/// The main process the controller started for an instance.
+#[derive(Debug)]
+struct Tracked {
+    identity: PidIdentity,
+    exit: ExitWatch,
+}
+
+/// Starts, stops and watches the processes of the instances of one agent.
+#[derive(Debug)]
+pub struct ProcessController {
+    cgroups: Option<CgroupRoot>,
+    boot_id: String,
+    tracked: Mutex<HashMap<InstanceId, Tracked>>,
+}
+
+impl ProcessController {
+    /// `node_scope` names this agent's cgroup subtree (several agents may
+    /// share a machine); `use_cgroups == false` forces process groups.
+    pub fn new(node_scope: &str, use_cgroups: bool) -> Self {
+        let cgroups = if use_cgroups { CgroupRoot::detect(node_scope) } else { None };
+        match &cgroups {
+            Some(c) => tracing::info!(base = %c.base().display(), "instances run in their own cgroup v2"),
+            None => tracing::info!(use_cgroups, "no writable cgroup v2: instances run in their own process group"),
+        }
+        let boot_id = identity::boot_id().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the boot id");
+            String::new()
+        });
+        ProcessController { cgroups, boot_id, tracked: Mutex::new(HashMap::new()) }
+    }
+
+    /// True when instances get their own cgroup.
+    pub fn cgroups_enabled(&self) -> bool {
+        self.cgroups.is_some()
+    }
+
+    /// The boot id identities are recorded with.
+    pub fn boot_id(&self) -> &str {
+        &self.boot_id
+    }
+
+    /// True when the process `id` describes still runs (see [`identity::is_alive`]).
+    pub fn is_alive(&self, id: &PidIdentity) -> bool {
+        identity::is_alive(id)
+    }
+
+    /// The cgroup directory of `instance`, when cgroups are in use.
+    pub fn cgroup_of(&self, instance: &InstanceId) -> Option<PathBuf> {
+        self.cgroups.as_ref().and_then(|c| c.path_of(instance).ok())
+    }
+
+    /// Every live process of the instance (main process, children, daemons).
+    pub fn instance_pids(&self, instance: &InstanceId) -> Vec<u32> {
+        let known: Vec<PidIdentity> = self.tracked().get(instance).map(|t| t.identity.clone()).into_iter().collect();
+        tree::collect(instance, &known, self.cgroup_of(instance).as_deref()).into_iter().map(|m| m.pid).collect()
+    }
+
+    /// Resolves when the process with this identity is gone, with its exit
+    /// status when it was the agent's child. Subscribe right after a start:
+    /// an exit that happened meanwhile resolves at once. For a process the
+    /// controller did not start (re-adopted after an agent restart) the
+    /// identity is polled.
+    pub fn watch(&self, instance: &InstanceId, identity: &PidIdentity) -> impl Future<Output = ExitInfo> + Send + 'static {
+        self.exit_watch_for(instance, identity).wait()
+    }
+
+    fn tracked(&self) -> MutexGuard<'_, HashMap<InstanceId, Tracked>> {
+        // A panic while holding this lock leaves the map consistent (every
+        // update is a single insert/remove), so poisoning is ignored.
+        self.tracked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Identities known to belong to the instance that still run.
+    fn known_alive(&self, instance: &InstanceId, current: Option<&PidIdentity>) -> Vec<PidIdentity> {
+        let mut known: Vec<PidIdentity> = current.cloned().into_iter().collect();
+        if let Some(t) = self.tracked().get(instance) {
+            if !known.contains(&t.identity) {
+                known.push(t.identity.clone());
+            }
+        }
+        known.retain(identity::is_alive);
+        known
+    }
+}

@@ -1,0 +1,222 @@
+//! Building and spawning one command of an instance: program resolution, the
+//! clean environment, the log files, the user switch and the cgroup move
+//! (through the `sys` hook), plus reading the stderr tail of one run.
+//!
+//! Log files live in `<dir>/logs/`, a directory the run-as user can write to;
+//! since the agent may be root, they are opened with `O_NOFOLLOW` relative to
+//! a `logs/` fd that was itself opened with `O_NOFOLLOW`, so a planted symlink
+//! cannot make the agent append to (or report the contents of) another file.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use nix::fcntl::{OFlag, open, openat};
+use nix::sys::stat::Mode;
+
+use super::sys::{self, ChildSetup};
+use super::tree::MARKER_VAR;
+use super::users::RunAs;
+use super::ProcessError;
+use crate::ids::InstanceId;
+
+/// The PATH every command starts with (the spec's env may override it).
+const BASE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// At most this many lines ...
+const TAIL_LINES: usize = 20;
+/// ... and this many bytes of stderr go into an error or exit report.
+const TAIL_BYTES: u64 = 4096;
+
+/// The log files of one spawned command.
+#[derive(Debug)]
+pub struct Logs {
+    pub stdout: File,
+    /// Opened read + append: the child writes, the agent reads the tail.
+    pub stderr: File,
+    /// Size of stderr.log when the command was spawned: the tail of this run
+    /// starts here.
+    pub stderr_start: u64,
+}
+
+/// Opens (creating) `<dir>/logs/stdout.log` and `stderr.log` for appending.
+pub fn open_logs(dir: &Path, run_as: &RunAs) -> Result<Logs, ProcessError> {
+    let logs = ensure_dir(&dir.join("logs"), run_as)?;
+    let dir_fd = open(&logs, OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY, Mode::empty())
+        .map_err(|e| ProcessError::io(format!("opening {}", logs.display()), e.into()))?;
+    let flags = OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let open_log = |name: &str, access: OFlag| -> Result<File, ProcessError> {
+        let fd: OwnedFd = openat(&dir_fd, name, flags | access, Mode::from_bits_truncate(0o644))
+            .map_err(|e| ProcessError::io(format!("opening {}", logs.join(name).display()), e.into()))?;
+        let file = File::from(fd);
+        if run_as.needs_switch() {
+            std::os::unix::fs::fchown(&file, Some(run_as.uid), Some(run_as.gid))
+                .map_err(|e| ProcessError::io(format!("chown of {}", logs.join(name).display()), e))?;
+        }
+        Ok(file)
+    };
+    let stdout = open_log("stdout.log", OFlag::O_WRONLY)?;
+    let stderr = open_log("stderr.log", OFlag::O_RDWR)?;
+    let stderr_start = stderr
+        .metadata()
+        .map_err(|e| ProcessError::io(format!("stat of {}", logs.join("stderr.log").display()), e))?
+        .len();
+    Ok(Logs { stdout, stderr, stderr_start })
+}
+
+/// Makes sure `path` is a real directory (not a symlink), creating it owned
+/// by the run-as user when missing.
+pub fn ensure_dir(path: &Path, run_as: &RunAs) -> Result<PathBuf, ProcessError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(path.to_path_buf()),
+        Ok(_) => Err(ProcessError::io(
+            format!("{} is not a directory", path.display()),
+            io::Error::new(io::ErrorKind::InvalidInput, "not a directory"),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(path).map_err(|e| ProcessError::io(format!("creating {}", path.display()), e))?;
+            if run_as.needs_switch() {
+                std::os::unix::fs::lchown(path, Some(run_as.uid), Some(run_as.gid))
+                    .map_err(|e| ProcessError::io(format!("chown of {}", path.display()), e))?;
+            }
+            Ok(path.to_path_buf())
+        }
+        Err(e) => Err(ProcessError::io(format!("stat of {}", path.display()), e)),
+    }
+}
+
+/// The last lines (at most 20, at most 4 KiB) written to `file` after byte
+/// offset `from`.
+pub fn tail(file: &File, from: u64) -> String {
+    let Ok(meta) = file.metadata() else { return String::new() };
+    let len = meta.len();
+    // A log truncated (rotated) since the spawn: read its end.
+    let from = if len < from { 0 } else { from };
+    let start = from.max(len.saturating_sub(TAIL_BYTES));
+    let mut buf = vec![0u8; usize::try_from(len - start).unwrap_or(0)];
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], start + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    buf.truncate(got);
+    let mut text: &[u8] = &buf;
+    if start > from {
+        // Cut mid-line: drop the partial first line.
+        if let Some(nl) = text.iter().position(|b| *b == b'\n') {
+            text = &text[nl + 1..];
+        }
+    }
+    let text = String::from_utf8_lossy(text);
+    let lines: Vec<&str> = text.trim_end_matches('\n').lines().collect();
+    lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
+}
+
+/// One command to spawn for an instance.
+pub struct Launch<'a> {
+    pub argv: &'a [String],
+    pub dir: &'a Path,
+    pub env: &'a [(String, String)],
+    /// Present: the process gets the instance marker in its environment.
+    pub marker: Option<&'a InstanceId>,
+    pub run_as: &'a RunAs,
+    /// Open `cgroup.procs` of the instance cgroup to move the child into.
+    pub cgroup_procs: Option<&'a File>,
+    pub stdout: &'a File,
+    pub stderr: &'a File,
+}
+
+/// The program to execute: absolute kept, relative with a `/` resolved
+/// against the instance dir, a bare name looked up in `PATH`.
+pub fn program(argv0: &str, dir: &Path) -> PathBuf {
+    if argv0.starts_with('/') || !argv0.contains('/') {
+        PathBuf::from(argv0)
+    } else {
+        dir.join(argv0)
+    }
+}
+
+/// Spawns the command in its own process group, with a clean environment,
+/// stdin from /dev/null and the log files as stdout/stderr.
+pub fn spawn(l: &Launch<'_>) -> Result<tokio::process::Child, ProcessError> {
+    let spawn_err = |source: io::Error| ProcessError::Spawn { argv: l.argv.to_vec(), source };
+    let Some(argv0) = l.argv.first() else {
+        return Err(spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "empty command")));
+    };
+    let mut cmd = tokio::process::Command::new(program(argv0, l.dir));
+    cmd.args(&l.argv[1..])
+        .current_dir(l.dir)
+        .env_clear()
+        .env("PATH", BASE_PATH)
+        .env("HOME", l.dir)
+        .env("LANG", "C.UTF-8");
+    for (k, v) in l.env {
+        cmd.env(k, v);
+    }
+    if let Some(id) = l.marker {
+        cmd.env(MARKER_VAR, id.as_str());
+    }
+    let stdout = l.stdout.try_clone().map_err(spawn_err)?;
+    let stderr = l.stderr.try_clone().map_err(spawn_err)?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr))
+        .process_group(0)
+        .kill_on_drop(false);
+    let setup = ChildSetup {
+        cgroup_procs_fd: l.cgroup_procs.map(|f| f.as_raw_fd()),
+        drop_to: l.run_as.needs_switch().then_some((l.run_as.uid, l.run_as.gid)),
+    };
+    sys::install(&mut cmd, setup);
+    cmd.spawn().map_err(spawn_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn resolves_programs() {
+        let dir = Path::new("/srv/i");
+        assert_eq!(program("bin/run.sh", dir), PathBuf::from("/srv/i/bin/run.sh"));
+        assert_eq!(program("./run.sh", dir), PathBuf::from("/srv/i/./run.sh"));
+        assert_eq!(program("/bin/sh", dir), PathBuf::from("/bin/sh"));
+        assert_eq!(program("sleep", dir), PathBuf::from("sleep"));
+    }
+
+    #[test]
+    fn tail_covers_only_this_run_and_is_bounded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let logs = open_logs(tmp.path(), &super::super::users::current()).unwrap();
+        let mut w = logs.stderr.try_clone().unwrap();
+        w.write_all(b"old run\n").unwrap();
+        let from = logs.stderr.metadata().unwrap().len();
+        for i in 0..30 {
+            writeln!(w, "line {i}").unwrap();
+        }
+        let t = tail(&logs.stderr, from);
+        assert!(!t.contains("old run"));
+        assert_eq!(t.lines().count(), 20);
+        assert!(t.starts_with("line 10") && t.ends_with("line 29"));
+        w.write_all(&vec![b'x'; 10_000]).unwrap();
+        w.write_all(b"\nlast\n").unwrap();
+        let t = tail(&logs.stderr, from);
+        assert!(t.len() <= 4096 && t.ends_with("last"));
+    }
+
+    #[test]
+    fn refuses_a_symlinked_logs_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(target.path(), tmp.path().join("logs")).unwrap();
+        assert!(open_logs(tmp.path(), &super::super::users::current()).is_err());
+        assert!(!target.path().join("stderr.log").exists());
+    }
+}

@@ -1,0 +1,224 @@
+//! Starting an instance: foreground (the child is the process) or
+//! daemonizing (the start command exits and leaves a pidfile).
+//!
+//! A start either returns a running, identified process or leaves nothing of
+//! the instance behind: on any failure the instance's tree is killed and its
+//! cgroup removed.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::identity::{self, read_stat};
+use super::pidfile::{self, Outcome};
+use super::spawn::{self, Launch, Logs, tail};
+use super::watch::{ExitWatch, StderrLog};
+use super::{ProcessController, ProcessError, StartRequest, Started, Tracked, cgroup, tree};
+use crate::storage::agent_records::PidIdentity;
+
+/// A foreground process that exits this soon after its spawn failed to start.
+const SETTLE: Duration = Duration::from_millis(200);
+
+impl ProcessController {
+    /// Starts the instance unless it runs already (`current` alive ->
+    /// `already_running: true`). Processes of the instance found running
+    /// without being `current` (e.g. left over from a crash) are killed first.
+    pub async fn start(&self, req: &StartRequest<'_>) -> Result<Started, ProcessError> {
+        if let Some(cur) = req.current.filter(|c| identity::is_alive(c)) {
+            let exit = self.exit_watch_for(req.instance, cur);
+            return Ok(Started { identity: cur.clone(), already_running: true, exit });
+        }
+        if req.spec.start.is_empty() {
+            return Err(ProcessError::Spawn {
+                argv: Vec::new(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, "the start command is empty"),
+            });
+        }
+        if !req.instance.is_safe_path_component() {
+            return Err(ProcessError::io(
+                format!("instance id {:?} is not a safe name", req.instance.as_str()),
+                io::Error::new(io::ErrorKind::InvalidInput, "unsafe instance id"),
+            ));
+        }
+        self.kill_leftovers(req).await?;
+        let cg = match &self.cgroups {
+            Some(root) => Some(
+                root.create(req.instance)
+                    .map_err(|e| ProcessError::io(format!("creating the cgroup of {}", req.instance), e))?,
+            ),
+            None => None,
+        };
+        let result = self.spawn_main(req, cg.as_deref()).await;
+        match result {
+            Ok(started) => {
+                self.tracked().insert(
+                    req.instance.clone(),
+                    Tracked { identity: started.identity.clone(), exit: started.exit.clone() },
+                );
+                Ok(started)
+            }
+            Err(e) => {
+                let remaining = self.kill_tree(req.instance, &[], cg.as_deref()).await;
+                if !remaining.is_empty() {
+                    tracing::error!(instance = %req.instance, ?remaining, "processes of a failed start survive SIGKILL");
+                }
+                if let Some(cg) = &cg {
+                    if let Err(err) = cgroup::remove(cg).await {
+                        tracing::warn!(cgroup = %cg.display(), error = %err, "cannot remove the cgroup of a failed start");
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn spawn_main(&self, req: &StartRequest<'_>, cg: Option<&Path>) -> Result<Started, ProcessError> {
+        let procs_file = match cg {
+            Some(cg) => Some(
+                OpenOptions::new()
+                    .write(true)
+                    .open(cg.join("cgroup.procs"))
+                    .map_err(|e| ProcessError::io(format!("opening {}/cgroup.procs", cg.display()), e))?,
+            ),
+            None => None,
+        };
+        let logs = spawn::open_logs(req.dir, req.run_as)?;
+        match &req.spec.pidfile {
+            None => self.start_foreground(req, procs_file.as_ref(), logs).await,
+            Some(rel) => self.start_daemon(req, rel, cg, procs_file.as_ref(), logs).await,
+        }
+    }
+
+    fn launch<'a>(req: &'a StartRequest<'a>, procs: Option<&'a File>, logs: &'a Logs) -> Launch<'a> {
+        Launch {
+            argv: &req.spec.start,
+            dir: req.dir,
+            env: &req.spec.env,
+            marker: Some(req.instance),
+            run_as: req.run_as,
+            cgroup_procs: procs,
+            stdout: &logs.stdout,
+            stderr: &logs.stderr,
+        }
+    }
+
+    async fn start_foreground(&self, req: &StartRequest<'_>, procs: Option<&File>, logs: Logs) -> Result<Started, ProcessError> {
+        let child = spawn::spawn(&Self::launch(req, procs, &logs))?;
+        let Some(pid) = child.id() else {
+            return Err(ProcessError::io("the spawned process has no pid", io::Error::other("already reaped")));
+        };
+        // Not reaped before `reap` below: readable even if it exited already.
+        let identity = identity::read_identity(pid)
+            .ok_or_else(|| ProcessError::io(format!("reading /proc/{pid}/stat"), io::Error::other("no such process")))?;
+        let stderr = StderrLog { file: Arc::new(logs.stderr), from: logs.stderr_start };
+        let exit = ExitWatch::reap(child, pid, stderr);
+        let settle = SETTLE.min(Duration::from_millis(req.spec.start_timeout_ms.max(1)));
+        if let Ok(info) = tokio::time::timeout(settle, exit.clone().wait()).await {
+            return Err(ProcessError::StartFailed {
+                exit_code: info.exit_code,
+                signal: info.signal,
+                stderr_tail: info.stderr_tail,
+            });
+        }
+        Ok(Started { identity, already_running: false, exit })
+    }
+
+    async fn start_daemon(
+        &self,
+        req: &StartRequest<'_>,
+        rel: &str,
+        cg: Option<&Path>,
+        procs: Option<&File>,
+        logs: Logs,
+    ) -> Result<Started, ProcessError> {
+        pidfile::check_relative(rel).map_err(|reason| ProcessError::PidfileInvalid { path: rel.into(), reason })?;
+        let path = req.dir.join(rel);
+        if let Some(parent) = path.parent() {
+            spawn::ensure_dir(parent, req.run_as)?;
+        }
+        // A pidfile left from an earlier run must not be mistaken for this one.
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ProcessError::io(format!("removing the stale pidfile {}", path.display()), e)),
+        }
+        let mut waiter = pidfile::Waiter::new(&path);
+        let timeout_ms = req.spec.start_timeout_ms;
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let mut child = spawn::spawn(&Self::launch(req, procs, &logs))?;
+        let pgid = child.id();
+        let status = match tokio::time::timeout_at(deadline, child.wait()).await {
+            Ok(Ok(status)) => status,
+            Ok(Err(e)) => return Err(ProcessError::io("waiting for the start command", e)),
+            Err(_) => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                return Err(ProcessError::StartTimeout {
+                    argv: req.spec.start.clone(),
+                    waited_ms: timeout_ms,
+                    stderr_tail: tail(&logs.stderr, logs.stderr_start),
+                });
+            }
+        };
+        if !status.success() {
+            return Err(ProcessError::StartFailed {
+                exit_code: status.code(),
+                signal: status.signal(),
+                stderr_tail: tail(&logs.stderr, logs.stderr_start),
+            });
+        }
+        let is_running = |pid: u32| read_stat(pid).is_some_and(|s| s.is_running());
+        let nothing_runs = || tree::collect(req.instance, &[], cg).is_empty();
+        let pid = match waiter.wait(&path, deadline, is_running, nothing_runs).await {
+            Outcome::Pid(pid) => pid,
+            Outcome::Missing => {
+                return Err(ProcessError::PidfileTimeout {
+                    path,
+                    waited_ms: timeout_ms,
+                    stderr_tail: tail(&logs.stderr, logs.stderr_start),
+                });
+            }
+            Outcome::Invalid(reason) => return Err(ProcessError::PidfileInvalid { path, reason }),
+        };
+        if !tree::belongs(req.instance, pid, cg, pgid) {
+            return Err(ProcessError::PidNotInTree { pid });
+        }
+        let Some(identity) = identity::read_identity(pid) else {
+            return Err(ProcessError::PidfileInvalid { path, reason: format!("process {pid} exited right after starting") });
+        };
+        let stderr = StderrLog { file: Arc::new(logs.stderr), from: logs.stderr_start };
+        let exit = ExitWatch::poll(identity.clone(), Some(stderr));
+        Ok(Started { identity, already_running: false, exit })
+    }
+
+    /// The exit watch of a tracked process, or a polling one.
+    pub(super) fn exit_watch_for(&self, instance: &crate::ids::InstanceId, id: &PidIdentity) -> ExitWatch {
+        match self.tracked().get(instance) {
+            Some(t) if t.identity == *id => t.exit.clone(),
+            _ => ExitWatch::poll(id.clone(), None),
+        }
+    }
+
+    /// Kills processes of the instance that run although no recorded main
+    /// process does (left over from a crash of the agent or of the process).
+    async fn kill_leftovers(&self, req: &StartRequest<'_>) -> Result<(), ProcessError> {
+        let cg = self.cgroup_of(req.instance);
+        let left = tree::collect(req.instance, &[], cg.as_deref());
+        if left.is_empty() {
+            return Ok(());
+        }
+        let pids: Vec<u32> = left.iter().map(|m| m.pid).collect();
+        tracing::warn!(instance = %req.instance, ?pids, "killing leftover processes of the instance before starting it");
+        let remaining = self.kill_tree(req.instance, &[], cg.as_deref()).await;
+        if remaining.is_empty() {
+            Ok(())
+        } else {
+            Err(ProcessError::Stop { instance: req.instance.to_string(), remaining })
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Stopping an instance's whole process tree: the spec's stop command (as the
+//! run-as user, bounded by the grace period), TERM to every process, the
+//! grace period, then KILL (`cgroup.kill` plus each remaining process) until
+//! nothing is left, and finally the cgroup's removal.
+
+use std::path::Path;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::time::Instant;
+
+use super::spawn::{self, Launch};
+use super::{ProcessController, ProcessError, StopRequest, cgroup, tree};
+use crate::ids::InstanceId;
+use crate::storage::agent_records::PidIdentity;
+
+/// How long KILLed processes may take to disappear before stop gives up.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(50);
+
+impl ProcessController {
+    /// Stops the whole tree of the instance. Idempotent: returns whether
+    /// anything was running (`false` when nothing was, doing nothing else
+    /// than removing a leftover empty cgroup).
+    pub async fn stop(&self, req: &StopRequest<'_>) -> Result<bool, ProcessError> {
+        let cg = self.cgroup_of(req.instance);
+        let cg = cg.as_deref();
+        let known = self.known_alive(req.instance, req.current);
+        if tree::collect(req.instance, &known, cg).is_empty() {
+            self.finish(req.instance, cg).await;
+            return Ok(false);
+        }
+        let grace = Duration::from_millis(req.spec.stop_grace_ms);
+        if let Some(argv) = req.spec.stop.as_ref().filter(|a| !a.is_empty()) {
+            self.run_stop_command(req, argv, grace).await;
+        }
+        let members = tree::collect(req.instance, &known, cg);
+        if !members.is_empty() {
+            let n = tree::signal(&members, Signal::SIGTERM);
+            tracing::debug!(instance = %req.instance, signalled = n, "sent SIGTERM");
+            if !wait_gone(req.instance, &known, cg, Instant::now() + grace).await {
+                tracing::info!(instance = %req.instance, grace_ms = req.spec.stop_grace_ms, "grace period over: sending SIGKILL");
+                let remaining = self.kill_tree(req.instance, &known, cg).await;
+                if !remaining.is_empty() {
+                    return Err(ProcessError::Stop { instance: req.instance.to_string(), remaining });
+                }
+            }
+        }
+        self.finish(req.instance, cg).await;
+        Ok(true)
+    }
+
+    /// KILLs everything of the instance until nothing is left (at most a few
+    /// seconds). Returns the pids that survived.
+    pub(super) async fn kill_tree(&self, instance: &InstanceId, known: &[PidIdentity], cg: Option<&Path>) -> Vec<u32> {
+        let deadline = Instant::now() + KILL_WAIT;
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            if let Some(cg) = cg {
+                if let Err(e) = cgroup::kill_all(cg) {
+                    tracing::warn!(cgroup = %cg.display(), error = %e, "cgroup.kill failed");
+                }
+            }
+            let members = tree::collect(instance, known, cg);
+            if members.is_empty() {
+                return Vec::new();
+            }
+            tree::signal(&members, Signal::SIGKILL);
+            if Instant::now() >= deadline {
+                return members.iter().map(|m| m.pid).collect();
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Runs the spec's stop command in its own process group (not in the
+    /// instance's tree), at most `grace`; its failure is logged, not fatal:
+    /// TERM and KILL follow anyway.
+    async fn run_stop_command(&self, req: &StopRequest<'_>, argv: &[String], grace: Duration) {
+        let logs = match spawn::open_logs(req.dir, req.run_as) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(instance = %req.instance, error = %crate::error::ErrorChain(&e), "cannot run the stop command");
+                return;
+            }
+        };
+        let launch = Launch {
+            argv,
+            dir: req.dir,
+            env: &req.spec.env,
+            marker: None,
+            run_as: req.run_as,
+            cgroup_procs: None,
+            stdout: &logs.stdout,
+            stderr: &logs.stderr,
+        };
+        let mut child = match spawn::spawn(&launch) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(instance = %req.instance, error = %crate::error::ErrorChain(&e), "cannot run the stop command");
+                return;
+            }
+        };
+        match tokio::time::timeout(grace, child.wait()).await {
+            Ok(Ok(status)) if status.success() => {}
+            Ok(Ok(status)) => tracing::warn!(
+                instance = %req.instance,
+                status = %status,
+                stderr = %spawn::tail(&logs.stderr, logs.stderr_start),
+                "the stop command failed"
+            ),
+            Ok(Err(e)) => tracing::warn!(instance = %req.instance, error = %e, "cannot wait for the stop command"),
+            Err(_) => {
+                tracing::warn!(instance = %req.instance, grace_ms = grace.as_millis() as u64, "the stop command did not finish within the grace period");
+                // Not reaped yet, so its pid still names the group we created.
+                if let Some(pgid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+                    let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+                }
+                let _ = child.wait().await;
+            }
+        }
+    }
+
+    /// After everything is gone: removes the cgroup and forgets the process.
+    async fn finish(&self, instance: &InstanceId, cg: Option<&Path>) {
+        if let Some(cg) = cg {
+            if let Err(e) = cgroup::remove(cg).await {
+                tracing::warn!(cgroup = %cg.display(), error = %e, "cannot remove the instance's cgroup");
+            }
+        }
+        self.tracked().remove(instance);
+    }
+}
+
+/// Waits until nothing of the instance runs, or `deadline`. True when gone.
+async fn wait_gone(instance: &InstanceId, known: &[PidIdentity], cg: Option<&Path>, deadline: Instant) -> bool {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        if tree::collect(instance, known, cg).is_empty() {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        tokio::time::sleep_until(deadline.min(now + backoff)).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}

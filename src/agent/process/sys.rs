@@ -1,0 +1,118 @@
+//! The one place of the crate with `unsafe`: the `pre_exec` hook that runs in
+//! the forked child between `fork` and `exec`.
+//!
+//! Why unsafe is needed here: std/tokio only offer `pre_exec` as an `unsafe`
+//! fn, because the closure runs in a child that may have been forked from a
+//! multi-threaded parent, where only async-signal-safe calls are allowed.
+//! The hook below therefore does nothing but plain `libc` syscalls on values
+//! copied in before the fork (no allocation, no locks, no formatting).
+//!
+//! Why not std's `CommandExt::uid/gid`: std runs `pre_exec` closures *after*
+//! it switched uid, and both things we must do in the child need root:
+//! moving into the instance cgroup (a write to a root-owned `cgroup.procs`)
+//! and `setgroups`. So the hook does, in this order:
+//! 1. `write(fd, "0")` to the instance cgroup's `cgroup.procs` (the fd was
+//!    opened in the parent), so the process is in the cgroup before `exec`
+//!    and every descendant is born inside it;
+//! 2. when dropping from root to the run-as user: `setgroups(1, [gid])` (a
+//!    process must not keep root's supplementary groups), `setgid`, `setuid`.
+//!
+//! The second, smaller reason for this file: tokio (since 1.54) only
+//! registers a raw fd with its reactor through the `unsafe`
+//! `AsyncFd::register_with_interest` (the safe `AsyncFd::new` is deprecated
+//! as unsound for types whose fd may change). [`AsyncInotify`] owns its fd
+//! for its whole life, which is exactly the contract that call asks for.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+
+use nix::sys::inotify::Inotify;
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+/// What the child does to itself before `exec`. Plain `Copy` data, so the
+/// closure captures no heap memory.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChildSetup {
+    /// An open, writable fd of `<cgroup>/cgroup.procs`; it must stay open in
+    /// the parent until the spawn returned (it is close-on-exec).
+    pub cgroup_procs_fd: Option<RawFd>,
+    /// `(uid, gid)` to switch to; only when the agent is root.
+    pub drop_to: Option<(u32, u32)>,
+}
+
+impl ChildSetup {
+    fn is_noop(&self) -> bool {
+        self.cgroup_procs_fd.is_none() && self.drop_to.is_none()
+    }
+}
+
+/// Installs the hook on `cmd` (nothing when there is nothing to do).
+pub fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
+    if setup.is_noop() {
+        return;
+    }
+    // SAFETY: the closure only calls async-signal-safe syscalls (write,
+    // setgroups, setgid, setuid) on integers captured by copy; it allocates
+    // nothing (`io::Error::last_os_error` stores the errno inline).
+    unsafe {
+        cmd.pre_exec(move || in_child(setup));
+    }
+}
+
+fn in_child(setup: ChildSetup) -> io::Result<()> {
+    if let Some(fd) = setup.cgroup_procs_fd {
+        // "0" means "the writing process" in cgroup.procs.
+        let buf = b"0";
+        // SAFETY: `buf` is a valid 1-byte buffer; `fd` is open (parent keeps it).
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), 1) };
+        if n != 1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    if let Some((uid, gid)) = setup.drop_to {
+        let groups: [libc::gid_t; 1] = [gid];
+        // SAFETY: `groups` is a valid array of length 1.
+        if unsafe { libc::setgroups(1, groups.as_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: plain syscalls with integer arguments.
+        if unsafe { libc::setgid(gid) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        if unsafe { libc::setuid(uid) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// An inotify instance owned for its whole life (its fd never changes).
+#[derive(Debug)]
+pub struct OwnedInotify(Inotify);
+
+impl OwnedInotify {
+    pub fn get(&self) -> &Inotify {
+        &self.0
+    }
+}
+
+impl AsRawFd for OwnedInotify {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// A non-blocking inotify fd driven by tokio's reactor.
+pub type AsyncInotify = AsyncFd<OwnedInotify>;
+
+/// Registers `ino` (created with `IN_NONBLOCK`) for readability with the
+/// current tokio runtime.
+pub fn async_inotify(ino: Inotify) -> io::Result<AsyncInotify> {
+    // SAFETY: `OwnedInotify` owns the fd (an `OwnedFd` inside `Inotify`) and
+    // cannot give it away, so it stays open and the same for the whole life
+    // of the `AsyncFd`, and `as_raw_fd` always returns it.
+    unsafe { AsyncFd::register_with_interest(OwnedInotify(ino), Interest::READABLE) }.map_err(io::Error::from)
+}

@@ -1,0 +1,374 @@
+//! Tests of the controller with real processes, checked in `/proc` and in
+//! the cgroup filesystem. Every scenario runs twice: with a cgroup per
+//! instance and with the process-group fallback.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::tree::{self, MARKER_VAR};
+use super::*;
+use crate::protocol::messages::ProcessSpec;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// One instance directory and a controller; kills whatever the test left.
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    id: InstanceId,
+    ctl: ProcessController,
+    me: RunAs,
+}
+
+impl Fixture {
+    fn new(name: &str, cgroups: bool) -> Fixture {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = tmp.path().join("inst");
+        std::fs::create_dir(&dir).unwrap();
+        let ctl = ProcessController::new(&format!("test-{pid}-{n}"), cgroups);
+        if cgroups && nix::unistd::geteuid().is_root() {
+            assert!(ctl.cgroups_enabled(), "root on a machine with cgroup2 must get cgroups");
+        }
+        if !cgroups {
+            assert!(!ctl.cgroups_enabled());
+        }
+        let id = InstanceId::new(format!("t-{name}-{pid}-{n}"));
+        Fixture { _tmp: tmp, dir, id, ctl, me: users::current() }
+    }
+
+    fn script(&self, rel: &str, body: &str) {
+        let path = self.dir.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn start_req<'a>(&'a self, spec: &'a ProcessSpec, current: Option<&'a PidIdentity>) -> StartRequest<'a> {
+        StartRequest { instance: &self.id, dir: &self.dir, spec, run_as: &self.me, current }
+    }
+
+    fn stop_req<'a>(&'a self, spec: &'a ProcessSpec, current: Option<&'a PidIdentity>) -> StopRequest<'a> {
+        StopRequest { instance: &self.id, dir: &self.dir, spec, run_as: &self.me, current }
+    }
+
+    /// Every process in the machine carrying this instance's marker.
+    fn marked(&self) -> Vec<u32> {
+        let marker = tree::marker(&self.id);
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| identity::read_stat(*pid).is_some_and(|s| s.is_running()))
+            .filter(|pid| tree::has_marker(*pid, &marker))
+            .collect()
+    }
+
+    fn cgroup(&self) -> Option<PathBuf> {
+        self.ctl.cgroup_of(&self.id)
+    }
+
+    /// Checks that nothing of the instance is left anywhere.
+    fn assert_nothing_left(&self) {
+        assert_eq!(self.marked(), Vec::<u32>::new(), "processes with the instance marker survive");
+        assert_eq!(self.ctl.instance_pids(&self.id), Vec::<u32>::new());
+        if let Some(cg) = self.cgroup() {
+            assert!(!cg.exists(), "cgroup {} was not removed", cg.display());
+        }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let cg = self.cgroup();
+        if let Some(cg) = &cg {
+            let _ = cgroup::kill_all(cg);
+        }
+        tree::signal(&tree::collect(&self.id, &[], cg.as_deref()), Signal::SIGKILL);
+        if let Some(cg) = &cg {
+            let _ = std::fs::remove_dir(cg);
+            if let Some(base) = cg.parent() {
+                let _ = std::fs::remove_dir(base);
+            }
+        }
+    }
+}
+
+fn spec(start: &[&str]) -> ProcessSpec {
+    ProcessSpec {
+        start: start.iter().map(|s| s.to_string()).collect(),
+        stop: None,
+        pidfile: None,
+        stop_grace_ms: 500,
+        start_timeout_ms: 3000,
+        env: vec![("GREETING".into(), "hello".into())],
+    }
+}
+
+fn environ(pid: u32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    raw.split(|b| *b == 0).filter(|e| !e.is_empty()).map(|e| String::from_utf8_lossy(e).into_owned()).collect()
+}
+
+/// `Name:\tvalues...` of /proc/<pid>/status.
+fn status_field(pid: u32, name: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = text.lines().find(|l| l.starts_with(&format!("{name}:"))).unwrap().to_string();
+    line.split_whitespace().skip(1).map(str::to_string).collect()
+}
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+macro_rules! both_modes {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn with_cgroup() {
+                super::$name(true).await;
+            }
+            #[tokio::test]
+            async fn with_process_group() {
+                super::$name(false).await;
+            }
+        }
+    };
+}
+
+async fn foreground_start_is_idempotent_and_stop_kills_it(cg: bool) {
+    let f = Fixture::new("fg", cg);
+    f.script("bin/run.sh", "exec sleep 1000");
+    let spec = spec(&["bin/run.sh"]);
+    let started = f.ctl.start(&f.start_req(&spec, None)).await.unwrap();
+    assert!(!started.already_running);
+    let id = started.identity.clone();
+    assert!(identity::is_alive(&id));
+    assert_eq!(identity::read_identity(id.pid), Some(id.clone()));
+    assert_eq!(std::fs::read_link(format!("/proc/{}/cwd", id.pid)).unwrap(), f.dir);
+    let env = environ(id.pid);
+    assert!(env.contains(&format!("{MARKER_VAR}={}", f.id)));
+    assert!(env.contains(&"GREETING=hello".to_string()));
+    assert!(env.contains(&format!("HOME={}", f.dir.display())));
+    assert!(env.contains(&"PATH=/usr/local/bin:/usr/bin:/bin".to_string()));
+    assert_eq!(std::fs::read_link(format!("/proc/{}/fd/0", id.pid)).unwrap(), Path::new("/dev/null"));
+    assert_eq!(std::fs::read_link(format!("/proc/{}/fd/2", id.pid)).unwrap(), f.dir.join("logs/stderr.log"));
+    if let Some(cgp) = f.cgroup() {
+        assert_eq!(cgroup::procs(&cgp), vec![id.pid]);
+        let rel = cgp.strip_prefix(f.ctl.cgroups.as_ref().unwrap().mount()).unwrap();
+        let own = std::fs::read_to_string(format!("/proc/{}/cgroup", id.pid)).unwrap();
+        assert!(own.lines().any(|l| l == format!("0::/{}", rel.display())), "{own}");
+    }
+    assert_eq!(f.ctl.instance_pids(&f.id), vec![id.pid]);
+
+    let again = f.ctl.start(&f.start_req(&spec, Some(&id))).await.unwrap();
+    assert!(again.already_running);
+    assert_eq!(again.identity, id);
+    assert_eq!(f.ctl.instance_pids(&f.id), vec![id.pid]);
+
+    assert!(f.ctl.stop(&f.stop_req(&spec, Some(&id))).await.unwrap());
+    assert!(!identity::is_alive(&id));
+    let exit = tokio::time::timeout(Duration::from_secs(5), started.exit).await.unwrap();
+    assert_eq!((exit.pid, exit.exit_code, exit.signal), (id.pid, None, Some(libc::SIGTERM)));
+    f.assert_nothing_left();
+    assert!(!f.ctl.stop(&f.stop_req(&spec, Some(&id))).await.unwrap());
+}
+both_modes!(foreground_start_is_idempotent_and_stop_kills_it);
+
+async fn daemon_is_found_through_its_pidfile(cg: bool) {
+    let f = Fixture::new("daemon", cg);
+    f.script("bin/start.sh", "sleep 1000 &\necho $! > run/x.pid\nexit 0");
+    // A stale pidfile of an earlier run must not be taken for this one.
+    std::fs::create_dir_all(f.dir.join("run")).unwrap();
+    std::fs::write(f.dir.join("run/x.pid"), format!("{}\n", std::process::id())).unwrap();
+    let spec = ProcessSpec { pidfile: Some("run/x.pid".into()), ..spec(&["bin/start.sh"]) };
+    let started = f.ctl.start(&f.start_req(&spec, None)).await.unwrap();
+    let id = started.identity.clone();
+    let written: u32 = std::fs::read_to_string(f.dir.join("run/x.pid")).unwrap().trim().parse().unwrap();
+    assert_eq!(id.pid, written);
+    assert!(identity::is_alive(&id));
+    assert_eq!(std::fs::read_to_string(format!("/proc/{}/comm", id.pid)).unwrap().trim(), "sleep");
+    if let Some(cgp) = f.cgroup() {
+        assert_eq!(cgroup::procs(&cgp), vec![id.pid]);
+    }
+    let watcher = tokio::spawn(f.ctl.watch(&f.id, &id));
+    assert!(f.ctl.stop(&f.stop_req(&spec, Some(&id))).await.unwrap());
+    assert!(!identity::is_alive(&id));
+    let exit = tokio::time::timeout(Duration::from_secs(5), watcher).await.unwrap().unwrap();
+    assert_eq!(exit.pid, id.pid);
+    f.assert_nothing_left();
+    assert!(!f.ctl.stop(&f.stop_req(&spec, Some(&id))).await.unwrap());
+}
+both_modes!(daemon_is_found_through_its_pidfile);
+
+async fn stop_leaves_no_grandchild_behind(cg: bool) {
+    let f = Fixture::new("tree", cg);
+    f.script("bin/run.sh", "(setsid sleep 1000 &)\nsleep 1000 &\nexec sleep 1000");
+    let spec = spec(&["bin/run.sh"]);
+    let started = f.ctl.start(&f.start_req(&spec, None)).await.unwrap();
+    wait_until("three processes carry the marker", || f.marked().len() == 3).await;
+    let pids = f.ctl.instance_pids(&f.id);
+    assert_eq!(pids.len(), 3, "{pids:?}");
+    if let Some(cgp) = f.cgroup() {
+        let mut in_cg = cgroup::procs(&cgp);
+        in_cg.sort();
+        assert_eq!(in_cg, pids);
+    }
+    assert!(f.ctl.stop(&f.stop_req(&spec, Some(&started.identity))).await.unwrap());
+    f.assert_nothing_left();
+}
+both_modes!(stop_leaves_no_grandchild_behind);
+
+async fn failing_start_reports_exit_code_and_this_runs_stderr(cg: bool) {
+    let f = Fixture::new("fail", cg);
+    std::fs::create_dir_all(f.dir.join("logs")).unwrap();
+    std::fs::write(f.dir.join("logs/stderr.log"), "old run's complaint\n").unwrap();
+    f.script("bin/run.sh", "sleep 1000 &\necho 'bad config: port missing' >&2\nexit 3");
+    for pidfile in [None, Some("run/x.pid".to_string())] {
+        let spec = ProcessSpec { pidfile, ..spec(&["bin/run.sh"]) };
+        let err = f.ctl.start(&f.start_req(&spec, None)).await.unwrap_err();
+        assert!(matches!(err, ProcessError::StartFailed { exit_code: Some(3), .. }), "{err:?}");
+        assert_eq!(err.exit_code(), Some(3));
+        assert!(err.stderr_tail().contains("bad config: port missing"), "{:?}", err.stderr_tail());
+        assert!(!err.stderr_tail().contains("old run"));
+        // The backgrounded sleep of the failed start is gone too.
+        f.assert_nothing_left();
+    }
+}
+both_modes!(failing_start_reports_exit_code_and_this_runs_stderr);
+
+async fn missing_pidfile_times_out(cg: bool) {
+    let f = Fixture::new("nopid", cg);
+    f.script("bin/start.sh", "sleep 1000 &\necho 'forgot the pidfile' >&2\nexit 0");
+    let spec = ProcessSpec { pidfile: Some("run/x.pid".into()), start_timeout_ms: 500, ..spec(&["bin/start.sh"]) };
+    let t = Instant::now();
+    let err = f.ctl.start(&f.start_req(&spec, None)).await.unwrap_err();
+    let took = t.elapsed();
+    assert!(matches!(&err, ProcessError::PidfileTimeout { waited_ms: 500, .. }), "{err:?}");
+    assert!(err.stderr_tail().contains("forgot the pidfile"));
+    assert!(took >= Duration::from_millis(450) && took < Duration::from_secs(3), "{took:?}");
+    f.assert_nothing_left();
+}
+both_modes!(missing_pidfile_times_out);
+
+async fn foreign_pid_in_pidfile_is_refused_and_not_signalled(cg: bool) {
+    let f = Fixture::new("foreign", cg);
+    let mut foreign = tokio::process::Command::new("sleep").arg("1000").process_group(0).spawn().unwrap();
+    let fpid = foreign.id().unwrap();
+    let before = identity::read_identity(fpid).unwrap();
+    f.script("bin/start.sh", &format!("echo {fpid} > run/x.pid"));
+    let spec = ProcessSpec { pidfile: Some("run/x.pid".into()), ..spec(&["bin/start.sh"]) };
+    let err = f.ctl.start(&f.start_req(&spec, None)).await.unwrap_err();
+    assert!(matches!(err, ProcessError::PidNotInTree { pid } if pid == fpid), "{err:?}");
+    // Neither start nor stop touches a process that is not the instance's,
+    // even when handed its pid as `current` with a wrong start time.
+    let fake = PidIdentity { start_time: before.start_time + 1, ..before.clone() };
+    assert!(!f.ctl.stop(&f.stop_req(&spec, Some(&fake))).await.unwrap());
+    assert!(identity::is_alive(&before));
+    foreign.kill().await.unwrap();
+}
+both_modes!(foreign_pid_in_pidfile_is_refused_and_not_signalled);
+
+async fn stop_command_is_used(cg: bool) {
+    let f = Fixture::new("stopcmd", cg);
+    // Ignores TERM; only the stop command's USR1 makes it exit (with 0).
+    f.script("bin/run.sh", "trap 'exit 0' USR1\ntrap '' TERM\necho $$ > run/main.pid\nwhile :; do sleep 0.05; done");
+    f.script("bin/stop.sh", "echo \"stopped by $(id -u) in $PWD, marker=${FLOTILLA_INSTANCE:-none}\" > stop-ran\nkill -USR1 $(cat run/main.pid)");
+    std::fs::create_dir_all(f.dir.join("run")).unwrap();
+    let spec = ProcessSpec { stop: Some(vec!["bin/stop.sh".into()]), stop_grace_ms: 4000, ..spec(&["bin/run.sh"]) };
+    let started = f.ctl.start(&f.start_req(&spec, None)).await.unwrap();
+    wait_until("the pidfile is written", || f.dir.join("run/main.pid").exists()).await;
+    let t = Instant::now();
+    assert!(f.ctl.stop(&f.stop_req(&spec, Some(&started.identity))).await.unwrap());
+    assert!(t.elapsed() < Duration::from_secs(3), "stop waited for the grace period: {:?}", t.elapsed());
+    let ran = std::fs::read_to_string(f.dir.join("stop-ran")).unwrap();
+    assert_eq!(ran.trim(), format!("stopped by {} in {}, marker=none", f.me.uid, f.dir.display()));
+    let exit = started.exit.await;
+    assert_eq!(exit.exit_code, Some(0), "{exit:?}");
+    f.assert_nothing_left();
+}
+both_modes!(stop_command_is_used);
+
+async fn term_ignoring_process_is_killed_after_grace(cg: bool) {
+    let f = Fixture::new("stubborn", cg);
+    f.script("bin/run.sh", "trap '' TERM\nexec sleep 1000");
+    let spec = ProcessSpec { stop_grace_ms: 300, ..spec(&["bin/run.sh"]) };
+    let started = f.ctl.start(&f.start_req(&spec, None)).await.unwrap();
+    let t = Instant::now();
+    assert!(f.ctl.stop(&f.stop_req(&spec, Some(&started.identity))).await.unwrap());
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(3), "{took:?}");
+    let exit = started.exit.await;
+    assert_eq!(exit.signal, Some(libc::SIGKILL));
+    f.assert_nothing_left();
+}
+both_modes!(term_ignoring_process_is_killed_after_grace);
+
+async fn runs_as_nobody_without_root_groups(cg: bool) {
+    assert!(nix::unistd::geteuid().is_root(), "this test needs root (run it as root, as .ci/run does)");
+    let mut f = Fixture::new("nobody", cg);
+    f.me = users::resolve("nobody").unwrap();
+    f.script("bin/run.sh", "echo started >&2\nexec sleep 1000");
+    let spec = spec(&["bin/run.sh"]);
+    let started = f.ctl.start(&f.start_req(&spec, None)).await.unwrap();
+    let pid = started.identity.pid;
+    let uid = f.me.uid.to_string();
+    let gid = f.me.gid.to_string();
+    assert_eq!(status_field(pid, "Uid"), vec![uid.clone(), uid.clone(), uid.clone(), uid]);
+    assert_eq!(status_field(pid, "Gid"), vec![gid.clone(), gid.clone(), gid.clone(), gid.clone()]);
+    let groups = status_field(pid, "Groups");
+    assert!(!groups.contains(&"0".to_string()), "{groups:?}");
+    assert_eq!(groups, vec![gid]);
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(f.dir.join("logs/stderr.log")).unwrap().uid(), f.me.uid);
+    assert!(f.ctl.stop(&f.stop_req(&spec, Some(&started.identity))).await.unwrap());
+    f.assert_nothing_left();
+}
+both_modes!(runs_as_nobody_without_root_groups);
+
+async fn unexpected_exit_is_reported_with_code_and_stderr(cg: bool) {
+    let f = Fixture::new("crash", cg);
+    f.script("bin/run.sh", "sleep 0.4\necho 'out of memory' >&2\nexit 5");
+    let run = spec(&["bin/run.sh"]);
+    let started = f.ctl.start(&f.start_req(&run, None)).await.unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(5), f.ctl.watch(&f.id, &started.identity)).await.unwrap();
+    assert_eq!((exit.pid, exit.exit_code, exit.signal), (started.identity.pid, Some(5), None));
+    assert_eq!(exit.stderr_tail, "out of memory");
+    // A process that dies at once is a failed start, not a running one.
+    f.script("bin/quick.sh", "echo 'no such option' >&2\nexit 0");
+    let err = f.ctl.start(&f.start_req(&spec(&["bin/quick.sh"]), None)).await.unwrap_err();
+    assert!(matches!(err, ProcessError::StartFailed { exit_code: Some(0), .. }), "{err:?}");
+    assert_eq!(err.stderr_tail(), "no such option");
+    let err = f.ctl.start(&f.start_req(&spec(&["bin/missing.sh"]), None)).await.unwrap_err();
+    assert!(matches!(err, ProcessError::Spawn { .. }), "{err:?}");
+    assert!(!f.ctl.stop(&f.stop_req(&run, Some(&started.identity))).await.unwrap());
+    f.assert_nothing_left();
+}
+both_modes!(unexpected_exit_is_reported_with_code_and_stderr);
+
+#[tokio::test]
+async fn cgroup_catches_a_daemon_that_escapes_group_session_and_environment() {
+    let f = Fixture::new("escape", true);
+    if !f.ctl.cgroups_enabled() {
+        assert!(!nix::unistd::geteuid().is_root(), "root must get a cgroup on this machine");
+        return;
+    }
+    f.script("bin/run.sh", "(setsid env -i /bin/sleep 1000 &)\nexec sleep 1000");
+    let spec = spec(&["bin/run.sh"]);
+    let started = f.ctl.start(&f.start_req(&spec, None)).await.unwrap();
+    let cgp = f.cgroup().unwrap();
+    wait_until("both processes are in the cgroup", || cgroup::procs(&cgp).len() == 2).await;
+    assert_eq!(f.ctl.instance_pids(&f.id).len(), 2);
+    assert!(f.ctl.stop(&f.stop_req(&spec, Some(&started.identity))).await.unwrap());
+    assert!(!cgp.exists());
+    f.assert_nothing_left();
+}

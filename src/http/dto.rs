@@ -1,0 +1,262 @@
+//! Request and response bodies of the admin API. These are not the storage
+//! records: the API's shapes can stay stable while records evolve. Request
+//! bodies refuse unknown fields.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::actors::read_model::{NodeView, PackageView, State};
+use crate::storage::records::{
+    ClusterRecord, ClusterStatus, InstanceRecord, InstanceResult, InstanceStatus, NodeStatus, OperationKind, OperationRecord, OperationStatus,
+    StepStatus,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackageBody {
+    pub name: String,
+    pub version: String,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RoleBody {
+    pub count: Option<u32>,
+    pub nodes: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateClusterBody {
+    pub name: String,
+    pub package: PackageBody,
+    #[serde(default)]
+    pub roles: BTreeMap<String, RoleBody>,
+    #[serde(default)]
+    pub config: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScaleBody {
+    pub role: String,
+    pub add: Option<u32>,
+    pub remove: Option<Vec<String>>,
+    pub nodes: Option<Vec<String>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PackageRefDto {
+    pub name: String,
+    pub version: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RoleDto {
+    pub count: u32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct InstanceDto {
+    pub id: String,
+    pub cluster: String,
+    pub role: String,
+    pub ordinal: u32,
+    pub node: String,
+    pub host: String,
+    pub ports: BTreeMap<String, u16>,
+    pub status: InstanceStatus,
+    pub pid: Option<u32>,
+    pub dir: String,
+    pub generation: u64,
+    pub last_error: Option<String>,
+}
+
+impl From<&InstanceRecord> for InstanceDto {
+    fn from(r: &InstanceRecord) -> Self {
+        InstanceDto {
+            id: r.id.to_string(),
+            cluster: r.cluster.clone(),
+            role: r.role.clone(),
+            ordinal: r.ordinal,
+            node: r.node.to_string(),
+            host: r.host.clone(),
+            ports: r.ports.clone(),
+            status: r.status,
+            pid: r.pid,
+            dir: r.dir.clone(),
+            generation: r.generation,
+            last_error: r.last_error.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClusterDto {
+    pub name: String,
+    pub id: String,
+    pub package: PackageRefDto,
+    pub status: ClusterStatus,
+    pub status_description: String,
+    pub config: BTreeMap<String, serde_json::Value>,
+    pub roles: BTreeMap<String, RoleDto>,
+    pub instances: Vec<InstanceDto>,
+    pub operation: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+impl ClusterDto {
+    pub fn build(c: &ClusterRecord, state: &State) -> Self {
+        let instances = state.cluster_instances(&c.name);
+        let mut roles: BTreeMap<String, RoleDto> = c.roles.keys().map(|r| (r.clone(), RoleDto { count: 0 })).collect();
+        for i in &instances {
+            roles.entry(i.role.clone()).or_insert(RoleDto { count: 0 }).count += 1;
+        }
+        ClusterDto {
+            name: c.name.clone(),
+            id: c.id.to_string(),
+            package: PackageRefDto { name: c.package.name.clone(), version: c.package.version.clone() },
+            status: c.status,
+            status_description: c.status_description.clone(),
+            config: c.config.iter().map(|(k, v)| (k.clone(), v.to_json())).collect(),
+            roles,
+            instances: instances.iter().map(InstanceDto::from).collect(),
+            operation: c.operation.map(|o| o.to_string()),
+            created_at: c.created_at,
+            updated_at: c.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct StepDto {
+    pub name: String,
+    pub status: StepStatus,
+    pub error: Option<String>,
+    pub results: Vec<ResultDto>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ResultDto {
+    pub instance: String,
+    pub ok: bool,
+    pub message: String,
+    pub exit_code: Option<i32>,
+    pub stderr_tail: String,
+}
+
+impl From<&InstanceResult> for ResultDto {
+    fn from(r: &InstanceResult) -> Self {
+        ResultDto {
+            instance: r.instance.to_string(),
+            ok: r.ok,
+            message: r.message.clone(),
+            exit_code: r.exit_code,
+            stderr_tail: r.stderr_tail.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProgressDto {
+    pub done: usize,
+    pub total: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OperationDto {
+    pub id: String,
+    pub kind: OperationKind,
+    pub cluster: String,
+    pub status: OperationStatus,
+    pub params: serde_json::Value,
+    pub steps: Vec<StepDto>,
+    pub progress: ProgressDto,
+    pub error: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub ended_at: Option<OffsetDateTime>,
+}
+
+impl From<&OperationRecord> for OperationDto {
+    fn from(o: &OperationRecord) -> Self {
+        let (done, total) = o.progress();
+        OperationDto {
+            id: o.id.to_string(),
+            kind: o.kind,
+            cluster: o.cluster.clone(),
+            status: o.status,
+            params: serde_json::from_str(&o.params).unwrap_or(serde_json::Value::Null),
+            steps: o
+                .steps
+                .iter()
+                .map(|s| StepDto { name: s.name.clone(), status: s.status, error: s.error.clone(), results: s.results.iter().map(ResultDto::from).collect() })
+                .collect(),
+            progress: ProgressDto { done, total },
+            error: o.error.clone(),
+            created_at: o.created_at,
+            ended_at: o.ended_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct NodeDto {
+    pub id: String,
+    pub address: String,
+    pub status: NodeStatus,
+    pub connected: bool,
+    pub heartbeat_age_ms: Option<u64>,
+    pub port_range: (u16, u16),
+    pub labels: BTreeMap<String, String>,
+    pub cgroups: bool,
+    pub agent_version: String,
+    pub instances: Vec<String>,
+}
+
+impl NodeDto {
+    pub fn build(v: &NodeView, status: NodeStatus, state: &State, now: OffsetDateTime) -> Self {
+        NodeDto {
+            id: v.record.id.to_string(),
+            address: v.record.address.clone(),
+            status,
+            connected: v.connected,
+            heartbeat_age_ms: v.last_heartbeat.map(|t| (now - t).whole_milliseconds().max(0) as u64),
+            port_range: v.record.port_range,
+            labels: v.record.labels.clone(),
+            cgroups: v.record.cgroups,
+            agent_version: v.record.agent_version.clone(),
+            instances: state.instances.values().filter(|i| i.node == v.record.id).map(|i| i.id.to_string()).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct PackageDto {
+    pub name: String,
+    pub version: String,
+    pub sha256: String,
+    pub size: u64,
+    pub roles: Vec<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub uploaded_at: OffsetDateTime,
+}
+
+impl From<&PackageView> for PackageDto {
+    fn from(p: &PackageView) -> Self {
+        PackageDto {
+            name: p.record.name.clone(),
+            version: p.record.package_version.clone(),
+            sha256: p.record.sha256.clone(),
+            size: p.record.size,
+            roles: p.spec.roles.iter().map(|r| r.name.clone()).collect(),
+            uploaded_at: p.record.uploaded_at,
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! Runs a [`Plan`]: journal, watchdog, undo in reverse.
+//!
+//! The journal is written before each step starts and after it ends, so a
+//! master that dies mid-operation finds on restart which step was running.
+
+use time::OffsetDateTime;
+
+use super::{Action, OperationContext, Plan, StepFailure};
+use crate::storage::records::{OperationRecord, OperationStatus, StepRecord, StepStatus};
+
+/// How an operation ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Succeeded,
+    /// A step failed; `undone` says whether every completed step was undone.
+    Failed { step: String, error: String, undone: bool },
+}
+
+/// Fills `record.steps` from `plan` (all `Pending`).
+pub fn prepare(record: &mut OperationRecord, plan: &Plan) {
+    record.steps = plan
+        .steps
+        .iter()
+        .map(|s| StepRecord { name: s.name.clone(), status: StepStatus::Pending, error: None, results: Vec::new() })
+        .collect();
+}
+
+/// Runs every step of `plan` in order; on the first failure undoes the
+/// completed steps in reverse. Ends with the record journaled in its final
+/// status (`Succeeded`, `RolledBack` or `Failed`).
+pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, plan: &Plan) -> Outcome {
+    if record.steps.len() != plan.steps.len() {
+        prepare(record, plan);
+    }
+    record.status = OperationStatus::Running;
+    journal(ctx, record).await;
+
+    let mut failure = None;
+    for (i, step) in plan.steps.iter().enumerate() {
+        if let Some(status) = step.status {
+            if let Err(e) = ctx.set_status(status, &format!("{}: {}", kind_label(record), step.name)).await {
+                failure = Some((i, format!("cannot record cluster status: {e}")));
+                break;
+            }
+        }
+        record.steps[i].status = StepStatus::Running;
+        journal(ctx, record).await;
+        match run_with_deadline(ctx, &step.action).await {
+            Ok(results) => {
+                record.steps[i].status = StepStatus::Done;
+                record.steps[i].results = results;
+                journal(ctx, record).await;
+            }
+            Err(f) => {
+                record.steps[i].status = StepStatus::Failed;
+                record.steps[i].error = Some(f.message.clone());
+                record.steps[i].results = f.results;
+                journal(ctx, record).await;
+                failure = Some((i, f.message));
+                break;
+            }
+        }
+    }
+
+    let Some((failed_at, error)) = failure else {
+        finish(record, OperationStatus::Succeeded, None);
+        journal(ctx, record).await;
+        return Outcome::Succeeded;
+    };
+
+    // Undo completed steps, newest first. The failed step itself is undone
+    // too: it may have half-happened (some instances started), and undo
+    // actions are idempotent, so undoing what never happened is harmless.
+    let mut undone = true;
+    for i in (0..=failed_at).rev() {
+        if plan.steps[i].undo.is_empty() {
+            continue;
+        }
+        record.steps[i].status = StepStatus::Undoing;
+        journal(ctx, record).await;
+        record.steps[i].status = StepStatus::Undone;
+        for undo in &plan.steps[i].undo {
+            if let Err(f) = run_with_deadline(ctx, undo).await {
+                undone = false;
+                record.steps[i].status = StepStatus::UndoFailed;
+                let prev = record.steps[i].error.take().map(|e| format!("{e}; ")).unwrap_or_default();
+                record.steps[i].error = Some(format!("{prev}undo failed: {}", f.message));
+                record.steps[i].results.extend(f.results);
+                // Go on: undo as much as can be undone, and say what was not.
+            }
+        }
+        journal(ctx, record).await;
+    }
+    let step = plan.steps[failed_at].name.clone();
+    let any_undo = plan.steps[..=failed_at].iter().any(|s| !s.undo.is_empty());
+    let status = if undone && any_undo { OperationStatus::RolledBack } else { OperationStatus::Failed };
+    let message = if undone {
+        format!("step {step} failed: {error}")
+    } else {
+        format!("step {step} failed: {error}; rollback failed, see the undo errors of the steps")
+    };
+    finish(record, status, Some(message.clone()));
+    journal(ctx, record).await;
+    Outcome::Failed { step, error, undone }
+}
+
+async fn run_with_deadline<C: OperationContext>(ctx: &C, action: &Action) -> Result<Vec<crate::storage::records::InstanceResult>, StepFailure> {
+    let deadline = ctx.deadline(action);
+    match tokio::time::timeout(deadline, ctx.run_action(action)).await {
+        Ok(r) => r,
+        Err(_) => Err(StepFailure {
+            message: format!("watchdog: step did not finish within {}", humantime::format_duration(deadline)),
+            results: Vec::new(),
+        }),
+    }
+}
+
+fn finish(record: &mut OperationRecord, status: OperationStatus, error: Option<String>) {
+    record.status = status;
+    record.error = error;
+    record.ended_at = Some(OffsetDateTime::now_utc());
+}
+
+async fn journal<C: OperationContext>(ctx: &C, record: &OperationRecord) {
+    // A journal write that fails leaves the in-memory record ahead of the
+    // disk; the operation goes on (its effects are real) and the error is
+    // logged. The next successful journal write catches the disk up.
+    if let Err(e) = ctx.journal(record).await {
+        tracing::error!(operation = %record.id, error = %e, "cannot journal operation");
+    }
+}
+
+fn kind_label(record: &OperationRecord) -> String {
+    format!("{:?}", record.kind).to_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ids::{ClusterId, InstanceId, OperationId};
+    use crate::operations::Step;
+    use crate::storage::records::{ClusterStatus, OperationKind, RECORD_VERSION};
+
+    /// A fake world: remembers which actions ran, fails the ones told to.
+    #[derive(Default)]
+    struct Fake {
+        log: RefCell<Vec<String>>,
+        fail: RefCell<Vec<String>>,
+        statuses: RefCell<Vec<ClusterStatus>>,
+        journaled: RefCell<usize>,
+        hang: RefCell<Option<String>>,
+    }
+
+    fn label(a: &Action) -> String {
+        format!("{:?}", a).split('(').next().unwrap_or_default().to_string() + ":" + a.instances()[0].as_str()
+    }
+
+    impl OperationContext for Fake {
+        async fn run_action(&self, action: &Action) -> Result<Vec<crate::storage::records::InstanceResult>, StepFailure> {
+            let l = label(action);
+            if self.hang.borrow().as_deref() == Some(l.as_str()) {
+                futures::future::pending::<()>().await;
+            }
+            self.log.borrow_mut().push(l.clone());
+            if self.fail.borrow().contains(&l) {
+                return Err(StepFailure { message: format!("{l} broke"), results: vec![] });
+            }
+            Ok(vec![])
+        }
+        async fn journal(&self, _r: &OperationRecord) -> Result<(), String> {
+            *self.journaled.borrow_mut() += 1;
+            Ok(())
+        }
+        async fn set_status(&self, s: ClusterStatus, _d: &str) -> Result<(), String> {
+            self.statuses.borrow_mut().push(s);
+            Ok(())
+        }
+        fn deadline(&self, _a: &Action) -> Duration {
+            Duration::from_millis(50)
+        }
+    }
+
+    fn ids(s: &str) -> Vec<InstanceId> {
+        vec![InstanceId::new(s)]
+    }
+
+    fn plan() -> Plan {
+        let mut p = Plan::default();
+        p.push(Step::new("install", Some(ClusterStatus::Installing), Action::Install(ids("a")), vec![Action::DeleteOnAgent(ids("a"))]));
+        p.push(Step::new("start-0", Some(ClusterStatus::Starting), Action::Start(ids("a")), vec![Action::Stop(ids("a"))]));
+        p.push(Step::new("start-1", None, Action::Start(ids("b")), vec![Action::Stop(ids("b"))]));
+        p.push(Step::new("empty", None, Action::Start(vec![]), vec![]));
+        p
+    }
+
+    fn record() -> OperationRecord {
+        OperationRecord {
+            version: RECORD_VERSION,
+            id: OperationId::random(),
+            cluster_id: ClusterId::random(),
+            cluster: "c".into(),
+            kind: OperationKind::Create,
+            params: "{}".into(),
+            status: OperationStatus::Pending,
+            steps: vec![],
+            error: None,
+            created_at: OffsetDateTime::now_utc(),
+            ended_at: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn all_steps_run_in_order_and_empty_steps_are_left_out() {
+        let ctx = Fake::default();
+        let mut r = record();
+        let p = plan();
+        assert_eq!(p.steps.len(), 3);
+        assert_eq!(run(&ctx, &mut r, &p).await, Outcome::Succeeded);
+        assert_eq!(*ctx.log.borrow(), vec!["Install:a", "Start:a", "Start:b"]);
+        assert_eq!(*ctx.statuses.borrow(), vec![ClusterStatus::Installing, ClusterStatus::Starting]);
+        assert_eq!(r.status, OperationStatus::Succeeded);
+        assert_eq!(r.progress(), (3, 3));
+        assert!(*ctx.journaled.borrow() >= 8);
+    }
+
+    #[tokio::test]
+    async fn a_failure_at_each_step_undoes_the_completed_ones_in_reverse() {
+        let expected_undo = [vec!["DeleteOnAgent:a"], vec!["Stop:a", "DeleteOnAgent:a"], vec!["Stop:b", "Stop:a", "DeleteOnAgent:a"]];
+        let failing = ["Install:a", "Start:a", "Start:b"];
+        for (i, f) in failing.iter().enumerate() {
+            let ctx = Fake::default();
+            ctx.fail.borrow_mut().push(f.to_string());
+            let mut r = record();
+            let out = run(&ctx, &mut r, &plan()).await;
+            assert!(matches!(out, Outcome::Failed { undone: true, .. }), "{out:?}");
+            let log = ctx.log.borrow();
+            assert_eq!(&log[i + 1..], expected_undo[i].as_slice(), "failing {f}");
+            assert_eq!(r.status, OperationStatus::RolledBack);
+            assert_eq!(r.steps[i].status, StepStatus::Undone);
+            assert!(r.error.as_deref().unwrap_or_default().contains("broke"));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_undo_is_reported_not_hidden() {
+        let ctx = Fake::default();
+        ctx.fail.borrow_mut().extend(["Start:b".to_string(), "Stop:a".to_string()]);
+        let mut r = record();
+        let out = run(&ctx, &mut r, &plan()).await;
+        assert!(matches!(out, Outcome::Failed { undone: false, .. }));
+        assert_eq!(r.status, OperationStatus::Failed);
+        assert_eq!(r.steps[1].status, StepStatus::UndoFailed);
+        assert!(r.error.unwrap().contains("rollback failed"));
+        // The undo went on past the failed one.
+        assert_eq!(ctx.log.borrow().last().unwrap(), "DeleteOnAgent:a");
+    }
+
+    #[tokio::test]
+    async fn the_watchdog_fails_a_step_past_its_deadline() {
+        let ctx = Fake::default();
+        *ctx.hang.borrow_mut() = Some("Start:b".into());
+        let mut r = record();
+        let out = run(&ctx, &mut r, &plan()).await;
+        match out {
+            Outcome::Failed { step, error, undone } => {
+                assert_eq!(step, "start-1");
+                assert!(error.contains("watchdog"), "{error}");
+                assert!(undone);
+            }
+            o => panic!("{o:?}"),
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The handshake that opens every agent link: the agent sends `Hello`, the
+//! master answers `Welcome` or `Refused`.
+//!
+//! Both sides check the protocol version and refuse a peer speaking another
+//! one with a message naming both versions, so an operator mixing releases
+//! sees at once which side to upgrade. Every step runs under one deadline:
+//! a peer that connects and says nothing must not hold a task forever.
+
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::{Instant, timeout_at};
+use tokio_util::codec::Framed;
+
+use super::codec::{AgentCodec, MasterCodec, ProtocolError};
+use super::messages::{AgentFrame, Hello, MasterFrame, Welcome};
+
+/// Agent side: sends `hello`, waits for the master's answer within `timeout`.
+/// A `Welcome` with another protocol version is answered with
+/// `AgentFrame::Refused` and returns [`ProtocolError::VersionMismatch`].
+pub async fn agent_handshake<T: AsyncRead + AsyncWrite + Unpin>(
+    framed: &mut Framed<T, AgentCodec>,
+    hello: Hello,
+    timeout: Duration,
+) -> Result<Welcome, ProtocolError> {
+    let deadline = Instant::now() + timeout;
+    let ours = hello.protocol_version;
+    timeout_at(deadline, framed.send(AgentFrame::Hello(hello)))
+        .await
+        .map_err(|_| ProtocolError::Timeout("sending Hello to the master"))??;
+    let frame = timeout_at(deadline, framed.next())
+        .await
+        .map_err(|_| ProtocolError::Timeout("waiting for the master's Welcome"))?
+        .ok_or(ProtocolError::Closed)??;
+    match frame {
+        MasterFrame::Welcome(welcome) if welcome.protocol_version == ours => Ok(welcome),
+        MasterFrame::Welcome(welcome) => {
+            let theirs = welcome.protocol_version;
+            let reason = format!("protocol version mismatch: agent speaks {ours}, master speaks {theirs}");
+            // Best effort: the master may already be gone; the mismatch is the
+            // error worth reporting either way.
+            let _ = timeout_at(deadline, framed.send(AgentFrame::Refused { reason })).await;
+            Err(ProtocolError::VersionMismatch { ours, theirs })
+        }
+        MasterFrame::Refused { reason } => Err(ProtocolError::Refused { reason }),
+        MasterFrame::Request { request_id, .. } => {
+            Err(ProtocolError::Unexpected(format!("request {request_id} before the handshake finished")))
+        }
+    }
+}
+
+/// Master side: waits for the agent's `Hello` within `timeout`, then answers
+/// `welcome`, or `MasterFrame::Refused` (and [`ProtocolError::VersionMismatch`])
+/// when the agent speaks another protocol version.
+pub async fn master_handshake<T: AsyncRead + AsyncWrite + Unpin>(
+    framed: &mut Framed<T, MasterCodec>,
+    welcome: Welcome,
+    timeout: Duration,
+) -> Result<Hello, ProtocolError> {
+    let deadline = Instant::now() + timeout;
+    let ours = welcome.protocol_version;
+    let frame = timeout_at(deadline, framed.next())
+        .await
+        .map_err(|_| ProtocolError::Timeout("waiting for the agent's Hello"))?
+        .ok_or(ProtocolError::Closed)??;
+    let hello = match frame {
+        AgentFrame::Hello(hello) => hello,
+        AgentFrame::Refused { reason } => return Err(ProtocolError::Refused { reason }),
+        other => {
+            let what = match other {
+                AgentFrame::Response { .. } => "a response",
+                _ => "an event",
+            };
+            let reason = format!("expected Hello as the first frame, got {what}");
+            let _ = timeout_at(deadline, framed.send(MasterFrame::Refused { reason: reason.clone() })).await;
+            return Err(ProtocolError::Unexpected(reason));
+        }
+    };
+    let theirs = hello.protocol_version;
+    if theirs != ours {
+        let reason = format!("protocol version mismatch: master speaks {ours}, agent speaks {theirs}");
+        let _ = timeout_at(deadline, framed.send(MasterFrame::Refused { reason })).await;
+        return Err(ProtocolError::VersionMismatch { ours, theirs });
+    }
+    timeout_at(deadline, framed.send(MasterFrame::Welcome(welcome)))
+        .await
+        .map_err(|_| ProtocolError::Timeout("sending Welcome to the agent"))??;
+    Ok(hello)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::ids::NodeId;
+    use crate::protocol::messages::PROTOCOL_VERSION;
+
+    fn hello(version: u32) -> Hello {
+        Hello {
+            protocol_version: version,
+            node_id: NodeId::new("node-1"),
+            address: "127.0.0.1".into(),
+            instance_root: "/tmp/x".into(),
+            port_range: (1000, 2000),
+            labels: BTreeMap::new(),
+            agent_version: "test".into(),
+            cgroups: false,
+            inventory: vec![],
+        }
+    }
+
+    fn welcome(version: u32) -> Welcome {
+        Welcome { protocol_version: version, heartbeat_interval_ms: 250 }
+    }
+
+    fn pair() -> (Framed<tokio::io::DuplexStream, MasterCodec>, Framed<tokio::io::DuplexStream, AgentCodec>) {
+        let (m, a) = tokio::io::duplex(64 * 1024);
+        (Framed::new(m, MasterCodec::new()), Framed::new(a, AgentCodec::new()))
+    }
+
+    const T: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn matching_versions_complete_the_handshake() {
+        let (mut m, mut a) = pair();
+        let (got_hello, got_welcome) = tokio::join!(
+            master_handshake(&mut m, welcome(PROTOCOL_VERSION), T),
+            agent_handshake(&mut a, hello(PROTOCOL_VERSION), T)
+        );
+        assert_eq!(got_hello.unwrap(), hello(PROTOCOL_VERSION));
+        assert_eq!(got_welcome.unwrap(), welcome(PROTOCOL_VERSION));
+    }
+
+    #[tokio::test]
+    async fn master_refuses_an_agent_with_another_version() {
+        let (mut m, mut a) = pair();
+        let (master, agent) = tokio::join!(master_handshake(&mut m, welcome(1), T), agent_handshake(&mut a, hello(2), T));
+        assert!(matches!(master, Err(ProtocolError::VersionMismatch { ours: 1, theirs: 2 })), "{master:?}");
+        match agent {
+            Err(ProtocolError::Refused { reason }) => {
+                assert_eq!(reason, "protocol version mismatch: master speaks 1, agent speaks 2")
+            }
+            other => panic!("agent got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn agent_refuses_a_master_with_another_version() {
+        // A master that skips its own check (e.g. an older release) and
+        // welcomes with version 3: the agent must refuse on its side.
+        let (mut m, mut a) = pair();
+        let master = async {
+            let first = m.next().await.unwrap().unwrap();
+            assert!(matches!(first, AgentFrame::Hello(_)));
+            m.send(MasterFrame::Welcome(welcome(3))).await.unwrap();
+            m.next().await.unwrap().unwrap()
+        };
+        let (agent, refusal) = tokio::join!(agent_handshake(&mut a, hello(1), T), master);
+        assert!(matches!(agent, Err(ProtocolError::VersionMismatch { ours: 1, theirs: 3 })), "{agent:?}");
+        match refusal {
+            AgentFrame::Refused { reason } => assert_eq!(reason, "protocol version mismatch: agent speaks 1, master speaks 3"),
+            other => panic!("master got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn silent_peers_time_out() {
+        let (mut m, mut a) = pair();
+        let short = Duration::from_millis(100);
+        let started = Instant::now();
+        let master = master_handshake(&mut m, welcome(1), short).await;
+        assert!(matches!(master, Err(ProtocolError::Timeout(_))), "{master:?}");
+        // The agent's Hello goes out but nobody answers.
+        let agent = agent_handshake(&mut a, hello(1), short).await;
+        assert!(matches!(agent, Err(ProtocolError::Timeout(_))), "{agent:?}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn a_closed_connection_is_reported_as_closed() {
+        let (m, mut a) = pair();
+        drop(m);
+        let agent = agent_handshake(&mut a, hello(1), T).await;
+        // Sending may fail (broken pipe) or the read sees the end: both are
+        // a dead peer, never a hang.
+        assert!(matches!(agent, Err(ProtocolError::Closed) | Err(ProtocolError::Io(_))), "{agent:?}");
+    }
+
+    #[tokio::test]
+    async fn master_refuses_a_first_frame_that_is_not_hello() {
+        let (mut m, mut a) = pair();
+        a.send(AgentFrame::Event(crate::protocol::messages::AgentEvent::Heartbeat)).await.unwrap();
+        let master = master_handshake(&mut m, welcome(1), T).await;
+        assert!(matches!(master, Err(ProtocolError::Unexpected(_))), "{master:?}");
+        assert!(matches!(a.next().await, Some(Ok(MasterFrame::Refused { .. }))));
+    }
+}

@@ -1,0 +1,103 @@
+//! The agent's own RocksDB store: one record per instance it holds and the
+//! tombstones of deletes in progress (DESIGN.md §11, §12). Writes go through
+//! [`StoreWriter`] with `WriteOp::put_agent_instance`, `put_tombstone`, ...
+//! (see [`super::keys`]); this module opens the database and loads it at boot.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rocksdb::DB;
+
+use super::agent_records::{AgentInstanceRecord, Tombstone};
+use super::db;
+use super::keys::agent_cf;
+use super::{StorageError, StoreWriter};
+
+/// Everything the agent persisted, as loaded at boot (sorted by instance id).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AgentSnapshot {
+    pub instances: Vec<AgentInstanceRecord>,
+    pub tombstones: Vec<Tombstone>,
+}
+
+/// The agent's database and its writer; cheap to clone.
+#[derive(Clone)]
+pub struct AgentStore {
+    db: Arc<DB>,
+    writer: StoreWriter,
+}
+
+impl std::fmt::Debug for AgentStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentStore").field("path", &self.db.path()).field("writer", &self.writer).finish()
+    }
+}
+
+impl AgentStore {
+    /// Opens (creating if needed) the agent database in `dir` and starts its writer.
+    pub fn open(dir: &Path) -> Result<AgentStore, StorageError> {
+        let db = db::open(dir, &agent_cf::ALL, agent_cf::META)?;
+        let writer = StoreWriter::start(db.clone())?;
+        Ok(AgentStore { db, writer })
+    }
+
+    /// The writer every agent write goes through.
+    pub fn writer(&self) -> &StoreWriter {
+        &self.writer
+    }
+
+    /// Reads every record (blocking; meant for boot, via `spawn_blocking`).
+    pub fn load_all(&self) -> Result<AgentSnapshot, StorageError> {
+        Ok(AgentSnapshot {
+            instances: db::load_cf(&self.db, agent_cf::INSTANCES)?,
+            tombstones: db::load_cf(&self.db, agent_cf::TOMBSTONES)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::InstanceId;
+    use crate::storage::WriteOp;
+    use crate::storage::testdata as td;
+
+    #[tokio::test]
+    async fn records_survive_a_reopen_and_deletes_remove() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (td::agent_instance("web-server-1-abcdef"), td::agent_instance("web-server-2-abcdef"));
+        let tomb = td::tombstone("web-server-2-abcdef");
+        {
+            let store = AgentStore::open(dir.path()).unwrap();
+            let writes = vec![
+                WriteOp::put_agent_instance(&a).unwrap(),
+                WriteOp::put_agent_instance(&b).unwrap(),
+                WriteOp::put_tombstone(&tomb).unwrap(),
+            ];
+            store.writer().commit(writes).await.unwrap();
+        }
+        let store = AgentStore::open(dir.path()).unwrap();
+        let snap = store.load_all().unwrap();
+        assert_eq!(snap.instances, vec![a.clone(), b.clone()]);
+        assert_eq!(snap.tombstones, vec![tomb.clone()]);
+
+        // Finishing the delete: the record and its tombstone go together.
+        let id = InstanceId::new("web-server-2-abcdef");
+        store.writer().commit(vec![WriteOp::delete_agent_instance(&id), WriteOp::delete_tombstone(&id)]).await.unwrap();
+        drop(store);
+        let snap = AgentStore::open(dir.path()).unwrap().load_all().unwrap();
+        assert_eq!(snap, AgentSnapshot { instances: vec![a], tombstones: vec![] });
+    }
+
+    #[tokio::test]
+    async fn an_updated_record_replaces_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = AgentStore::open(dir.path()).unwrap();
+        let mut rec = td::agent_instance("x-y-1-abcdef");
+        store.writer().commit(vec![WriteOp::put_agent_instance(&rec).unwrap()]).await.unwrap();
+        rec.generation += 1;
+        rec.pid = None;
+        store.writer().commit(vec![WriteOp::put_agent_instance(&rec).unwrap()]).await.unwrap();
+        assert_eq!(store.load_all().unwrap().instances, vec![rec]);
+    }
+}

@@ -1,0 +1,124 @@
+//! The one place storage values are turned into bytes and back (bincode 2
+//! through serde, standard config, varint integers).
+//!
+//! Decoding is defensive: a value read from disk may be truncated or
+//! corrupted, so every failure is a `StorageError::Codec`, never a panic; a
+//! size limit stops a corrupted length prefix from allocating gigabytes, and
+//! trailing bytes are refused so a half-overwritten value is not silently
+//! accepted.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::StorageError;
+
+/// The largest value the codec encodes or decodes.
+pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_VALUE_BYTES>()
+}
+
+/// Encodes `v`; values over [`MAX_VALUE_BYTES`] are refused (they could not
+/// be decoded again).
+pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StorageError> {
+    let bytes = bincode::serde::encode_to_vec(v, config()).map_err(|e| StorageError::Codec(format!("encode: {e}")))?;
+    if bytes.len() > MAX_VALUE_BYTES {
+        return Err(StorageError::Codec(format!(
+            "encode: value of {} bytes is over the {MAX_VALUE_BYTES} byte limit",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Decodes a whole value from `bytes`; leftover bytes are an error.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StorageError> {
+    let (value, used) =
+        bincode::serde::decode_from_slice(bytes, config()).map_err(|e| StorageError::Codec(format!("decode: {e}")))?;
+    if used != bytes.len() {
+        return Err(StorageError::Codec(format!("decode: {} trailing bytes after the value", bytes.len() - used)));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fmt::Debug;
+
+    use super::*;
+    use crate::storage::records::ClusterRecord;
+    use crate::storage::testdata as td;
+
+    fn round_trip<T: Serialize + DeserializeOwned + PartialEq + Debug>(v: T) {
+        let bytes = encode(&v).unwrap();
+        let back: T = decode(&bytes).unwrap();
+        assert_eq!(back, v);
+    }
+
+    #[test]
+    fn every_record_type_round_trips() {
+        let c = td::cluster("web");
+        round_trip(td::instance(&c, 1));
+        round_trip(td::operation(&c, td::T0));
+        round_trip(c);
+        round_trip(td::node("node-1"));
+        round_trip(td::package("zk", "3.8.0"));
+        round_trip(td::event(42));
+        round_trip(td::agent_instance("web-server-1-abcdef"));
+        round_trip(td::tombstone("web-server-1-abcdef"));
+    }
+
+    #[test]
+    fn optional_fields_round_trip_when_absent() {
+        let mut c = td::cluster("web");
+        c.operation = None;
+        let mut op = td::operation(&c, td::T0);
+        op.ended_at = None;
+        op.error = None;
+        let mut a = td::agent_instance("x-y-1-abcdef");
+        a.pid = None;
+        a.process.stop = None;
+        round_trip(c);
+        round_trip(op);
+        round_trip(a);
+    }
+
+    fn assert_codec_err<T: DeserializeOwned + Debug>(bytes: &[u8]) {
+        match decode::<T>(bytes) {
+            Err(StorageError::Codec(_)) => {}
+            other => panic!("expected a codec error for {} bytes, got {other:?}", bytes.len()),
+        }
+    }
+
+    #[test]
+    fn garbage_and_truncated_bytes_are_codec_errors() {
+        assert_codec_err::<ClusterRecord>(&[]);
+        assert_codec_err::<ClusterRecord>(&[0xff; 64]);
+        let bytes = encode(&td::cluster("web")).unwrap();
+        for len in 0..bytes.len() {
+            assert_codec_err::<ClusterRecord>(&bytes[..len]);
+        }
+    }
+
+    #[test]
+    fn trailing_bytes_are_refused() {
+        let mut bytes = encode(&td::node("n")).unwrap();
+        bytes.push(0);
+        assert_codec_err::<crate::storage::records::NodeRecord>(&bytes);
+    }
+
+    #[test]
+    fn a_huge_length_prefix_does_not_allocate() {
+        // varint marker 253 = a u64 follows: a string claiming u64::MAX bytes.
+        let mut bytes = vec![253u8];
+        bytes.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert_codec_err::<String>(&bytes);
+    }
+
+    #[test]
+    fn values_over_the_limit_are_not_encoded() {
+        let big = "x".repeat(MAX_VALUE_BYTES + 1);
+        assert!(matches!(encode(&big), Err(StorageError::Codec(_))));
+    }
+}

@@ -1,0 +1,76 @@
+//! `StorageError`: every way the storage layer (RocksDB stores, the codec, the
+//! group-commit writer, the blob directory) can fail.
+//!
+//! Callers above storage convert it into the domain [`crate::error::Error`]
+//! as `Internal`: a storage failure is never the client's fault.
+
+use std::path::PathBuf;
+
+/// A storage failure. `Display` never repeats the source; log with
+/// [`crate::error::ErrorChain`] to see the whole chain.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The database at `path` could not be opened.
+    #[error("cannot open the store at {}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rocksdb::Error,
+    },
+    /// RocksDB refused a read or write.
+    #[error("rocksdb failed")]
+    Rocks(#[source] rocksdb::Error),
+    /// A value could not be encoded or decoded.
+    #[error("codec: {0}")]
+    Codec(String),
+    /// The database was written by a newer release.
+    #[error("the store has schema version {found}, this release supports up to {supported}")]
+    SchemaTooNew { found: u32, supported: u32 },
+    /// The writer thread is gone (it panicked or the store was closed).
+    #[error("the storage writer is gone")]
+    WriterGone,
+    /// The writer thread could not be started.
+    #[error("cannot start the storage writer thread")]
+    WriterSpawn(#[source] std::io::Error),
+    /// A write named a column family the database does not have (a bug).
+    #[error("unknown column family {cf:?}")]
+    UnknownColumnFamily { cf: &'static str },
+    /// A file operation on `path` failed.
+    #[error("i/o on {}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A blob name was not 64 lowercase hex characters; `value` is cut to a
+    /// short prefix so a hostile name is never echoed whole.
+    #[error("invalid sha256 {value:?}: expected 64 lowercase hex characters")]
+    InvalidSha256 { value: String },
+}
+
+impl StorageError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StorageError::Io { path: path.into(), source }
+    }
+}
+
+impl From<StorageError> for crate::error::Error {
+    fn from(e: StorageError) -> Self {
+        crate::error::Error::internal(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    #[test]
+    fn converts_to_internal_with_the_chain() {
+        let e = StorageError::io("/x", std::io::Error::other("disk gone"));
+        match Error::from(e) {
+            Error::Internal { message } => assert_eq!(message, "i/o on /x: disk gone"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

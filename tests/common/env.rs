@@ -1,0 +1,308 @@
+//! [`TestEnv`]: one real `flotilla master` and three real `flotilla agent`
+//! processes (the binary cargo built for this test run) in a temp dir, with
+//! their logs in files, torn down in the right order when the env is dropped.
+//!
+//! Tests run as parallel threads of one process, so every env gets its own
+//! loopback IPs (127.0.K.11/12/13) and its own block of 200 instance ports;
+//! K and the block come from a per-process counter mixed with the pid, so two
+//! test processes on one machine are unlikely to collide either.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+use super::procfs;
+
+/// How many agents every env runs.
+pub const AGENTS: usize = 3;
+
+static NEXT_SLOT: AtomicU32 = AtomicU32::new(0);
+
+/// A master and three agents, ready (every node `Ready`) once `start` returns.
+pub struct TestEnv {
+    pub name: String,
+    /// `http://127.0.0.1:PORT/api/v1`
+    pub api: String,
+    pub client: reqwest::Client,
+    /// The agents' addresses, node-1 first.
+    pub agent_ips: Vec<String>,
+    /// The instance port range every agent was given.
+    pub port_range: (u16, u16),
+    root: Option<tempfile::TempDir>,
+    root_path: PathBuf,
+    master: Option<Child>,
+    agents: Vec<Child>,
+    /// `127.0.0.1:0` at first; the real ports once the master listened, so a
+    /// restarted master comes back on the same ones.
+    http_addr: String,
+    agent_addr: String,
+    master_env: Vec<(String, String)>,
+}
+
+impl TestEnv {
+    /// Starts a master and three agents and waits until the nodes are Ready.
+    pub async fn start(name: &str) -> TestEnv {
+        TestEnv::start_with(name, &[]).await
+    }
+
+    /// Like [`TestEnv::start`], with extra environment variables for the
+    /// master (e.g. `FLOTILLA_MASTER_MAX_UPLOAD_BYTES`).
+    pub async fn start_with(name: &str, master_env: &[(&str, &str)]) -> TestEnv {
+        let slot = NEXT_SLOT.fetch_add(1, Ordering::SeqCst).wrapping_add(std::process::id().wrapping_mul(37));
+        let k = slot % 250 + 1;
+        let low = 20000 + (slot % 200) as u16 * 200;
+        let root = tempfile::Builder::new().prefix(&format!("flotilla-{name}-")).tempdir().expect("temp dir");
+        // Instances run as `nobody` (the agent is root): it must reach its dir.
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod temp dir");
+        let root_path = std::fs::canonicalize(root.path()).expect("resolve temp dir");
+        std::fs::create_dir_all(root_path.join("master")).expect("master dir");
+        let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(90)).build().expect("client");
+        let mut env = TestEnv {
+            name: name.to_string(),
+            api: String::new(),
+            client,
+            agent_ips: (1..=AGENTS).map(|i| format!("127.0.{k}.{}", 10 + i)).collect(),
+            port_range: (low, low + 199),
+            root: Some(root),
+            root_path,
+            master: None,
+            agents: Vec::new(),
+            http_addr: "127.0.0.1:0".into(),
+            agent_addr: "127.0.0.1:0".into(),
+            master_env: master_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        env.master = Some(env.spawn_master());
+        env.wait_endpoints().await;
+        for i in 1..=AGENTS {
+            let agent = env.spawn_agent(i);
+            env.agents.push(agent);
+        }
+        env.wait_ready().await;
+        env
+    }
+
+    /// SIGTERM the master, wait for it, start it again on the same data dir
+    /// and ports, and wait until the agents (which reconnect by themselves)
+    /// are Ready again.
+    pub async fn restart_master(&mut self) {
+        let mut master = self.master.take().expect("the master is running");
+        signal(&master, Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match master.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+                _ => {
+                    let _ = master.kill();
+                    let _ = master.wait();
+                    panic!("the master did not stop within 30 s of SIGTERM\n{}", self.log_tails());
+                }
+            }
+        }
+        let _ = std::fs::remove_file(self.endpoints_file());
+        let api_before = self.api.clone();
+        self.master = Some(self.spawn_master());
+        self.wait_endpoints().await;
+        assert_eq!(self.api, api_before, "the restarted master must listen on the same address");
+        self.wait_ready().await;
+    }
+
+    fn endpoints_file(&self) -> PathBuf {
+        self.root_path.join("master").join("endpoints.json")
+    }
+
+    fn log(&self, name: &str) -> (File, File) {
+        let f = OpenOptions::new().create(true).append(true).open(self.root_path.join(name)).expect("log file");
+        let g = f.try_clone().expect("log file clone");
+        (f, g)
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+        // Settings come from the flags below, not from whoever ran the tests.
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FLOTILLA_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("RUST_LOG", std::env::var("FLOTILLA_TEST_LOG").unwrap_or_else(|_| "info".into()));
+        cmd.stdin(Stdio::null());
+        cmd
+    }
+
+    fn spawn_master(&self) -> Child {
+        let (out, err) = self.log("master.log");
+        let mut cmd = self.command();
+        cmd.arg("master")
+            .arg("--data-dir")
+            .arg(self.root_path.join("master"))
+            .args(["--http-addr", &self.http_addr, "--agent-addr", &self.agent_addr])
+            .arg("--endpoints-file")
+            .arg(self.endpoints_file())
+            .envs(self.master_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(out)
+            .stderr(err);
+        cmd.spawn().expect("spawn the master")
+    }
+
+    fn spawn_agent(&self, i: usize) -> Child {
+        let (out, err) = self.log(&format!("agent-{i}.log"));
+        let mut cmd = self.command();
+        cmd.arg("agent")
+            .args([
+                "--node-id",
+                &format!("node-{i}"),
+                "--master",
+                &self.agent_addr,
+                "--address",
+                &self.agent_ips[i - 1],
+            ])
+            .arg("--data-dir")
+            .arg(self.root_path.join(format!("agent-{i}")))
+            .args(["--port-range", &format!("{}-{}", self.port_range.0, self.port_range.1)])
+            .arg("--stop-instances-on-exit")
+            .stdout(out)
+            .stderr(err);
+        cmd.spawn().expect("spawn an agent")
+    }
+
+    async fn wait_endpoints(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(bytes) = std::fs::read(self.endpoints_file())
+                && let Ok(v) = serde_json::from_slice::<Value>(&bytes)
+            {
+                let api = v["api_url"].as_str().expect("api_url").to_string();
+                self.agent_addr = v["agent_addr"].as_str().expect("agent_addr").to_string();
+                self.http_addr = api.trim_start_matches("http://").to_string();
+                self.api = format!("{api}/api/v1");
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.master.as_mut().map(|m| m.try_wait()) {
+                panic!("the master exited at start ({status})\n{}", self.log_tails());
+            }
+            assert!(Instant::now() < deadline, "no endpoints file within 30 s\n{}", self.log_tails());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until `GET /nodes` shows every agent connected and Ready.
+    pub async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = Value::Null;
+        while Instant::now() < deadline {
+            if let Ok(r) = self.client.get(format!("{}/nodes", self.api)).send().await
+                && let Ok(v) = r.json::<Value>().await
+            {
+                let ready = v["nodes"]
+                    .as_array()
+                    .map(|a| a.iter().filter(|n| n["status"] == "Ready" && n["connected"] == true).count())
+                    .unwrap_or(0);
+                if ready == AGENTS {
+                    return;
+                }
+                last = v;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{AGENTS} nodes not Ready within 30 s; last GET /nodes: {last:#}\n{}", self.log_tails());
+    }
+
+    /// The last lines of the master's and agents' logs, and of every
+    /// instance's logs: printed when a test fails.
+    pub fn log_tails(&self) -> String {
+        let mut out = String::new();
+        let mut files = vec![self.root_path.join("master.log")];
+        files.extend((1..=AGENTS).map(|i| self.root_path.join(format!("agent-{i}.log"))));
+        for f in files {
+            out.push_str(&tail(&f, 60));
+        }
+        for i in 1..=AGENTS {
+            let instances = self.root_path.join(format!("agent-{i}/instances"));
+            let Ok(dirs) = std::fs::read_dir(&instances) else { continue };
+            for d in dirs.flatten() {
+                let Ok(logs) = std::fs::read_dir(d.path().join("logs")) else { continue };
+                for l in logs.flatten() {
+                    out.push_str(&tail(&l.path(), 10));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("(unreadable: {e})"));
+    let all: Vec<&str> = text.lines().collect();
+    let from = all.len().saturating_sub(lines);
+    format!("----- {} (last {lines} lines) -----\n{}\n", path.display(), all[from..].join("\n"))
+}
+
+fn signal(child: &Child, sig: Signal) {
+    let _ = kill(Pid::from_raw(child.id() as i32), sig);
+}
+
+/// Waits for `child` up to `limit`, then SIGKILLs it. True when it exited
+/// by itself. Blocking: this runs in `Drop`, which cannot be async, when the
+/// test's runtime has nothing left to run.
+fn wait_or_kill(child: &mut Child, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    false
+}
+
+impl Drop for TestEnv {
+    /// Agents first (each stops its instances), then the master; SIGKILL
+    /// whatever does not stop, and any process still running in the env's
+    /// dir. Prints the logs when the test failed.
+    fn drop(&mut self) {
+        let failed = std::thread::panicking();
+        let mut problems = Vec::new();
+        for a in &self.agents {
+            signal(a, Signal::SIGTERM);
+        }
+        for (i, a) in self.agents.iter_mut().enumerate() {
+            if !wait_or_kill(a, Duration::from_secs(30)) {
+                problems.push(format!("agent {} did not stop within 30 s of SIGTERM", i + 1));
+            }
+        }
+        if let Some(m) = self.master.as_mut() {
+            signal(m, Signal::SIGTERM);
+            if !wait_or_kill(m, Duration::from_secs(15)) {
+                problems.push("the master did not stop within 15 s of SIGTERM".into());
+            }
+        }
+        // Agents run with --stop-instances-on-exit: nothing of the env may
+        // still run. Kill leftovers so no test leaves a process behind.
+        let leftovers = procfs::pids_with_cwd_under(&self.root_path);
+        for pid in &leftovers {
+            problems.push(format!("process {pid} ({:?}) still running after the agents exited", procfs::cmdline(*pid)));
+            let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+        }
+        if failed || !problems.is_empty() {
+            eprintln!("===== env {} ({}) =====\n{}", self.name, self.root_path.display(), self.log_tails());
+            if std::env::var_os("FLOTILLA_TEST_KEEP").is_some()
+                && let Some(root) = self.root.take()
+            {
+                eprintln!("kept {}", root.keep().display());
+            }
+        }
+        if !problems.is_empty() && !failed {
+            panic!("teardown of env {}: {}", self.name, problems.join("; "));
+        }
+    }
+}

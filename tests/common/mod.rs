@@ -1,0 +1,14 @@
+//! The integration-test harness: [`TestEnv`] (a real master and three real
+//! agents), admin API helpers, an in-memory package builder, and `/proc`
+//! readers to check the real processes.
+
+pub mod env;
+pub mod http;
+pub mod package;
+pub mod procfs;
+pub mod scripts;
+
+pub use env::TestEnv;
+pub use http::{all_instances, dir_of, id_of, pid_of, role_instances};
+pub use package::PackageBuilder;
+pub use procfs::{cmdline, eventually, instance_pids, nobody_uid, pid_alive, proc_uid};

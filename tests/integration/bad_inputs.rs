@@ -1,0 +1,107 @@
+//! Bad requests are refused with the right status and stable code, and
+//! change nothing: no cluster, no package, no operation appears.
+
+use serde_json::{Value, json};
+
+use crate::common::http::error_code;
+use crate::common::{PackageBuilder, TestEnv};
+
+const SPEC: &str = r#"
+[component]
+name = "kv"
+version = "1.0.0"
+
+[config]
+greeting = { type = "string", default = "hi" }
+limit = { type = "int", default = 10, min = 1, max = 100 }
+
+[[roles]]
+name = "store"
+count = { min = 1, max = 5 }
+start = ["bin/start.sh"]
+stop_grace = "2s"
+"#;
+
+/// Clusters, packages and operations, as the API lists them.
+async fn snapshot(env: &TestEnv) -> (Value, Value, Value) {
+    let (_, c) = env.get("/clusters").await;
+    let (_, p) = env.get("/packages").await;
+    let (_, o) = env.get("/operations").await;
+    (c, p, o)
+}
+
+fn create(name: &str, package: &str) -> Value {
+    json!({"name": name, "package": {"name": package, "version": "1.0.0"}})
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_and_change_nothing() {
+    let env = TestEnv::start("bad-inputs").await;
+    env.upload(&PackageBuilder::new("kv", "1.0.0").spec(SPEC).script("bin/start.sh", "exec sleep 100000\n")).await;
+    let before = snapshot(&env).await;
+    assert_eq!(before.1["packages"].as_array().map(Vec::len), Some(1), "{:#}", before.1);
+
+    let mut unknown_field = create("ok-name", "kv");
+    unknown_field["colour"] = json!("blue");
+    let mut too_many = create("ok-name", "kv");
+    too_many["roles"] = json!({"store": {"count": 9}});
+    let mut wrong_type = create("ok-name", "kv");
+    wrong_type["config"] = json!({"limit": "ten"});
+    let cases: Vec<(&str, Value, u16, &str, Option<&str>)> = vec![
+        ("unknown package", create("ok-name", "nope"), 404, "not_found", None),
+        ("bad cluster name", create("Bad_Name", "kv"), 400, "invalid_name", None),
+        ("unknown field", unknown_field, 400, "invalid_json", Some("colour")),
+        ("count over max", too_many, 422, "spec_violation", None),
+        ("config of the wrong type", wrong_type, 422, "spec_violation", Some("limit")),
+    ];
+    for (what, body, status, code, mentions) in cases {
+        let (got, resp) = env.post("/clusters", body.clone()).await;
+        assert_eq!(
+            (got.as_u16(), error_code(&resp)),
+            (status, code),
+            "{what}: POST /clusters {body} answered {resp:#}"
+        );
+        assert!(resp["error"]["request_id"].as_str().is_some_and(|r| !r.is_empty()), "{what}: no request_id: {resp:#}");
+        if let Some(word) = mentions {
+            let msg = resp["error"]["message"].as_str().unwrap_or_default();
+            assert!(msg.contains(word), "{what}: the message does not name {word:?}: {msg:?}");
+        }
+    }
+
+    // A package without component.toml, and a bad package name.
+    let no_spec = PackageBuilder::new("nospec", "1.0.0").script("bin/start.sh", "exec sleep 100000\n");
+    let (got, resp) = env.put_bytes("/packages/nospec/1.0.0", no_spec.build()).await;
+    assert_eq!((got.as_u16(), error_code(&resp)), (400, "invalid_package"), "{resp:#}");
+    let pkg = PackageBuilder::new("kv", "1.0.0").spec(SPEC).script("bin/start.sh", "exec sleep 100000\n");
+    let (got, resp) = env.put_bytes("/packages/Bad_Name/1.0.0", pkg.build()).await;
+    assert_eq!((got.as_u16(), error_code(&resp)), (400, "invalid_name"), "{resp:#}");
+
+    assert_eq!(snapshot(&env).await, before, "a refused request changed the state");
+}
+
+#[tokio::test]
+async fn upload_over_the_cap_is_413() {
+    let env = TestEnv::start_with("upload-cap", &[("FLOTILLA_MASTER_MAX_UPLOAD_BYTES", "100000")]).await;
+    // 200 kB that gzip cannot shrink (xorshift noise).
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let noise: Vec<u8> = (0..200_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let pkg =
+        PackageBuilder::new("big", "1.0.0").spec(&SPEC.replace("\"kv\"", "\"big\"")).file("blob.bin", 0o644, noise);
+    let bytes = pkg.build();
+    assert!(bytes.len() > 190_000, "the package is only {} bytes", bytes.len());
+    let (got, resp) = env.put_bytes("/packages/big/1.0.0", bytes).await;
+    assert_eq!((got.as_u16(), error_code(&resp)), (413, "too_large"), "{resp:#}");
+    let (_, list) = env.get("/packages").await;
+    assert_eq!(list["packages"], json!([]), "{list:#}");
+
+    // Under the cap, the same master takes it.
+    let small = PackageBuilder::new("kv", "1.0.0").spec(SPEC).script("bin/start.sh", "exec sleep 100000\n");
+    env.upload(&small).await;
+}

@@ -1,0 +1,75 @@
+//! A master restart loses nothing: clusters, instances (ids, ports,
+//! statuses, pids) and the operation journal read the same afterwards, the
+//! processes kept running, and the cluster still takes operations.
+
+use serde_json::{Value, json};
+
+use crate::common::scripts::RECORD_AND_SLEEP;
+use crate::common::{PackageBuilder, TestEnv, all_instances, id_of, instance_pids, pid_alive, pid_of};
+
+const SPEC: &str = r#"
+[component]
+name = "mr"
+version = "1.0.0"
+
+[[roles]]
+name = "svc"
+count = { min = 1, max = 5 }
+ports = ["main"]
+start = ["bin/start.sh"]
+stop_grace = "2s"
+"#;
+
+/// What a user compares: per instance its id, role, ordinal, node, ports,
+/// status and pid; and the cluster's name, id and status.
+fn summary(cluster: &Value) -> Value {
+    let instances: Vec<Value> = all_instances(cluster)
+        .iter()
+        .map(|i| {
+            json!({"id": i["id"], "role": i["role"], "ordinal": i["ordinal"], "node": i["node"],
+                   "ports": i["ports"], "status": i["status"], "pid": i["pid"], "dir": i["dir"]})
+        })
+        .collect();
+    json!({"name": cluster["name"], "id": cluster["id"], "status": cluster["status"], "instances": instances})
+}
+
+#[tokio::test]
+async fn master_restart_keeps_clusters_instances_and_journal() {
+    let mut env = TestEnv::start("master-restart").await;
+    env.upload(&PackageBuilder::new("mr", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP)).await;
+    let body = json!({"name": "mr", "package": {"name": "mr", "version": "1.0.0"}, "roles": {"svc": {"count": 3}}});
+    let first = all_instances(&env.create_active(body).await);
+    let stopped = id_of(&first[0]);
+    env.run_ok(&format!("/clusters/mr/instances/{stopped}/stop"), None).await;
+
+    let cluster_before = env.cluster("mr").await;
+    let (_, list_before) = env.get("/clusters").await;
+    let (_, ops_before) = env.get("/operations?cluster=mr").await;
+    assert_eq!(ops_before["operations"].as_array().map(Vec::len), Some(2), "{ops_before:#}");
+    let running: Vec<Value> =
+        all_instances(&cluster_before).into_iter().filter(|i| i["id"] != stopped.as_str()).collect();
+    assert_eq!(running.len(), 2);
+
+    env.restart_master().await;
+
+    let cluster_after = env.cluster("mr").await;
+    assert_eq!(summary(&cluster_after), summary(&cluster_before), "the cluster changed across the restart");
+    let (_, list_after) = env.get("/clusters").await;
+    let names = |l: &Value| l["clusters"].as_array().unwrap().iter().map(summary).collect::<Vec<_>>();
+    assert_eq!(names(&list_after), names(&list_before));
+    let (_, ops_after) = env.get("/operations?cluster=mr").await;
+    assert_eq!(ops_after, ops_before, "the operation journal changed across the restart");
+    for i in &running {
+        assert!(pid_alive(pid_of(i)), "{} stopped running across the master restart", i["id"]);
+    }
+    assert_eq!(instance_pids(&stopped), Vec::<u32>::new(), "the stopped instance came back");
+
+    // The cluster still works.
+    env.run_ok("/clusters/mr/stop", None).await;
+    let c = env.cluster("mr").await;
+    assert_eq!(c["status"], "Stopped", "{c:#}");
+    for i in &running {
+        assert!(!pid_alive(pid_of(i)), "{} survived stop after the restart", i["id"]);
+        assert_eq!(instance_pids(&id_of(i)), Vec::<u32>::new());
+    }
+}

@@ -1,0 +1,24 @@
+//! flotilla's integration tests: a real master and three real agents (the
+//! binary cargo built), real packages built by the test, real processes
+//! checked in `/proc` and on disk.
+//!
+//! One test binary on purpose: every test binary links the whole crate with
+//! RocksDB, so one binary links once, and its tests still run in parallel
+//! threads (each with its own master, agents, IPs and ports; see
+//! `common::env`). Agents run as root here and in CI, so instances run as
+//! `nobody`.
+
+mod common;
+
+mod integration {
+    mod bad_inputs;
+    mod busy;
+    mod daemon;
+    mod delete;
+    mod failing_start;
+    mod grandchild;
+    mod lifecycle;
+    mod master_restart;
+    mod order;
+    mod scale;
+}
