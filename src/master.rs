@@ -178,6 +178,16 @@ async fn admit(stream: tokio::net::TcpStream, peer: SocketAddr, shared: Shared, 
     let mut reader = FramedRead::new(read_half, MasterCodec::default());
     reader.read_buffer_mut().extend_from_slice(&parts.read_buf);
     let writer = FramedWrite::new(write_half, MasterCodec::default());
-    NodeManagerActor::start_for(node, reader, writer, cfg.agent_reply_timeout, shared.links.clone(), shared.read_model.clone(), supervisor);
+    let reports = hello.inventory;
+    NodeManagerActor::start_for(
+        node.clone(),
+        reader,
+        writer,
+        cfg.agent_reply_timeout,
+        shared.links.clone(),
+        shared.read_model.clone(),
+        supervisor.clone(),
+    );
+    supervisor.do_send(crate::actors::supervisor::NodeInventory { node, reports });
     Ok(())
 }

@@ -18,9 +18,9 @@ use time::OffsetDateTime;
 
 use super::Shared;
 use super::cluster_ops::ClusterOps;
-use super::instance::{InstanceActor, InstanceHandle, MarkExited, Retire};
+use super::instance::{InstanceActor, InstanceHandle, Observation, Observe, Retire};
 use super::read_model::ActorStats;
-use super::supervisor::{ClusterGone, Escalate, Supervisor};
+use super::supervisor::{Escalate, Supervisor};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId, OperationId};
 use crate::operations::lifecycle::InstanceVerb;
@@ -59,13 +59,12 @@ pub enum OpRequest {
 #[rtype(result = "Result<OperationRecord, Error>")]
 pub struct RunOperation(pub OpRequest);
 
-/// From the supervisor: an instance's process exited unexpectedly.
+/// From the supervisor: what an agent observed about one of our instances.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct InstanceProcessExited {
+pub struct InstanceObserved {
     pub instance: InstanceId,
-    pub pid: u32,
-    pub description: String,
+    pub observation: Observation,
 }
 
 /// From the supervisor, after an escalation: show `Error` with the reason.
@@ -215,90 +214,43 @@ impl ClusterActor {
                 return;
             }
         };
-        let ops = ClusterOps { core: self.core.clone(), shared: self.shared.clone(), spec, package, blob };
+        let ops = ClusterOps {
+            core: self.core.clone(),
+            shared: self.shared.clone(),
+            spec,
+            package,
+            blob,
+            kind: prepared.kind,
+            on_success: prepared.on_success,
+            supervisor: self.supervisor.clone(),
+        };
         let plan = prepared.plan;
-        let on_success = prepared.on_success;
         let kind = prepared.kind;
         let mut op = op;
         self.stats.set_state(format!("running {kind:?}"));
         ctx.spawn(
             async move {
                 let outcome = runner::run(&ops, &mut op, &plan).await;
-                (outcome, op, ops)
+                (outcome, op)
             }
             .into_actor(self)
-            .map(move |(outcome, op, ops), act, ctx| act.finish(ctx, outcome, op, kind, on_success, ops)),
+            .map(move |(outcome, op), act, ctx| act.finish(ctx, outcome, op, kind)),
         );
     }
 
-    /// Decides the cluster's status after an operation and persists it.
-    fn finish(&mut self, ctx: &mut Context<Self>, outcome: Outcome, op: OperationRecord, kind: OperationKind, on_success: Option<ClusterStatus>, ops: ClusterOps) {
-        let name = self.core.borrow().record.name.clone();
-        let verb = format!("{kind:?}").to_lowercase();
+    /// After an operation has completed (its end and the cluster's new
+    /// status are durable and published by `ClusterOps::complete`).
+    fn finish(&mut self, ctx: &mut Context<Self>, outcome: Outcome, op: OperationRecord, kind: OperationKind) {
         match outcome {
             Outcome::Succeeded if kind == OperationKind::Delete => {
-                // The records are gone; remove the cluster itself, then free the name.
-                let cluster_id = self.core.borrow().record.id;
-                let supervisor = self.supervisor.clone();
-                let read_model = self.shared.read_model.clone();
-                let store = self.shared.store.clone();
-                let stats = self.stats.clone();
-                ctx.spawn(
-                    async move {
-                        let res = store.commit(vec![WriteOp::delete_cluster(&cluster_id)]).await;
-                        if let Err(e) = &res {
-                            tracing::error!(cluster = %name, error = %e, "cannot remove cluster record");
-                        }
-                        read_model.write().clusters.remove(&name);
-                        read_model.unregister_actor(&stats);
-                        supervisor.do_send(ClusterGone { name });
-                    }
-                    .into_actor(self)
-                    .map(|_, _, ctx| ctx.stop()),
-                );
+                tracing::info!(cluster = %op.cluster, "cluster deleted");
+                ctx.stop();
             }
-            Outcome::Succeeded => {
-                let description = format!("{verb} succeeded");
-                ctx.spawn(
-                    async move {
-                        let _ = ops
-                            .save_cluster(|r| {
-                                if let Some(s) = on_success {
-                                    r.status = s;
-                                }
-                                r.status_description = description;
-                                r.operation = None;
-                            })
-                            .await;
-                    }
-                    .into_actor(self)
-                    .map(|_, act, _| act.stats.set_state("idle")),
-                );
-            }
-            Outcome::Failed { step, error, undone } => {
-                let rolled_back_to_active = undone && matches!(kind, OperationKind::ScaleOut | OperationKind::ScaleIn);
-                let description = format!("{verb} failed at step {step}: {error}");
-                self.stats.end(Some(description.clone()));
-                if rolled_back_to_active {
-                    let description = format!("{description}; rolled back");
-                    ctx.spawn(
-                        async move {
-                            let _ = ops
-                                .save_cluster(|r| {
-                                    r.status = ClusterStatus::Active;
-                                    r.status_description = description;
-                                    r.operation = None;
-                                })
-                                .await;
-                        }
-                        .into_actor(self)
-                        .map(|_, act, _| act.stats.set_state("idle")),
-                    );
-                } else {
-                    // The cluster stays busy until the supervisor's EnterError
-                    // arrives, so no new operation slips in between.
-                    self.supervisor.do_send(Escalate { cluster: name, operation: Some(op.id), description });
-                }
+            Outcome::Succeeded => self.stats.set_state("idle"),
+            Outcome::Failed { error, .. } => {
+                self.stats.end(Some(error));
+                let status = self.core.borrow().record.status;
+                self.stats.set_state(format!("{status:?}"));
             }
         }
     }
@@ -441,30 +393,34 @@ impl Handler<RunOperation> for ClusterActor {
     }
 }
 
-impl Handler<InstanceProcessExited> for ClusterActor {
+impl Handler<InstanceObserved> for ClusterActor {
     type Result = ResponseActFuture<Self, ()>;
 
-    fn handle(&mut self, msg: InstanceProcessExited, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: InstanceObserved, _ctx: &mut Context<Self>) -> Self::Result {
         let handle = self.core.borrow().instances.get(&msg.instance).cloned();
         let Some(handle) = handle else {
             return Box::pin(fut::ready(()));
         };
         handle.stats.enqueue();
-        let description = msg.description.clone();
+        let description = match &msg.observation {
+            Observation::Exited { description, .. } => description.clone(),
+            Observation::Inventory { .. } => format!("instance {} is not running after its agent reconnected", msg.instance),
+        };
         Box::pin(
-            async move { handle.addr.send(MarkExited { pid: msg.pid, description: msg.description }).await.unwrap_or(false) }
-                .into_actor(self)
-                .map(move |changed, act, _| {
+            async move { handle.addr.send(Observe(msg.observation)).await.unwrap_or(false) }.into_actor(self).map(
+                move |failed, act, _| {
                     let (busy, status, name) = {
                         let c = act.core.borrow();
                         (c.record.operation.is_some(), c.record.status, c.record.name.clone())
                     };
-                    // During an operation the operation reports failures itself.
-                    if changed && !busy && status == ClusterStatus::Active {
-                        act.core.borrow_mut().record.operation = None;
-                        act.supervisor.do_send(Escalate { cluster: name, operation: None, description });
+                    // During an operation the operation reports failures
+                    // itself. Otherwise an Active cluster whose member died
+                    // is in Error, saying which member, where and why.
+                    if failed && !busy && status == ClusterStatus::Active {
+                        act.supervisor.do_send(Escalate { cluster: name, operation: None, description, recorded: false });
                     }
-                }),
+                },
+            ),
         )
     }
 }
@@ -473,12 +429,15 @@ impl Handler<EnterError> for ClusterActor {
     type Result = ResponseActFuture<Self, ()>;
 
     fn handle(&mut self, msg: EnterError, _ctx: &mut Context<Self>) -> Self::Result {
+        if self.core.borrow().record.operation.is_some() {
+            // An operation started meanwhile; its own end decides the status.
+            return Box::pin(fut::ready(()));
+        }
         let snapshot = {
             let mut c = self.core.borrow_mut();
             c.record.status = ClusterStatus::Error;
             c.record.status_description = msg.description;
             c.record.updated_at = OffsetDateTime::now_utc();
-            c.record.operation = None;
             c.record.clone()
         };
         self.stats.set_state("Error");

@@ -21,7 +21,11 @@ use crate::ids::InstanceId;
 use crate::operations::{Action, OperationContext, StepFailure};
 use crate::spec::ComponentSpec;
 use crate::storage::WriteOp;
-use crate::storage::records::{ClusterStatus, InstanceResult, OperationRecord, PackageRecord};
+use crate::operations::runner::Outcome;
+use crate::storage::records::{ClusterStatus, InstanceResult, OperationKind, OperationRecord, PackageRecord};
+
+use super::supervisor::{ClusterGone, Escalate, Supervisor};
+use actix::Addr;
 
 pub(super) struct ClusterOps {
     pub core: Rc<RefCell<Core>>,
@@ -29,6 +33,10 @@ pub(super) struct ClusterOps {
     pub spec: Arc<ComponentSpec>,
     pub package: PackageRecord,
     pub blob: PathBuf,
+    pub kind: OperationKind,
+    /// The cluster's status when the operation succeeds (None: unchanged).
+    pub on_success: Option<ClusterStatus>,
+    pub supervisor: Addr<Supervisor>,
 }
 
 impl ClusterOps {
@@ -182,6 +190,53 @@ impl OperationContext for ClusterOps {
         self.shared.store.commit(vec![op]).await.map_err(|e| e.to_string())?;
         self.shared.read_model.put_operation(record);
         Ok(())
+    }
+
+    async fn complete(&self, record: &OperationRecord, outcome: &Outcome) -> Result<(), String> {
+        let verb = format!("{:?}", self.kind).to_lowercase();
+        let name = self.cluster_name();
+        if self.kind == OperationKind::Delete && *outcome == Outcome::Succeeded {
+            let cluster_id = self.core.borrow().record.id;
+            let ops = vec![WriteOp::delete_cluster(&cluster_id), WriteOp::put_operation(record).map_err(|e| e.to_string())?];
+            self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
+            self.shared.read_model.write().clusters.remove(&name);
+            // The name is free before anyone can see the delete has ended.
+            let _ = self.supervisor.send(ClusterGone { name }).await;
+            self.shared.read_model.put_operation(record);
+            return Ok(());
+        }
+        let (status, description, escalate) = match outcome {
+            Outcome::Succeeded => (self.on_success, format!("{verb} succeeded"), false),
+            Outcome::Failed { step, error, rolled_back: true, .. } if matches!(self.kind, OperationKind::ScaleOut | OperationKind::ScaleIn) => {
+                // Sahara: a scale rolled back leaves the cluster Active, with the reason.
+                (Some(ClusterStatus::Active), format!("{verb} failed at step {step} and was rolled back: {error}"), false)
+            }
+            Outcome::Failed { step, error, undone, .. } => {
+                let tail = if *undone { "" } else { "; the rollback failed too, see the operation's steps" };
+                (Some(ClusterStatus::Error), format!("{verb} failed at step {step}: {error}{tail}"), true)
+            }
+        };
+        let snapshot = {
+            let mut core = self.core.borrow_mut();
+            if let Some(s) = status {
+                core.record.status = s;
+            }
+            core.record.status_description = description.clone();
+            core.record.operation = None;
+            core.record.updated_at = OffsetDateTime::now_utc();
+            core.record.clone()
+        };
+        // One batch: the cluster's new status and the operation's end are
+        // durable together, and published cluster first, so whoever sees
+        // the operation ended sees the cluster as it left it.
+        let ops = vec![WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?, WriteOp::put_operation(record).map_err(|e| e.to_string())?];
+        let written = self.shared.store.commit(ops).await.map_err(|e| e.to_string());
+        self.shared.read_model.write().clusters.insert(name.clone(), snapshot);
+        self.shared.read_model.put_operation(record);
+        if escalate {
+            self.supervisor.do_send(Escalate { cluster: name, operation: Some(record.id), description, recorded: true });
+        }
+        written
     }
 
     async fn set_status(&self, status: ClusterStatus, description: &str) -> Result<(), String> {

@@ -63,13 +63,19 @@ pub struct InstallPayload {
 #[rtype(result = "InstanceResult")]
 pub struct RunInstanceCommand(pub InstanceCmd);
 
-/// The agent reported that the instance's process exited unexpectedly.
+/// What an agent reported about the instance outside of a command.
+#[derive(Debug, Clone)]
+pub enum Observation {
+    /// Its process exited without being asked to.
+    Exited { pid: u32, description: String },
+    /// The agent's inventory after it (re)connected.
+    Inventory { present: bool, running: bool, pid: Option<u32> },
+}
+
+/// Applies an observation; answers whether the instance newly failed.
 #[derive(Message)]
 #[rtype(result = "bool")]
-pub struct MarkExited {
-    pub pid: u32,
-    pub description: String,
-}
+pub struct Observe(pub Observation);
 
 /// Stops the actor (the instance was forgotten).
 #[derive(Message)]
@@ -258,7 +264,7 @@ impl Env {
                     _ => (None, String::new()),
                 };
                 let mut message = format!("{verb} of instance {id} on node {node} failed: {err}");
-                if let Some(code) = exit_code {
+                if let Some(code) = exit_code.filter(|_| !message.contains("exit code")) {
                     message.push_str(&format!(" (exit code {code})"));
                 }
                 if !stderr_tail.trim().is_empty() {
@@ -301,15 +307,33 @@ impl Handler<RunInstanceCommand> for InstanceActor {
     }
 }
 
-impl Handler<MarkExited> for InstanceActor {
-    type Result = ResponseActFuture<Self, bool>;
+impl Handler<Observe> for InstanceActor {
+    type Result = AtomicResponse<Self, bool>;
 
-    fn handle(&mut self, msg: MarkExited, _ctx: &mut Context<Self>) -> Self::Result {
-        self.stats.enqueue();
-        self.stats.begin("process exited");
-        let matches = {
+    fn handle(&mut self, msg: Observe, _ctx: &mut Context<Self>) -> Self::Result {
+        self.stats.begin("observe");
+        let (status, desired, pid, node) = {
             let r = self.record.borrow();
-            r.pid == Some(msg.pid) && r.desired == DesiredState::Running
+            (r.status, r.desired, r.pid, r.node.clone())
+        };
+        // Decide the new (status, pid, error) from what was observed; None
+        // when the observation changes nothing.
+        let change: Option<(InstanceStatus, Option<u32>, Option<String>)> = match msg.0 {
+            Observation::Exited { pid: exited, description } => {
+                (pid == Some(exited) && desired == DesiredState::Running).then(|| (InstanceStatus::Failed, None, Some(description)))
+            }
+            Observation::Inventory { present: false, .. } if !matches!(status, InstanceStatus::Pending | InstanceStatus::Deleting) => {
+                Some((InstanceStatus::Lost, None, Some(format!("node {node} no longer holds this instance"))))
+            }
+            Observation::Inventory { running: true, pid: seen, .. } if status != InstanceStatus::Running || pid != seen => {
+                Some((InstanceStatus::Running, seen, None))
+            }
+            Observation::Inventory { present: true, running: false, .. } if status == InstanceStatus::Running => Some((
+                InstanceStatus::Failed,
+                None,
+                Some(format!("not running on node {node} when its agent reconnected")),
+            )),
+            _ => None,
         };
         let env = Env {
             record: self.record.clone(),
@@ -319,25 +343,28 @@ impl Handler<MarkExited> for InstanceActor {
             stats: self.stats.clone(),
         };
         let stats = self.stats.clone();
-        Box::pin(
+        AtomicResponse::new(Box::pin(
             async move {
-                if !matches {
+                let Some((status, pid, error)) = change else {
                     stats.end(None);
                     return false;
-                }
-                let d = msg.description.clone();
+                };
+                let failed = matches!(status, InstanceStatus::Failed | InstanceStatus::Lost);
+                let e = error.clone();
                 let _ = env
                     .save(|r| {
-                        r.status = InstanceStatus::Failed;
-                        r.pid = None;
-                        r.last_error = Some(d);
+                        r.status = status;
+                        r.pid = pid;
+                        if e.is_some() {
+                            r.last_error = e;
+                        }
                     })
                     .await;
-                stats.end(Some(msg.description));
-                true
+                stats.end(error);
+                failed
             }
             .into_actor(self),
-        )
+        ))
     }
 }
 

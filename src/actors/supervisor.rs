@@ -12,7 +12,8 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::Shared;
-use super::cluster::{ClusterActor, EnterError, InstanceProcessExited, OpRequest, RunOperation};
+use super::cluster::{ClusterActor, EnterError, InstanceObserved, OpRequest, RunOperation};
+use super::instance::Observation;
 use super::read_model::ActorStats;
 use crate::error::Error;
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId, validate_name};
@@ -73,6 +74,9 @@ pub struct Escalate {
     pub cluster: String,
     pub operation: Option<OperationId>,
     pub description: String,
+    /// True when the cluster actor already recorded `Error` (an operation's
+    /// end writes the cluster's status and the operation in one batch).
+    pub recorded: bool,
 }
 
 pub struct Supervisor {
@@ -329,7 +333,7 @@ impl Handler<InstanceExited> for Supervisor {
         if !msg.stderr_tail.trim().is_empty() {
             description.push_str(&format!("; stderr: {}", msg.stderr_tail.trim()));
         }
-        addr.do_send(InstanceProcessExited { instance: msg.instance, pid: msg.pid, description });
+        addr.do_send(InstanceObserved { instance: msg.instance, observation: Observation::Exited { pid: msg.pid, description } });
     }
 }
 
@@ -339,8 +343,55 @@ impl Handler<Escalate> for Supervisor {
     fn handle(&mut self, msg: Escalate, _ctx: &mut Context<Self>) {
         tracing::error!(cluster = %msg.cluster, operation = ?msg.operation, reason = %msg.description, "cluster failed");
         self.stats.end(Some(format!("{}: {}", msg.cluster, msg.description)));
+        if msg.recorded {
+            return;
+        }
         if let Some(addr) = self.clusters.get(&msg.cluster) {
             addr.do_send(EnterError { description: msg.description, operation: msg.operation });
+        }
+    }
+}
+
+/// An agent's inventory, sent when it (re)connects.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct NodeInventory {
+    pub node: NodeId,
+    pub reports: Vec<crate::protocol::messages::InstanceReport>,
+}
+
+impl Handler<NodeInventory> for Supervisor {
+    type Result = ();
+
+    /// Reconciles what the master believes of a node with what its agent
+    /// holds: a running process updates its instance; a missing or dead one
+    /// marks it Lost or Failed (and its Active cluster Error). Instances the
+    /// agent holds but the master does not know are reported in the log.
+    fn handle(&mut self, msg: NodeInventory, _ctx: &mut Context<Self>) {
+        let ours: Vec<(InstanceId, String)> = self
+            .shared
+            .read_model
+            .read()
+            .instances
+            .values()
+            .filter(|i| i.node == msg.node)
+            .map(|i| (i.id.clone(), i.cluster.clone()))
+            .collect();
+        for (id, cluster) in &ours {
+            let report = msg.reports.iter().find(|r| &r.instance == id);
+            let observation = Observation::Inventory {
+                present: report.is_some(),
+                running: report.is_some_and(|r| r.running),
+                pid: report.and_then(|r| r.pid),
+            };
+            if let Some(addr) = self.clusters.get(cluster) {
+                addr.do_send(InstanceObserved { instance: id.clone(), observation });
+            }
+        }
+        for r in &msg.reports {
+            if !ours.iter().any(|(id, _)| id == &r.instance) {
+                tracing::warn!(node = %msg.node, instance = %r.instance, running = r.running, "agent holds an instance the master does not know");
+            }
         }
     }
 }

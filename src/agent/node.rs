@@ -348,7 +348,7 @@ impl Node {
                 let _ = self.persist(&r).await;
                 AgentResponse::Failed(CommandFailure {
                     kind: FailureKind::Start,
-                    message: format!("start of {id} failed: {}", crate::error::ErrorChain(&e)),
+                    message: crate::error::ErrorChain(&e).to_string(),
                     exit_code: e.exit_code(),
                     stderr_tail: e.stderr_tail().to_string(),
                 })
@@ -392,7 +392,7 @@ impl Node {
         let req = StopRequest { instance: id, dir: &dir, spec: &rec.process, run_as: &run_as, current: rec.pid.as_ref() };
         self.processes.stop(&req).await.map_err(|e| AgentResponse::Failed(CommandFailure {
             kind: FailureKind::Stop,
-            message: format!("stop of {id} failed: {}", crate::error::ErrorChain(&e)),
+            message: crate::error::ErrorChain(&e).to_string(),
             exit_code: e.exit_code(),
             stderr_tail: e.stderr_tail().to_string(),
         }))

@@ -71,13 +71,25 @@ pub struct Step {
     /// Run in order to put back what the action did. Empty when there is
     /// nothing to put back; the plan builder says why in a comment.
     pub undo: Vec<Action>,
+    /// True when a failure can be fully rolled back past this step: it has
+    /// an undo, or an earlier step's undo covers it. An operation whose
+    /// failure passed a step that is not reversible ends `Failed`, never
+    /// `RolledBack`.
+    pub reversible: bool,
 }
 
 impl Step {
     pub fn new(name: impl Into<String>, status: Option<ClusterStatus>, action: Action, undo: Vec<Action>) -> Self {
         let mut undo = undo;
         undo.retain(|a| !a.instances().is_empty());
-        Step { name: name.into(), status, action, undo }
+        let reversible = !undo.is_empty();
+        Step { name: name.into(), status, action, undo, reversible }
+    }
+
+    /// Marks a step whose effect an earlier step's undo puts back.
+    pub fn covered_by_earlier_undo(mut self) -> Self {
+        self.reversible = true;
+        self
     }
 }
 
@@ -116,6 +128,10 @@ pub trait OperationContext {
     async fn journal(&self, record: &OperationRecord) -> Result<(), String>;
     /// Shows a cluster status while a step runs.
     async fn set_status(&self, status: ClusterStatus, description: &str) -> Result<(), String>;
+    /// Records the operation's end: the final record (status set) made
+    /// durable and visible together with whatever the end changes (the
+    /// cluster's status), so no reader sees one without the other.
+    async fn complete(&self, record: &OperationRecord, outcome: &runner::Outcome) -> Result<(), String>;
     /// How long `action` may take before the watchdog fails its step.
     fn deadline(&self, action: &Action) -> Duration;
 }

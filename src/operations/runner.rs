@@ -13,7 +13,7 @@ use crate::storage::records::{OperationRecord, OperationStatus, StepRecord, Step
 pub enum Outcome {
     Succeeded,
     /// A step failed; `undone` says whether every completed step was undone.
-    Failed { step: String, error: String, undone: bool },
+    Failed { step: String, error: String, undone: bool, rolled_back: bool },
 }
 
 /// Fills `record.steps` from `plan` (all `Pending`).
@@ -64,7 +64,7 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
 
     let Some((failed_at, error)) = failure else {
         finish(record, OperationStatus::Succeeded, None);
-        journal(ctx, record).await;
+        complete(ctx, record, Outcome::Succeeded).await;
         return Outcome::Succeeded;
     };
 
@@ -92,16 +92,25 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
         journal(ctx, record).await;
     }
     let step = plan.steps[failed_at].name.clone();
-    let any_undo = plan.steps[..=failed_at].iter().any(|s| !s.undo.is_empty());
-    let status = if undone && any_undo { OperationStatus::RolledBack } else { OperationStatus::Failed };
+    // RolledBack only when every step that ran (the failed one included)
+    // was put back; anything less is Failed, however much was undone.
+    let rolled_back = undone && plan.steps[..=failed_at].iter().all(|s| s.reversible);
+    let status = if rolled_back { OperationStatus::RolledBack } else { OperationStatus::Failed };
     let message = if undone {
         format!("step {step} failed: {error}")
     } else {
         format!("step {step} failed: {error}; rollback failed, see the undo errors of the steps")
     };
-    finish(record, status, Some(message.clone()));
-    journal(ctx, record).await;
-    Outcome::Failed { step, error, undone }
+    finish(record, status, Some(message));
+    let outcome = Outcome::Failed { step, error, undone, rolled_back };
+    complete(ctx, record, outcome.clone()).await;
+    outcome
+}
+
+async fn complete<C: OperationContext>(ctx: &C, record: &OperationRecord, outcome: Outcome) {
+    if let Err(e) = ctx.complete(record, &outcome).await {
+        tracing::error!(operation = %record.id, error = %e, "cannot record the end of an operation");
+    }
 }
 
 async fn run_with_deadline<C: OperationContext>(ctx: &C, action: &Action) -> Result<Vec<crate::storage::records::InstanceResult>, StepFailure> {
@@ -174,6 +183,10 @@ mod tests {
             *self.journaled.borrow_mut() += 1;
             Ok(())
         }
+        async fn complete(&self, _r: &OperationRecord, _o: &Outcome) -> Result<(), String> {
+            *self.journaled.borrow_mut() += 1;
+            Ok(())
+        }
         async fn set_status(&self, s: ClusterStatus, _d: &str) -> Result<(), String> {
             self.statuses.borrow_mut().push(s);
             Ok(())
@@ -235,7 +248,7 @@ mod tests {
             ctx.fail.borrow_mut().push(f.to_string());
             let mut r = record();
             let out = run(&ctx, &mut r, &plan()).await;
-            assert!(matches!(out, Outcome::Failed { undone: true, .. }), "{out:?}");
+            assert!(matches!(out, Outcome::Failed { undone: true, rolled_back: true, .. }), "{out:?}");
             let log = ctx.log.borrow();
             assert_eq!(&log[i + 1..], expected_undo[i].as_slice(), "failing {f}");
             assert_eq!(r.status, OperationStatus::RolledBack);
@@ -259,13 +272,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn undoing_some_steps_is_not_a_rollback_when_others_stay() {
+        // Like a failed create: the install stays, only the start is undone.
+        let mut p = Plan::default();
+        p.push(Step::new("install", None, Action::Install(ids("a")), vec![]));
+        p.push(Step::new("start", None, Action::Start(ids("a")), vec![Action::Stop(ids("a"))]));
+        let ctx = Fake::default();
+        ctx.fail.borrow_mut().push("Start:a".into());
+        let mut r = record();
+        let out = run(&ctx, &mut r, &p).await;
+        assert!(matches!(out, Outcome::Failed { undone: true, rolled_back: false, .. }), "{out:?}");
+        assert_eq!(r.status, OperationStatus::Failed);
+        assert_eq!(r.steps[1].status, StepStatus::Undone);
+        assert_eq!(r.steps[0].status, StepStatus::Done);
+    }
+
+    #[tokio::test]
     async fn the_watchdog_fails_a_step_past_its_deadline() {
         let ctx = Fake::default();
         *ctx.hang.borrow_mut() = Some("Start:b".into());
         let mut r = record();
         let out = run(&ctx, &mut r, &plan()).await;
         match out {
-            Outcome::Failed { step, error, undone } => {
+            Outcome::Failed { step, error, undone, .. } => {
                 assert_eq!(step, "start-1");
                 assert!(error.contains("watchdog"), "{error}");
                 assert!(undone);

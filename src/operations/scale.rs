@@ -35,7 +35,7 @@ pub fn scale_out(new: &[(i32, Vec<InstanceId>)], existing: &[InstanceId]) -> Pla
     ));
     super::lifecycle::push_starts(&mut p, new, None, true);
     // No undo of its own: the allocate step's undo renders the old membership.
-    p.push(Step::new("configure", Some(ClusterStatus::Configuring), Action::WriteFiles(members), vec![]));
+    p.push(Step::new("configure", Some(ClusterStatus::Configuring), Action::WriteFiles(members), vec![]).covered_by_earlier_undo());
     p
 }
 
