@@ -231,10 +231,13 @@ pub fn walk<R: Read, E: From<PackageError>>(
             symlinks.insert(path.clone());
         }
         // Never forget a symlink: staying suspicious of its name costs nothing.
-        let size = if kind == tar::EntryType::Regular { entry.header().size().map_err(bad_stream)? } else { 0 };
+        // `Entry::size` honours a pax `size` override; the raw header may not.
+        let size = if kind == tar::EntryType::Regular { entry.size() } else { 0 };
         tally.bytes = tally.bytes.saturating_add(size);
         if tally.bytes > limits.max_total_bytes {
-            return Err(PackageError::TooLarge { entry: raw_path.display().to_string(), max: limits.max_total_bytes }.into());
+            return Err(
+                PackageError::TooLarge { entry: raw_path.display().to_string(), max: limits.max_total_bytes }.into()
+            );
         }
         let checked = CheckedEntry { path, kind, mode: mode & 0o777, size };
         visit(&checked, &mut entry)?;
@@ -288,7 +291,7 @@ mod tests {
         let info = inspect(&entries, &ExtractLimits::default()).unwrap();
         assert_eq!(info.spec_toml, SPEC);
         assert_eq!(info.entries, 6);
-        assert_eq!(info.unpacked_bytes, (SPEC.len() + 26) as u64);
+        assert_eq!(info.unpacked_bytes, (SPEC.len() + b"#!/bin/sh\nexec sleep 100\n".len()) as u64);
     }
 
     #[test]
@@ -298,7 +301,10 @@ mod tests {
         assert_eq!(refused(&[spec(), file("../x", b"x")]), EntryRule::ParentDir);
         assert!(matches!(refused(&[spec(), symlink("lib/l", "../../etc")]), EntryRule::LinkEscapes { .. }));
         assert!(matches!(refused(&[spec(), hardlink("h", "../etc/shadow")]), EntryRule::LinkEscapes { .. }));
-        assert!(matches!(refused(&[spec(), with_kind(file("tty", b""), tar::EntryType::Char)]), EntryRule::SpecialFile { .. }));
+        assert!(matches!(
+            refused(&[spec(), with_kind(file("tty", b""), tar::EntryType::Char)]),
+            EntryRule::SpecialFile { .. }
+        ));
         assert!(matches!(refused(&[spec(), with_mode(file("su", b"x"), 0o4755)]), EntryRule::SetId { .. }));
         assert!(matches!(refused(&[spec(), dir("data/"), file("data/x", b"x")]), EntryRule::Reserved { .. }));
     }
@@ -334,11 +340,23 @@ mod tests {
     fn spec_problems_are_reported() {
         assert!(matches!(inspect(&[file("bin/run", b"x")], &ExtractLimits::default()), Err(PackageError::MissingSpec)));
         // Not at the root.
-        assert!(matches!(inspect(&[file("sub/component.toml", SPEC.as_bytes())], &ExtractLimits::default()), Err(PackageError::MissingSpec)));
+        assert!(matches!(
+            inspect(&[file("sub/component.toml", SPEC.as_bytes())], &ExtractLimits::default()),
+            Err(PackageError::MissingSpec)
+        ));
         let big = vec![b'#'; MAX_SPEC_BYTES as usize + 1];
-        assert!(matches!(inspect(&[file("component.toml", &big)], &ExtractLimits::default()), Err(PackageError::SpecTooLarge { .. })));
-        assert!(matches!(inspect(&[dir("component.toml")], &ExtractLimits::default()), Err(PackageError::SpecNotAFile)));
-        assert!(matches!(inspect(&[file("component.toml", &[0xff, 0xfe])], &ExtractLimits::default()), Err(PackageError::SpecNotUtf8)));
+        assert!(matches!(
+            inspect(&[file("component.toml", &big)], &ExtractLimits::default()),
+            Err(PackageError::SpecTooLarge { .. })
+        ));
+        assert!(matches!(
+            inspect(&[dir("component.toml")], &ExtractLimits::default()),
+            Err(PackageError::SpecNotAFile)
+        ));
+        assert!(matches!(
+            inspect(&[file("component.toml", &[0xff, 0xfe])], &ExtractLimits::default()),
+            Err(PackageError::SpecNotUtf8)
+        ));
     }
 
     #[test]

@@ -36,7 +36,11 @@ pub fn file_sha256(bytes: &[u8]) -> String {
 /// or mode changed. Missing parent directories are created; with `owner`,
 /// new directories and the files are given to that uid/gid. Only the 0o777
 /// bits of a file's mode are applied.
-pub fn write_rendered_files(dir: &Path, files: &[RenderedFile], owner: Option<(u32, u32)>) -> Result<Vec<String>, InstallError> {
+pub fn write_rendered_files(
+    dir: &Path,
+    files: &[RenderedFile],
+    owner: Option<(u32, u32)>,
+) -> Result<Vec<String>, InstallError> {
     let root = open_dir(AT_FDCWD, dir.as_os_str()).map_err(|e| InstallError::io("open", dir)(e.into()))?;
     let mut changed = Vec::new();
     for f in files {
@@ -48,7 +52,12 @@ pub fn write_rendered_files(dir: &Path, files: &[RenderedFile], owner: Option<(u
 }
 
 fn open_dir<Fd: std::os::fd::AsFd>(at: Fd, name: &OsStr) -> nix::Result<OwnedFd> {
-    nix::fcntl::openat(at, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+    nix::fcntl::openat(
+        at,
+        name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
 }
 
 fn bad(path: &str, reason: &'static str) -> InstallError {
@@ -79,7 +88,7 @@ fn write_one(root: &OwnedFd, dir: &Path, f: &RenderedFile, owner: Option<(u32, u
     let parts = components(&f.path)?;
     let (name, parents) = parts.split_last().ok_or_else(|| bad(&f.path, "not a file path"))?;
     let full = dir.join(&f.path);
-    let err = |op: &'static str| move |e: Errno| InstallError::Io { op, path: dir.join(&f.path), source: e.into() };
+    let err = |op: &'static str| InstallError::errno(op, &full);
     let through = |upto: usize| InstallError::ThroughSymlink {
         path: f.path.clone(),
         link: parts[..=upto].iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>().join("/"),
@@ -99,11 +108,9 @@ fn write_one(root: &OwnedFd, dir: &Path, f: &RenderedFile, owner: Option<(u32, u
                 if let Some((uid, gid)) = owner {
                     chown_at(at, part, uid, gid).map_err(err("chown a directory for"))?;
                 }
-                open_dir(at, part).map_err(|e| if e == Errno::ELOOP { through(i) } else { err("open a directory for")(e) })?
+                open_dir(at, part).map_err(|e| open_failure(at, part, e, &full).unwrap_or_else(|| through(i)))?
             }
-            Err(Errno::ELOOP) => return Err(through(i)),
-            Err(Errno::ENOTDIR) => return Err(bad(&f.path, "a parent is not a directory")),
-            Err(e) => return Err(err("open a directory for")(e)),
+            Err(e) => return Err(open_failure(at, part, e, &full).unwrap_or_else(|| through(i))),
         };
         current = Some(next);
     }
@@ -159,6 +166,18 @@ fn write_one(root: &OwnedFd, dir: &Path, f: &RenderedFile, owner: Option<(u32, u
     Ok(true)
 }
 
+/// Why opening the parent `part` as a directory failed; `None` when it is
+/// a symlink (`O_NOFOLLOW | O_DIRECTORY` on a link gives ELOOP or ENOTDIR).
+fn open_failure(at: &OwnedFd, part: &OsStr, e: Errno, full: &Path) -> Option<InstallError> {
+    if !matches!(e, Errno::ELOOP | Errno::ENOTDIR) {
+        return Some(InstallError::errno("open a directory for", full)(e));
+    }
+    match nix::sys::stat::fstatat(at, part, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => None,
+        _ => Some(bad(&full.display().to_string(), "a parent is not a directory")),
+    }
+}
+
 fn chown_at<Fd: std::os::fd::AsFd>(at: Fd, name: &OsStr, uid: u32, gid: u32) -> nix::Result<()> {
     nix::unistd::fchownat(at, name, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)), AtFlags::AT_SYMLINK_NOFOLLOW)
 }
@@ -170,7 +189,12 @@ fn same_content<Fd: std::os::fd::AsFd>(at: Fd, name: &OsStr, st: &FileStat, want
     }
     // O_NONBLOCK: if the file was swapped for a fifo since the stat, the
     // open must not hang; O_NOFOLLOW: nor may it follow a new link.
-    let fd = nix::fcntl::openat(at, name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC, Mode::empty())?;
+    let fd = nix::fcntl::openat(
+        at,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
     if nix::sys::stat::fstat(&fd)?.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Ok(false);
     }
@@ -195,7 +219,11 @@ mod tests {
     #[test]
     fn reports_only_files_that_changed() {
         let dir = tempfile::tempdir().unwrap();
-        let files = vec![rf("conf/app.conf", "port = 1\n", 0o640), rf("env", "A=1\n", 0o600), rf("./conf/deep/x.yml", "x: 1\n", 0o644)];
+        let files = vec![
+            rf("conf/app.conf", "port = 1\n", 0o640),
+            rf("env", "A=1\n", 0o600),
+            rf("./conf/deep/x.yml", "x: 1\n", 0o644),
+        ];
         let changed = write_rendered_files(dir.path(), &files, None).unwrap();
         assert_eq!(changed, vec!["conf/app.conf", "env", "./conf/deep/x.yml"]);
         assert_eq!(std::fs::read_to_string(dir.path().join("conf/app.conf")).unwrap(), "port = 1\n");
@@ -214,7 +242,8 @@ mod tests {
         let next = vec![rf("conf/app.conf", "port = 3\n", 0o640)];
         assert_eq!(write_rendered_files(dir.path(), &next, None).unwrap(), vec!["conf/app.conf"]);
         // No temp files left behind.
-        let names: Vec<_> = std::fs::read_dir(dir.path().join("conf")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> =
+            std::fs::read_dir(dir.path().join("conf")).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names.len(), 2, "{names:?}");
     }
 

@@ -127,7 +127,14 @@ impl StreamingExtractor {
             extract_blocking(source, &staging, &limits, tee.as_deref())
             // `rx` drops here: a pending or later `push` fails at once.
         });
-        Ok(StreamingExtractor { tx: Some(tx), task: Some(task), staging: staging_dir, tee: tee_to, pushed: 0, max_raw_bytes })
+        Ok(StreamingExtractor {
+            tx: Some(tx),
+            task: Some(task),
+            staging: staging_dir,
+            tee: tee_to,
+            pushed: 0,
+            max_raw_bytes,
+        })
     }
 
     /// Hands one chunk to the extractor; waits while its buffer is full.
@@ -240,7 +247,11 @@ fn verify(done: Extracted, expected_sha256: &str, expected_size: u64) -> Result<
 
 /// Extracts the package file `archive` (e.g. the agent's cached copy) into
 /// `staging_dir`, which must not exist yet; removes it on failure.
-pub async fn extract_file(archive: &Path, staging_dir: &Path, limits: &ExtractLimits) -> Result<ExtractSummary, InstallError> {
+pub async fn extract_file(
+    archive: &Path,
+    staging_dir: &Path,
+    limits: &ExtractLimits,
+) -> Result<ExtractSummary, InstallError> {
     let (archive, staging, limits) = (archive.to_path_buf(), staging_dir.to_path_buf(), limits.clone());
     let result = tokio::task::spawn_blocking(move || {
         let file = File::open(&archive).map_err(InstallError::io("open", &archive))?;
@@ -303,12 +314,12 @@ impl<R: Read> Read for Hashing<R> {
         let n = self.inner.read(buf)?;
         self.hasher.update(&buf[..n]);
         self.bytes += n as u64;
-        if let Some((path, w)) = self.tee.as_mut() {
-            if let Err(e) = w.write_all(&buf[..n]) {
-                tracing::warn!(path = %path.display(), error = %e, "cannot write the package cache copy; installing without it");
-                let _ = fs::remove_file(&*path);
-                self.tee = None;
-            }
+        if let Some((path, w)) = self.tee.as_mut()
+            && let Err(e) = w.write_all(&buf[..n])
+        {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the package cache copy; installing without it");
+            let _ = fs::remove_file(&*path);
+            self.tee = None;
         }
         Ok(n)
     }
@@ -316,7 +327,12 @@ impl<R: Read> Read for Hashing<R> {
 
 /// Walks and unpacks the package from `raw` into `staging`, then reads the
 /// rest of `raw` so the hash covers every byte sent.
-fn extract_blocking(raw: impl Read, staging: &Path, limits: &ExtractLimits, tee: Option<&Path>) -> Result<Extracted, InstallError> {
+fn extract_blocking(
+    raw: impl Read,
+    staging: &Path,
+    limits: &ExtractLimits,
+    tee: Option<&Path>,
+) -> Result<Extracted, InstallError> {
     let tee = match tee {
         Some(path) => {
             if let Some(parent) = path.parent() {
@@ -330,10 +346,14 @@ fn extract_blocking(raw: impl Read, staging: &Path, limits: &ExtractLimits, tee:
     let mut source = Hashing { inner: raw, hasher: Sha256::new(), bytes: 0, tee };
     let mut dirs: Vec<(PathBuf, u32)> = Vec::new();
     let tally = walk(&mut source, limits, |checked, entry| unpack(staging, checked, entry, &mut dirs))?;
-    // Directory modes last, deepest first, so a read-only directory does not
-    // stop its own contents from being written.
-    for (dir, mode) in dirs.iter().rev() {
-        fs::set_permissions(dir, fs::Permissions::from_mode(*mode)).map_err(InstallError::io("set the mode of", dir))?;
+    // Directory modes last (the last entry of a name wins), deepest first,
+    // so a read-only directory does not stop its own contents being written.
+    let dirs: std::collections::HashMap<PathBuf, u32> = dirs.into_iter().collect();
+    let mut dirs: Vec<_> = dirs.into_iter().collect();
+    dirs.sort_by_key(|(d, _)| std::cmp::Reverse(d.components().count()));
+    for (dir, mode) in &dirs {
+        fs::set_permissions(dir, fs::Permissions::from_mode(*mode))
+            .map_err(InstallError::io("set the mode of", dir))?;
     }
     io::copy(&mut source, &mut io::sink()).map_err(InstallError::io("read the package after", staging))?;
     if let Some((path, w)) = source.tee.take() {
@@ -344,10 +364,18 @@ fn extract_blocking(raw: impl Read, staging: &Path, limits: &ExtractLimits, tee:
         }
     }
     let sha256 = hex::encode(source.hasher.finalize());
-    Ok(Extracted { summary: ExtractSummary { entries: tally.entries, bytes: tally.bytes, sha256 }, raw_bytes: source.bytes })
+    Ok(Extracted {
+        summary: ExtractSummary { entries: tally.entries, bytes: tally.bytes, sha256 },
+        raw_bytes: source.bytes,
+    })
 }
 
-fn unpack<R: Read>(staging: &Path, checked: &CheckedEntry, entry: &mut PackageEntry<'_, R>, dirs: &mut Vec<(PathBuf, u32)>) -> Result<(), InstallError> {
+fn unpack<R: Read>(
+    staging: &Path,
+    checked: &CheckedEntry,
+    entry: &mut PackageEntry<'_, R>,
+    dirs: &mut Vec<(PathBuf, u32)>,
+) -> Result<(), InstallError> {
     if checked.path.as_os_str().is_empty() {
         return Ok(()); // the archive root: staging itself
     }

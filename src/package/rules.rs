@@ -41,7 +41,12 @@ pub enum EntryRule {
 
 /// Checks one entry with the default path-length limit; see
 /// [`check_entry_within`].
-pub fn check_entry(entry_path: &Path, entry_type: EntryType, link_target: Option<&Path>, mode: u32) -> Result<PathBuf, PackageError> {
+pub fn check_entry(
+    entry_path: &Path,
+    entry_type: EntryType,
+    link_target: Option<&Path>,
+    mode: u32,
+) -> Result<PathBuf, PackageError> {
     check_entry_within(entry_path, entry_type, link_target, mode, ExtractLimits::default().max_path_len)
 }
 
@@ -64,10 +69,10 @@ pub fn check_entry_within(
         return Err(refuse(EntryRule::PathTooLong { len, max: max_path_len }));
     }
     let path = relative(entry_path).map_err(refuse)?;
-    if let Some(Component::Normal(first)) = path.components().next() {
-        if let Some(dir) = RESERVED_DIRS.iter().find(|d| first == **d) {
-            return Err(refuse(EntryRule::Reserved { dir: (*dir).to_string() }));
-        }
+    if let Some(Component::Normal(first)) = path.components().next()
+        && let Some(dir) = RESERVED_DIRS.iter().find(|d| first == **d)
+    {
+        return Err(refuse(EntryRule::Reserved { dir: (*dir).to_string() }));
     }
     let kind = match entry_type {
         EntryType::Regular | EntryType::Directory | EntryType::Symlink | EntryType::Link => entry_type,
@@ -85,7 +90,8 @@ pub fn check_entry_within(
         return Err(refuse(EntryRule::RootNotADirectory));
     }
     if matches!(kind, EntryType::Symlink | EntryType::Link) {
-        let target = link_target.filter(|t| !t.as_os_str().is_empty()).ok_or_else(|| refuse(EntryRule::LinkWithoutTarget))?;
+        let target =
+            link_target.filter(|t| !t.as_os_str().is_empty()).ok_or_else(|| refuse(EntryRule::LinkWithoutTarget))?;
         let tlen = target.as_os_str().len();
         if tlen > max_path_len {
             return Err(refuse(EntryRule::PathTooLong { len: tlen, max: max_path_len }));
@@ -171,7 +177,10 @@ mod tests {
     #[test]
     fn reserved_top_level_dirs_are_refused() {
         for name in ["data", "./logs/x.log", "run/app.pid", "data/"] {
-            assert!(matches!(rule(check_entry(p(name), EntryType::Regular, None, 0o644)), EntryRule::Reserved { .. }), "{name}");
+            assert!(
+                matches!(rule(check_entry(p(name), EntryType::Regular, None, 0o644)), EntryRule::Reserved { .. }),
+                "{name}"
+            );
         }
         let err = check_entry(p("data/db"), EntryType::Regular, None, 0o644).unwrap_err();
         assert!(err.to_string().contains("\"data/db\"") && err.to_string().contains("reserved"), "{err}");
@@ -183,7 +192,10 @@ mod tests {
             assert!(matches!(rule(check_entry(p("dev"), t, None, 0o644)), EntryRule::SpecialFile { .. }), "{t:?}");
         }
         assert_eq!(rule(check_entry(p("bin/su"), EntryType::Regular, None, 0o4755)), EntryRule::SetId { mode: 0o4755 });
-        assert_eq!(rule(check_entry(p("shared"), EntryType::Directory, None, 0o2775)), EntryRule::SetId { mode: 0o2775 });
+        assert_eq!(
+            rule(check_entry(p("shared"), EntryType::Directory, None, 0o2775)),
+            EntryRule::SetId { mode: 0o2775 }
+        );
         let msg = check_entry(p("bin/su"), EntryType::Regular, None, 0o4755).unwrap_err().to_string();
         assert!(msg.contains("setuid") && msg.contains("4755"), "{msg}");
     }

@@ -45,7 +45,7 @@ pub enum ProtocolError {
 pub struct FrameCodec<In, Out> {
     inner: LengthDelimitedCodec,
     // `fn` pointers keep the codec Send + Sync whatever In/Out are.
-    _types: PhantomData<(fn() -> In, fn(Out))>,
+    _types: PhantomData<fn(Out) -> In>,
 }
 
 /// The master's side: reads agent frames, writes master frames.
@@ -93,7 +93,8 @@ pub(crate) fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, P
 
 /// Encodes one message into a payload, refusing one over the frame limit.
 pub(crate) fn encode_payload<T: Serialize>(value: &T) -> Result<Vec<u8>, ProtocolError> {
-    let payload = bincode::serde::encode_to_vec(value, bincode_config()).map_err(|e| ProtocolError::Encode(e.to_string()))?;
+    let payload =
+        bincode::serde::encode_to_vec(value, bincode_config()).map_err(|e| ProtocolError::Encode(e.to_string()))?;
     if payload.len() > MAX_FRAME_BYTES {
         return Err(ProtocolError::FrameTooLarge { len: payload.len() as u64, max: MAX_FRAME_BYTES });
     }
@@ -157,7 +158,12 @@ mod tests {
     }
 
     fn failure() -> CommandFailure {
-        CommandFailure { kind: FailureKind::Start, message: "boom".into(), exit_code: Some(3), stderr_tail: "oops\n".into() }
+        CommandFailure {
+            kind: FailureKind::Start,
+            message: "boom".into(),
+            exit_code: Some(3),
+            stderr_tail: "oops\n".into(),
+        }
     }
 
     fn requests() -> Vec<AgentRequest> {
@@ -205,7 +211,13 @@ mod tests {
     fn events() -> Vec<AgentEvent> {
         vec![
             AgentEvent::Heartbeat,
-            AgentEvent::ProcessExited { instance: inst(), pid: 77, exit_code: None, signal: Some(9), stderr_tail: "killed".into() },
+            AgentEvent::ProcessExited {
+                instance: inst(),
+                pid: 77,
+                exit_code: None,
+                signal: Some(9),
+                stderr_tail: "killed".into(),
+            },
         ]
     }
 
@@ -219,7 +231,13 @@ mod tests {
             labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
             agent_version: "0.1.0".into(),
             cgroups: true,
-            inventory: vec![InstanceReport { instance: inst(), generation: 4, desired_running: true, running: true, pid: Some(99) }],
+            inventory: vec![InstanceReport {
+                instance: inst(),
+                generation: 4,
+                desired_running: true,
+                running: true,
+                pid: Some(99),
+            }],
         }
     }
 
@@ -228,13 +246,21 @@ mod tests {
             MasterFrame::Welcome(Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 1000 }),
             MasterFrame::Refused { reason: "no".into() },
         ];
-        frames.extend(requests().into_iter().enumerate().map(|(i, body)| MasterFrame::Request { request_id: i as u64, body }));
+        frames.extend(
+            requests().into_iter().enumerate().map(|(i, body)| MasterFrame::Request { request_id: i as u64, body }),
+        );
         frames
     }
 
     fn agent_frames() -> Vec<AgentFrame> {
-        let mut frames = vec![AgentFrame::Hello(hello(PROTOCOL_VERSION)), AgentFrame::Refused { reason: "old master".into() }];
-        frames.extend(responses().into_iter().enumerate().map(|(i, body)| AgentFrame::Response { request_id: 100 + i as u64, body }));
+        let mut frames =
+            vec![AgentFrame::Hello(hello(PROTOCOL_VERSION)), AgentFrame::Refused { reason: "old master".into() }];
+        frames.extend(
+            responses()
+                .into_iter()
+                .enumerate()
+                .map(|(i, body)| AgentFrame::Response { request_id: 100 + i as u64, body }),
+        );
         frames.extend(events().into_iter().map(AgentFrame::Event));
         frames
     }
@@ -310,10 +336,7 @@ mod tests {
         let mut buf = BytesMut::from(&[0xFF, 0xFF, 0xFF, 0xFF, 1, 2][..]);
         let before = buf.capacity();
         let err = MasterCodec::new().decode(&mut buf).unwrap_err();
-        assert!(
-            matches!(err, ProtocolError::FrameTooLarge { len: 0xFFFF_FFFF, max: MAX_FRAME_BYTES }),
-            "{err:?}"
-        );
+        assert!(matches!(err, ProtocolError::FrameTooLarge { len: 0xFFFF_FFFF, max: MAX_FRAME_BYTES }), "{err:?}");
         assert_eq!(buf.capacity(), before, "the buffer grew for a refused frame");
 
         let just_over = (MAX_FRAME_BYTES as u32 + 1).to_be_bytes();
@@ -324,7 +347,8 @@ mod tests {
     #[test]
     fn oversized_message_is_refused_on_encode() {
         let body = AgentRequest::InstallData { instance: inst(), seq: 0, bytes: vec![7; MAX_FRAME_BYTES + 1] };
-        let err = MasterCodec::new().encode(MasterFrame::Request { request_id: 1, body }, &mut BytesMut::new()).unwrap_err();
+        let err =
+            MasterCodec::new().encode(MasterFrame::Request { request_id: 1, body }, &mut BytesMut::new()).unwrap_err();
         assert!(matches!(err, ProtocolError::FrameTooLarge { .. }), "{err:?}");
     }
 

@@ -136,7 +136,8 @@ mod tests {
     #[tokio::test]
     async fn master_refuses_an_agent_with_another_version() {
         let (mut m, mut a) = pair();
-        let (master, agent) = tokio::join!(master_handshake(&mut m, welcome(1), T), agent_handshake(&mut a, hello(2), T));
+        let (master, agent) =
+            tokio::join!(master_handshake(&mut m, welcome(1), T), agent_handshake(&mut a, hello(2), T));
         assert!(matches!(master, Err(ProtocolError::VersionMismatch { ours: 1, theirs: 2 })), "{master:?}");
         match agent {
             Err(ProtocolError::Refused { reason }) => {
@@ -160,7 +161,9 @@ mod tests {
         let (agent, refusal) = tokio::join!(agent_handshake(&mut a, hello(1), T), master);
         assert!(matches!(agent, Err(ProtocolError::VersionMismatch { ours: 1, theirs: 3 })), "{agent:?}");
         match refusal {
-            AgentFrame::Refused { reason } => assert_eq!(reason, "protocol version mismatch: agent speaks 1, master speaks 3"),
+            AgentFrame::Refused { reason } => {
+                assert_eq!(reason, "protocol version mismatch: agent speaks 1, master speaks 3")
+            }
             other => panic!("master got {other:?}"),
         }
     }

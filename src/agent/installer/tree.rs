@@ -30,7 +30,10 @@ pub fn place_instance_dir(staging: &Path, final_dir: &Path) -> Result<(), Instal
     match fs::symlink_metadata(final_dir) {
         Ok(m) if m.is_dir() => replace(staging, final_dir)?,
         Ok(_) => {
-            return Err(InstallError::BadPath { path: final_dir.display().to_string(), reason: "exists and is not a directory" });
+            return Err(InstallError::BadPath {
+                path: final_dir.display().to_string(),
+                reason: "exists and is not a directory",
+            });
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             if let Some(parent) = final_dir.parent() {
@@ -121,7 +124,8 @@ pub fn chown_tree_nofollow(dir: &Path, uid: u32, gid: u32) -> Result<(), Install
     let root = nix::fcntl::openat(AT_FDCWD, dir, flags, Mode::empty()).map_err(InstallError::errno("open", dir))?;
     let st = nix::sys::stat::fstat(&root).map_err(InstallError::errno("stat", dir))?;
     if st.st_uid != uid || st.st_gid != gid {
-        nix::unistd::fchown(&root, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))).map_err(InstallError::errno("chown", dir))?;
+        nix::unistd::fchown(&root, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
+            .map_err(InstallError::errno("chown", dir))?;
     }
     // Pending directories as (parent fd, name): a directory is opened only
     // when it is walked, so open fds stay around the tree's depth.
@@ -130,7 +134,8 @@ pub fn chown_tree_nofollow(dir: &Path, uid: u32, gid: u32) -> Result<(), Install
     while let Some((fd, path)) = current.take() {
         // The listing goes through the fd, not the path, so it is this
         // very directory even if the path was swapped meanwhile.
-        let listing = fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(InstallError::io("list", &path))?;
+        let listing =
+            fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(InstallError::io("list", &path))?;
         for entry in listing {
             let name = entry.map_err(InstallError::io("list", &path))?.file_name();
             let child = path.join(&name);
@@ -140,8 +145,14 @@ pub fn chown_tree_nofollow(dir: &Path, uid: u32, gid: u32) -> Result<(), Install
                 Err(e) => return Err(InstallError::errno("stat", &child)(e)),
             };
             if st.st_uid != uid || st.st_gid != gid {
-                nix::unistd::fchownat(&*fd, name.as_os_str(), Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)), AtFlags::AT_SYMLINK_NOFOLLOW)
-                    .map_err(InstallError::errno("chown", &child))?;
+                nix::unistd::fchownat(
+                    &*fd,
+                    name.as_os_str(),
+                    Some(Uid::from_raw(uid)),
+                    Some(Gid::from_raw(gid)),
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .map_err(InstallError::errno("chown", &child))?;
             }
             if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
                 pending.push((Rc::clone(&fd), name, child));

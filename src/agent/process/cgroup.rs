@@ -213,14 +213,23 @@ mod tests {
         // it has none, detect() must say so instead of failing later.
         let scope = format!("unit-cg-{}", std::process::id());
         let Some(root) = CgroupRoot::detect(&scope) else {
-            assert!(!nix::unistd::geteuid().is_root() || cgroup2_mount(&std::fs::read_to_string("/proc/self/mountinfo").unwrap()).is_none());
+            assert!(
+                !nix::unistd::geteuid().is_root()
+                    || cgroup2_mount(&std::fs::read_to_string("/proc/self/mountinfo").unwrap()).is_none()
+            );
             return;
         };
         let id = InstanceId::new("cg-unit-1");
         let path = root.create(&id).unwrap();
         assert!(path.starts_with(root.mount()));
         assert!(is_empty(&path));
-        let mut child = tokio::process::Command::new("sleep").arg("1000").spawn().unwrap();
+        let mut child = tokio::process::Command::new("sleep")
+            .arg("1000")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
         let pid = child.id().unwrap();
         std::fs::write(path.join("cgroup.procs"), pid.to_string()).unwrap();
         assert_eq!(procs(&path), vec![pid]);

@@ -80,7 +80,8 @@ mod tests {
 
     #[test]
     fn parses_stat_with_parens_and_spaces_in_comm() {
-        let line = "1234 (a) b (c)) S 1 77 77 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10 18446744073709551615";
+        let line =
+            "1234 (a) b (c)) S 1 77 77 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10 18446744073709551615";
         let s = parse_stat(line).unwrap();
         assert_eq!(s, Stat { state: 'S', pgid: 77, start_time: 987654 });
         assert!(parse_stat("garbage").is_none());

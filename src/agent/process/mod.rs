@@ -138,7 +138,11 @@ impl ProcessController {
     /// an exit that happened meanwhile resolves at once. For a process the
     /// controller did not start (re-adopted after an agent restart) the
     /// identity is polled.
-    pub fn watch(&self, instance: &InstanceId, identity: &PidIdentity) -> impl Future<Output = ExitInfo> + Send + 'static {
+    pub fn watch(
+        &self,
+        instance: &InstanceId,
+        identity: &PidIdentity,
+    ) -> impl Future<Output = ExitInfo> + Send + 'static {
         self.exit_watch_for(instance, identity).wait()
     }
 
@@ -151,10 +155,10 @@ impl ProcessController {
     /// Identities known to belong to the instance that still run.
     fn known_alive(&self, instance: &InstanceId, current: Option<&PidIdentity>) -> Vec<PidIdentity> {
         let mut known: Vec<PidIdentity> = current.cloned().into_iter().collect();
-        if let Some(t) = self.tracked().get(instance) {
-            if !known.contains(&t.identity) {
-                known.push(t.identity.clone());
-            }
+        if let Some(t) = self.tracked().get(instance)
+            && !known.contains(&t.identity)
+        {
+            known.push(t.identity.clone());
         }
         known.retain(identity::is_alive);
         known

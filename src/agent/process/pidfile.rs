@@ -49,17 +49,15 @@ pub fn check_relative(path: &str) -> Result<(), String> {
 /// What the pidfile says right now: `Ok(None)` when it does not exist,
 /// `Err(reason)` when it holds no pid.
 pub fn read_pid(path: &Path) -> Result<Option<u32>, String> {
-    let fd = match open(path, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK, Mode::empty()) {
+    let fd = match open(path, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK, Mode::empty())
+    {
         Ok(fd) => fd,
         Err(nix::errno::Errno::ENOENT) => return Ok(None),
         Err(nix::errno::Errno::ELOOP) => return Err("is a symbolic link".into()),
         Err(e) => return Err(format!("cannot be read: {e}")),
     };
     let mut text = String::new();
-    std::fs::File::from(fd)
-        .take(MAX_PIDFILE_BYTES)
-        .read_to_string(&mut text)
-        .map_err(|_| "is not text".to_string())?;
+    std::fs::File::from(fd).take(MAX_PIDFILE_BYTES).read_to_string(&mut text).map_err(|_| "is not text".to_string())?;
     match text.trim().parse::<u32>() {
         Ok(pid) if pid > 1 => Ok(Some(pid)),
         _ if text.trim().is_empty() => Err("is empty".into()),

@@ -10,17 +10,17 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use nix::fcntl::{OFlag, open, openat};
 use nix::sys::stat::Mode;
 
+use super::ProcessError;
 use super::sys::{self, ChildSetup};
 use super::tree::MARKER_VAR;
 use super::users::RunAs;
-use super::ProcessError;
 use crate::ids::InstanceId;
 
 /// The PATH every command starts with (the spec's env may override it).
@@ -44,13 +44,25 @@ pub struct Logs {
 /// Opens (creating) `<dir>/logs/stdout.log` and `stderr.log` for appending.
 pub fn open_logs(dir: &Path, run_as: &RunAs) -> Result<Logs, ProcessError> {
     let logs = ensure_dir(&dir.join("logs"), run_as)?;
-    let dir_fd = open(&logs, OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY, Mode::empty())
-        .map_err(|e| ProcessError::io(format!("opening {}", logs.display()), e.into()))?;
-    let flags = OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let dir_fd =
+        open(&logs, OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY, Mode::empty())
+            .map_err(|e| ProcessError::io(format!("opening {}", logs.display()), e.into()))?;
+    // O_NONBLOCK: a planted FIFO must not hang the agent (refused below).
+    let flags = OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
     let open_log = |name: &str, access: OFlag| -> Result<File, ProcessError> {
         let fd: OwnedFd = openat(&dir_fd, name, flags | access, Mode::from_bits_truncate(0o644))
             .map_err(|e| ProcessError::io(format!("opening {}", logs.join(name).display()), e.into()))?;
         let file = File::from(fd);
+        // Only a plain file of its own: a hard link to another file would
+        // make the agent append to (and chown) that file.
+        let meta =
+            file.metadata().map_err(|e| ProcessError::io(format!("stat of {}", logs.join(name).display()), e))?;
+        if !meta.is_file() || meta.nlink() != 1 {
+            return Err(ProcessError::io(
+                format!("{} is not a regular file with a single link", logs.join(name).display()),
+                io::Error::new(io::ErrorKind::InvalidInput, "refusing to write a log through it"),
+            ));
+        }
         if run_as.needs_switch() {
             std::os::unix::fs::fchown(&file, Some(run_as.uid), Some(run_as.gid))
                 .map_err(|e| ProcessError::io(format!("chown of {}", logs.join(name).display()), e))?;
@@ -135,11 +147,7 @@ pub struct Launch<'a> {
 /// The program to execute: absolute kept, relative with a `/` resolved
 /// against the instance dir, a bare name looked up in `PATH`.
 pub fn program(argv0: &str, dir: &Path) -> PathBuf {
-    if argv0.starts_with('/') || !argv0.contains('/') {
-        PathBuf::from(argv0)
-    } else {
-        dir.join(argv0)
-    }
+    if argv0.starts_with('/') || !argv0.contains('/') { PathBuf::from(argv0) } else { dir.join(argv0) }
 }
 
 /// Spawns the command in its own process group, with a clean environment,
@@ -209,6 +217,21 @@ mod tests {
         w.write_all(b"\nlast\n").unwrap();
         let t = tail(&logs.stderr, from);
         assert!(t.len() <= 4096 && t.ends_with("last"));
+    }
+
+    #[test]
+    fn refuses_log_files_that_are_links_or_fifos() {
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        std::fs::create_dir(tmp.path().join("logs")).unwrap();
+        std::fs::hard_link(&victim, tmp.path().join("logs/stderr.log")).unwrap();
+        assert!(open_logs(tmp.path(), &super::super::users::current()).is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        std::fs::remove_file(tmp.path().join("logs/stderr.log")).unwrap();
+        std::fs::remove_file(tmp.path().join("logs/stdout.log")).unwrap();
+        nix::unistd::mkfifo(&tmp.path().join("logs/stdout.log"), Mode::from_bits_truncate(0o644)).unwrap();
+        assert!(open_logs(tmp.path(), &super::super::users::current()).is_err());
     }
 
     #[test]

@@ -67,10 +67,10 @@ impl ProcessController {
                 if !remaining.is_empty() {
                     tracing::error!(instance = %req.instance, ?remaining, "processes of a failed start survive SIGKILL");
                 }
-                if let Some(cg) = &cg {
-                    if let Err(err) = cgroup::remove(cg).await {
-                        tracing::warn!(cgroup = %cg.display(), error = %err, "cannot remove the cgroup of a failed start");
-                    }
+                if let Some(cg) = &cg
+                    && let Err(err) = cgroup::remove(cg).await
+                {
+                    tracing::warn!(cgroup = %cg.display(), error = %err, "cannot remove the cgroup of a failed start");
                 }
                 Err(e)
             }
@@ -107,14 +107,20 @@ impl ProcessController {
         }
     }
 
-    async fn start_foreground(&self, req: &StartRequest<'_>, procs: Option<&File>, logs: Logs) -> Result<Started, ProcessError> {
+    async fn start_foreground(
+        &self,
+        req: &StartRequest<'_>,
+        procs: Option<&File>,
+        logs: Logs,
+    ) -> Result<Started, ProcessError> {
         let child = spawn::spawn(&Self::launch(req, procs, &logs))?;
         let Some(pid) = child.id() else {
             return Err(ProcessError::io("the spawned process has no pid", io::Error::other("already reaped")));
         };
         // Not reaped before `reap` below: readable even if it exited already.
-        let identity = identity::read_identity(pid)
-            .ok_or_else(|| ProcessError::io(format!("reading /proc/{pid}/stat"), io::Error::other("no such process")))?;
+        let identity = identity::read_identity(pid).ok_or_else(|| {
+            ProcessError::io(format!("reading /proc/{pid}/stat"), io::Error::other("no such process"))
+        })?;
         let stderr = StderrLog { file: Arc::new(logs.stderr), from: logs.stderr_start };
         let exit = ExitWatch::reap(child, pid, stderr);
         let settle = SETTLE.min(Duration::from_millis(req.spec.start_timeout_ms.max(1)));
@@ -189,7 +195,10 @@ impl ProcessController {
             return Err(ProcessError::PidNotInTree { pid });
         }
         let Some(identity) = identity::read_identity(pid) else {
-            return Err(ProcessError::PidfileInvalid { path, reason: format!("process {pid} exited right after starting") });
+            return Err(ProcessError::PidfileInvalid {
+                path,
+                reason: format!("process {pid} exited right after starting"),
+            });
         };
         let stderr = StderrLog { file: Arc::new(logs.stderr), from: logs.stderr_start };
         let exit = ExitWatch::poll(identity.clone(), Some(stderr));

@@ -58,10 +58,10 @@ impl ProcessController {
         let deadline = Instant::now() + KILL_WAIT;
         let mut backoff = FIRST_BACKOFF;
         loop {
-            if let Some(cg) = cg {
-                if let Err(e) = cgroup::kill_all(cg) {
-                    tracing::warn!(cgroup = %cg.display(), error = %e, "cgroup.kill failed");
-                }
+            if let Some(cg) = cg
+                && let Err(e) = cgroup::kill_all(cg)
+            {
+                tracing::warn!(cgroup = %cg.display(), error = %e, "cgroup.kill failed");
             }
             let members = tree::collect(instance, known, cg);
             if members.is_empty() {
@@ -126,10 +126,10 @@ impl ProcessController {
 
     /// After everything is gone: removes the cgroup and forgets the process.
     async fn finish(&self, instance: &InstanceId, cg: Option<&Path>) {
-        if let Some(cg) = cg {
-            if let Err(e) = cgroup::remove(cg).await {
-                tracing::warn!(cgroup = %cg.display(), error = %e, "cannot remove the instance's cgroup");
-            }
+        if let Some(cg) = cg
+            && let Err(e) = cgroup::remove(cg).await
+        {
+            tracing::warn!(cgroup = %cg.display(), error = %e, "cannot remove the instance's cgroup");
         }
         self.tracked().remove(instance);
     }

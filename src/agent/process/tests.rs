@@ -90,6 +90,10 @@ impl Drop for Fixture {
             let _ = cgroup::kill_all(cg);
         }
         tree::signal(&tree::collect(&self.id, &[], cg.as_deref()), Signal::SIGKILL);
+        // Independent of `tree::collect`, in case that is what broke.
+        for pid in self.marked() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
         if let Some(cg) = &cg {
             let _ = std::fs::remove_dir(cg);
             if let Some(base) = cg.parent() {
@@ -262,7 +266,14 @@ both_modes!(missing_pidfile_times_out);
 
 async fn foreign_pid_in_pidfile_is_refused_and_not_signalled(cg: bool) {
     let f = Fixture::new("foreign", cg);
-    let mut foreign = tokio::process::Command::new("sleep").arg("1000").process_group(0).spawn().unwrap();
+    let mut foreign = tokio::process::Command::new("sleep")
+        .arg("1000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
     let fpid = foreign.id().unwrap();
     let before = identity::read_identity(fpid).unwrap();
     f.script("bin/start.sh", &format!("echo {fpid} > run/x.pid"));
@@ -348,6 +359,9 @@ async fn unexpected_exit_is_reported_with_code_and_stderr(cg: bool) {
     let err = f.ctl.start(&f.start_req(&spec(&["bin/quick.sh"]), None)).await.unwrap_err();
     assert!(matches!(err, ProcessError::StartFailed { exit_code: Some(0), .. }), "{err:?}");
     assert_eq!(err.stderr_tail(), "no such option");
+    // A bare program name is looked up in the clean PATH.
+    let err = f.ctl.start(&f.start_req(&spec(&["sh", "-c", "exit 7"]), None)).await.unwrap_err();
+    assert_eq!(err.exit_code(), Some(7), "{err:?}");
     let err = f.ctl.start(&f.start_req(&spec(&["bin/missing.sh"]), None)).await.unwrap_err();
     assert!(matches!(err, ProcessError::Spawn { .. }), "{err:?}");
     assert!(!f.ctl.stop(&f.stop_req(&run, Some(&started.identity))).await.unwrap());

@@ -68,7 +68,7 @@ pub fn collect(instance: &InstanceId, known: &[PidIdentity], cgroup_path: Option
             continue;
         }
         let is_known = known.iter().any(|k| k.pid == pid && k.start_time == stat.start_time);
-        let root = in_cgroup.contains(&pid) || is_known || (has_marker(pid, &marker) && stat.pgid != pid as i32);
+        let root = in_cgroup.contains(&pid) || is_known || has_marker(pid, &marker);
         procs.insert(pid, (stat, root));
     }
     // Groups of the roots, unless led by a process that is not ours (a
@@ -132,27 +132,22 @@ mod tests {
 
     #[tokio::test]
     async fn finds_marked_processes_and_their_groups_only() {
-        let id = InstanceId::new("tree-unit-a");
-        let other = InstanceId::new("tree-unit-a2");
-        let mut ours = tokio::process::Command::new("sleep")
-            .arg("1000")
-            .env(MARKER_VAR, id.as_str())
-            .process_group(0)
-            .spawn()
-            .unwrap();
+        // Unique per test process: several test binaries may run at once.
+        let id = InstanceId::new(format!("tree-unit-{}", std::process::id()));
+        let other = InstanceId::new(format!("tree-unit-{}-2", std::process::id()));
+        let sleeper = |program: &str| {
+            let mut c = tokio::process::Command::new(program);
+            c.arg("1000").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).kill_on_drop(true);
+            c
+        };
+        let mut ours = sleeper("sleep").env(MARKER_VAR, id.as_str()).process_group(0).spawn().unwrap();
         // Same group as `ours`, environment cleared: found through the group.
-        let mut bare = tokio::process::Command::new("/bin/sleep")
-            .arg("1000")
+        let mut bare = sleeper("/bin/sleep")
             .env_clear()
             .process_group(i32::try_from(ours.id().unwrap()).unwrap())
             .spawn()
             .unwrap();
-        let mut theirs = tokio::process::Command::new("sleep")
-            .arg("1000")
-            .env(MARKER_VAR, other.as_str())
-            .process_group(0)
-            .spawn()
-            .unwrap();
+        let mut theirs = sleeper("sleep").env(MARKER_VAR, other.as_str()).process_group(0).spawn().unwrap();
         let (a, b, c) = (ours.id().unwrap(), bare.id().unwrap(), theirs.id().unwrap());
         let found: Vec<u32> = collect(&id, &[], None).iter().map(|m| m.pid).collect();
         assert_eq!(found, {

@@ -27,10 +27,7 @@ pub fn resolve(name: &str) -> Result<RunAs, ProcessError> {
     match User::from_name(name) {
         Ok(Some(u)) => Ok(RunAs { name: u.name, uid: u.uid.as_raw(), gid: u.gid.as_raw() }),
         Ok(None) => Err(ProcessError::UnknownUser { name: name.to_string() }),
-        Err(errno) => Err(ProcessError::Io {
-            what: format!("looking up user {name:?}"),
-            source: errno.into(),
-        }),
+        Err(errno) => Err(ProcessError::Io { what: format!("looking up user {name:?}"), source: errno.into() }),
     }
 }
 

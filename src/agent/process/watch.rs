@@ -66,12 +66,9 @@ impl ExitWatch {
         let (tx, rx) = watch::channel(None);
         tokio::spawn(async move {
             let info = match child.wait().await {
-                Ok(status) => ExitInfo {
-                    pid,
-                    exit_code: status.code(),
-                    signal: status.signal(),
-                    stderr_tail: stderr.tail(),
-                },
+                Ok(status) => {
+                    ExitInfo { pid, exit_code: status.code(), signal: status.signal(), stderr_tail: stderr.tail() }
+                }
                 Err(e) => {
                     tracing::warn!(pid, error = %e, "cannot wait for child process");
                     ExitInfo { pid, exit_code: None, signal: None, stderr_tail: stderr.tail() }
@@ -105,7 +102,9 @@ impl ExitWatch {
     pub async fn wait(self) -> ExitInfo {
         match self.inner {
             Inner::Child { pid, mut rx } => match rx.wait_for(Option::is_some).await {
-                Ok(v) => v.clone().unwrap_or(ExitInfo { pid, exit_code: None, signal: None, stderr_tail: String::new() }),
+                Ok(v) => {
+                    v.clone().unwrap_or(ExitInfo { pid, exit_code: None, signal: None, stderr_tail: String::new() })
+                }
                 // The reaper is gone without a result (runtime shutting down).
                 Err(_) => ExitInfo { pid, exit_code: None, signal: None, stderr_tail: String::new() },
             },
