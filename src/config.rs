@@ -145,16 +145,10 @@ fn load<T: for<'de> Deserialize<'de>>(
         }
         builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
     }
-    builder = builder.add_source(
-        config::Environment::with_prefix(env_prefix)
-            .prefix_separator("_")
-            .try_parsing(true)
-            .source(env),
-    );
+    builder = builder
+        .add_source(config::Environment::with_prefix(env_prefix).prefix_separator("_").try_parsing(true).source(env));
     for (key, value) in overrides {
-        builder = builder
-            .set_override(*key, value.clone())
-            .map_err(|e| ConfigError::Load(e.to_string()))?;
+        builder = builder.set_override(*key, value.clone()).map_err(|e| ConfigError::Load(e.to_string()))?;
     }
     let cfg = builder.build().map_err(|e| ConfigError::Load(e.to_string()))?;
     cfg.try_deserialize().map_err(|e| ConfigError::Load(e.to_string()))
@@ -219,14 +213,17 @@ impl AgentConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.node_id.is_empty() {
-            return Err(ConfigError::Invalid { key: "node_id", message: "must be set (e.g. node_id = \"node-1\")".into() });
+            return Err(ConfigError::Invalid {
+                key: "node_id",
+                message: "must be set (e.g. node_id = \"node-1\")".into(),
+            });
         }
-        crate::ids::validate_name(&self.node_id)
-            .map_err(|m| ConfigError::Invalid { key: "node_id", message: m })?;
+        crate::ids::validate_name(&self.node_id).map_err(|m| ConfigError::Invalid { key: "node_id", message: m })?;
         check_addr("master_addr", &self.master_addr)?;
-        self.address
-            .parse::<std::net::IpAddr>()
-            .map_err(|_| ConfigError::Invalid { key: "address", message: format!("{:?} is not an IP address", self.address) })?;
+        self.address.parse::<std::net::IpAddr>().map_err(|_| ConfigError::Invalid {
+            key: "address",
+            message: format!("{:?} is not an IP address", self.address),
+        })?;
         self.ports()?;
         check_nonzero("reconnect_max_backoff", self.reconnect_max_backoff)?;
         check_nonzero("handshake_timeout", self.handshake_timeout)
@@ -270,8 +267,8 @@ mod tests {
 
     #[test]
     fn defaults_are_valid_and_env_overrides() {
-        let cfg = MasterConfig::load_with_env(None, env(&[("FLOTILLA_MASTER_HTTP_ADDR", "127.0.0.1:9999")]), &[])
-            .unwrap();
+        let cfg =
+            MasterConfig::load_with_env(None, env(&[("FLOTILLA_MASTER_HTTP_ADDR", "127.0.0.1:9999")]), &[]).unwrap();
         assert_eq!(cfg.http_addr, "127.0.0.1:9999");
         assert_eq!(cfg.heartbeat_interval, Duration::from_secs(2));
     }
@@ -306,9 +303,13 @@ mod tests {
     fn agent_needs_node_id_and_a_sane_port_range() {
         let err = AgentConfig::load_with_env(None, env(&[]), &[]).unwrap_err().to_string();
         assert!(err.contains("node_id"), "{err}");
-        let err = AgentConfig::load_with_env(None, env(&[]), &[("node_id", "n1".into()), ("port_range", "30000-20000".into())])
-            .unwrap_err()
-            .to_string();
+        let err = AgentConfig::load_with_env(
+            None,
+            env(&[]),
+            &[("node_id", "n1".into()), ("port_range", "30000-20000".into())],
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("port_range"), "{err}");
         let ok = AgentConfig::load_with_env(None, env(&[]), &[("node_id", "n1".into())]).unwrap();
         assert_eq!(ok.ports().unwrap(), (20000, 29999));

@@ -33,7 +33,11 @@ pub enum DevError {
     #[error("{0}")]
     Setup(String),
     #[error("cannot start {what}")]
-    Spawn { what: String, #[source] source: std::io::Error },
+    Spawn {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -88,11 +92,21 @@ pub async fn run(args: DevArgs) -> Result<(), DevError> {
     result
 }
 
-async fn start_and_wait(args: &DevArgs, dir: &Path, exe: &Path, internal: &Path, children: &mut Vec<(String, Child)>) -> Result<(), DevError> {
+async fn start_and_wait(
+    args: &DevArgs,
+    dir: &Path,
+    exe: &Path,
+    internal: &Path,
+    children: &mut Vec<(String, Child)>,
+) -> Result<(), DevError> {
     let endpoints = wait_for_endpoints(internal, children).await?;
     let api_url = endpoints["api_url"].as_str().unwrap_or_default().to_string();
     let agent_addr = endpoints["agent_addr"].as_str().unwrap_or_default().to_string();
-    let me = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name).unwrap_or_else(|| "nobody".into());
+    let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| "nobody".into());
     for i in 1..=args.agents {
         let address = format!("127.0.0.{}", 10 + i as u32);
         let child = Command::new(exe)
@@ -139,15 +153,15 @@ fn default_examples() -> PathBuf {
 
 async fn wait_for_endpoints(path: &Path, children: &mut [(String, Child)]) -> Result<serde_json::Value, DevError> {
     for _ in 0..600 {
-        if let Ok(bytes) = std::fs::read(path) {
-            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-                return Ok(v);
-            }
+        if let Ok(bytes) = std::fs::read(path)
+            && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes)
+        {
+            return Ok(v);
         }
-        if let Some((_, c)) = children.first_mut() {
-            if let Ok(Some(status)) = c.try_wait() {
-                return Err(DevError::Setup(format!("the master exited at start ({status}); see its log above")));
-            }
+        if let Some((_, c)) = children.first_mut()
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            return Err(DevError::Setup(format!("the master exited at start ({status}); see its log above")));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -156,12 +170,12 @@ async fn wait_for_endpoints(path: &Path, children: &mut [(String, Child)]) -> Re
 
 async fn wait_for_nodes(client: &reqwest::Client, api: &str, n: usize) -> Result<(), DevError> {
     for _ in 0..300 {
-        if let Ok(r) = client.get(format!("{api}/api/v1/nodes")).send().await {
-            if let Ok(v) = r.json::<serde_json::Value>().await {
-                let ready = v["nodes"].as_array().map(|a| a.iter().filter(|n| n["status"] == "Ready").count()).unwrap_or(0);
-                if ready >= n {
-                    return Ok(());
-                }
+        if let Ok(r) = client.get(format!("{api}/api/v1/nodes")).send().await
+            && let Ok(v) = r.json::<serde_json::Value>().await
+        {
+            let ready = v["nodes"].as_array().map(|a| a.iter().filter(|n| n["status"] == "Ready").count()).unwrap_or(0);
+            if ready >= n {
+                return Ok(());
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -176,7 +190,8 @@ async fn load_examples(client: &reqwest::Client, api: &str, dir: &Path) -> Vec<S
         eprintln!("flotilla dev: no examples at {}", dir.display());
         return loaded;
     };
-    let mut dirs: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("component.toml").is_file()).collect();
+    let mut dirs: Vec<PathBuf> =
+        entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("component.toml").is_file()).collect();
     dirs.sort();
     for d in dirs {
         match pack_dir(&d) {
@@ -184,7 +199,12 @@ async fn load_examples(client: &reqwest::Client, api: &str, dir: &Path) -> Vec<S
                 let url = format!("{api}/api/v1/packages/{name}/{version}");
                 match client.put(&url).body(bytes).send().await {
                     Ok(r) if r.status().is_success() => loaded.push(format!("{name}/{version}")),
-                    Ok(r) => eprintln!("flotilla dev: loading {}: {} {}", d.display(), r.status(), r.text().await.unwrap_or_default()),
+                    Ok(r) => eprintln!(
+                        "flotilla dev: loading {}: {} {}",
+                        d.display(),
+                        r.status(),
+                        r.text().await.unwrap_or_default()
+                    ),
                     Err(e) => eprintln!("flotilla dev: loading {}: {e}", d.display()),
                 }
             }
@@ -236,7 +256,8 @@ async fn stop_children(children: Vec<(String, Child)>) {
     for group in [agents, master] {
         for (_, c) in &group {
             if let Some(pid) = c.id() {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
             }
         }
         for (name, mut c) in group {

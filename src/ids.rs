@@ -24,13 +24,8 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     if !(bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit()) {
         return Err("must start with a lowercase letter or a digit ([a-z0-9][a-z0-9-]{0,62})".into());
     }
-    if let Some(bad) = name
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
-    {
-        return Err(format!(
-            "must match [a-z0-9][a-z0-9-]{{0,62}}; {bad:?} is not allowed"
-        ));
+    if let Some(bad) = name.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')) {
+        return Err(format!("must match [a-z0-9][a-z0-9-]{{0,62}}; {bad:?} is not allowed"));
     }
     Ok(())
 }
@@ -43,10 +38,7 @@ pub fn validate_version(version: &str) -> Result<(), String> {
     if version.starts_with('.') {
         return Err("must not start with '.'".into());
     }
-    if let Some(bad) = version
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-')))
-    {
+    if let Some(bad) = version.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-'))) {
         return Err(format!("must match [A-Za-z0-9._+-]+; {bad:?} is not allowed"));
     }
     Ok(())
@@ -99,10 +91,7 @@ impl InstanceId {
     pub fn is_safe_path_component(&self) -> bool {
         !self.0.is_empty()
             && self.0.len() <= 160
-            && self
-                .0
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && self.0.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
     }
 }
 

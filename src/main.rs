@@ -64,7 +64,8 @@ enum Command {
 }
 
 fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
@@ -110,7 +111,13 @@ fn main() -> anyhow::Result<()> {
             stop_instances_on_exit,
         } => {
             let mut o: Vec<(&str, String)> = Vec::new();
-            for (k, v) in [("node_id", node_id), ("master_addr", master), ("address", address), ("port_range", port_range), ("default_run_as", default_run_as)] {
+            for (k, v) in [
+                ("node_id", node_id),
+                ("master_addr", master),
+                ("address", address),
+                ("port_range", port_range),
+                ("default_run_as", default_run_as),
+            ] {
                 if let Some(v) = v {
                     o.push((k, v));
                 }

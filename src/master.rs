@@ -29,9 +29,17 @@ pub enum MasterError {
     #[error("cannot open storage")]
     Storage(#[source] crate::storage::StorageError),
     #[error("cannot listen on {addr}")]
-    Listen { addr: String, #[source] source: std::io::Error },
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot write {path}")]
-    Io { path: String, #[source] source: std::io::Error },
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Runs the master until the HTTP server stops (SIGINT / SIGTERM).
@@ -55,13 +63,21 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         for p in snapshot.packages {
             match ComponentSpec::parse(&p.spec_toml) {
                 Ok(spec) => {
-                    s.packages.insert((p.name.clone(), p.package_version.clone()), PackageView { record: p, spec: Arc::new(spec) });
+                    s.packages.insert(
+                        (p.name.clone(), p.package_version.clone()),
+                        PackageView { record: p, spec: Arc::new(spec) },
+                    );
                 }
-                Err(e) => tracing::error!(package = %p.name, version = %p.package_version, error = %e, "stored package spec no longer parses; skipped"),
+                Err(e) => {
+                    tracing::error!(package = %p.name, version = %p.package_version, error = %e, "stored package spec no longer parses; skipped")
+                }
             }
         }
         for n in snapshot.nodes {
-            s.nodes.insert(n.id.clone(), NodeView { record: n, status: NodeStatus::Unknown, connected: false, last_heartbeat: None });
+            s.nodes.insert(
+                n.id.clone(),
+                NodeView { record: n, status: NodeStatus::Unknown, connected: false, last_heartbeat: None },
+            );
         }
     }
     let timing = Timing {
@@ -83,11 +99,14 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
     let agent_listener = TcpListener::bind(&cfg.agent_addr)
         .await
         .map_err(|source| MasterError::Listen { addr: cfg.agent_addr.clone(), source })?;
-    let agent_addr = agent_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.agent_addr.clone(), source })?;
+    let agent_addr =
+        agent_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.agent_addr.clone(), source })?;
     actix::spawn(accept_agents(agent_listener, shared.clone(), supervisor.clone(), cfg.clone()));
 
-    let http_listener = std::net::TcpListener::bind(&cfg.http_addr).map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
-    let http_addr = http_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
+    let http_listener = std::net::TcpListener::bind(&cfg.http_addr)
+        .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
+    let http_addr =
+        http_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
     let state = crate::http::AppState {
         supervisor,
         read_model,
@@ -140,11 +159,22 @@ async fn accept_agents(listener: TcpListener, shared: Shared, supervisor: actix:
 }
 
 /// Handshake, registration, then hands the connection to a NodeManagerActor.
-async fn admit(stream: tokio::net::TcpStream, peer: SocketAddr, shared: Shared, supervisor: actix::Addr<Supervisor>, cfg: &MasterConfig) -> Result<(), String> {
+async fn admit(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: Shared,
+    supervisor: actix::Addr<Supervisor>,
+    cfg: &MasterConfig,
+) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
     let mut framed = tokio_util::codec::Framed::new(stream, MasterCodec::default());
-    let welcome = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64 };
-    let hello = master_handshake(&mut framed, welcome, cfg.handshake_timeout).await.map_err(|e| crate::error::ErrorChain(&e).to_string())?;
+    let welcome = Welcome {
+        protocol_version: PROTOCOL_VERSION,
+        heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64,
+    };
+    let hello = master_handshake(&mut framed, welcome, cfg.handshake_timeout)
+        .await
+        .map_err(|e| crate::error::ErrorChain(&e).to_string())?;
     let node = hello.node_id.clone();
     if let Err(m) = crate::ids::validate_name(node.as_str()) {
         let _ = futures::SinkExt::send(&mut framed, MasterFrame::Refused { reason: format!("node id: {m}") }).await;
@@ -170,7 +200,12 @@ async fn admit(stream: tokio::net::TcpStream, peer: SocketAddr, shared: Shared, 
     shared.store.commit(vec![op]).await.map_err(|e| e.to_string())?;
     shared.read_model.write().nodes.insert(
         node.clone(),
-        NodeView { record, status: NodeStatus::Ready, connected: true, last_heartbeat: Some(OffsetDateTime::now_utc()) },
+        NodeView {
+            record,
+            status: NodeStatus::Ready,
+            connected: true,
+            last_heartbeat: Some(OffsetDateTime::now_utc()),
+        },
     );
     tracing::info!(%node, %peer, instances = hello.inventory.len(), "agent registered");
     let parts = framed.into_parts();

@@ -29,7 +29,8 @@ use crate::operations::{self, Plan};
 use crate::spec::ComponentSpec;
 use crate::storage::WriteOp;
 use crate::storage::records::{
-    ClusterRecord, ClusterStatus, InstanceRecord, OperationKind, OperationRecord, OperationStatus, PackageRecord, RECORD_VERSION,
+    ClusterRecord, ClusterStatus, InstanceRecord, OperationKind, OperationRecord, OperationStatus, PackageRecord,
+    RECORD_VERSION,
 };
 
 /// What the actor owns, shared with the running operation's context (both
@@ -45,14 +46,27 @@ pub struct Core {
 #[derive(Debug, Clone)]
 pub enum OpRequest {
     /// Sent by the supervisor for a new cluster; `pending` are the placed instances.
-    Create { pending: Vec<InstanceRecord>, params: String },
+    Create {
+        pending: Vec<InstanceRecord>,
+        params: String,
+    },
     Start,
     Stop,
     Restart,
-    ScaleOut { role: String, add: u32, nodes: Option<Vec<NodeId>> },
-    ScaleIn { role: String, remove: Vec<InstanceId> },
+    ScaleOut {
+        role: String,
+        add: u32,
+        nodes: Option<Vec<NodeId>>,
+    },
+    ScaleIn {
+        role: String,
+        remove: Vec<InstanceId>,
+    },
     Delete,
-    Instance { id: InstanceId, verb: InstanceVerb },
+    Instance {
+        id: InstanceId,
+        verb: InstanceVerb,
+    },
 }
 
 #[derive(Message)]
@@ -94,7 +108,12 @@ struct Prepared {
 
 impl ClusterActor {
     /// Starts the actor with its record and existing instances.
-    pub fn start(record: ClusterRecord, instances: Vec<InstanceRecord>, shared: Shared, supervisor: Addr<Supervisor>) -> Addr<ClusterActor> {
+    pub fn start(
+        record: ClusterRecord,
+        instances: Vec<InstanceRecord>,
+        shared: Shared,
+        supervisor: Addr<Supervisor>,
+    ) -> Addr<ClusterActor> {
         let stats = ActorStats::new("cluster", record.name.as_str(), Some("supervisor".into()));
         stats.set_state(format!("{:?}", record.status));
         shared.read_model.register_actor(&stats);
@@ -133,12 +152,32 @@ impl ClusterActor {
         Ok(match req {
             OpRequest::Create { pending, params } => {
                 let groups = group_by_order(spec, pending.iter());
-                Prepared { kind: OperationKind::Create, plan: operations::create::plan(&groups), params, pending, on_success: Some(ClusterStatus::Active) }
+                Prepared {
+                    kind: OperationKind::Create,
+                    plan: operations::create::plan(&groups),
+                    params,
+                    pending,
+                    on_success: Some(ClusterStatus::Active),
+                }
             }
-            OpRequest::Start => simple(OperationKind::Start, operations::lifecycle::start(&self.groups(spec, None)), Some(ClusterStatus::Active)),
-            OpRequest::Stop => simple(OperationKind::Stop, operations::lifecycle::stop(&self.groups(spec, None)), Some(ClusterStatus::Stopped)),
-            OpRequest::Restart => simple(OperationKind::Restart, operations::lifecycle::restart(&self.groups(spec, None)), Some(ClusterStatus::Active)),
-            OpRequest::Delete => simple(OperationKind::Delete, operations::delete::plan(&self.groups(spec, None)), None),
+            OpRequest::Start => simple(
+                OperationKind::Start,
+                operations::lifecycle::start(&self.groups(spec, None)),
+                Some(ClusterStatus::Active),
+            ),
+            OpRequest::Stop => simple(
+                OperationKind::Stop,
+                operations::lifecycle::stop(&self.groups(spec, None)),
+                Some(ClusterStatus::Stopped),
+            ),
+            OpRequest::Restart => simple(
+                OperationKind::Restart,
+                operations::lifecycle::restart(&self.groups(spec, None)),
+                Some(ClusterStatus::Active),
+            ),
+            OpRequest::Delete => {
+                simple(OperationKind::Delete, operations::delete::plan(&self.groups(spec, None)), None)
+            }
             OpRequest::Instance { id, verb } => {
                 if !self.core.borrow().instances.contains_key(&id) {
                     return Err(Error::not_found("instance", &id));
@@ -149,7 +188,13 @@ impl ClusterActor {
                     InstanceVerb::Restart => OperationKind::RestartInstance,
                 };
                 let params = serde_json::json!({ "instance": id.as_str() }).to_string();
-                Prepared { kind, plan: operations::lifecycle::instance(verb, &id), params, pending: vec![], on_success: None }
+                Prepared {
+                    kind,
+                    plan: operations::lifecycle::instance(verb, &id),
+                    params,
+                    pending: vec![],
+                    on_success: None,
+                }
             }
             OpRequest::ScaleOut { role, add, nodes } => {
                 require_active(status, "scale")?;
@@ -157,7 +202,13 @@ impl ClusterActor {
                 let new = group_by_order(spec, pending.iter());
                 let existing: Vec<InstanceId> = self.core.borrow().instances.keys().cloned().collect();
                 let params = serde_json::json!({ "role": role, "add": add }).to_string();
-                Prepared { kind: OperationKind::ScaleOut, plan: operations::scale::scale_out(&new, &existing), params, pending, on_success: Some(ClusterStatus::Active) }
+                Prepared {
+                    kind: OperationKind::ScaleOut,
+                    plan: operations::scale::scale_out(&new, &existing),
+                    params,
+                    pending,
+                    on_success: Some(ClusterStatus::Active),
+                }
             }
             OpRequest::ScaleIn { role, remove } => {
                 require_active(status, "scale")?;
@@ -171,7 +222,10 @@ impl ClusterActor {
                     match members.iter().find(|m| &m.id == id) {
                         None => return Err(Error::not_found("instance", id)),
                         Some(m) if m.role != role => {
-                            return Err(Error::invalid("invalid_request", format!("remove: {id} is a {} instance, not {role}", m.role)));
+                            return Err(Error::invalid(
+                                "invalid_request",
+                                format!("remove: {id} is a {} instance, not {role}", m.role),
+                            ));
                         }
                         Some(_) => {}
                     }
@@ -179,26 +233,43 @@ impl ClusterActor {
                 let left = members.iter().filter(|m| m.role == role).count() as u32 - remove.len() as u32;
                 spec.check_count(&role, left)?;
                 let removed = group_by_order(spec, members.iter().filter(|m| remove.contains(&m.id)));
-                let remaining: Vec<InstanceId> = members.iter().filter(|m| !remove.contains(&m.id)).map(|m| m.id.clone()).collect();
+                let remaining: Vec<InstanceId> =
+                    members.iter().filter(|m| !remove.contains(&m.id)).map(|m| m.id.clone()).collect();
                 let params = serde_json::json!({ "role": role, "remove": remove.iter().map(|i| i.as_str()).collect::<Vec<_>>() }).to_string();
-                Prepared { kind: OperationKind::ScaleIn, plan: operations::scale::scale_in(&removed, &remaining), params, pending: vec![], on_success: Some(ClusterStatus::Active) }
+                Prepared {
+                    kind: OperationKind::ScaleIn,
+                    plan: operations::scale::scale_in(&removed, &remaining),
+                    params,
+                    pending: vec![],
+                    on_success: Some(ClusterStatus::Active),
+                }
             }
         })
     }
 
     /// Places `add` new instances of `role`: ordinals, nodes, ports.
-    fn place_new(&mut self, spec: &ComponentSpec, role: &str, add: u32, nodes: Option<&[NodeId]>) -> Result<Vec<InstanceRecord>, Error> {
+    fn place_new(
+        &mut self,
+        spec: &ComponentSpec,
+        role: &str,
+        add: u32,
+        nodes: Option<&[NodeId]>,
+    ) -> Result<Vec<InstanceRecord>, Error> {
         if add == 0 {
             return Err(Error::invalid("invalid_request", "add: must be at least 1"));
         }
-        let role_spec = spec.role(role).ok_or_else(|| Error::spec("role", format!("the package has no role {role:?}")))?;
+        let role_spec =
+            spec.role(role).ok_or_else(|| Error::spec("role", format!("the package has no role {role:?}")))?;
         let record = self.core.borrow().record.clone();
-        let current = self.shared.read_model.read().cluster_instances(&record.name).iter().filter(|m| m.role == role).count() as u32;
+        let current =
+            self.shared.read_model.read().cluster_instances(&record.name).iter().filter(|m| m.role == role).count()
+                as u32;
         spec.check_count(role, current + add)?;
         let next = record.roles.get(role).map(|r| r.next_ordinal).unwrap_or(1);
         let pending = super::supervisor::place_instances(&self.shared, &record, role_spec, next, add, nodes)?;
         let mut core = self.core.borrow_mut();
-        let rs = core.record.roles.entry(role.to_string()).or_insert(crate::storage::records::RoleState { next_ordinal: 1 });
+        let rs =
+            core.record.roles.entry(role.to_string()).or_insert(crate::storage::records::RoleState { next_ordinal: 1 });
         rs.next_ordinal = next + add;
         Ok(pending)
     }
@@ -258,13 +329,19 @@ impl ClusterActor {
 
 fn require_active(status: ClusterStatus, what: &str) -> Result<(), Error> {
     if status != ClusterStatus::Active {
-        return Err(Error::conflict("invalid_state", format!("cannot {what} a cluster in status {status:?}; it must be Active")));
+        return Err(Error::conflict(
+            "invalid_state",
+            format!("cannot {what} a cluster in status {status:?}; it must be Active"),
+        ));
     }
     Ok(())
 }
 
 /// Groups instances by their role's order, ascending; ids sorted within a group.
-pub fn group_by_order<'a>(spec: &ComponentSpec, instances: impl Iterator<Item = &'a InstanceRecord>) -> Vec<(i32, Vec<InstanceId>)> {
+pub fn group_by_order<'a>(
+    spec: &ComponentSpec,
+    instances: impl Iterator<Item = &'a InstanceRecord>,
+) -> Vec<(i32, Vec<InstanceId>)> {
     let mut groups: BTreeMap<i32, Vec<(String, u32, InstanceId)>> = BTreeMap::new();
     for i in instances {
         let order = spec.role(&i.role).map(|r| r.order).unwrap_or_default();
@@ -297,7 +374,14 @@ impl Handler<RunOperation> for ClusterActor {
         self.stats.begin(format!("{:?}", msg.0).split([' ', '{', '(']).next().unwrap_or("op").to_string());
         let busy = self.core.borrow().record.operation;
         if let Some(running) = busy {
-            let kind = self.shared.read_model.read().operations.get(&running).map(|o| format!("{:?}", o.kind)).unwrap_or_default();
+            let kind = self
+                .shared
+                .read_model
+                .read()
+                .operations
+                .get(&running)
+                .map(|o| format!("{:?}", o.kind))
+                .unwrap_or_default();
             let name = self.core.borrow().record.name.clone();
             self.stats.end(None);
             return Box::pin(fut::ready(Err(Error::conflict(
@@ -322,10 +406,10 @@ impl Handler<RunOperation> for ClusterActor {
                             c.record.status_description = description;
                             c.record.clone()
                         };
-                        if let Ok(op) = WriteOp::put_cluster(&snapshot) {
-                            if ops.store.commit(vec![op]).await.is_ok() {
-                                ops.read_model.write().clusters.insert(snapshot.name.clone(), snapshot);
-                            }
+                        if let Ok(op) = WriteOp::put_cluster(&snapshot)
+                            && ops.store.commit(vec![op]).await.is_ok()
+                        {
+                            ops.read_model.write().clusters.insert(snapshot.name.clone(), snapshot);
                         }
                     });
                 }
@@ -404,24 +488,24 @@ impl Handler<InstanceObserved> for ClusterActor {
         handle.stats.enqueue();
         let description = match &msg.observation {
             Observation::Exited { description, .. } => description.clone(),
-            Observation::Inventory { .. } => format!("instance {} is not running after its agent reconnected", msg.instance),
+            Observation::Inventory { .. } => {
+                format!("instance {} is not running after its agent reconnected", msg.instance)
+            }
         };
-        Box::pin(
-            async move { handle.addr.send(Observe(msg.observation)).await.unwrap_or(false) }.into_actor(self).map(
-                move |failed, act, _| {
-                    let (busy, status, name) = {
-                        let c = act.core.borrow();
-                        (c.record.operation.is_some(), c.record.status, c.record.name.clone())
-                    };
-                    // During an operation the operation reports failures
-                    // itself. Otherwise an Active cluster whose member died
-                    // is in Error, saying which member, where and why.
-                    if failed && !busy && status == ClusterStatus::Active {
-                        act.supervisor.do_send(Escalate { cluster: name, operation: None, description, recorded: false });
-                    }
-                },
-            ),
-        )
+        Box::pin(async move { handle.addr.send(Observe(msg.observation)).await.unwrap_or(false) }.into_actor(self).map(
+            move |failed, act, _| {
+                let (busy, status, name) = {
+                    let c = act.core.borrow();
+                    (c.record.operation.is_some(), c.record.status, c.record.name.clone())
+                };
+                // During an operation the operation reports failures
+                // itself. Otherwise an Active cluster whose member died
+                // is in Error, saying which member, where and why.
+                if failed && !busy && status == ClusterStatus::Active {
+                    act.supervisor.do_send(Escalate { cluster: name, operation: None, description, recorded: false });
+                }
+            },
+        ))
     }
 }
 

@@ -18,10 +18,10 @@ use super::Shared;
 use super::cluster::Core;
 use super::instance::{InstanceActor, InstanceCmd, Retire};
 use crate::ids::InstanceId;
+use crate::operations::runner::Outcome;
 use crate::operations::{Action, OperationContext, StepFailure};
 use crate::spec::ComponentSpec;
 use crate::storage::WriteOp;
-use crate::operations::runner::Outcome;
 use crate::storage::records::{ClusterStatus, InstanceResult, OperationKind, OperationRecord, PackageRecord};
 
 use super::supervisor::{ClusterGone, Escalate, Supervisor};
@@ -45,7 +45,10 @@ impl ClusterOps {
     }
 
     /// Persists and publishes the cluster record after `change`.
-    pub async fn save_cluster(&self, change: impl FnOnce(&mut crate::storage::records::ClusterRecord)) -> Result<(), String> {
+    pub async fn save_cluster(
+        &self,
+        change: impl FnOnce(&mut crate::storage::records::ClusterRecord),
+    ) -> Result<(), String> {
         let snapshot = {
             let mut core = self.core.borrow_mut();
             change(&mut core.record);
@@ -75,7 +78,12 @@ impl ClusterOps {
         }
         let mut results = Vec::new();
         for r in records {
-            let handle = InstanceActor::start(r.clone(), self.shared.links.clone(), self.shared.store.clone(), self.shared.read_model.clone());
+            let handle = InstanceActor::start(
+                r.clone(),
+                self.shared.links.clone(),
+                self.shared.store.clone(),
+                self.shared.read_model.clone(),
+            );
             let mut core = self.core.borrow_mut();
             core.pending.remove(&r.id);
             core.instances.insert(r.id.clone(), handle);
@@ -108,7 +116,11 @@ impl ClusterOps {
     }
 
     /// Runs `cmd_for(id)` on every instance in parallel.
-    async fn on_each(&self, ids: &[InstanceId], cmd_for: impl Fn(&InstanceId) -> Result<InstanceCmd, String>) -> Result<Vec<InstanceResult>, StepFailure> {
+    async fn on_each(
+        &self,
+        ids: &[InstanceId],
+        cmd_for: impl Fn(&InstanceId) -> Result<InstanceCmd, String>,
+    ) -> Result<Vec<InstanceResult>, StepFailure> {
         let mut futures = Vec::new();
         let mut results = Vec::new();
         for id in ids {
@@ -121,11 +133,7 @@ impl ClusterOps {
         }
         results.extend(join_all(futures).await);
         let failures: Vec<&str> = results.iter().filter(|r| !r.ok).map(|r| r.message.as_str()).collect();
-        if failures.is_empty() {
-            Ok(results)
-        } else {
-            Err(StepFailure { message: failures.join("; "), results })
-        }
+        if failures.is_empty() { Ok(results) } else { Err(StepFailure { message: failures.join("; "), results }) }
     }
 
     fn render_install(&self, id: &InstanceId) -> Result<InstanceCmd, String> {
@@ -140,8 +148,7 @@ impl ClusterOps {
             &members,
             inst,
             &state,
-            &self.package.sha256,
-            self.package.size,
+            &self.package,
             self.blob.clone(),
         )
         .map_err(|e| format!("rendering {id}: {e}"))?;
@@ -155,7 +162,8 @@ impl ClusterOps {
         let role = self.spec.role(&inst.role).ok_or_else(|| format!("role {} not in spec", inst.role))?;
         let members = state.cluster_instances(&name);
         let core = self.core.borrow();
-        let files = super::render::files(&self.spec, role, &core.record, &members, inst, &state).map_err(|e| format!("rendering {id}: {e}"))?;
+        let files = super::render::files(&self.spec, role, &core.record, &members, inst, &state)
+            .map_err(|e| format!("rendering {id}: {e}"))?;
         Ok(InstanceCmd::WriteFiles(files))
     }
 }
@@ -197,7 +205,8 @@ impl OperationContext for ClusterOps {
         let name = self.cluster_name();
         if self.kind == OperationKind::Delete && *outcome == Outcome::Succeeded {
             let cluster_id = self.core.borrow().record.id;
-            let ops = vec![WriteOp::delete_cluster(&cluster_id), WriteOp::put_operation(record).map_err(|e| e.to_string())?];
+            let ops =
+                vec![WriteOp::delete_cluster(&cluster_id), WriteOp::put_operation(record).map_err(|e| e.to_string())?];
             self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
             self.shared.read_model.write().clusters.remove(&name);
             // The name is free before anyone can see the delete has ended.
@@ -207,9 +216,15 @@ impl OperationContext for ClusterOps {
         }
         let (status, description, escalate) = match outcome {
             Outcome::Succeeded => (self.on_success, format!("{verb} succeeded"), false),
-            Outcome::Failed { step, error, rolled_back: true, .. } if matches!(self.kind, OperationKind::ScaleOut | OperationKind::ScaleIn) => {
+            Outcome::Failed { step, error, rolled_back: true, .. }
+                if matches!(self.kind, OperationKind::ScaleOut | OperationKind::ScaleIn) =>
+            {
                 // Sahara: a scale rolled back leaves the cluster Active, with the reason.
-                (Some(ClusterStatus::Active), format!("{verb} failed at step {step} and was rolled back: {error}"), false)
+                (
+                    Some(ClusterStatus::Active),
+                    format!("{verb} failed at step {step} and was rolled back: {error}"),
+                    false,
+                )
             }
             Outcome::Failed { step, error, undone, .. } => {
                 let tail = if *undone { "" } else { "; the rollback failed too, see the operation's steps" };
@@ -229,12 +244,20 @@ impl OperationContext for ClusterOps {
         // One batch: the cluster's new status and the operation's end are
         // durable together, and published cluster first, so whoever sees
         // the operation ended sees the cluster as it left it.
-        let ops = vec![WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?, WriteOp::put_operation(record).map_err(|e| e.to_string())?];
+        let ops = vec![
+            WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?,
+            WriteOp::put_operation(record).map_err(|e| e.to_string())?,
+        ];
         let written = self.shared.store.commit(ops).await.map_err(|e| e.to_string());
         self.shared.read_model.write().clusters.insert(name.clone(), snapshot);
         self.shared.read_model.put_operation(record);
         if escalate {
-            self.supervisor.do_send(Escalate { cluster: name, operation: Some(record.id), description, recorded: true });
+            self.supervisor.do_send(Escalate {
+                cluster: name,
+                operation: Some(record.id),
+                description,
+                recorded: true,
+            });
         }
         written
     }

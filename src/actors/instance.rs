@@ -20,8 +20,8 @@ use super::node_manager::{NodeError, NodeLinks};
 use super::read_model::{ActorStats, ReadModel};
 use crate::ids::InstanceId;
 use crate::protocol::messages::{AgentRequest, AgentResponse, InstallBegin, ProcessSpec, RenderedFile};
-use crate::storage::WriteOp;
 use crate::storage::StoreWriter;
+use crate::storage::WriteOp;
 use crate::storage::records::{DesiredState, InstanceRecord, InstanceResult, InstanceStatus};
 
 /// What one instance should do now.
@@ -119,12 +119,18 @@ fn failed(id: &InstanceId, message: String) -> InstanceResult {
 }
 
 impl InstanceActor {
-    pub fn start(record: InstanceRecord, links: NodeLinks, store: StoreWriter, read_model: Arc<ReadModel>) -> InstanceHandle {
+    pub fn start(
+        record: InstanceRecord,
+        links: NodeLinks,
+        store: StoreWriter,
+        read_model: Arc<ReadModel>,
+    ) -> InstanceHandle {
         let stats = ActorStats::new("instance", record.id.as_str(), Some(format!("cluster/{}", record.cluster)));
         stats.set_state(format!("{:?}", record.status));
         read_model.register_actor(&stats);
         read_model.write().instances.insert(record.id.clone(), record.clone());
-        let actor = InstanceActor { record: Rc::new(RefCell::new(record)), links, store, read_model, stats: stats.clone() };
+        let actor =
+            InstanceActor { record: Rc::new(RefCell::new(record)), links, store, read_model, stats: stats.clone() };
         InstanceHandle { addr: actor.start(), stats }
     }
 }
@@ -206,12 +212,16 @@ impl Env {
                     };
                     link.install(begin, p.blob).await
                 }
-                InstanceCmd::Start => link.call(AgentRequest::Start { instance: id.clone(), generation }, "Start").await,
+                InstanceCmd::Start => {
+                    link.call(AgentRequest::Start { instance: id.clone(), generation }, "Start").await
+                }
                 InstanceCmd::Stop => link.call(AgentRequest::Stop { instance: id.clone(), generation }, "Stop").await,
                 InstanceCmd::WriteFiles(files) => {
                     link.call(AgentRequest::WriteFiles { instance: id.clone(), generation, files }, "WriteFiles").await
                 }
-                InstanceCmd::Delete => link.call(AgentRequest::Delete { instance: id.clone(), generation }, "Delete").await,
+                InstanceCmd::Delete => {
+                    link.call(AgentRequest::Delete { instance: id.clone(), generation }, "Delete").await
+                }
             },
         };
         match reply {
@@ -223,7 +233,11 @@ impl Env {
                     AgentResponse::Started { pid, already_running } => (
                         Some(InstanceStatus::Running),
                         Some(Some(pid)),
-                        if already_running { format!("already running as pid {pid}") } else { format!("started as pid {pid}") },
+                        if already_running {
+                            format!("already running as pid {pid}")
+                        } else {
+                            format!("started as pid {pid}")
+                        },
                     ),
                     AgentResponse::Stopped { was_running } => (
                         Some(InstanceStatus::Stopped),
@@ -233,9 +247,15 @@ impl Env {
                     AgentResponse::FilesWritten { changed } => (
                         None,
                         None,
-                        if changed.is_empty() { "no file changed".into() } else { format!("changed: {}", changed.join(", ")) },
+                        if changed.is_empty() {
+                            "no file changed".into()
+                        } else {
+                            format!("changed: {}", changed.join(", "))
+                        },
                     ),
-                    AgentResponse::Deleted { .. } => (Some(InstanceStatus::Deleting), Some(None), "deleted from its node".into()),
+                    AgentResponse::Deleted { .. } => {
+                        (Some(InstanceStatus::Deleting), Some(None), "deleted from its node".into())
+                    }
                     other => {
                         let m = format!("{verb} of {id} on {node}: unexpected answer {other:?}");
                         let _ = self.save(|r| r.status = InstanceStatus::Failed).await;
@@ -254,7 +274,9 @@ impl Env {
                     })
                     .await;
                 match saved {
-                    Ok(()) => InstanceResult { instance: id, ok: true, message, exit_code: None, stderr_tail: String::new() },
+                    Ok(()) => {
+                        InstanceResult { instance: id, ok: true, message, exit_code: None, stderr_tail: String::new() }
+                    }
                     Err(e) => failed(&id, format!("{verb} of {id} on {node}: {e}")),
                 }
             }
@@ -319,20 +341,22 @@ impl Handler<Observe> for InstanceActor {
         // Decide the new (status, pid, error) from what was observed; None
         // when the observation changes nothing.
         let change: Option<(InstanceStatus, Option<u32>, Option<String>)> = match msg.0 {
-            Observation::Exited { pid: exited, description } => {
-                (pid == Some(exited) && desired == DesiredState::Running).then(|| (InstanceStatus::Failed, None, Some(description)))
-            }
-            Observation::Inventory { present: false, .. } if !matches!(status, InstanceStatus::Pending | InstanceStatus::Deleting) => {
+            Observation::Exited { pid: exited, description } => (pid == Some(exited)
+                && desired == DesiredState::Running)
+                .then_some((InstanceStatus::Failed, None, Some(description))),
+            Observation::Inventory { present: false, .. }
+                if !matches!(status, InstanceStatus::Pending | InstanceStatus::Deleting) =>
+            {
                 Some((InstanceStatus::Lost, None, Some(format!("node {node} no longer holds this instance"))))
             }
-            Observation::Inventory { running: true, pid: seen, .. } if status != InstanceStatus::Running || pid != seen => {
+            Observation::Inventory { running: true, pid: seen, .. }
+                if status != InstanceStatus::Running || pid != seen =>
+            {
                 Some((InstanceStatus::Running, seen, None))
             }
-            Observation::Inventory { present: true, running: false, .. } if status == InstanceStatus::Running => Some((
-                InstanceStatus::Failed,
-                None,
-                Some(format!("not running on node {node} when its agent reconnected")),
-            )),
+            Observation::Inventory { present: true, running: false, .. } if status == InstanceStatus::Running => Some(
+                (InstanceStatus::Failed, None, Some(format!("not running on node {node} when its agent reconnected"))),
+            ),
             _ => None,
         };
         let env = Env {

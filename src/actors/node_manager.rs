@@ -89,7 +89,11 @@ impl NodeLink {
         self.tx.send(frame).await.map_err(|_| NodeError::Disconnected(self.node.clone()))
     }
 
-    async fn reply(&self, rx: &mut mpsc::UnboundedReceiver<AgentResponse>, what: &'static str) -> Result<AgentResponse, NodeError> {
+    async fn reply(
+        &self,
+        rx: &mut mpsc::UnboundedReceiver<AgentResponse>,
+        what: &'static str,
+    ) -> Result<AgentResponse, NodeError> {
         match tokio::time::timeout(self.reply_timeout, rx.recv()).await {
             Ok(Some(AgentResponse::Failed(f))) => Err(NodeError::Failed(f)),
             Ok(Some(r)) => Ok(r),
@@ -115,21 +119,27 @@ impl NodeLink {
         let instance = begin.instance.clone();
         let (request_id, mut rx) = self.register();
         let _guard = PendingGuard(&self.pending, request_id);
-        self.send(MasterFrame::Request { request_id, body: AgentRequest::InstallBegin(begin) }).await?;
+        self.send(MasterFrame::Request { request_id, body: AgentRequest::InstallBegin(Box::new(begin)) }).await?;
         match self.reply(&mut rx, "InstallBegin").await? {
             AgentResponse::InstallReady { need_bytes: false } => {}
             AgentResponse::InstallReady { need_bytes: true } => {
                 self.stream_package(request_id, &instance, &blob).await?;
             }
             other => {
-                return Err(NodeError::Unexpected { node: self.node.clone(), detail: format!("{other:?} to InstallBegin") });
+                return Err(NodeError::Unexpected {
+                    node: self.node.clone(),
+                    detail: format!("{other:?} to InstallBegin"),
+                });
             }
         }
         self.reply(&mut rx, "InstallEnd").await
     }
 
     async fn stream_package(&self, request_id: u64, instance: &InstanceId, blob: &PathBuf) -> Result<(), NodeError> {
-        let pkg_err = |e: std::io::Error| NodeError::Package { node: self.node.clone(), detail: format!("{}: {e}", blob.display()) };
+        let pkg_err = |e: std::io::Error| NodeError::Package {
+            node: self.node.clone(),
+            detail: format!("{}: {e}", blob.display()),
+        };
         let mut file = tokio::fs::File::open(blob).await.map_err(pkg_err)?;
         let mut seq = 0u32;
         loop {
@@ -265,7 +275,14 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
             Ok(AgentFrame::Event(AgentEvent::Heartbeat)) => self.touch(),
             Ok(AgentFrame::Event(AgentEvent::ProcessExited { instance, pid, exit_code, signal, stderr_tail })) => {
                 self.touch();
-                self.supervisor.do_send(InstanceExited { node: self.node.clone(), instance, pid, exit_code, signal, stderr_tail });
+                self.supervisor.do_send(InstanceExited {
+                    node: self.node.clone(),
+                    instance,
+                    pid,
+                    exit_code,
+                    signal,
+                    stderr_tail,
+                });
             }
             Ok(AgentFrame::Refused { reason }) => {
                 tracing::error!(node = %self.node, %reason, "agent refused the connection");

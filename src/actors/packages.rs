@@ -67,7 +67,10 @@ impl Packages {
         Self::check_names(name, version)?;
         let key = (name.to_string(), version.to_string());
         if !self.uploading.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone()) {
-            return Err(Error::conflict("upload_in_progress", format!("package {name}/{version} is being uploaded right now")));
+            return Err(Error::conflict(
+                "upload_in_progress",
+                format!("package {name}/{version} is being uploaded right now"),
+            ));
         }
         let _guard = UploadGuard(self, key.clone());
         let blobs = self.shared.blobs.clone();
@@ -96,23 +99,42 @@ impl Packages {
         let mut hasher = Sha256::new();
         let mut size: u64 = 0;
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| Error::invalid("upload_failed", format!("reading the upload failed: {e}")))?;
+            let chunk =
+                chunk.map_err(|e| Error::invalid("upload_failed", format!("reading the upload failed: {e}")))?;
             size += chunk.len() as u64;
             if size > self.max_upload_bytes {
-                return Err(Error::TooLarge { message: format!("package is larger than the limit of {} bytes", self.max_upload_bytes) });
+                return Err(Error::TooLarge {
+                    message: format!("package is larger than the limit of {} bytes", self.max_upload_bytes),
+                });
             }
             hasher.update(&chunk);
             file.write_all(&chunk).await.map_err(Error::internal)?;
         }
         if size == 0 {
-            return Err(Error::invalid("invalid_package", "the upload is empty; send the package tarball (.tar.gz) as the body"));
+            return Err(Error::invalid(
+                "invalid_package",
+                "the upload is empty; send the package tarball (.tar.gz) as the body",
+            ));
         }
         file.sync_all().await.map_err(Error::internal)?;
         Ok((hex::encode(hasher.finalize()), size))
     }
 
-    async fn register(&self, name: &str, version: &str, tmp: &std::path::Path, sha256: String, size: u64) -> Result<Uploaded, Error> {
-        let existing = self.shared.read_model.read().packages.get(&(name.to_string(), version.to_string())).map(|p| p.record.clone());
+    async fn register(
+        &self,
+        name: &str,
+        version: &str,
+        tmp: &std::path::Path,
+        sha256: String,
+        size: u64,
+    ) -> Result<Uploaded, Error> {
+        let existing = self
+            .shared
+            .read_model
+            .read()
+            .packages
+            .get(&(name.to_string(), version.to_string()))
+            .map(|p| p.record.clone());
         if let Some(existing) = existing {
             if existing.sha256 == sha256 {
                 return Ok(Uploaded::Unchanged(existing));
@@ -144,11 +166,10 @@ impl Packages {
             uploaded_at: OffsetDateTime::now_utc(),
         };
         self.shared.store.commit(vec![WriteOp::put_package(&record)?]).await?;
-        self.shared
-            .read_model
-            .write()
-            .packages
-            .insert((name.to_string(), version.to_string()), PackageView { record: record.clone(), spec: Arc::new(spec) });
+        self.shared.read_model.write().packages.insert(
+            (name.to_string(), version.to_string()),
+            PackageView { record: record.clone(), spec: Arc::new(spec) },
+        );
         Ok(Uploaded::Created(record))
     }
 }
@@ -189,7 +210,10 @@ impl Handler<DeletePackage> for Supervisor {
             })
         };
         let Some((pkg, blob_in_use)) = removed else {
-            return Box::pin(futures::future::ready(Err(Error::not_found("package", format!("{}/{}", msg.name, msg.version)))));
+            return Box::pin(futures::future::ready(Err(Error::not_found(
+                "package",
+                format!("{}/{}", msg.name, msg.version),
+            ))));
         };
         Box::pin(async move {
             let op = WriteOp::delete_package(&msg.name, &msg.version);
@@ -197,10 +221,8 @@ impl Handler<DeletePackage> for Supervisor {
                 shared.read_model.write().packages.insert(key, pkg);
                 return Err(Error::from(e));
             }
-            if !blob_in_use {
-                if let Err(e) = shared.blobs.remove(&pkg.record.sha256).await {
-                    tracing::warn!(error = %e, "cannot remove package file");
-                }
+            if !blob_in_use && let Err(e) = shared.blobs.remove(&pkg.record.sha256).await {
+                tracing::warn!(error = %e, "cannot remove package file");
             }
             Ok(())
         })

@@ -66,7 +66,14 @@ impl PortAllocator {
 ///
 /// `pinned`: when given, only these nodes are used (each must exist and be
 /// Ready); instances are still spread over them by the same rule.
-pub fn place(state: &State, cluster: &str, n: usize, pinned: Option<&[NodeId]>, now: time::OffsetDateTime, ready: impl Fn(&super::read_model::NodeView, time::OffsetDateTime) -> NodeStatus) -> Result<Vec<NodeId>, Error> {
+pub fn place(
+    state: &State,
+    cluster: &str,
+    n: usize,
+    pinned: Option<&[NodeId]>,
+    now: time::OffsetDateTime,
+    ready: impl Fn(&super::read_model::NodeView, time::OffsetDateTime) -> NodeStatus,
+) -> Result<Vec<NodeId>, Error> {
     let candidates: Vec<NodeId> = match pinned {
         Some(list) => {
             if list.is_empty() {
@@ -80,7 +87,9 @@ pub fn place(state: &State, cluster: &str, n: usize, pinned: Option<&[NodeId]>, 
             }
             list.to_vec()
         }
-        None => state.nodes.values().filter(|v| ready(v, now) == NodeStatus::Ready).map(|v| v.record.id.clone()).collect(),
+        None => {
+            state.nodes.values().filter(|v| ready(v, now) == NodeStatus::Ready).map(|v| v.record.id.clone()).collect()
+        }
     };
     if candidates.is_empty() {
         return Err(Error::unavailable("no Ready node to place instances on"));
@@ -91,10 +100,10 @@ pub fn place(state: &State, cluster: &str, n: usize, pinned: Option<&[NodeId]>, 
         if let Some(c) = total.get_mut(&i.node) {
             *c += 1;
         }
-        if i.cluster == cluster {
-            if let Some(c) = in_cluster.get_mut(&i.node) {
-                *c += 1;
-            }
+        if i.cluster == cluster
+            && let Some(c) = in_cluster.get_mut(&i.node)
+        {
+            *c += 1;
         }
     }
     let mut chosen = Vec::with_capacity(n);

@@ -173,7 +173,12 @@ impl NodeView {
     /// Ready while connected and heard from recently; Unknown after
     /// `unknown_after` of silence (or right after a disconnect); Down after
     /// `down_after`. Derived at read time, so no timer has to flip it.
-    pub fn status_at(&self, now: OffsetDateTime, unknown_after: std::time::Duration, down_after: std::time::Duration) -> NodeStatus {
+    pub fn status_at(
+        &self,
+        now: OffsetDateTime,
+        unknown_after: std::time::Duration,
+        down_after: std::time::Duration,
+    ) -> NodeStatus {
         let silent = self
             .last_heartbeat
             .map(|t| (now - t).try_into().unwrap_or(std::time::Duration::ZERO))

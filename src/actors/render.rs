@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::protocol::messages::{ProcessSpec, RenderedFile};
 use crate::spec::render::{ClusterCtx, ComponentCtx, InstanceCtx, MemberCtx, RenderContext, RoleCtx};
 use crate::spec::{ComponentSpec, RoleSpec};
-use crate::storage::records::{ClusterRecord, InstanceRecord};
+use crate::storage::records::{ClusterRecord, InstanceRecord, PackageRecord};
 
 use super::instance::InstallPayload;
 use super::read_model::State;
@@ -23,12 +23,15 @@ pub fn instance_dir(state: &State, inst: &InstanceRecord) -> String {
 }
 
 /// The context for rendering `inst`'s files, given every member of its cluster.
-pub fn context(spec: &ComponentSpec, cluster: &ClusterRecord, members: &[InstanceRecord], inst: &InstanceRecord, state: &State) -> RenderContext {
-    let mut roles: BTreeMap<String, RoleCtx> = spec
-        .roles
-        .iter()
-        .map(|r| (r.name.clone(), RoleCtx { count: 0, members: Vec::new() }))
-        .collect();
+pub fn context(
+    spec: &ComponentSpec,
+    cluster: &ClusterRecord,
+    members: &[InstanceRecord],
+    inst: &InstanceRecord,
+    state: &State,
+) -> RenderContext {
+    let mut roles: BTreeMap<String, RoleCtx> =
+        spec.roles.iter().map(|r| (r.name.clone(), RoleCtx { count: 0, members: Vec::new() })).collect();
     for m in members {
         let role = roles.entry(m.role.clone()).or_insert_with(|| RoleCtx { count: 0, members: Vec::new() });
         role.count += 1;
@@ -66,7 +69,14 @@ pub fn context(spec: &ComponentSpec, cluster: &ClusterRecord, members: &[Instanc
 }
 
 /// The rendered files of one instance.
-pub fn files(spec: &ComponentSpec, role: &RoleSpec, cluster: &ClusterRecord, members: &[InstanceRecord], inst: &InstanceRecord, state: &State) -> Result<Vec<RenderedFile>, Error> {
+pub fn files(
+    spec: &ComponentSpec,
+    role: &RoleSpec,
+    cluster: &ClusterRecord,
+    members: &[InstanceRecord],
+    inst: &InstanceRecord,
+    state: &State,
+) -> Result<Vec<RenderedFile>, Error> {
     let ctx = context(spec, cluster, members, inst, state);
     Ok(crate::spec::render::render_files(role, &ctx)?)
 }
@@ -78,8 +88,7 @@ pub fn install_payload(
     members: &[InstanceRecord],
     inst: &InstanceRecord,
     state: &State,
-    package_sha256: &str,
-    package_size: u64,
+    package: &PackageRecord,
     blob: PathBuf,
 ) -> Result<InstallPayload, Error> {
     let role = spec
@@ -99,8 +108,8 @@ pub fn install_payload(
             env,
         },
         files,
-        package_sha256: package_sha256.to_string(),
-        package_size,
+        package_sha256: package.sha256.clone(),
+        package_size: package.size,
         blob,
     })
 }

@@ -20,8 +20,8 @@ use crate::ids::{ClusterId, InstanceId, NodeId, OperationId, validate_name};
 use crate::spec::RoleSpec;
 use crate::storage::WriteOp;
 use crate::storage::records::{
-    ClusterRecord, ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, OperationRecord, OperationStatus, PackageRef, RECORD_VERSION,
-    RoleState,
+    ClusterRecord, ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, OperationRecord, OperationStatus,
+    PackageRef, RECORD_VERSION, RoleState,
 };
 
 /// A request to create a cluster (already parsed from JSON).
@@ -134,7 +134,9 @@ impl Actor for Supervisor {
         for mut c in boot.clusters {
             if let Some(op) = c.operation.take() {
                 c.status = ClusterStatus::Error;
-                c.status_description = format!("operation {op} was interrupted by a master restart; check the instances, then start, stop or delete the cluster");
+                c.status_description = format!(
+                    "operation {op} was interrupted by a master restart; check the instances, then start, stop or delete the cluster"
+                );
                 if let Ok(w) = WriteOp::put_cluster(&c) {
                     writes.push(w);
                 }
@@ -157,7 +159,14 @@ impl Actor for Supervisor {
 
 /// Places `n` new instances of `role` (ordinals from `first_ordinal`),
 /// allocating their ports. Nothing is persisted here.
-pub fn place_instances(shared: &Shared, cluster: &ClusterRecord, role: &RoleSpec, first_ordinal: u32, n: u32, pinned: Option<&[NodeId]>) -> Result<Vec<InstanceRecord>, Error> {
+pub fn place_instances(
+    shared: &Shared,
+    cluster: &ClusterRecord,
+    role: &RoleSpec,
+    first_ordinal: u32,
+    n: u32,
+    pinned: Option<&[NodeId]>,
+) -> Result<Vec<InstanceRecord>, Error> {
     let timing = shared.timing;
     let now = OffsetDateTime::now_utc();
     let state = shared.read_model.read();
@@ -217,7 +226,10 @@ impl Supervisor {
         for role in req.roles.keys() {
             if spec.role(role).is_none() {
                 let known: Vec<&str> = spec.roles.iter().map(|r| r.name.as_str()).collect();
-                return Err(Error::spec(format!("roles.{role}"), format!("package {} has no role {role:?} (roles: {})", req.package, known.join(", "))));
+                return Err(Error::spec(
+                    format!("roles.{role}"),
+                    format!("package {} has no role {role:?} (roles: {})", req.package, known.join(", ")),
+                ));
             }
         }
         let config = spec.resolve_config(&req.config, None)?;
@@ -282,9 +294,8 @@ impl Handler<CreateCluster> for Supervisor {
         self.clusters.insert(name.clone(), addr.clone());
         self.stats.end(None);
         Box::pin(
-            async move { addr.send(RunOperation(OpRequest::Create { pending, params })).await }
-                .into_actor(self)
-                .map(move |res, act, _| {
+            async move { addr.send(RunOperation(OpRequest::Create { pending, params })).await }.into_actor(self).map(
+                move |res, act, _| {
                     let res = res.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))));
                     if res.is_err() {
                         if let Some(addr) = act.clusters.remove(&name) {
@@ -293,7 +304,8 @@ impl Handler<CreateCluster> for Supervisor {
                         act.shared.read_model.write().clusters.remove(&name);
                     }
                     res
-                }),
+                },
+            ),
         )
     }
 }
@@ -333,7 +345,10 @@ impl Handler<InstanceExited> for Supervisor {
         if !msg.stderr_tail.trim().is_empty() {
             description.push_str(&format!("; stderr: {}", msg.stderr_tail.trim()));
         }
-        addr.do_send(InstanceObserved { instance: msg.instance, observation: Observation::Exited { pid: msg.pid, description } });
+        addr.do_send(InstanceObserved {
+            instance: msg.instance,
+            observation: Observation::Exited { pid: msg.pid, description },
+        });
     }
 }
 

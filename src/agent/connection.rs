@@ -23,7 +23,10 @@ use super::node::{Node, failure};
 use super::process::users::RunAs;
 use crate::protocol::codec::{AgentCodec, ProtocolError};
 use crate::protocol::handshake::agent_handshake;
-use crate::protocol::messages::{AgentEvent, AgentFrame, AgentRequest, AgentResponse, FailureKind, Hello, InstallBegin, MasterFrame, PROTOCOL_VERSION};
+use crate::protocol::messages::{
+    AgentEvent, AgentFrame, AgentRequest, AgentResponse, FailureKind, Hello, InstallBegin, MasterFrame,
+    PROTOCOL_VERSION,
+};
 
 /// Who this agent is, for the handshake.
 #[derive(Debug, Clone)]
@@ -44,7 +47,14 @@ struct PendingInstall {
 }
 
 /// Dials the master until `shutdown` fires; serves each connection until it drops.
-pub async fn serve(node: Arc<Node>, identity: Identity, master: SocketAddr, handshake_timeout: Duration, max_backoff: Duration, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+pub async fn serve(
+    node: Arc<Node>,
+    identity: Identity,
+    master: SocketAddr,
+    handshake_timeout: Duration,
+    max_backoff: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     let mut backoff = Duration::from_millis(50);
     loop {
         if *shutdown.borrow() {
@@ -59,7 +69,11 @@ pub async fn serve(node: Arc<Node>, identity: Identity, master: SocketAddr, hand
                 };
                 match result {
                     Err(ProtocolError::VersionMismatch { ours, theirs }) => {
-                        tracing::error!(ours, theirs, "the master speaks another protocol version; upgrade one of them");
+                        tracing::error!(
+                            ours,
+                            theirs,
+                            "the master speaks another protocol version; upgrade one of them"
+                        );
                     }
                     Err(e) => tracing::warn!(error = %crate::error::ErrorChain(&e), "connection to master ended"),
                     Ok(()) => tracing::warn!("master closed the connection"),
@@ -79,18 +93,23 @@ pub async fn serve(node: Arc<Node>, identity: Identity, master: SocketAddr, hand
 /// Connects from this node's address when it is local (so the master sees
 /// the node's own address), else from any.
 async fn dial(master: SocketAddr, address: &str) -> std::io::Result<TcpStream> {
-    if let Ok(ip) = address.parse::<std::net::IpAddr>() {
-        if ip.is_ipv4() == master.is_ipv4() {
-            let socket = if ip.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
-            if socket.bind(SocketAddr::new(ip, 0)).is_ok() {
-                return socket.connect(master).await;
-            }
+    if let Ok(ip) = address.parse::<std::net::IpAddr>()
+        && ip.is_ipv4() == master.is_ipv4()
+    {
+        let socket = if ip.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        if socket.bind(SocketAddr::new(ip, 0)).is_ok() {
+            return socket.connect(master).await;
         }
     }
     TcpStream::connect(master).await
 }
 
-async fn session(node: &Arc<Node>, identity: &Identity, stream: TcpStream, handshake_timeout: Duration) -> Result<(), ProtocolError> {
+async fn session(
+    node: &Arc<Node>,
+    identity: &Identity,
+    stream: TcpStream,
+    handshake_timeout: Duration,
+) -> Result<(), ProtocolError> {
     stream.set_nodelay(true).map_err(ProtocolError::Io)?;
     let mut framed = tokio_util::codec::Framed::new(stream, AgentCodec::default());
     let hello = Hello {
@@ -160,9 +179,16 @@ fn reply(tx: &mpsc::Sender<AgentFrame>, request_id: u64, body: AgentResponse) {
     });
 }
 
-async fn handle(node: &Arc<Node>, tx: &mpsc::Sender<AgentFrame>, installs: &mut HashMap<u64, PendingInstall>, request_id: u64, body: AgentRequest) {
+async fn handle(
+    node: &Arc<Node>,
+    tx: &mpsc::Sender<AgentFrame>,
+    installs: &mut HashMap<u64, PendingInstall>,
+    request_id: u64,
+    body: AgentRequest,
+) {
     match body {
         AgentRequest::InstallBegin(begin) => {
+            let begin = *begin;
             let run_as = match node.check_install(&begin).await {
                 Ok(u) => u,
                 Err(resp) => return reply(tx, request_id, resp),
@@ -174,24 +200,36 @@ async fn handle(node: &Arc<Node>, tx: &mpsc::Sender<AgentFrame>, installs: &mut 
                 let node = node.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let resp = match installer::extract_file(&cached, &staging, &crate::package::ExtractLimits::default()).await {
-                        Ok(_) => node.complete_install(begin, staging, run_as).await,
-                        Err(e) => {
-                            let _ = tokio::fs::remove_dir_all(&staging).await;
-                            failure(FailureKind::Install, format!("extracting the cached package: {}", crate::error::ErrorChain(&e)))
-                        }
-                    };
+                    let resp =
+                        match installer::extract_file(&cached, &staging, &crate::package::ExtractLimits::default())
+                            .await
+                        {
+                            Ok(_) => node.complete_install(begin, staging, run_as).await,
+                            Err(e) => {
+                                let _ = tokio::fs::remove_dir_all(&staging).await;
+                                failure(
+                                    FailureKind::Install,
+                                    format!("extracting the cached package: {}", crate::error::ErrorChain(&e)),
+                                )
+                            }
+                        };
                     let _ = tx.send(AgentFrame::Response { request_id, body: resp }).await;
                 });
                 return;
             }
             let tee = node.package_cache.join(format!(".incoming-{tag}"));
-            match StreamingExtractor::start(staging.clone(), crate::package::ExtractLimits::default(), Some(tee.clone())) {
+            match StreamingExtractor::start(
+                staging.clone(),
+                crate::package::ExtractLimits::default(),
+                Some(tee.clone()),
+            ) {
                 Ok(extractor) => {
                     installs.insert(request_id, PendingInstall { begin, run_as, staging, tee, extractor });
                     reply(tx, request_id, AgentResponse::InstallReady { need_bytes: true });
                 }
-                Err(e) => reply(tx, request_id, failure(FailureKind::Install, crate::error::ErrorChain(&e).to_string())),
+                Err(e) => {
+                    reply(tx, request_id, failure(FailureKind::Install, crate::error::ErrorChain(&e).to_string()))
+                }
             }
         }
         AgentRequest::InstallData { bytes, .. } => {
@@ -217,12 +255,17 @@ async fn handle(node: &Arc<Node>, tx: &mpsc::Sender<AgentFrame>, installs: &mut 
                 let resp = match p.extractor.finish(&sha, p.begin.package_size).await {
                     Ok(_) => {
                         // Keep the package so later instances skip the transfer.
-                        if let Err(e) = tokio::fs::rename(&p.tee, node.package_cache.join(format!("{sha}.tar.gz"))).await {
+                        if let Err(e) =
+                            tokio::fs::rename(&p.tee, node.package_cache.join(format!("{sha}.tar.gz"))).await
+                        {
                             tracing::warn!(error = %e, "cannot cache package");
                         }
                         node.complete_install(p.begin, p.staging, p.run_as).await
                     }
-                    Err(e) => failure(FailureKind::Install, format!("install of {}: {}", p.begin.instance, crate::error::ErrorChain(&e))),
+                    Err(e) => failure(
+                        FailureKind::Install,
+                        format!("install of {}: {}", p.begin.instance, crate::error::ErrorChain(&e)),
+                    ),
                 };
                 let _ = tx.send(AgentFrame::Response { request_id, body: resp }).await;
             });
@@ -232,7 +275,9 @@ async fn handle(node: &Arc<Node>, tx: &mpsc::Sender<AgentFrame>, installs: &mut 
             let tx = tx.clone();
             tokio::spawn(async move {
                 let resp = match other {
-                    AgentRequest::WriteFiles { instance, generation, files } => node.write_files(&instance, generation, files).await,
+                    AgentRequest::WriteFiles { instance, generation, files } => {
+                        node.write_files(&instance, generation, files).await
+                    }
                     AgentRequest::Start { instance, generation } => node.start(&instance, generation).await,
                     AgentRequest::Stop { instance, generation } => node.stop(&instance, generation).await,
                     AgentRequest::Delete { instance, generation } => node.delete(&instance, generation).await,

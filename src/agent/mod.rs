@@ -28,17 +28,21 @@ pub enum AgentError {
     #[error("cannot open the agent's store")]
     Storage(#[source] crate::storage::StorageError),
     #[error("cannot prepare {path}")]
-    Io { path: String, #[source] source: std::io::Error },
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Runs an agent until `shutdown` resolves.
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
     let port_range = cfg.ports().map_err(AgentError::Config)?;
-    let master: SocketAddr = cfg
-        .master_addr
-        .parse()
-        .map_err(|_| AgentError::Config(crate::config::ConfigError::Invalid { key: "master_addr", message: cfg.master_addr.clone() }))?;
-    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| AgentError::Io { path: cfg.data_dir.display().to_string(), source })?;
+    let master: SocketAddr = cfg.master_addr.parse().map_err(|_| {
+        AgentError::Config(crate::config::ConfigError::Invalid { key: "master_addr", message: cfg.master_addr.clone() })
+    })?;
+    std::fs::create_dir_all(&cfg.data_dir)
+        .map_err(|source| AgentError::Io { path: cfg.data_dir.display().to_string(), source })?;
     let store = AgentStore::open(&cfg.data_dir.join("db")).map_err(AgentError::Storage)?;
     let processes = process::ProcessController::new(&cfg.node_id, cfg.use_cgroups);
     let cgroups = processes.cgroups_enabled();

@@ -18,7 +18,9 @@ use super::files::{file_sha256, write_rendered_files};
 use super::installer;
 use super::process::{ProcessController, StartRequest, StopRequest, users};
 use crate::ids::InstanceId;
-use crate::protocol::messages::{AgentEvent, AgentFrame, AgentResponse, CommandFailure, FailureKind, InstallBegin, InstanceReport, RenderedFile};
+use crate::protocol::messages::{
+    AgentEvent, AgentFrame, AgentResponse, CommandFailure, FailureKind, InstallBegin, InstanceReport, RenderedFile,
+};
 use crate::storage::agent_records::{AgentInstanceRecord, PidIdentity, Tombstone};
 use crate::storage::records::RECORD_VERSION;
 use crate::storage::{AgentStore, WriteOp};
@@ -56,7 +58,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Node {
-    pub fn new(store: AgentStore, processes: ProcessController, data_dir: &Path, policy: RunAsPolicy) -> std::io::Result<Arc<Node>> {
+    pub fn new(
+        store: AgentStore,
+        processes: ProcessController,
+        data_dir: &Path,
+        policy: RunAsPolicy,
+    ) -> std::io::Result<Arc<Node>> {
         let root = data_dir.join("instances");
         let package_cache = data_dir.join("packages");
         std::fs::create_dir_all(&root)?;
@@ -113,7 +120,8 @@ impl Node {
             tracing::info!(instance = %t.id, "finishing a delete interrupted by an agent restart");
             let _ = self.delete(&t.id, t.generation).await;
         }
-        let slots: Vec<(InstanceId, Arc<Slot>)> = lock(&self.slots).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let slots: Vec<(InstanceId, Arc<Slot>)> =
+            lock(&self.slots).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         for (id, slot) in slots {
             let mut guard = slot.record.lock().await;
             let Some(rec) = guard.as_mut() else { continue };
@@ -166,7 +174,10 @@ impl Node {
         }
         let name = wanted.or(self.policy.default_run_as.as_deref()).unwrap_or("nobody");
         if name == "root" && !self.policy.allow_root {
-            return Err(failure(FailureKind::BadRequest, "run_as = \"root\" is refused by this agent (allow_root = false)"));
+            return Err(failure(
+                FailureKind::BadRequest,
+                "run_as = \"root\" is refused by this agent (allow_root = false)",
+            ));
         }
         users::resolve(name).map_err(|e| failure(FailureKind::BadRequest, format!("run_as {name:?}: {e}")))
     }
@@ -180,18 +191,18 @@ impl Node {
         }
         let mut p = Some(self.root.as_path());
         while let Some(dir) = p {
-            if let Ok(meta) = std::fs::metadata(dir) {
-                if meta.permissions().mode() & 0o001 == 0 {
-                    return Err(failure(
-                        FailureKind::BadRequest,
-                        format!(
-                            "user {} cannot reach {} ({} is not searchable by others); put the agent's data_dir elsewhere or set default_run_as",
-                            run_as.name,
-                            self.root.display(),
-                            dir.display()
-                        ),
-                    ));
-                }
+            if let Ok(meta) = std::fs::metadata(dir)
+                && meta.permissions().mode() & 0o001 == 0
+            {
+                return Err(failure(
+                    FailureKind::BadRequest,
+                    format!(
+                        "user {} cannot reach {} ({} is not searchable by others); put the agent's data_dir elsewhere or set default_run_as",
+                        run_as.name,
+                        self.root.display(),
+                        dir.display()
+                    ),
+                ));
             }
             p = dir.parent();
         }
@@ -210,7 +221,10 @@ impl Node {
     /// Checks an install header before any byte is written.
     pub async fn check_install(&self, begin: &InstallBegin) -> Result<users::RunAs, AgentResponse> {
         if !begin.instance.is_safe_path_component() {
-            return Err(failure(FailureKind::BadRequest, format!("instance id {:?} is not a safe name", begin.instance)));
+            return Err(failure(
+                FailureKind::BadRequest,
+                format!("instance id {:?} is not a safe name", begin.instance),
+            ));
         }
         let slot = self.slot(&begin.instance);
         let guard = slot.record.lock().await;
@@ -219,7 +233,10 @@ impl Node {
                 return Err(stale(&begin.instance, begin.generation, r.generation));
             }
             if r.pid.as_ref().is_some_and(|p| self.processes.is_alive(p)) {
-                return Err(failure(FailureKind::BadRequest, format!("instance {} is running; stop it before installing", begin.instance)));
+                return Err(failure(
+                    FailureKind::BadRequest,
+                    format!("instance {} is running; stop it before installing", begin.instance),
+                ));
             }
         }
         drop(guard);
@@ -234,11 +251,11 @@ impl Node {
     pub async fn complete_install(&self, begin: InstallBegin, staging: PathBuf, run_as: users::RunAs) -> AgentResponse {
         let slot = self.slot(&begin.instance);
         let mut guard = slot.record.lock().await;
-        if let Some(r) = guard.as_ref() {
-            if begin.generation < r.generation {
-                let _ = tokio::fs::remove_dir_all(&staging).await;
-                return stale(&begin.instance, begin.generation, r.generation);
-            }
+        if let Some(r) = guard.as_ref()
+            && begin.generation < r.generation
+        {
+            let _ = tokio::fs::remove_dir_all(&staging).await;
+            return stale(&begin.instance, begin.generation, r.generation);
         }
         let dir = self.instance_dir(&begin.instance);
         let files = begin.files.clone();
@@ -249,7 +266,8 @@ impl Node {
                 installer::place_instance_dir(&staging, &dir).map_err(|e| crate::error::ErrorChain(&e).to_string())?;
                 write_rendered_files(&dir, &files, None).map_err(|e| crate::error::ErrorChain(&e).to_string())?;
                 if nix::unistd::geteuid().is_root() {
-                    installer::chown_tree_nofollow(&dir, owner.0, owner.1).map_err(|e| crate::error::ErrorChain(&e).to_string())?;
+                    installer::chown_tree_nofollow(&dir, owner.0, owner.1)
+                        .map_err(|e| crate::error::ErrorChain(&e).to_string())?;
                 }
                 Ok(files.len() as u32)
             }
@@ -296,7 +314,12 @@ impl Node {
         let written = tokio::task::spawn_blocking(move || write_rendered_files(&dir, &f, owner)).await;
         let changed = match written {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => return failure(FailureKind::Install, format!("writing files of {id}: {}", crate::error::ErrorChain(&e))),
+            Ok(Err(e)) => {
+                return failure(
+                    FailureKind::Install,
+                    format!("writing files of {id}: {}", crate::error::ErrorChain(&e)),
+                );
+            }
             Err(e) => return failure(FailureKind::Internal, format!("write task failed: {e}")),
         };
         rec.generation = generation;
@@ -326,7 +349,8 @@ impl Node {
         rec.generation = generation;
         rec.desired_running = true;
         let dir = self.instance_dir(id);
-        let req = StartRequest { instance: id, dir: &dir, spec: &rec.process, run_as: &run_as, current: rec.pid.as_ref() };
+        let req =
+            StartRequest { instance: id, dir: &dir, spec: &rec.process, run_as: &run_as, current: rec.pid.as_ref() };
         let started = self.processes.start(&req).await;
         match started {
             Ok(s) => {
@@ -389,13 +413,16 @@ impl Node {
     async fn stop_processes(&self, id: &InstanceId, rec: &AgentInstanceRecord) -> Result<bool, AgentResponse> {
         let run_as = users::resolve(&rec.run_as).unwrap_or_else(|_| users::current());
         let dir = self.instance_dir(id);
-        let req = StopRequest { instance: id, dir: &dir, spec: &rec.process, run_as: &run_as, current: rec.pid.as_ref() };
-        self.processes.stop(&req).await.map_err(|e| AgentResponse::Failed(CommandFailure {
-            kind: FailureKind::Stop,
-            message: crate::error::ErrorChain(&e).to_string(),
-            exit_code: e.exit_code(),
-            stderr_tail: e.stderr_tail().to_string(),
-        }))
+        let req =
+            StopRequest { instance: id, dir: &dir, spec: &rec.process, run_as: &run_as, current: rec.pid.as_ref() };
+        self.processes.stop(&req).await.map_err(|e| {
+            AgentResponse::Failed(CommandFailure {
+                kind: FailureKind::Stop,
+                message: crate::error::ErrorChain(&e).to_string(),
+                exit_code: e.exit_code(),
+                stderr_tail: e.stderr_tail().to_string(),
+            })
+        })
     }
 
     pub async fn delete(&self, id: &InstanceId, generation: u64) -> AgentResponse {
@@ -404,10 +431,10 @@ impl Node {
         }
         let slot = self.slot(id);
         let mut guard = slot.record.lock().await;
-        if let Some(rec) = guard.as_ref() {
-            if generation < rec.generation {
-                return stale(id, generation, rec.generation);
-            }
+        if let Some(rec) = guard.as_ref()
+            && generation < rec.generation
+        {
+            return stale(id, generation, rec.generation);
         }
         let existed = guard.is_some() || self.instance_dir(id).exists();
         // The tombstone makes the delete finish after a crash.
@@ -442,10 +469,10 @@ impl Node {
             let _ = self.processes.stop(&req).await;
         }
         let dir = self.instance_dir(id);
-        if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                return failure(FailureKind::Internal, format!("cannot remove {}: {e}", dir.display()));
-            }
+        if let Err(e) = tokio::fs::remove_dir_all(&dir).await
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return failure(FailureKind::Internal, format!("cannot remove {}: {e}", dir.display()));
         }
         let ops = vec![WriteOp::delete_agent_instance(id), WriteOp::delete_tombstone(id)];
         if let Err(e) = self.store.writer().commit(ops).await {
@@ -509,7 +536,10 @@ impl Node {
 }
 
 fn stale(id: &InstanceId, got: u64, have: u64) -> AgentResponse {
-    failure(FailureKind::StaleGeneration, format!("command for {id} has generation {got}, older than the applied {have}; refused"))
+    failure(
+        FailureKind::StaleGeneration,
+        format!("command for {id} has generation {got}, older than the applied {have}; refused"),
+    )
 }
 
 fn hashes(files: &[RenderedFile]) -> BTreeMap<String, String> {

@@ -44,9 +44,16 @@ pub async fn create(state: web::Data<AppState>, body: web::Json<CreateClusterBod
     let roles = b
         .roles
         .into_iter()
-        .map(|(k, v)| (k, RoleRequest { count: v.count, nodes: v.nodes.map(|n| n.into_iter().map(NodeId::new).collect()) }))
+        .map(|(k, v)| {
+            (k, RoleRequest { count: v.count, nodes: v.nodes.map(|n| n.into_iter().map(NodeId::new).collect()) })
+        })
         .collect();
-    let req = CreateCluster { name: b.name, package: PackageRef { name: b.package.name, version: b.package.version }, roles, config: b.config };
+    let req = CreateCluster {
+        name: b.name,
+        package: PackageRef { name: b.package.name, version: b.package.version },
+        roles,
+        config: b.config,
+    };
     let op = state.supervisor.send(req).await.map_err(mailbox)??;
     Ok(accepted(&op))
 }
@@ -83,17 +90,27 @@ pub struct DeleteQuery {
     force: bool,
 }
 
-pub async fn delete(state: web::Data<AppState>, path: web::Path<String>, q: web::Query<DeleteQuery>) -> Result<HttpResponse, ApiError> {
+pub async fn delete(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    q: web::Query<DeleteQuery>,
+) -> Result<HttpResponse, ApiError> {
     // `force` is accepted for the API's shape; there is no destroy hook yet
     // that could veto a delete, so both behave the same.
     let _ = q.force;
     run(&state, &path.into_inner(), OpRequest::Delete).await
 }
 
-pub async fn scale(state: web::Data<AppState>, path: web::Path<String>, body: web::Json<ScaleBody>) -> Result<HttpResponse, ApiError> {
+pub async fn scale(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<ScaleBody>,
+) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     let req = match (b.add, b.remove) {
-        (Some(add), None) => OpRequest::ScaleOut { role: b.role, add, nodes: b.nodes.map(|n| n.into_iter().map(NodeId::new).collect()) },
+        (Some(add), None) => {
+            OpRequest::ScaleOut { role: b.role, add, nodes: b.nodes.map(|n| n.into_iter().map(NodeId::new).collect()) }
+        }
         (None, Some(remove)) => {
             if b.nodes.is_some() {
                 return Err(ApiError(Error::invalid("invalid_request", "nodes: only with add")));
@@ -103,12 +120,20 @@ pub async fn scale(state: web::Data<AppState>, path: web::Path<String>, body: we
             }
             OpRequest::ScaleIn { role: b.role, remove: remove.into_iter().map(InstanceId::new).collect() }
         }
-        _ => return Err(ApiError(Error::invalid("invalid_request", "give exactly one of add (a number) or remove (instance ids)"))),
+        _ => {
+            return Err(ApiError(Error::invalid(
+                "invalid_request",
+                "give exactly one of add (a number) or remove (instance ids)",
+            )));
+        }
     };
     run(&state, &path.into_inner(), req).await
 }
 
-pub async fn instance_verb(state: web::Data<AppState>, path: web::Path<(String, String, String)>) -> Result<HttpResponse, ApiError> {
+pub async fn instance_verb(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String, String)>,
+) -> Result<HttpResponse, ApiError> {
     let (name, id, verb) = path.into_inner();
     let verb = match verb.as_str() {
         "start" => InstanceVerb::Start,

@@ -9,8 +9,8 @@ use time::OffsetDateTime;
 
 use crate::actors::read_model::{NodeView, PackageView, State};
 use crate::storage::records::{
-    ClusterRecord, ClusterStatus, InstanceRecord, InstanceResult, InstanceStatus, NodeStatus, OperationKind, OperationRecord, OperationStatus,
-    StepStatus,
+    ClusterRecord, ClusterStatus, InstanceRecord, InstanceResult, InstanceStatus, NodeStatus, OperationKind,
+    OperationRecord, OperationStatus, StepStatus,
 };
 
 #[derive(Debug, Deserialize)]
@@ -196,7 +196,12 @@ impl From<&OperationRecord> for OperationDto {
             steps: o
                 .steps
                 .iter()
-                .map(|s| StepDto { name: s.name.clone(), status: s.status, error: s.error.clone(), results: s.results.iter().map(ResultDto::from).collect() })
+                .map(|s| StepDto {
+                    name: s.name.clone(),
+                    status: s.status,
+                    error: s.error.clone(),
+                    results: s.results.iter().map(ResultDto::from).collect(),
+                })
                 .collect(),
             progress: ProgressDto { done, total },
             error: o.error.clone(),

@@ -66,7 +66,9 @@ impl ResponseError for ApiError {
 pub fn json_error(err: actix_web::error::JsonPayloadError, _req: &actix_web::HttpRequest) -> actix_web::Error {
     use actix_web::error::JsonPayloadError as J;
     let e = match &err {
-        J::OverflowKnownLength { length, limit } => Error::TooLarge { message: format!("JSON body of {length} bytes is over the limit of {limit}") },
+        J::OverflowKnownLength { length, limit } => {
+            Error::TooLarge { message: format!("JSON body of {length} bytes is over the limit of {limit}") }
+        }
         J::Overflow { limit } => Error::TooLarge { message: format!("JSON body is over the limit of {limit} bytes") },
         J::ContentType => Error::invalid("invalid_content_type", "send the body as application/json"),
         J::Deserialize(d) => Error::invalid("invalid_json", format!("invalid request body: {d}")),

@@ -9,16 +9,22 @@ use super::error::ApiError;
 use crate::actors::packages::{DeletePackage, Packages, Uploaded};
 use crate::error::Error;
 
-pub async fn upload(state: web::Data<AppState>, path: web::Path<(String, String)>, req: HttpRequest, body: web::Payload) -> Result<HttpResponse, ApiError> {
+pub async fn upload(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    req: HttpRequest,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
     let (name, version) = path.into_inner();
     Packages::check_names(&name, &version)?;
     // Refuse early when the client announces a body over the cap.
-    if let Some(len) = req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
-        if len > state.max_upload_bytes {
-            return Err(ApiError(Error::TooLarge {
-                message: format!("package of {len} bytes is larger than the limit of {} bytes", state.max_upload_bytes),
-            }));
-        }
+    if let Some(len) =
+        req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
+        && len > state.max_upload_bytes
+    {
+        return Err(ApiError(Error::TooLarge {
+            message: format!("package of {len} bytes is larger than the limit of {} bytes", state.max_upload_bytes),
+        }));
     }
     let uploaded = state.packages.upload(&name, &version, body).await?;
     let view = {
@@ -41,7 +47,10 @@ pub async fn list(state: web::Data<AppState>) -> HttpResponse {
 pub async fn get(state: web::Data<AppState>, path: web::Path<(String, String)>) -> Result<HttpResponse, ApiError> {
     let (name, version) = path.into_inner();
     let s = state.read_model.read();
-    let p = s.packages.get(&(name.clone(), version.clone())).ok_or_else(|| Error::not_found("package", format!("{name}/{version}")))?;
+    let p = s
+        .packages
+        .get(&(name.clone(), version.clone()))
+        .ok_or_else(|| Error::not_found("package", format!("{name}/{version}")))?;
     Ok(HttpResponse::Ok().json(json!({ "package": PackageDto::from(p), "spec": p.record.spec_toml })))
 }
 

@@ -77,9 +77,11 @@ pub struct OpsQuery {
 
 pub async fn list_operations(state: web::Data<AppState>, q: web::Query<OpsQuery>) -> HttpResponse {
     let s = state.read_model.read();
-    let mut ops: Vec<_> = s.operations.values().filter(|o| q.cluster.as_ref().is_none_or(|c| &o.cluster == c)).collect();
-    ops.sort_by(|a, b| b.created_at.cmp(&a.created_at));
-    let dtos: Vec<OperationDto> = ops.into_iter().take(q.limit.unwrap_or(100).min(1000)).map(OperationDto::from).collect();
+    let mut ops: Vec<_> =
+        s.operations.values().filter(|o| q.cluster.as_ref().is_none_or(|c| &o.cluster == c)).collect();
+    ops.sort_by_key(|o| std::cmp::Reverse(o.created_at));
+    let dtos: Vec<OperationDto> =
+        ops.into_iter().take(q.limit.unwrap_or(100).min(1000)).map(OperationDto::from).collect();
     HttpResponse::Ok().json(json!({ "operations": dtos }))
 }
 
@@ -90,9 +92,14 @@ pub struct WaitQuery {
     wait: Option<u64>,
 }
 
-pub async fn get_operation(state: web::Data<AppState>, path: web::Path<String>, q: web::Query<WaitQuery>) -> Result<HttpResponse, ApiError> {
+pub async fn get_operation(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    q: web::Query<WaitQuery>,
+) -> Result<HttpResponse, ApiError> {
     let raw = path.into_inner();
-    let id: OperationId = raw.parse().map_err(|_| Error::invalid("invalid_id", format!("{raw:?} is not an operation id")))?;
+    let id: OperationId =
+        raw.parse().map_err(|_| Error::invalid("invalid_id", format!("{raw:?} is not an operation id")))?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait.unwrap_or(0).min(120));
     loop {
         // Register for the wake-up before looking, so a change between the

@@ -14,14 +14,24 @@ use crate::storage::records::ClusterStatus;
 pub fn push_starts(p: &mut Plan, groups: &[(i32, Vec<InstanceId>)], status: Option<ClusterStatus>, undo: bool) {
     for (i, (order, ids)) in groups.iter().enumerate() {
         let undo = if undo { vec![Action::Stop(ids.clone())] } else { vec![] };
-        p.push(Step::new(format!("start-order-{order}"), if i == 0 { status } else { None }, Action::Start(ids.clone()), undo));
+        p.push(Step::new(
+            format!("start-order-{order}"),
+            if i == 0 { status } else { None },
+            Action::Start(ids.clone()),
+            undo,
+        ));
     }
 }
 
 /// Appends one stop step per order group, highest order first.
 pub fn push_stops(p: &mut Plan, groups: &[(i32, Vec<InstanceId>)], status: Option<ClusterStatus>) {
     for (i, (order, ids)) in groups.iter().rev().enumerate() {
-        p.push(Step::new(format!("stop-order-{order}"), if i == 0 { status } else { None }, Action::Stop(ids.clone()), vec![]));
+        p.push(Step::new(
+            format!("stop-order-{order}"),
+            if i == 0 { status } else { None },
+            Action::Stop(ids.clone()),
+            vec![],
+        ));
     }
 }
 

@@ -13,7 +13,12 @@ use crate::storage::records::{OperationRecord, OperationStatus, StepRecord, Step
 pub enum Outcome {
     Succeeded,
     /// A step failed; `undone` says whether every completed step was undone.
-    Failed { step: String, error: String, undone: bool, rolled_back: bool },
+    Failed {
+        step: String,
+        error: String,
+        undone: bool,
+        rolled_back: bool,
+    },
 }
 
 /// Fills `record.steps` from `plan` (all `Pending`).
@@ -37,11 +42,11 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
 
     let mut failure = None;
     for (i, step) in plan.steps.iter().enumerate() {
-        if let Some(status) = step.status {
-            if let Err(e) = ctx.set_status(status, &format!("{}: {}", kind_label(record), step.name)).await {
-                failure = Some((i, format!("cannot record cluster status: {e}")));
-                break;
-            }
+        if let Some(status) = step.status
+            && let Err(e) = ctx.set_status(status, &format!("{}: {}", kind_label(record), step.name)).await
+        {
+            failure = Some((i, format!("cannot record cluster status: {e}")));
+            break;
         }
         record.steps[i].status = StepStatus::Running;
         journal(ctx, record).await;
@@ -113,7 +118,10 @@ async fn complete<C: OperationContext>(ctx: &C, record: &OperationRecord, outcom
     }
 }
 
-async fn run_with_deadline<C: OperationContext>(ctx: &C, action: &Action) -> Result<Vec<crate::storage::records::InstanceResult>, StepFailure> {
+async fn run_with_deadline<C: OperationContext>(
+    ctx: &C,
+    action: &Action,
+) -> Result<Vec<crate::storage::records::InstanceResult>, StepFailure> {
     let deadline = ctx.deadline(action);
     match tokio::time::timeout(deadline, ctx.run_action(action)).await {
         Ok(r) => r,
@@ -168,7 +176,10 @@ mod tests {
     }
 
     impl OperationContext for Fake {
-        async fn run_action(&self, action: &Action) -> Result<Vec<crate::storage::records::InstanceResult>, StepFailure> {
+        async fn run_action(
+            &self,
+            action: &Action,
+        ) -> Result<Vec<crate::storage::records::InstanceResult>, StepFailure> {
             let l = label(action);
             if self.hang.borrow().as_deref() == Some(l.as_str()) {
                 futures::future::pending::<()>().await;
@@ -202,8 +213,18 @@ mod tests {
 
     fn plan() -> Plan {
         let mut p = Plan::default();
-        p.push(Step::new("install", Some(ClusterStatus::Installing), Action::Install(ids("a")), vec![Action::DeleteOnAgent(ids("a"))]));
-        p.push(Step::new("start-0", Some(ClusterStatus::Starting), Action::Start(ids("a")), vec![Action::Stop(ids("a"))]));
+        p.push(Step::new(
+            "install",
+            Some(ClusterStatus::Installing),
+            Action::Install(ids("a")),
+            vec![Action::DeleteOnAgent(ids("a"))],
+        ));
+        p.push(Step::new(
+            "start-0",
+            Some(ClusterStatus::Starting),
+            Action::Start(ids("a")),
+            vec![Action::Stop(ids("a"))],
+        ));
         p.push(Step::new("start-1", None, Action::Start(ids("b")), vec![Action::Stop(ids("b"))]));
         p.push(Step::new("empty", None, Action::Start(vec![]), vec![]));
         p
@@ -241,7 +262,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_failure_at_each_step_undoes_the_completed_ones_in_reverse() {
-        let expected_undo = [vec!["DeleteOnAgent:a"], vec!["Stop:a", "DeleteOnAgent:a"], vec!["Stop:b", "Stop:a", "DeleteOnAgent:a"]];
+        let expected_undo =
+            [vec!["DeleteOnAgent:a"], vec!["Stop:a", "DeleteOnAgent:a"], vec!["Stop:b", "Stop:a", "DeleteOnAgent:a"]];
         let failing = ["Install:a", "Start:a", "Start:b"];
         for (i, f) in failing.iter().enumerate() {
             let ctx = Fake::default();

@@ -35,7 +35,10 @@ pub fn scale_out(new: &[(i32, Vec<InstanceId>)], existing: &[InstanceId]) -> Pla
     ));
     super::lifecycle::push_starts(&mut p, new, None, true);
     // No undo of its own: the allocate step's undo renders the old membership.
-    p.push(Step::new("configure", Some(ClusterStatus::Configuring), Action::WriteFiles(members), vec![]).covered_by_earlier_undo());
+    p.push(
+        Step::new("configure", Some(ClusterStatus::Configuring), Action::WriteFiles(members), vec![])
+            .covered_by_earlier_undo(),
+    );
     p
 }
 
@@ -52,7 +55,12 @@ pub fn scale_in(removed: &[(i32, Vec<InstanceId>)], remaining: &[InstanceId]) ->
         ));
     }
     // No undo: the directories and their data are gone.
-    p.push(Step::new("delete-instances", Some(ClusterStatus::DeletingInstances), Action::DeleteOnAgent(all.clone()), vec![]));
+    p.push(Step::new(
+        "delete-instances",
+        Some(ClusterStatus::DeletingInstances),
+        Action::DeleteOnAgent(all.clone()),
+        vec![],
+    ));
     p.push(Step::new("forget", None, Action::Forget(all), vec![]));
     p.push(Step::new("configure", Some(ClusterStatus::Configuring), Action::WriteFiles(remaining.to_vec()), vec![]));
     p

@@ -169,7 +169,7 @@ mod tests {
     fn requests() -> Vec<AgentRequest> {
         let file = RenderedFile { path: "conf/app.conf".into(), contents: b"port = 1\n".to_vec(), mode: 0o640 };
         vec![
-            AgentRequest::InstallBegin(InstallBegin {
+            AgentRequest::InstallBegin(Box::new(InstallBegin {
                 instance: inst(),
                 generation: 7,
                 run_as: Some("app".into()),
@@ -184,7 +184,7 @@ mod tests {
                 files: vec![file.clone()],
                 package_sha256: "ab".repeat(32),
                 package_size: 12345,
-            }),
+            })),
             AgentRequest::InstallData { instance: inst(), seq: 3, bytes: vec![0, 1, 2, 255] },
             AgentRequest::InstallEnd { instance: inst() },
             AgentRequest::WriteFiles { instance: inst(), generation: 8, files: vec![file] },

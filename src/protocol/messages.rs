@@ -38,8 +38,13 @@ pub const MAX_FRAME_BYTES: usize = 8 * 1024 * 1024;
 pub enum MasterFrame {
     Welcome(Welcome),
     /// The handshake failed; the master closes the connection after this.
-    Refused { reason: String },
-    Request { request_id: u64, body: AgentRequest },
+    Refused {
+        reason: String,
+    },
+    Request {
+        request_id: u64,
+        body: AgentRequest,
+    },
 }
 
 /// A frame sent by an agent.
@@ -47,8 +52,13 @@ pub enum MasterFrame {
 pub enum AgentFrame {
     Hello(Hello),
     /// The agent refuses the master (e.g. protocol version mismatch).
-    Refused { reason: String },
-    Response { request_id: u64, body: AgentResponse },
+    Refused {
+        reason: String,
+    },
+    Response {
+        request_id: u64,
+        body: AgentResponse,
+    },
     Event(AgentEvent),
 }
 
@@ -97,16 +107,36 @@ pub struct InstanceReport {
 /// What the master asks an agent to do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum AgentRequest {
-    InstallBegin(InstallBegin),
-    InstallData { instance: InstanceId, seq: u32, bytes: Vec<u8> },
-    InstallEnd { instance: InstanceId },
+    /// Boxed: the header is much larger than the other requests.
+    InstallBegin(Box<InstallBegin>),
+    InstallData {
+        instance: InstanceId,
+        seq: u32,
+        bytes: Vec<u8>,
+    },
+    InstallEnd {
+        instance: InstanceId,
+    },
     /// Writes (re-rendered) files into an installed instance and reports which
     /// of them changed. Does not restart anything.
-    WriteFiles { instance: InstanceId, generation: u64, files: Vec<RenderedFile> },
-    Start { instance: InstanceId, generation: u64 },
-    Stop { instance: InstanceId, generation: u64 },
+    WriteFiles {
+        instance: InstanceId,
+        generation: u64,
+        files: Vec<RenderedFile>,
+    },
+    Start {
+        instance: InstanceId,
+        generation: u64,
+    },
+    Stop {
+        instance: InstanceId,
+        generation: u64,
+    },
     /// Stops the instance if it runs, then removes its directory and records.
-    Delete { instance: InstanceId, generation: u64 },
+    Delete {
+        instance: InstanceId,
+        generation: u64,
+    },
     Ping,
 }
 
@@ -156,12 +186,25 @@ pub enum AgentResponse {
     /// Answer to `InstallBegin`: `need_bytes == false` means the agent holds
     /// the package already and installed from its copy; `InstallResult` follows
     /// at once without data frames.
-    InstallReady { need_bytes: bool },
-    InstallResult { files_written: u32 },
-    FilesWritten { changed: Vec<String> },
-    Started { pid: u32, already_running: bool },
-    Stopped { was_running: bool },
-    Deleted { existed: bool },
+    InstallReady {
+        need_bytes: bool,
+    },
+    InstallResult {
+        files_written: u32,
+    },
+    FilesWritten {
+        changed: Vec<String>,
+    },
+    Started {
+        pid: u32,
+        already_running: bool,
+    },
+    Stopped {
+        was_running: bool,
+    },
+    Deleted {
+        existed: bool,
+    },
     Pong,
     Failed(CommandFailure),
 }
