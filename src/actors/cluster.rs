@@ -299,11 +299,16 @@ impl ClusterActor {
         let kind = prepared.kind;
         let mut op = op;
         self.stats.set_state(format!("running {kind:?}"));
+        // One span per operation: every log line of its steps carries it.
+        let span = tracing::info_span!("operation", id = %op.id, kind = ?kind, cluster = %op.cluster);
         ctx.spawn(
-            async move {
-                let outcome = runner::run(&ops, &mut op, &plan).await;
-                (outcome, op)
-            }
+            tracing::Instrument::instrument(
+                async move {
+                    let outcome = runner::run(&ops, &mut op, &plan).await;
+                    (outcome, op)
+                },
+                span,
+            )
             .into_actor(self)
             .map(move |(outcome, op), act, ctx| act.finish(ctx, outcome, op, kind)),
         );

@@ -318,12 +318,20 @@ impl Handler<RunInstanceCommand> for InstanceActor {
             stats: self.stats.clone(),
         };
         let stats = self.stats.clone();
+        // One span per instance command, inside the operation's span.
+        let span = tracing::info_span!("instance", id = %stats.id, verb = msg.0.verb());
         AtomicResponse::new(Box::pin(
-            async move {
-                let result = env.execute(msg.0).await;
-                stats.end(if result.ok { None } else { Some(result.message.clone()) });
-                result
-            }
+            tracing::Instrument::instrument(
+                async move {
+                    let result = env.execute(msg.0).await;
+                    if !result.ok {
+                        tracing::warn!(error = %result.message, "instance command failed");
+                    }
+                    stats.end(if result.ok { None } else { Some(result.message.clone()) });
+                    result
+                },
+                span,
+            )
             .into_actor(self),
         ))
     }

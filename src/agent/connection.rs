@@ -273,19 +273,37 @@ async fn handle(
         other => {
             let node = node.clone();
             let tx = tx.clone();
-            tokio::spawn(async move {
-                let resp = match other {
-                    AgentRequest::WriteFiles { instance, generation, files } => {
-                        node.write_files(&instance, generation, files).await
-                    }
-                    AgentRequest::Start { instance, generation } => node.start(&instance, generation).await,
-                    AgentRequest::Stop { instance, generation } => node.stop(&instance, generation).await,
-                    AgentRequest::Delete { instance, generation } => node.delete(&instance, generation).await,
-                    AgentRequest::Ping => AgentResponse::Pong,
-                    _ => failure(FailureKind::BadRequest, "unexpected request"),
-                };
-                let _ = tx.send(AgentFrame::Response { request_id, body: resp }).await;
-            });
+            let span = tracing::info_span!("request", id = request_id, kind = request_kind(&other));
+            let work = tracing::Instrument::instrument(
+                async move {
+                    let resp = match other {
+                        AgentRequest::WriteFiles { instance, generation, files } => {
+                            node.write_files(&instance, generation, files).await
+                        }
+                        AgentRequest::Start { instance, generation } => node.start(&instance, generation).await,
+                        AgentRequest::Stop { instance, generation } => node.stop(&instance, generation).await,
+                        AgentRequest::Delete { instance, generation } => node.delete(&instance, generation).await,
+                        AgentRequest::Ping => AgentResponse::Pong,
+                        _ => failure(FailureKind::BadRequest, "unexpected request"),
+                    };
+                    let _ = tx.send(AgentFrame::Response { request_id, body: resp }).await;
+                },
+                span,
+            );
+            tokio::spawn(work);
         }
+    }
+}
+
+fn request_kind(r: &AgentRequest) -> &'static str {
+    match r {
+        AgentRequest::InstallBegin(_) => "install-begin",
+        AgentRequest::InstallData { .. } => "install-data",
+        AgentRequest::InstallEnd { .. } => "install-end",
+        AgentRequest::WriteFiles { .. } => "write-files",
+        AgentRequest::Start { .. } => "start",
+        AgentRequest::Stop { .. } => "stop",
+        AgentRequest::Delete { .. } => "delete",
+        AgentRequest::Ping => "ping",
     }
 }
