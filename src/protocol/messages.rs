@@ -22,7 +22,7 @@ use crate::ids::{InstanceId, NodeId};
 
 /// Bumped on any incompatible change to these types. Both sides refuse a
 /// peer with another version, with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Size of one `InstallData` chunk sent by the master.
 pub const INSTALL_CHUNK_BYTES: usize = 1024 * 1024;
@@ -112,6 +112,9 @@ pub enum AgentRequest {
     InstallData {
         instance: InstanceId,
         seq: u32,
+        /// Encoded as one byte string (a length and a copy), not a sequence of
+        /// integers: 1 MiB chunks cross the codec at memcpy speed.
+        #[serde(with = "serde_bytes")]
         bytes: Vec<u8>,
     },
     InstallEnd {
@@ -174,6 +177,7 @@ pub struct ProcessSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RenderedFile {
     pub path: String,
+    #[serde(with = "serde_bytes")]
     pub contents: Vec<u8>,
     pub mode: u32,
 }
