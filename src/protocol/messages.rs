@@ -80,6 +80,10 @@ pub struct Hello {
     pub agent_version: String,
     /// Whether this agent can put each instance in its own cgroup v2.
     pub cgroups: bool,
+    /// Whether this agent can enforce `ProcessSpec::limits` (memory and CPU
+    /// controllers it may write, through cgroup v2 or v1). The master refuses
+    /// a request that needs limits on a node without them, before any side effect.
+    pub resource_limits: bool,
     /// Everything the agent holds, so the master can reconcile.
     pub inventory: Vec<InstanceReport>,
 }
@@ -140,6 +144,26 @@ pub enum AgentRequest {
         instance: InstanceId,
         generation: u64,
     },
+    /// Runs one lifecycle hook (`init`, `scale_out`, `scale_in`, `reload`,
+    /// `destroy`) of an installed instance: argv relative to the instance
+    /// directory, as the run-as user, with the instance's env, at most
+    /// `timeout_ms` (then its process group is killed). Exit 0 answers
+    /// `HookDone`; anything else `Failed` with kind `Hook` (or `Timeout`),
+    /// the exit code and both tails.
+    RunHook {
+        instance: InstanceId,
+        generation: u64,
+        hook: String,
+        argv: Vec<String>,
+        timeout_ms: u64,
+    },
+    /// Waits until the instance passes its health check (`ProcessSpec::health`),
+    /// at most `timeout_ms`. An instance without a check is healthy when its
+    /// process runs. Answers `Healthy`, or `Failed` with kind `Health`.
+    CheckHealth {
+        instance: InstanceId,
+        timeout_ms: u64,
+    },
     Ping,
 }
 
@@ -167,9 +191,31 @@ pub struct ProcessSpec {
     /// (relative to the instance directory). Absent: the child is the process.
     pub pidfile: Option<String>,
     pub stop_grace_ms: u64,
-    /// How long a start (until the pid is known) may take.
+    /// How long a start may take: until the pid is known and, with a
+    /// `health` check, until it passes. `Start` answers `Started` only then.
     pub start_timeout_ms: u64,
     pub env: Vec<(String, String)>,
+    /// What gates `Running`; `None`: a running process is healthy.
+    pub health: Option<HealthProbe>,
+    /// Applied to the instance's cgroup at each start.
+    pub limits: Option<ResourceLimits>,
+}
+
+/// A health check, resolved by the master (port names become numbers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum HealthProbe {
+    /// A TCP connect to the node's address on this port succeeds.
+    Tcp { port: u16 },
+    /// This argv (relative to the instance dir, as the run-as user) exits 0.
+    Cmd { argv: Vec<String> },
+}
+
+/// Resource limits of one instance.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ResourceLimits {
+    pub memory_bytes: Option<u64>,
+    /// CPUs (1.5 = one and a half cores of CPU time per period).
+    pub cpu: Option<f64>,
 }
 
 /// A file rendered on the master, written by the agent. `path` is relative to
@@ -209,6 +255,12 @@ pub enum AgentResponse {
     Deleted {
         existed: bool,
     },
+    HookDone {
+        exit_code: i32,
+        stdout_tail: String,
+        stderr_tail: String,
+    },
+    Healthy,
     Pong,
     Failed(CommandFailure),
 }
@@ -222,6 +274,8 @@ pub struct CommandFailure {
     pub exit_code: Option<i32>,
     /// Last lines of the failed process's stderr.
     pub stderr_tail: String,
+    /// Last lines of its stdout (hooks; empty otherwise).
+    pub stdout_tail: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -233,6 +287,10 @@ pub enum FailureKind {
     Install,
     Start,
     Stop,
+    /// A hook exited non-zero.
+    Hook,
+    /// The health check did not pass in time (or the process died meanwhile).
+    Health,
     Timeout,
     Internal,
 }
