@@ -32,6 +32,7 @@ fn instance(n: u32) -> InstanceRecord {
         generation: 7,
         dir: "/var/lib/flotilla/instances/x".into(),
         last_error: None,
+        applied: None,
     }
 }
 

@@ -73,6 +73,9 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
                 }
             }
         }
+        for l in snapshot.leftovers {
+            s.leftovers.insert(l.instance.clone(), l);
+        }
         for n in snapshot.nodes {
             s.nodes.insert(
                 n.id.clone(),
@@ -192,6 +195,7 @@ async fn admit(
         port_range: hello.port_range,
         labels: hello.labels.clone(),
         cgroups: hello.cgroups,
+        resource_limits: hello.resource_limits,
         agent_version: hello.agent_version.clone(),
         instance_root: hello.instance_root.clone(),
         registered_at: OffsetDateTime::now_utc(),

@@ -23,14 +23,14 @@ use super::read_model::ActorStats;
 use super::supervisor::{Escalate, Supervisor};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId, OperationId};
+use crate::operations::Plan;
 use crate::operations::lifecycle::InstanceVerb;
 use crate::operations::runner::{self, Outcome};
-use crate::operations::{self, Plan};
 use crate::spec::ComponentSpec;
 use crate::storage::WriteOp;
 use crate::storage::records::{
-    ClusterRecord, ClusterStatus, InstanceRecord, OperationKind, OperationRecord, OperationStatus, PackageRecord,
-    RECORD_VERSION,
+    ClusterRecord, ClusterStatus, InstanceRecord, Limits, OperationKind, OperationRecord, OperationStatus,
+    PackageRecord, RECORD_VERSION,
 };
 
 /// What the actor owns, shared with the running operation's context (both
@@ -62,7 +62,24 @@ pub enum OpRequest {
         role: String,
         remove: Vec<InstanceId>,
     },
-    Delete,
+    Delete {
+        force: bool,
+    },
+    /// New config values (`PATCH /clusters/{name}/config`).
+    Reconfigure {
+        values: BTreeMap<String, serde_json::Value>,
+        batch: usize,
+    },
+    Upgrade {
+        version: String,
+        batch: usize,
+    },
+    /// Vertical scale (`PATCH /clusters/{name}/roles/{role}`).
+    Resize {
+        role: String,
+        limits: Limits,
+        batch: usize,
+    },
     Instance {
         id: InstanceId,
         verb: InstanceVerb,
@@ -90,20 +107,22 @@ pub struct EnterError {
 }
 
 pub struct ClusterActor {
-    core: Rc<RefCell<Core>>,
-    shared: Shared,
+    pub(super) core: Rc<RefCell<Core>>,
+    pub(super) shared: Shared,
     supervisor: Addr<Supervisor>,
     stats: Arc<ActorStats>,
 }
 
 /// A validated request, ready to run.
-struct Prepared {
-    kind: OperationKind,
-    plan: Plan,
-    params: String,
-    pending: Vec<InstanceRecord>,
+pub(super) struct Prepared {
+    pub kind: OperationKind,
+    pub plan: Plan,
+    pub params: String,
+    pub pending: Vec<InstanceRecord>,
     /// The cluster status when the operation succeeds (None: keep it).
-    on_success: Option<ClusterStatus>,
+    pub on_success: Option<ClusterStatus>,
+    /// A force delete.
+    pub force: bool,
 }
 
 impl ClusterActor {
@@ -129,7 +148,7 @@ impl ClusterActor {
         ClusterActor { core, shared, supervisor, stats }.start()
     }
 
-    fn package(&self) -> Result<(PackageRecord, Arc<ComponentSpec>), Error> {
+    pub(super) fn package(&self) -> Result<(PackageRecord, Arc<ComponentSpec>), Error> {
         let pkg = self.core.borrow().record.package.clone();
         let state = self.shared.read_model.read();
         state
@@ -140,158 +159,18 @@ impl ClusterActor {
     }
 
     /// Instance ids by role order (ascending), optionally only `only`.
-    fn groups(&self, spec: &ComponentSpec, only: Option<&[InstanceId]>) -> Vec<(i32, Vec<InstanceId>)> {
+    pub(super) fn groups(&self, spec: &ComponentSpec, only: Option<&[InstanceId]>) -> Vec<(i32, Vec<InstanceId>)> {
         let name = self.core.borrow().record.name.clone();
         let members = self.shared.read_model.read().cluster_instances(&name);
         group_by_order(spec, members.iter().filter(|m| only.is_none_or(|o| o.contains(&m.id))))
     }
 
-    fn prepare(&mut self, req: OpRequest, spec: &ComponentSpec) -> Result<Prepared, Error> {
-        let status = self.core.borrow().record.status;
-        let simple = |kind, plan, on_success| Prepared { kind, plan, params: "{}".into(), pending: vec![], on_success };
-        Ok(match req {
-            OpRequest::Create { pending, params } => {
-                let groups = group_by_order(spec, pending.iter());
-                Prepared {
-                    kind: OperationKind::Create,
-                    plan: operations::create::plan(&groups),
-                    params,
-                    pending,
-                    on_success: Some(ClusterStatus::Active),
-                }
-            }
-            OpRequest::Start => simple(
-                OperationKind::Start,
-                operations::lifecycle::start(&self.groups(spec, None)),
-                Some(ClusterStatus::Active),
-            ),
-            OpRequest::Stop => simple(
-                OperationKind::Stop,
-                operations::lifecycle::stop(&self.groups(spec, None)),
-                Some(ClusterStatus::Stopped),
-            ),
-            OpRequest::Restart => simple(
-                OperationKind::Restart,
-                operations::lifecycle::restart(&self.groups(spec, None)),
-                Some(ClusterStatus::Active),
-            ),
-            OpRequest::Delete => {
-                simple(OperationKind::Delete, operations::delete::plan(&self.groups(spec, None)), None)
-            }
-            OpRequest::Instance { id, verb } => {
-                if !self.core.borrow().instances.contains_key(&id) {
-                    return Err(Error::not_found("instance", &id));
-                }
-                let kind = match verb {
-                    InstanceVerb::Start => OperationKind::StartInstance,
-                    InstanceVerb::Stop => OperationKind::StopInstance,
-                    InstanceVerb::Restart => OperationKind::RestartInstance,
-                };
-                let params = serde_json::json!({ "instance": id.as_str() }).to_string();
-                Prepared {
-                    kind,
-                    plan: operations::lifecycle::instance(verb, &id),
-                    params,
-                    pending: vec![],
-                    on_success: None,
-                }
-            }
-            OpRequest::ScaleOut { role, add, nodes } => {
-                require_active(status, "scale")?;
-                let pending = self.place_new(spec, &role, add, nodes.as_deref())?;
-                let new = group_by_order(spec, pending.iter());
-                let existing: Vec<InstanceId> = self.core.borrow().instances.keys().cloned().collect();
-                let params = serde_json::json!({ "role": role, "add": add }).to_string();
-                Prepared {
-                    kind: OperationKind::ScaleOut,
-                    plan: operations::scale::scale_out(&new, &existing),
-                    params,
-                    pending,
-                    on_success: Some(ClusterStatus::Active),
-                }
-            }
-            OpRequest::ScaleIn { role, remove } => {
-                require_active(status, "scale")?;
-                let name = self.core.borrow().record.name.clone();
-                let members = self.shared.read_model.read().cluster_instances(&name);
-                let mut seen = std::collections::BTreeSet::new();
-                for id in &remove {
-                    if !seen.insert(id) {
-                        return Err(Error::invalid("invalid_request", format!("remove: {id} is listed twice")));
-                    }
-                    match members.iter().find(|m| &m.id == id) {
-                        None => return Err(Error::not_found("instance", id)),
-                        Some(m) if m.role != role => {
-                            return Err(Error::invalid(
-                                "invalid_request",
-                                format!("remove: {id} is a {} instance, not {role}", m.role),
-                            ));
-                        }
-                        Some(_) => {}
-                    }
-                }
-                let left = members.iter().filter(|m| m.role == role).count() as u32 - remove.len() as u32;
-                spec.check_count(&role, left)?;
-                let removed = group_by_order(spec, members.iter().filter(|m| remove.contains(&m.id)));
-                let remaining: Vec<InstanceId> =
-                    members.iter().filter(|m| !remove.contains(&m.id)).map(|m| m.id.clone()).collect();
-                let params = serde_json::json!({ "role": role, "remove": remove.iter().map(|i| i.as_str()).collect::<Vec<_>>() }).to_string();
-                Prepared {
-                    kind: OperationKind::ScaleIn,
-                    plan: operations::scale::scale_in(&removed, &remaining),
-                    params,
-                    pending: vec![],
-                    on_success: Some(ClusterStatus::Active),
-                }
-            }
-        })
-    }
-
-    /// Places `add` new instances of `role`: ordinals, nodes, ports.
-    fn place_new(
-        &mut self,
-        spec: &ComponentSpec,
-        role: &str,
-        add: u32,
-        nodes: Option<&[NodeId]>,
-    ) -> Result<Vec<InstanceRecord>, Error> {
-        if add == 0 {
-            return Err(Error::invalid("invalid_request", "add: must be at least 1"));
-        }
-        let role_spec =
-            spec.role(role).ok_or_else(|| Error::spec("role", format!("the package has no role {role:?}")))?;
-        let record = self.core.borrow().record.clone();
-        let current =
-            self.shared.read_model.read().cluster_instances(&record.name).iter().filter(|m| m.role == role).count()
-                as u32;
-        spec.check_count(role, current + add)?;
-        let next = record.roles.get(role).map(|r| r.next_ordinal).unwrap_or(1);
-        let pending = super::supervisor::place_instances(&self.shared, &record, role_spec, next, add, nodes)?;
-        let mut core = self.core.borrow_mut();
-        let rs =
-            core.record.roles.entry(role.to_string()).or_insert(crate::storage::records::RoleState { next_ordinal: 1 });
-        rs.next_ordinal = next + add;
-        Ok(pending)
-    }
-
     fn spawn_operation(&mut self, ctx: &mut Context<Self>, prepared: Prepared, op: OperationRecord) {
-        let Ok((package, spec)) = self.package() else {
-            return;
-        };
-        let blob = match self.shared.blobs.path_for(&package.sha256) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(error = %e, "bad package sha");
-                return;
-            }
-        };
         let ops = ClusterOps {
             core: self.core.clone(),
             shared: self.shared.clone(),
-            spec,
-            package,
-            blob,
             kind: prepared.kind,
+            force: prepared.force,
             on_success: prepared.on_success,
             supervisor: self.supervisor.clone(),
         };
@@ -330,16 +209,6 @@ impl ClusterActor {
             }
         }
     }
-}
-
-fn require_active(status: ClusterStatus, what: &str) -> Result<(), Error> {
-    if status != ClusterStatus::Active {
-        return Err(Error::conflict(
-            "invalid_state",
-            format!("cannot {what} a cluster in status {status:?}; it must be Active"),
-        ));
-    }
-    Ok(())
 }
 
 /// Groups instances by their role's order, ascending; ids sorted within a group.
@@ -394,15 +263,22 @@ impl Handler<RunOperation> for ClusterActor {
                 format!("cluster {name} is busy with operation {running} ({kind}); retry when it has ended"),
             ))));
         }
-        let is_scale = matches!(msg.0, OpRequest::ScaleOut { .. } | OpRequest::ScaleIn { .. });
+        let is_change = matches!(
+            msg.0,
+            OpRequest::ScaleOut { .. }
+                | OpRequest::ScaleIn { .. }
+                | OpRequest::Reconfigure { .. }
+                | OpRequest::Upgrade { .. }
+                | OpRequest::Resize { .. }
+        );
         let prepared = self.package().and_then(|(_, spec)| self.prepare(msg.0, &spec));
         let prepared = match prepared {
             Ok(p) => p,
             Err(e) => {
                 self.stats.end(Some(e.to_string()));
-                if is_scale && self.core.borrow().record.status == ClusterStatus::Active {
+                if is_change && self.core.borrow().record.status == ClusterStatus::Active {
                     // Sahara: a refused scale leaves the cluster Active, with the reason.
-                    let description = format!("scale refused: {e}");
+                    let description = format!("request refused, nothing changed: {e}");
                     let ops = self.shared.clone();
                     let core = self.core.clone();
                     actix::spawn(async move {

@@ -11,7 +11,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::join_all;
 use time::OffsetDateTime;
 
 use super::Shared;
@@ -22,7 +21,9 @@ use crate::operations::runner::Outcome;
 use crate::operations::{Action, OperationContext, StepFailure};
 use crate::spec::ComponentSpec;
 use crate::storage::WriteOp;
-use crate::storage::records::{ClusterStatus, InstanceResult, OperationKind, OperationRecord, PackageRecord};
+use crate::storage::records::{
+    ClusterStatus, InstanceResult, LeftoverRecord, OperationKind, OperationRecord, PackageRecord, RECORD_VERSION,
+};
 
 use super::supervisor::{ClusterGone, Escalate, Supervisor};
 use actix::Addr;
@@ -30,18 +31,34 @@ use actix::Addr;
 pub(super) struct ClusterOps {
     pub core: Rc<RefCell<Core>>,
     pub shared: Shared,
-    pub spec: Arc<ComponentSpec>,
-    pub package: PackageRecord,
-    pub blob: PathBuf,
     pub kind: OperationKind,
+    /// A force delete: what cannot be removed now is remembered as leftovers.
+    pub force: bool,
     /// The cluster's status when the operation succeeds (None: unchanged).
     pub on_success: Option<ClusterStatus>,
     pub supervisor: Addr<Supervisor>,
 }
 
+/// The cluster's package as its record names it now (an upgrade changes it
+/// mid-operation, and its undo changes it back).
+pub(super) struct CurrentPackage {
+    pub record: PackageRecord,
+    pub spec: Arc<ComponentSpec>,
+    pub blob: PathBuf,
+}
+
 impl ClusterOps {
-    fn cluster_name(&self) -> String {
+    pub(super) fn cluster_name(&self) -> String {
         self.core.borrow().record.name.clone()
+    }
+
+    pub(super) fn current(&self) -> Result<CurrentPackage, String> {
+        let pkg = self.core.borrow().record.package.clone();
+        let state = self.shared.read_model.read();
+        let p =
+            state.packages.get(&(pkg.name.clone(), pkg.version.clone())).ok_or(format!("package {pkg} is missing"))?;
+        let blob = self.shared.blobs.path_for(&p.record.sha256).map_err(|e| e.to_string())?;
+        Ok(CurrentPackage { record: p.record.clone(), spec: p.spec.clone(), blob })
     }
 
     /// Persists and publishes the cluster record after `change`.
@@ -115,68 +132,60 @@ impl ClusterOps {
         Ok(results)
     }
 
-    /// Runs `cmd_for(id)` on every instance in parallel.
-    async fn on_each(
-        &self,
-        ids: &[InstanceId],
-        cmd_for: impl Fn(&InstanceId) -> Result<InstanceCmd, String>,
-    ) -> Result<Vec<InstanceResult>, StepFailure> {
-        let mut futures = Vec::new();
-        let mut results = Vec::new();
-        for id in ids {
-            let handle = self.core.borrow().instances.get(id).cloned();
-            match (handle, cmd_for(id)) {
-                (Some(h), Ok(cmd)) => futures.push(async move { h.run(cmd).await }),
-                (None, _) => results.push(bad(id, format!("instance {id} is not part of this cluster"))),
-                (_, Err(e)) => results.push(bad(id, e)),
-            }
+    /// Remembers instances a force delete could not remove from their agents.
+    pub(super) async fn remember_leftovers(&self, instances: &[crate::storage::records::InstanceRecord]) {
+        let now = OffsetDateTime::now_utc();
+        let records: Vec<LeftoverRecord> = instances
+            .iter()
+            .map(|i| LeftoverRecord {
+                version: RECORD_VERSION,
+                instance: i.id.clone(),
+                node: i.node.clone(),
+                cluster: i.cluster.clone(),
+                reason: i.last_error.clone().unwrap_or_else(|| "not removed by a force delete".into()),
+                at: now,
+            })
+            .collect();
+        let ops: Result<Vec<_>, _> = records.iter().map(WriteOp::put_leftover).collect();
+        match ops {
+            Ok(ops) => match self.shared.store.commit(ops).await {
+                Ok(()) => {
+                    let mut state = self.shared.read_model.write();
+                    for r in records {
+                        tracing::warn!(instance = %r.instance, node = %r.node, "left on its node by a force delete; removed when the agent reconnects");
+                        state.leftovers.insert(r.instance.clone(), r);
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "cannot record the leftovers of a force delete"),
+            },
+            Err(e) => tracing::error!(error = %e, "cannot encode leftovers"),
         }
-        results.extend(join_all(futures).await);
-        let failures: Vec<&str> = results.iter().filter(|r| !r.ok).map(|r| r.message.as_str()).collect();
-        if failures.is_empty() { Ok(results) } else { Err(StepFailure { message: failures.join("; "), results }) }
     }
 
-    fn render_install(&self, id: &InstanceId) -> Result<InstanceCmd, String> {
-        let state = self.shared.read_model.read();
-        let name = self.cluster_name();
-        let inst = state.instances.get(id).ok_or_else(|| format!("instance {id} has no record"))?;
-        let members = state.cluster_instances(&name);
-        let core = self.core.borrow();
-        let payload = super::render::install_payload(
-            &self.spec,
-            &core.record,
-            &members,
-            inst,
-            &state,
-            &self.package,
-            self.blob.clone(),
-        )
-        .map_err(|e| format!("rendering {id}: {e}"))?;
-        Ok(InstanceCmd::Install(Box::new(payload)))
-    }
-
-    fn render_files(&self, id: &InstanceId) -> Result<InstanceCmd, String> {
-        let state = self.shared.read_model.read();
-        let name = self.cluster_name();
-        let inst = state.instances.get(id).ok_or_else(|| format!("instance {id} has no record"))?;
-        let role = self.spec.role(&inst.role).ok_or_else(|| format!("role {} not in spec", inst.role))?;
-        let members = state.cluster_instances(&name);
-        let core = self.core.borrow();
-        let files = super::render::files(&self.spec, role, &core.record, &members, inst, &state)
-            .map_err(|e| format!("rendering {id}: {e}"))?;
-        Ok(InstanceCmd::WriteFiles(files))
+    /// Changes the cluster's definition durably (SetPackage/SetConfig/SetLimits).
+    async fn define(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure> {
+        if let Action::SetPackage(p) = action
+            && !self.shared.read_model.read().packages.contains_key(&(p.name.clone(), p.version.clone()))
+        {
+            return Err(fail(format!("package {p} is not uploaded")));
+        }
+        self.save_cluster(|r| match action {
+            Action::SetPackage(p) => r.package = p.clone(),
+            Action::SetConfig(c) => r.config = c.clone(),
+            Action::SetLimits { role, limits } => r.roles.entry(role.clone()).or_default().limits = *limits,
+            _ => {}
+        })
+        .await
+        .map_err(fail)?;
+        Ok(Vec::new())
     }
 }
 
-fn ok(id: &InstanceId, message: String) -> InstanceResult {
-    InstanceResult { instance: id.clone(), ok: true, message, exit_code: None, stderr_tail: String::new() }
+pub(super) fn ok(id: &InstanceId, message: String) -> InstanceResult {
+    InstanceResult::ok(id, message)
 }
 
-fn bad(id: &InstanceId, message: String) -> InstanceResult {
-    InstanceResult { instance: id.clone(), ok: false, message, exit_code: None, stderr_tail: String::new() }
-}
-
-fn fail(message: String) -> StepFailure {
+pub(super) fn fail(message: String) -> StepFailure {
     StepFailure { message, results: Vec::new() }
 }
 
@@ -185,11 +194,15 @@ impl OperationContext for ClusterOps {
         match action {
             Action::Allocate(ids) => self.allocate(ids).await,
             Action::Forget(ids) => self.forget(ids).await,
-            Action::Install(ids) => self.on_each(ids, |id| self.render_install(id)).await,
-            Action::WriteFiles(ids) => self.on_each(ids, |id| self.render_files(id)).await,
-            Action::Start(ids) => self.on_each(ids, |_| Ok(InstanceCmd::Start)).await,
-            Action::Stop(ids) => self.on_each(ids, |_| Ok(InstanceCmd::Stop)).await,
-            Action::DeleteOnAgent(ids) => self.on_each(ids, |_| Ok(InstanceCmd::Delete)).await,
+            Action::Install(ids) => self.on_each_checked(ids, |id| self.render_install(id)).await,
+            Action::WriteFiles(ids) => self.on_each_checked(ids, |id| self.render_files(id)).await,
+            Action::Start(ids) => self.on_each_checked(ids, |id| self.start_cmd(id)).await,
+            Action::Stop(ids) => self.on_each_checked(ids, |_| Ok(InstanceCmd::Stop)).await,
+            Action::DeleteOnAgent(ids) => self.delete_on_agents(ids).await,
+            Action::Hook { hook, ids } => self.hook(*hook, ids).await,
+            Action::Reconfigure { ids, batch } => self.reconfigure(ids, *batch).await,
+            Action::Roll { ids, batch } => self.roll(ids, *batch).await,
+            Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => self.define(action).await,
         }
     }
 
@@ -217,9 +230,17 @@ impl OperationContext for ClusterOps {
         let (status, description, escalate) = match outcome {
             Outcome::Succeeded => (self.on_success, format!("{verb} succeeded"), false),
             Outcome::Failed { step, error, rolled_back: true, .. }
-                if matches!(self.kind, OperationKind::ScaleOut | OperationKind::ScaleIn) =>
+                if matches!(
+                    self.kind,
+                    OperationKind::ScaleOut
+                        | OperationKind::ScaleIn
+                        | OperationKind::Upgrade
+                        | OperationKind::Reconfigure
+                        | OperationKind::Resize
+                ) =>
             {
-                // Sahara: a scale rolled back leaves the cluster Active, with the reason.
+                // Sahara: a change rolled back (or vetoed by a hook before it
+                // changed anything) leaves the cluster Active, with the reason.
                 (
                     Some(ClusterStatus::Active),
                     format!("{verb} failed at step {step} and was rolled back: {error}"),
@@ -271,14 +292,25 @@ impl OperationContext for ClusterOps {
     }
 
     fn deadline(&self, action: &Action) -> Duration {
+        let base = self.shared.timing.step_deadline();
+        let Ok(current) = self.current() else { return base };
+        let spec = &current.spec;
+        let max = |f: fn(&crate::spec::RoleSpec) -> Duration| spec.roles.iter().map(f).max().unwrap_or_default();
+        // Stop may run a stop command and then wait out each instance's
+        // grace period before the KILL; start waits for health.
+        let stop = max(|r| r.stop_grace) * 2;
+        let start = max(|r| r.start_timeout);
+        let hook = max(|r| r.hook_timeout);
+        let batches = |ids: &[InstanceId], batch: usize| ids.len().div_ceil(batch.max(1)) as u32;
         match action {
-            // Stop may run a stop command and then wait out each instance's
-            // grace period before the KILL.
-            Action::Stop(_) | Action::DeleteOnAgent(_) => {
-                let grace = self.spec.roles.iter().map(|r| r.stop_grace).max().unwrap_or_default();
-                self.shared.timing.step_deadline() + grace * 2
-            }
-            _ => self.shared.timing.step_deadline(),
+            Action::Stop(_) | Action::DeleteOnAgent(_) => base + stop,
+            Action::Start(_) => base + start,
+            Action::Hook { .. } => (base + hook) * spec.roles_by_order().len() as u32,
+            // Per batch: a reload (hook + health) or a restart (stop + start).
+            Action::Reconfigure { ids, batch } => base + (base + stop + start + hook) * batches(ids, *batch),
+            // Per batch: stop, install, start.
+            Action::Roll { ids, batch } => base + (base * 2 + stop + start) * batches(ids, *batch),
+            _ => base,
         }
     }
 }

@@ -18,30 +18,45 @@ use actix::prelude::*;
 
 use super::node_manager::{NodeError, NodeLinks};
 use super::read_model::{ActorStats, ReadModel};
-use crate::ids::InstanceId;
+use std::time::Duration;
+
+use crate::ids::{InstanceId, NodeId};
 use crate::protocol::messages::{AgentRequest, AgentResponse, InstallBegin, ProcessSpec, RenderedFile};
 use crate::storage::StoreWriter;
 use crate::storage::WriteOp;
-use crate::storage::records::{DesiredState, InstanceRecord, InstanceResult, InstanceStatus};
+use crate::storage::records::{Applied, DesiredState, InstanceRecord, InstanceResult, InstanceStatus};
 
 /// What one instance should do now.
 #[derive(Debug, Clone)]
 pub enum InstanceCmd {
     Install(Box<InstallPayload>),
-    Start,
+    /// Start and wait until healthy; `wait` is the role's start timeout.
+    Start {
+        wait: Duration,
+    },
     Stop,
     WriteFiles(Vec<RenderedFile>),
     Delete,
+    RunHook {
+        hook: &'static str,
+        argv: Vec<String>,
+        timeout: Duration,
+    },
+    CheckHealth {
+        timeout: Duration,
+    },
 }
 
 impl InstanceCmd {
     fn verb(&self) -> &'static str {
         match self {
             InstanceCmd::Install(_) => "install",
-            InstanceCmd::Start => "start",
+            InstanceCmd::Start { .. } => "start",
             InstanceCmd::Stop => "stop",
             InstanceCmd::WriteFiles(_) => "write files",
             InstanceCmd::Delete => "delete",
+            InstanceCmd::RunHook { hook, .. } => hook,
+            InstanceCmd::CheckHealth { .. } => "health check",
         }
     }
 }
@@ -55,12 +70,22 @@ pub struct InstallPayload {
     pub package_sha256: String,
     pub package_size: u64,
     pub blob: PathBuf,
+    /// Recorded on the instance once the install succeeded.
+    pub applied: Applied,
+}
+
+/// The answer to one command: the result an operation journals, and for
+/// `WriteFiles` the files that changed.
+#[derive(Debug, Clone)]
+pub struct InstanceOutcome {
+    pub result: InstanceResult,
+    pub changed: Vec<String>,
 }
 
 /// Runs one command on the instance. The answer is the per-instance result
 /// an operation journals, `ok == false` on failure.
 #[derive(Message)]
-#[rtype(result = "InstanceResult")]
+#[rtype(result = "InstanceOutcome")]
 pub struct RunInstanceCommand(pub InstanceCmd);
 
 /// What an agent reported about the instance outside of a command.
@@ -101,21 +126,27 @@ impl InstanceHandle {
     /// Runs a command to completion, even if the caller stops waiting: the
     /// send runs in its own task, because actix drops a message whose
     /// requester is gone, and a state-changing message must not vanish.
-    pub async fn run(&self, cmd: InstanceCmd) -> InstanceResult {
+    pub async fn run(&self, cmd: InstanceCmd) -> InstanceOutcome {
         self.stats.enqueue();
         let addr = self.addr.clone();
         let id = self.stats.id.clone();
         let task = actix::spawn(async move { addr.send(RunInstanceCommand(cmd)).await });
         match task.await {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => failed(&InstanceId::new(id), format!("instance actor unavailable: {e}")),
-            Err(e) => failed(&InstanceId::new(id), format!("instance command task failed: {e}")),
+            Ok(Err(e)) => failed(&InstanceId::new(id), format!("instance actor unavailable: {e}")).into(),
+            Err(e) => failed(&InstanceId::new(id), format!("instance command task failed: {e}")).into(),
         }
     }
 }
 
+impl From<InstanceResult> for InstanceOutcome {
+    fn from(result: InstanceResult) -> Self {
+        InstanceOutcome { result, changed: Vec::new() }
+    }
+}
+
 fn failed(id: &InstanceId, message: String) -> InstanceResult {
-    InstanceResult { instance: id.clone(), ok: false, message, exit_code: None, stderr_tail: String::new() }
+    InstanceResult::failed(id, message)
 }
 
 impl InstanceActor {
@@ -167,7 +198,7 @@ impl Env {
         Ok(())
     }
 
-    async fn execute(&self, cmd: InstanceCmd) -> InstanceResult {
+    async fn execute(&self, cmd: InstanceCmd) -> InstanceOutcome {
         let (id, node) = {
             let r = self.record.borrow();
             (r.id.clone(), r.node.clone())
@@ -175,138 +206,188 @@ impl Env {
         let verb = cmd.verb();
         let (transitional, desired) = match &cmd {
             InstanceCmd::Install(_) => (Some(InstanceStatus::Installing), None),
-            InstanceCmd::Start => (Some(InstanceStatus::Starting), Some(DesiredState::Running)),
+            InstanceCmd::Start { .. } => (Some(InstanceStatus::Starting), Some(DesiredState::Running)),
             InstanceCmd::Stop => (Some(InstanceStatus::Stopping), Some(DesiredState::Stopped)),
-            InstanceCmd::WriteFiles(_) => (None, None),
             InstanceCmd::Delete => (Some(InstanceStatus::Deleting), Some(DesiredState::Deleted)),
+            InstanceCmd::WriteFiles(_) | InstanceCmd::RunHook { .. } | InstanceCmd::CheckHealth { .. } => (None, None),
         };
-        // Intent first: a new generation, durable before the agent hears of it.
-        let intent = self
-            .save(|r| {
-                r.generation += 1;
-                if let Some(s) = transitional {
-                    r.status = s;
-                }
-                if let Some(d) = desired {
-                    r.desired = d;
-                }
-            })
-            .await;
-        if let Err(e) = intent {
-            return failed(&id, format!("{verb} of {id} on {node}: {e}"));
+        // Intent first: a new generation, durable before the agent hears of
+        // it. A health check changes nothing, so it carries no generation.
+        if !matches!(cmd, InstanceCmd::CheckHealth { .. }) {
+            let intent = self
+                .save(|r| {
+                    r.generation += 1;
+                    if let Some(s) = transitional {
+                        r.status = s;
+                    }
+                    if let Some(d) = desired {
+                        r.desired = d;
+                    }
+                })
+                .await;
+            if let Err(e) = intent {
+                return failed(&id, format!("{verb} of {id} on {node}: {e}")).into();
+            }
         }
         let generation = self.record.borrow().generation;
+        let probe = matches!(cmd, InstanceCmd::RunHook { .. } | InstanceCmd::CheckHealth { .. });
+        let mut applied = None;
         let link = self.links.lock().unwrap_or_else(|p| p.into_inner()).get(&node).cloned();
         let reply = match link {
             None => Err(NodeError::Disconnected(node.clone())),
-            Some(link) => match cmd {
-                InstanceCmd::Install(p) => {
-                    let begin = InstallBegin {
-                        instance: id.clone(),
-                        generation,
-                        run_as: p.run_as,
-                        process: p.process,
-                        files: p.files,
-                        package_sha256: p.package_sha256,
-                        package_size: p.package_size,
-                    };
-                    link.install(begin, p.blob).await
+            Some(link) => {
+                let instance = id.clone();
+                match cmd {
+                    InstanceCmd::Install(p) => {
+                        applied = Some(p.applied.clone());
+                        let begin = InstallBegin {
+                            instance,
+                            generation,
+                            run_as: p.run_as,
+                            process: p.process,
+                            files: p.files,
+                            package_sha256: p.package_sha256,
+                            package_size: p.package_size,
+                        };
+                        link.install(begin, p.blob).await
+                    }
+                    InstanceCmd::Start { wait } => {
+                        link.call_within(AgentRequest::Start { instance, generation }, "Start", wait).await
+                    }
+                    InstanceCmd::Stop => link.call(AgentRequest::Stop { instance, generation }, "Stop").await,
+                    InstanceCmd::WriteFiles(files) => {
+                        link.call(AgentRequest::WriteFiles { instance, generation, files }, "WriteFiles").await
+                    }
+                    InstanceCmd::Delete => link.call(AgentRequest::Delete { instance, generation }, "Delete").await,
+                    InstanceCmd::RunHook { hook, argv, timeout } => {
+                        let timeout_ms = timeout.as_millis() as u64;
+                        let req = AgentRequest::RunHook { instance, generation, hook: hook.into(), argv, timeout_ms };
+                        link.call_within(req, "RunHook", timeout).await
+                    }
+                    InstanceCmd::CheckHealth { timeout } => {
+                        let req = AgentRequest::CheckHealth { instance, timeout_ms: timeout.as_millis() as u64 };
+                        link.call_within(req, "CheckHealth", timeout).await
+                    }
                 }
-                InstanceCmd::Start => {
-                    link.call(AgentRequest::Start { instance: id.clone(), generation }, "Start").await
-                }
-                InstanceCmd::Stop => link.call(AgentRequest::Stop { instance: id.clone(), generation }, "Stop").await,
-                InstanceCmd::WriteFiles(files) => {
-                    link.call(AgentRequest::WriteFiles { instance: id.clone(), generation, files }, "WriteFiles").await
-                }
-                InstanceCmd::Delete => {
-                    link.call(AgentRequest::Delete { instance: id.clone(), generation }, "Delete").await
-                }
-            },
+            }
         };
         match reply {
-            Ok(resp) => {
-                let (status, pid, message) = match resp {
-                    AgentResponse::InstallResult { files_written } => {
-                        (Some(InstanceStatus::Installed), None, format!("installed ({files_written} files written)"))
-                    }
-                    AgentResponse::Started { pid, already_running } => (
-                        Some(InstanceStatus::Running),
-                        Some(Some(pid)),
-                        if already_running {
-                            format!("already running as pid {pid}")
-                        } else {
-                            format!("started as pid {pid}")
-                        },
-                    ),
-                    AgentResponse::Stopped { was_running } => (
-                        Some(InstanceStatus::Stopped),
-                        Some(None),
-                        if was_running { "stopped".into() } else { "was not running".into() },
-                    ),
-                    AgentResponse::FilesWritten { changed } => (
-                        None,
-                        None,
-                        if changed.is_empty() {
-                            "no file changed".into()
-                        } else {
-                            format!("changed: {}", changed.join(", "))
-                        },
-                    ),
-                    AgentResponse::Deleted { .. } => {
-                        (Some(InstanceStatus::Deleting), Some(None), "deleted from its node".into())
-                    }
-                    other => {
-                        let m = format!("{verb} of {id} on {node}: unexpected answer {other:?}");
-                        let _ = self.save(|r| r.status = InstanceStatus::Failed).await;
-                        return failed(&id, m);
-                    }
-                };
-                let saved = self
-                    .save(|r| {
-                        if let Some(s) = status {
-                            r.status = s;
-                        }
-                        if let Some(p) = pid {
-                            r.pid = p;
-                        }
-                        r.last_error = None;
-                    })
-                    .await;
-                match saved {
-                    Ok(()) => {
-                        InstanceResult { instance: id, ok: true, message, exit_code: None, stderr_tail: String::new() }
-                    }
-                    Err(e) => failed(&id, format!("{verb} of {id} on {node}: {e}")),
-                }
-            }
-            Err(err) => {
-                let (exit_code, stderr_tail) = match &err {
-                    NodeError::Failed(f) => (f.exit_code, f.stderr_tail.clone()),
-                    _ => (None, String::new()),
-                };
-                let mut message = format!("{verb} of instance {id} on node {node} failed: {err}");
-                if let Some(code) = exit_code.filter(|_| !message.contains("exit code")) {
-                    message.push_str(&format!(" (exit code {code})"));
-                }
-                if !stderr_tail.trim().is_empty() {
-                    message.push_str(&format!("; stderr: {}", stderr_tail.trim()));
-                }
-                let m = message.clone();
-                let _ = self
-                    .save(|r| {
-                        r.status = InstanceStatus::Failed;
-                        r.last_error = Some(m);
-                    })
-                    .await;
-                InstanceResult { instance: id, ok: false, message, exit_code, stderr_tail }
-            }
+            Ok(resp) => self.succeeded(&id, &node, verb, resp, applied).await,
+            Err(err) => self.failed_with(&id, &node, verb, err, probe).await,
         }
+    }
+
+    /// Records what a successful answer means for the instance.
+    async fn succeeded(
+        &self,
+        id: &InstanceId,
+        node: &NodeId,
+        verb: &str,
+        resp: AgentResponse,
+        applied: Option<Applied>,
+    ) -> InstanceOutcome {
+        let mut out = InstanceOutcome::from(InstanceResult::ok(id, ""));
+        // (new status, new pid, message)
+        let (status, pid, message) = match resp {
+            AgentResponse::InstallResult { files_written } => {
+                (Some(InstanceStatus::Installed), None, format!("installed ({files_written} files written)"))
+            }
+            AgentResponse::Started { pid, already_running } => (
+                Some(InstanceStatus::Running),
+                Some(Some(pid)),
+                if already_running { format!("already running as pid {pid}") } else { format!("started as pid {pid}") },
+            ),
+            AgentResponse::Stopped { was_running } => (
+                Some(InstanceStatus::Stopped),
+                Some(None),
+                if was_running { "stopped".into() } else { "was not running".into() },
+            ),
+            AgentResponse::FilesWritten { changed } => {
+                let m = if changed.is_empty() {
+                    "no file changed".into()
+                } else {
+                    format!("changed: {}", changed.join(", "))
+                };
+                out.changed = changed;
+                (None, None, m)
+            }
+            AgentResponse::Deleted { .. } => {
+                (Some(InstanceStatus::Deleting), Some(None), "deleted from its node".into())
+            }
+            AgentResponse::HookDone { exit_code, stdout_tail, stderr_tail } => {
+                out.result.exit_code = Some(exit_code);
+                out.result.stdout_tail = stdout_tail;
+                out.result.stderr_tail = stderr_tail;
+                (None, None, format!("{verb} hook exited {exit_code}"))
+            }
+            AgentResponse::Healthy => (None, None, "healthy".into()),
+            other => {
+                let m = format!("{verb} of {id} on {node}: unexpected answer {other:?}");
+                let _ = self.save(|r| r.status = InstanceStatus::Failed).await;
+                return failed(id, m).into();
+            }
+        };
+        let saved = self
+            .save(|r| {
+                if let Some(s) = status {
+                    r.status = s;
+                }
+                if let Some(p) = pid {
+                    r.pid = p;
+                }
+                if applied.is_some() {
+                    r.applied = applied;
+                }
+                r.last_error = None;
+            })
+            .await;
+        match saved {
+            Ok(()) => {
+                out.result.message = message;
+                out
+            }
+            Err(e) => failed(id, format!("{verb} of {id} on {node}: {e}")).into(),
+        }
+    }
+
+    /// Records a failed command: the instance is `Failed` when its process
+    /// state is in doubt (install, start, stop, delete); a failed hook or
+    /// health check only records the error.
+    async fn failed_with(
+        &self,
+        id: &InstanceId,
+        node: &NodeId,
+        verb: &str,
+        err: NodeError,
+        keeps_status: bool,
+    ) -> InstanceOutcome {
+        let (exit_code, stderr_tail, stdout_tail) = match &err {
+            NodeError::Failed(f) => (f.exit_code, f.stderr_tail.clone(), f.stdout_tail.clone()),
+            _ => (None, String::new(), String::new()),
+        };
+        let mut message = format!("{verb} of instance {id} on node {node} failed: {err}");
+        if let Some(code) = exit_code.filter(|_| !message.contains("exit code")) {
+            message.push_str(&format!(" (exit code {code})"));
+        }
+        if !stderr_tail.trim().is_empty() {
+            message.push_str(&format!("; stderr: {}", stderr_tail.trim()));
+        }
+        let m = message.clone();
+        let _ = self
+            .save(|r| {
+                if !keeps_status {
+                    r.status = InstanceStatus::Failed;
+                }
+                r.last_error = Some(m);
+            })
+            .await;
+        let result = InstanceResult { exit_code, stderr_tail, stdout_tail, ..InstanceResult::failed(id, message) };
+        result.into()
     }
 }
 
 impl Handler<RunInstanceCommand> for InstanceActor {
-    type Result = AtomicResponse<Self, InstanceResult>;
+    type Result = AtomicResponse<Self, InstanceOutcome>;
 
     fn handle(&mut self, msg: RunInstanceCommand, _ctx: &mut Context<Self>) -> Self::Result {
         self.stats.begin(msg.0.verb());
@@ -323,12 +404,13 @@ impl Handler<RunInstanceCommand> for InstanceActor {
         AtomicResponse::new(Box::pin(
             tracing::Instrument::instrument(
                 async move {
-                    let result = env.execute(msg.0).await;
+                    let out = env.execute(msg.0).await;
+                    let result = &out.result;
                     if !result.ok {
                         tracing::warn!(error = %result.message, "instance command failed");
                     }
                     stats.end(if result.ok { None } else { Some(result.message.clone()) });
-                    result
+                    out
                 },
                 span,
             )

@@ -19,6 +19,8 @@
 
 pub mod cluster;
 mod cluster_ops;
+mod cluster_prepare;
+mod cluster_steps;
 pub mod instance;
 pub mod node_manager;
 pub mod packages;

@@ -94,11 +94,20 @@ impl NodeLink {
         rx: &mut mpsc::UnboundedReceiver<AgentResponse>,
         what: &'static str,
     ) -> Result<AgentResponse, NodeError> {
-        match tokio::time::timeout(self.reply_timeout, rx.recv()).await {
+        self.reply_within(rx, what, self.reply_timeout).await
+    }
+
+    async fn reply_within(
+        &self,
+        rx: &mut mpsc::UnboundedReceiver<AgentResponse>,
+        what: &'static str,
+        after: Duration,
+    ) -> Result<AgentResponse, NodeError> {
+        match tokio::time::timeout(after, rx.recv()).await {
             Ok(Some(AgentResponse::Failed(f))) => Err(NodeError::Failed(f)),
             Ok(Some(r)) => Ok(r),
             Ok(None) => Err(NodeError::Disconnected(self.node.clone())),
-            Err(_) => Err(NodeError::Timeout { node: self.node.clone(), what, after: self.reply_timeout }),
+            Err(_) => Err(NodeError::Timeout { node: self.node.clone(), what, after }),
         }
     }
 
@@ -108,6 +117,21 @@ impl NodeLink {
         let _guard = PendingGuard(&self.pending, request_id);
         self.send(MasterFrame::Request { request_id, body }).await?;
         self.reply(&mut rx, what).await
+    }
+
+    /// Like [`call`](Self::call) for a command that may legitimately take
+    /// `work` on the agent (a hook, a health-gated start): the deadline is
+    /// the agent's own limit plus the usual reply deadline.
+    pub async fn call_within(
+        &self,
+        body: AgentRequest,
+        what: &'static str,
+        work: Duration,
+    ) -> Result<AgentResponse, NodeError> {
+        let (request_id, mut rx) = self.register();
+        let _guard = PendingGuard(&self.pending, request_id);
+        self.send(MasterFrame::Request { request_id, body }).await?;
+        self.reply_within(&mut rx, what, self.reply_timeout + work).await
     }
 
     /// Installs a package: `InstallBegin`, then (unless the agent holds the

@@ -14,7 +14,9 @@ use tokio::sync::Notify;
 
 use crate::ids::{InstanceId, NodeId, OperationId};
 use crate::spec::ComponentSpec;
-use crate::storage::records::{ClusterRecord, InstanceRecord, NodeRecord, NodeStatus, OperationRecord, PackageRecord};
+use crate::storage::records::{
+    ClusterRecord, InstanceRecord, LeftoverRecord, NodeRecord, NodeStatus, OperationRecord, PackageRecord,
+};
 
 /// A node as the API shows it: its registration plus liveness.
 #[derive(Debug, Clone)]
@@ -39,6 +41,8 @@ pub struct State {
     pub nodes: BTreeMap<NodeId, NodeView>,
     pub packages: BTreeMap<(String, String), PackageView>,
     pub operations: HashMap<OperationId, OperationRecord>,
+    /// Instances a force delete left on unreachable agents.
+    pub leftovers: BTreeMap<InstanceId, LeftoverRecord>,
 }
 
 impl State {

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::error::Error;
-use crate::protocol::messages::{ProcessSpec, RenderedFile};
+use crate::protocol::messages::{HealthProbe, ProcessSpec, RenderedFile, ResourceLimits};
 use crate::spec::render::{ClusterCtx, ComponentCtx, InstanceCtx, MemberCtx, RenderContext, RoleCtx};
-use crate::spec::{ComponentSpec, RoleSpec};
-use crate::storage::records::{ClusterRecord, InstanceRecord, PackageRecord};
+use crate::spec::{ComponentSpec, HealthCheck, RoleSpec};
+use crate::storage::records::{Applied, ClusterRecord, InstanceRecord, Limits, PackageRecord};
 
 use super::instance::InstallPayload;
 use super::read_model::State;
@@ -97,6 +97,17 @@ pub fn install_payload(
     let ctx = context(spec, cluster, members, inst, state);
     let files = crate::spec::render::render_files(role, &ctx)?;
     let env = crate::spec::render::render_env(role, &ctx)?;
+    let health = match &role.health {
+        None => None,
+        Some(HealthCheck::Cmd { argv }) => Some(HealthProbe::Cmd { argv: argv.clone() }),
+        Some(HealthCheck::Tcp { port }) => {
+            let number = inst.ports.get(port).copied().ok_or_else(|| {
+                Error::spec(format!("roles.{}.health.tcp", role.name), format!("instance has no port {port:?}"))
+            })?;
+            Some(HealthProbe::Tcp { port: number })
+        }
+    };
+    let limits = effective_limits(spec, cluster, &inst.role);
     Ok(InstallPayload {
         run_as: role.run_as.clone(),
         process: ProcessSpec {
@@ -106,10 +117,26 @@ pub fn install_payload(
             stop_grace_ms: role.stop_grace.as_millis() as u64,
             start_timeout_ms: role.start_timeout.as_millis() as u64,
             env,
+            health,
+            limits: limits.map(|l| ResourceLimits { memory_bytes: l.memory_bytes, cpu: l.cpu }),
         },
         files,
         package_sha256: package.sha256.clone(),
         package_size: package.size,
         blob,
+        applied: Applied { package_version: package.package_version.clone(), limits },
     })
+}
+
+/// The limits `role`'s instances run with: a vertical scale's, else the spec's.
+pub fn effective_limits(spec: &ComponentSpec, cluster: &ClusterRecord, role: &str) -> Option<Limits> {
+    if let Some(l) = cluster.roles.get(role).and_then(|r| r.limits) {
+        return Some(l);
+    }
+    spec.role(role).and_then(|r| r.resources).map(|r| Limits { memory_bytes: r.memory_bytes, cpu: r.cpu })
+}
+
+/// What `inst` should have been installed with, by its cluster's definition.
+pub fn target(spec: &ComponentSpec, cluster: &ClusterRecord, inst: &InstanceRecord) -> Applied {
+    Applied { package_version: cluster.package.version.clone(), limits: effective_limits(spec, cluster, &inst.role) }
 }

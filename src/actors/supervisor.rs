@@ -173,6 +173,16 @@ pub fn place_instances(
     let nodes = super::placement::place(&state, &cluster.name, n as usize, pinned, now, |v, now| {
         v.status_at(now, timing.node_unknown_after, timing.node_down_after)
     })?;
+    let limited = role.resources.is_some() || cluster.roles.get(&role.name).is_some_and(|r| r.limits.is_some());
+    if limited && let Some(n) = nodes.iter().find(|n| !state.nodes.get(*n).is_some_and(|v| v.record.resource_limits)) {
+        return Err(Error::conflict(
+            "limits_unsupported",
+            format!(
+                "role {} has resource limits, and the agent of node {n} cannot enforce them (no cgroup controllers it may write); nothing was created",
+                role.name
+            ),
+        ));
+    }
     let mut out: Vec<InstanceRecord> = Vec::new();
     for (k, node) in nodes.into_iter().enumerate() {
         let view = &state.nodes[&node];
@@ -204,6 +214,7 @@ pub fn place_instances(
             generation: 0,
             dir,
             last_error: None,
+            applied: None,
         });
     }
     Ok(out)
@@ -256,7 +267,7 @@ impl Supervisor {
         }
         let mut pending: Vec<InstanceRecord> = Vec::new();
         for (role, count, nodes) in counts {
-            record.roles.insert(role.name.clone(), RoleState { next_ordinal: count + 1 });
+            record.roles.insert(role.name.clone(), RoleState { next_ordinal: count + 1, limits: None });
             if count == 0 {
                 continue;
             }
@@ -367,6 +378,25 @@ impl Handler<Escalate> for Supervisor {
     }
 }
 
+/// Removes a force delete's leftover from its agent, then forgets it.
+async fn remove_leftover(shared: Shared, node: NodeId, instance: InstanceId, generation: u64) {
+    let link = shared.links.lock().unwrap_or_else(|p| p.into_inner()).get(&node).cloned();
+    let Some(link) = link else { return };
+    let req =
+        crate::protocol::messages::AgentRequest::Delete { instance: instance.clone(), generation: generation + 1 };
+    match link.call(req, "Delete").await {
+        Ok(_) => {
+            if let Err(e) = shared.store.commit(vec![WriteOp::delete_leftover(&instance)]).await {
+                tracing::error!(%instance, error = %e, "cannot forget a removed leftover");
+                return;
+            }
+            shared.read_model.write().leftovers.remove(&instance);
+            tracing::info!(%instance, %node, "removed the leftover of a force delete");
+        }
+        Err(e) => tracing::warn!(%instance, %node, error = %e, "cannot remove the leftover of a force delete yet"),
+    }
+}
+
 /// An agent's inventory, sent when it (re)connects.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -404,8 +434,18 @@ impl Handler<NodeInventory> for Supervisor {
             }
         }
         for r in &msg.reports {
-            if !ours.iter().any(|(id, _)| id == &r.instance) {
-                tracing::warn!(node = %msg.node, instance = %r.instance, running = r.running, "agent holds an instance the master does not know");
+            if ours.iter().any(|(id, _)| id == &r.instance) {
+                continue;
+            }
+            let leftover = self.shared.read_model.read().leftovers.get(&r.instance).is_some_and(|l| l.node == msg.node);
+            if leftover {
+                // A force delete could not remove it then; finish the job now.
+                actix::spawn(remove_leftover(self.shared.clone(), msg.node.clone(), r.instance.clone(), r.generation));
+            } else {
+                // Not ours and not known to be garbage: never delete what we
+                // cannot prove is ours (a master restored from an old backup
+                // must not wipe newer instances).
+                tracing::warn!(node = %msg.node, instance = %r.instance, running = r.running, "agent holds an instance the master does not know; left alone");
             }
         }
     }

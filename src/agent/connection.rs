@@ -121,6 +121,7 @@ async fn session(
         labels: identity.labels.clone(),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         cgroups: identity.cgroups,
+        resource_limits: false,
         inventory: node.inventory().await,
     };
     let welcome = agent_handshake(&mut framed, hello, handshake_timeout).await?;
@@ -305,5 +306,7 @@ fn request_kind(r: &AgentRequest) -> &'static str {
         AgentRequest::Stop { .. } => "stop",
         AgentRequest::Delete { .. } => "delete",
         AgentRequest::Ping => "ping",
+        AgentRequest::RunHook { .. } => "run-hook",
+        AgentRequest::CheckHealth { .. } => "check-health",
     }
 }

@@ -7,14 +7,14 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
-use super::dto::{ClusterDto, CreateClusterBody, OperationDto, ScaleBody};
+use super::dto::{ClusterDto, ConfigBody, CreateClusterBody, OperationDto, ResizeBody, ScaleBody, UpgradeBody};
 use super::error::ApiError;
 use crate::actors::cluster::{ClusterActor, OpRequest, RunOperation};
 use crate::actors::supervisor::{CreateCluster, GetCluster, RoleRequest};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
-use crate::storage::records::{OperationRecord, PackageRef};
+use crate::storage::records::{Limits, OperationRecord, PackageRef};
 
 fn accepted(op: &OperationRecord) -> HttpResponse {
     HttpResponse::Accepted().json(json!({ "operation": OperationDto::from(op) }))
@@ -95,10 +95,53 @@ pub async fn delete(
     path: web::Path<String>,
     q: web::Query<DeleteQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    // `force` is accepted for the API's shape; there is no destroy hook yet
-    // that could veto a delete, so both behave the same.
-    let _ = q.force;
-    run(&state, &path.into_inner(), OpRequest::Delete).await
+    run(&state, &path.into_inner(), OpRequest::Delete { force: q.force }).await
+}
+
+pub async fn reconfigure(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<ConfigBody>,
+) -> Result<HttpResponse, ApiError> {
+    let b = body.into_inner();
+    run(&state, &path.into_inner(), OpRequest::Reconfigure { values: b.config, batch: b.batch }).await
+}
+
+pub async fn upgrade(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<UpgradeBody>,
+) -> Result<HttpResponse, ApiError> {
+    let b = body.into_inner();
+    crate::ids::validate_version(&b.version).map_err(|m| Error::invalid("invalid_request", format!("version: {m}")))?;
+    run(&state, &path.into_inner(), OpRequest::Upgrade { version: b.version, batch: b.batch }).await
+}
+
+pub async fn resize(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    body: web::Json<ResizeBody>,
+) -> Result<HttpResponse, ApiError> {
+    let (name, role) = path.into_inner();
+    let b = body.into_inner();
+    let memory_bytes = match b.resources.memory {
+        None => None,
+        Some(serde_json::Value::String(s)) => Some(
+            crate::spec::checks::parse_memory(&s)
+                .map_err(|m| Error::invalid("invalid_request", format!("resources.memory: {m}")))?,
+        ),
+        Some(serde_json::Value::Number(n)) => Some(n.as_u64().ok_or_else(|| {
+            Error::invalid("invalid_request", "resources.memory: a whole number of bytes or a string like \"512M\"")
+        })?),
+        Some(_) => {
+            return Err(ApiError(Error::invalid(
+                "invalid_request",
+                "resources.memory: a whole number of bytes or a string like \"512M\"",
+            )));
+        }
+    };
+    let limits = Limits { memory_bytes, cpu: b.resources.cpu };
+    run(&state, &name, OpRequest::Resize { role, limits, batch: b.batch }).await
 }
 
 pub async fn scale(

@@ -47,6 +47,46 @@ pub struct ScaleBody {
     pub nodes: Option<Vec<String>>,
 }
 
+fn one() -> usize {
+    1
+}
+
+/// `PATCH /clusters/{name}/config`: new values; instances whose files change
+/// reload or restart `batch` at a time (default one).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigBody {
+    pub config: BTreeMap<String, serde_json::Value>,
+    #[serde(default = "one")]
+    pub batch: usize,
+}
+
+/// `POST /clusters/{name}/upgrade`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpgradeBody {
+    pub version: String,
+    #[serde(default = "one")]
+    pub batch: usize,
+}
+
+/// `PATCH /clusters/{name}/roles/{role}`: vertical scale.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeBody {
+    pub resources: ResourcesBody,
+    #[serde(default = "one")]
+    pub batch: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourcesBody {
+    /// `"512M"`, `"2G"`, or a number of bytes.
+    pub memory: Option<serde_json::Value>,
+    pub cpu: Option<f64>,
+}
+
 #[derive(Debug, Serialize)]
 pub struct PackageRefDto {
     pub name: String,
@@ -221,6 +261,7 @@ pub struct NodeDto {
     pub port_range: (u16, u16),
     pub labels: BTreeMap<String, String>,
     pub cgroups: bool,
+    pub resource_limits: bool,
     pub agent_version: String,
     pub instances: Vec<String>,
 }
@@ -236,6 +277,7 @@ impl NodeDto {
             port_range: v.record.port_range,
             labels: v.record.labels.clone(),
             cgroups: v.record.cgroups,
+            resource_limits: v.record.resource_limits,
             agent_version: v.record.agent_version.clone(),
             instances: state.instances.values().filter(|i| i.node == v.record.id).map(|i| i.id.to_string()).collect(),
         }

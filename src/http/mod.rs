@@ -56,6 +56,9 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: 
                 .route("/clusters/{name}/stop", web::post().to(clusters::stop))
                 .route("/clusters/{name}/restart", web::post().to(clusters::restart))
                 .route("/clusters/{name}/scale", web::post().to(clusters::scale))
+                .route("/clusters/{name}/config", web::patch().to(clusters::reconfigure))
+                .route("/clusters/{name}/upgrade", web::post().to(clusters::upgrade))
+                .route("/clusters/{name}/roles/{role}", web::patch().to(clusters::resize))
                 .route("/clusters/{name}/instances/{id}/{verb}", web::post().to(clusters::instance_verb)),
         )
         .default_service(web::to(status::not_found));

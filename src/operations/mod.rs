@@ -10,31 +10,81 @@
 //! `OperationContext`, and the unit tests use a fake one. Each file below
 //! builds the plan of one operation.
 
+pub mod change;
 pub mod create;
 pub mod delete;
 pub mod lifecycle;
 pub mod runner;
 pub mod scale;
+#[cfg(test)]
+mod world;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::ids::InstanceId;
-use crate::storage::records::{ClusterStatus, InstanceResult, OperationRecord};
+use crate::storage::records::{ClusterStatus, ConfigValue, InstanceResult, Limits, OperationRecord, PackageRef};
+
+/// A lifecycle hook of the component spec (the AppCenter lifecycle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    /// Once, after the first install, before the first start.
+    Init,
+    /// On existing members after new ones run.
+    ScaleOut,
+    /// On the remaining members before the removed ones stop; non-zero vetoes.
+    ScaleIn,
+    /// On delete, after the stop; non-zero vetoes unless forced.
+    Destroy,
+}
+
+impl Hook {
+    pub fn name(self) -> &'static str {
+        match self {
+            Hook::Init => "init",
+            Hook::ScaleOut => "scale_out",
+            Hook::ScaleIn => "scale_in",
+            Hook::Destroy => "destroy",
+        }
+    }
+}
 
 /// One thing a step does. Every action is idempotent: running it twice has
 /// the effect of running it once (install replaces, start on a running
-/// instance and stop on a stopped one succeed without doing anything).
+/// instance and stop on a stopped one succeed without doing anything, a
+/// roll skips instances that are already up to date).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Send the package and rendered files to the agents, in parallel.
     Install(Vec<InstanceId>),
-    /// Start the processes, in parallel; waits until each has a pid.
+    /// Start the processes, in parallel; waits until each is healthy.
     Start(Vec<InstanceId>),
     /// Stop the processes (the whole tree), in parallel.
     Stop(Vec<InstanceId>),
-    /// Re-render and write the config files of these instances (membership
-    /// or config changed). Nothing is restarted.
+    /// Re-render and write the config files of these instances. Nothing is
+    /// restarted (used before a first start).
     WriteFiles(Vec<InstanceId>),
+    /// Re-render and write the files; then every running instance whose
+    /// files changed runs its role's `reload` hook, or is restarted, `batch`
+    /// instances at a time, waiting for health between batches. Unchanged
+    /// instances are not touched.
+    Reconfigure {
+        ids: Vec<InstanceId>,
+        batch: usize,
+    },
+    /// Brings each instance in line with the cluster's current package
+    /// version and its role's limits (see `Applied`): stop, install, start,
+    /// health, `batch` at a time. Instances already in line are skipped.
+    Roll {
+        ids: Vec<InstanceId>,
+        batch: usize,
+    },
+    /// Runs a hook on the instances whose role defines it: equal role order
+    /// in parallel, orders in sequence.
+    Hook {
+        hook: Hook,
+        ids: Vec<InstanceId>,
+    },
     /// Remove the instances from their agents (stop, delete the directory
     /// and the agent's records).
     DeleteOnAgent(Vec<InstanceId>),
@@ -44,9 +94,18 @@ pub enum Action {
     /// Forget the instances on the master and release their ports. Their
     /// ordinals stay used, so they are never handed out again.
     Forget(Vec<InstanceId>),
+    /// Changes the cluster's definition (durably), nothing else: the package
+    /// version, the config values, or a role's limits.
+    SetPackage(PackageRef),
+    SetConfig(BTreeMap<String, ConfigValue>),
+    SetLimits {
+        role: String,
+        limits: Option<Limits>,
+    },
 }
 
 impl Action {
+    /// The instances the action touches (empty for definition changes).
     pub fn instances(&self) -> &[InstanceId] {
         match self {
             Action::Install(v)
@@ -55,7 +114,19 @@ impl Action {
             | Action::WriteFiles(v)
             | Action::DeleteOnAgent(v)
             | Action::Allocate(v)
-            | Action::Forget(v) => v,
+            | Action::Forget(v)
+            | Action::Reconfigure { ids: v, .. }
+            | Action::Roll { ids: v, .. }
+            | Action::Hook { ids: v, .. } => v,
+            Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => &[],
+        }
+    }
+
+    /// An instance action with no instances does nothing.
+    pub fn is_noop(&self) -> bool {
+        match self {
+            Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => false,
+            _ => self.instances().is_empty(),
         }
     }
 }
@@ -72,23 +143,32 @@ pub struct Step {
     /// nothing to put back; the plan builder says why in a comment.
     pub undo: Vec<Action>,
     /// True when a failure can be fully rolled back past this step: it has
-    /// an undo, or an earlier step's undo covers it. An operation whose
-    /// failure passed a step that is not reversible ends `Failed`, never
-    /// `RolledBack`.
+    /// an undo, or an earlier step's undo covers it, or it changes nothing
+    /// (a vetoing hook). An operation whose failure passed a step that is
+    /// not reversible ends `Failed`, never `RolledBack`.
     pub reversible: bool,
+    /// A failure of this step is recorded but does not fail the operation
+    /// (force delete: clean what can be cleaned, say what could not).
+    pub best_effort: bool,
 }
 
 impl Step {
     pub fn new(name: impl Into<String>, status: Option<ClusterStatus>, action: Action, undo: Vec<Action>) -> Self {
         let mut undo = undo;
-        undo.retain(|a| !a.instances().is_empty());
+        undo.retain(|a| !a.is_noop());
         let reversible = !undo.is_empty();
-        Step { name: name.into(), status, action, undo, reversible }
+        Step { name: name.into(), status, action, undo, reversible, best_effort: false }
     }
 
-    /// Marks a step whose effect an earlier step's undo puts back.
+    /// Marks a step whose effect an earlier step's undo puts back, or that
+    /// has no effect to put back.
     pub fn covered_by_earlier_undo(mut self) -> Self {
         self.reversible = true;
+        self
+    }
+
+    pub fn best_effort(mut self, yes: bool) -> Self {
+        self.best_effort = yes;
         self
     }
 }
@@ -103,7 +183,7 @@ impl Plan {
     pub fn push(&mut self, step: Step) {
         // A step with no instances does nothing; leaving it out keeps the
         // journal honest about what ran.
-        if !step.action.instances().is_empty() {
+        if !step.action.is_noop() {
             self.steps.push(step);
         }
     }

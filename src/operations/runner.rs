@@ -56,6 +56,14 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
                 record.steps[i].results = results;
                 journal(ctx, record).await;
             }
+            Err(f) if step.best_effort => {
+                // Recorded, not fatal: the step is done as far as it could be.
+                tracing::warn!(step = %step.name, error = %f.message, "best-effort step failed; going on");
+                record.steps[i].status = StepStatus::Done;
+                record.steps[i].error = Some(format!("best effort, not all done: {}", f.message));
+                record.steps[i].results = f.results;
+                journal(ctx, record).await;
+            }
             Err(f) => {
                 record.steps[i].status = StepStatus::Failed;
                 record.steps[i].error = Some(f.message.clone());
@@ -307,6 +315,20 @@ mod tests {
         assert_eq!(r.status, OperationStatus::Failed);
         assert_eq!(r.steps[1].status, StepStatus::Undone);
         assert_eq!(r.steps[0].status, StepStatus::Done);
+    }
+
+    #[tokio::test]
+    async fn a_best_effort_failure_is_recorded_and_the_operation_goes_on() {
+        let mut p = Plan::default();
+        p.push(Step::new("stop", None, Action::Stop(ids("a")), vec![]).best_effort(true));
+        p.push(Step::new("delete", None, Action::DeleteOnAgent(ids("a")), vec![]));
+        let ctx = Fake::default();
+        ctx.fail.borrow_mut().push("Stop:a".into());
+        let mut r = record();
+        assert_eq!(run(&ctx, &mut r, &p).await, Outcome::Succeeded);
+        assert_eq!(*ctx.log.borrow(), vec!["Stop:a", "DeleteOnAgent:a"]);
+        assert_eq!(r.steps[0].status, StepStatus::Done);
+        assert!(r.steps[0].error.as_deref().unwrap_or_default().contains("Stop:a broke"));
     }
 
     #[tokio::test]

@@ -1,51 +1,59 @@
 //! Scale a role out (add instances) or in (remove listed instances).
 //!
-//! Scale out: `Scaling → AddingInstances → Configuring → Active`. Every step
-//! has an undo, so a failure puts the cluster back as it was: the new
-//! instances are stopped, removed from their agents and forgotten (ports
-//! released, ordinals not reused), and the existing members' files are
-//! rendered again from the old membership.
+//! Scale out: `Scaling → AddingInstances → Configuring → Active`. The new
+//! instances are allocated, installed, initialised (`init`) and started
+//! (health-gated); then the existing members get the new membership
+//! (re-rendered files; reload or a rolling restart of the changed ones) and
+//! run the `scale_out` hook. Every step is covered by an undo, so a failure
+//! puts the cluster back as it was: the new instances are stopped, removed
+//! from their agents and forgotten (ports released, ordinals not reused),
+//! and the existing members get the old membership back the same way.
 //!
-//! Scale in: `Decommissioning → DeletingInstances → Configuring → Active`.
-//! Only decommissioning (stopping) can be undone; once an instance's
-//! directory is deleted its data is gone, so later failures are reported
-//! as they are.
+//! Scale in: `Scaling → Decommissioning → DeletingInstances → Configuring →
+//! Active`. The `scale_in` hook runs on the remaining members first; a
+//! non-zero exit vetoes the scale-in before anything changed. Only
+//! decommissioning (stopping) can be undone; once an instance's directory
+//! is deleted its data is gone, so later failures are reported as they are.
 
-use super::{Action, Plan, Step};
+use super::{Action, Hook, Plan, Step};
 use crate::ids::InstanceId;
 use crate::storage::records::ClusterStatus;
 
 /// `new`: the new instances by role order; `existing`: every current member.
-pub fn scale_out(new: &[(i32, Vec<InstanceId>)], existing: &[InstanceId]) -> Plan {
+pub fn scale_out(new: &[(i32, Vec<InstanceId>)], existing: &[InstanceId], batch: usize) -> Plan {
     let all_new: Vec<InstanceId> = new.iter().flat_map(|(_, ids)| ids.iter().cloned()).collect();
-    let mut members: Vec<InstanceId> = existing.to_vec();
-    members.extend(all_new.iter().cloned());
+    let reconfigure = Action::Reconfigure { ids: existing.to_vec(), batch };
     let mut p = Plan::default();
     p.push(Step::new(
         "allocate",
         Some(ClusterStatus::Scaling),
         Action::Allocate(all_new.clone()),
-        vec![Action::Forget(all_new.clone()), Action::WriteFiles(existing.to_vec())],
+        vec![Action::Forget(all_new.clone()), reconfigure.clone()],
     ));
     p.push(Step::new(
         "install",
         Some(ClusterStatus::AddingInstances),
         Action::Install(all_new.clone()),
-        vec![Action::DeleteOnAgent(all_new)],
+        vec![Action::DeleteOnAgent(all_new.clone())],
     ));
+    // Covered: the install's undo deletes the new instances.
+    p.push(Step::new("init", None, Action::Hook { hook: Hook::Init, ids: all_new }, vec![]).covered_by_earlier_undo());
     super::lifecycle::push_starts(&mut p, new, None, true);
-    // No undo of its own: the allocate step's undo renders the old membership.
-    p.push(
-        Step::new("configure", Some(ClusterStatus::Configuring), Action::WriteFiles(members), vec![])
-            .covered_by_earlier_undo(),
-    );
+    // Covered: the allocate step's undo forgets the new members and then
+    // reconfigures the existing ones from the old membership.
+    p.push(Step::new("configure", Some(ClusterStatus::Configuring), reconfigure, vec![]).covered_by_earlier_undo());
+    let hook = Action::Hook { hook: Hook::ScaleOut, ids: existing.to_vec() };
+    p.push(Step::new("scale-out-hook", None, hook, vec![]).covered_by_earlier_undo());
     p
 }
 
 /// `removed`: the instances to remove by role order; `remaining`: members after.
-pub fn scale_in(removed: &[(i32, Vec<InstanceId>)], remaining: &[InstanceId]) -> Plan {
+pub fn scale_in(removed: &[(i32, Vec<InstanceId>)], remaining: &[InstanceId], batch: usize) -> Plan {
     let all: Vec<InstanceId> = removed.iter().flat_map(|(_, ids)| ids.iter().cloned()).collect();
     let mut p = Plan::default();
+    // Changes nothing that needs undoing; a non-zero exit is the veto.
+    let hook = Action::Hook { hook: Hook::ScaleIn, ids: remaining.to_vec() };
+    p.push(Step::new("scale-in-hook", Some(ClusterStatus::Scaling), hook, vec![]).covered_by_earlier_undo());
     for (i, (order, ids)) in removed.iter().rev().enumerate() {
         p.push(Step::new(
             format!("decommission-order-{order}"),
@@ -62,7 +70,8 @@ pub fn scale_in(removed: &[(i32, Vec<InstanceId>)], remaining: &[InstanceId]) ->
         vec![],
     ));
     p.push(Step::new("forget", None, Action::Forget(all), vec![]));
-    p.push(Step::new("configure", Some(ClusterStatus::Configuring), Action::WriteFiles(remaining.to_vec()), vec![]));
+    let reconfigure = Action::Reconfigure { ids: remaining.to_vec(), batch };
+    p.push(Step::new("configure", Some(ClusterStatus::Configuring), reconfigure, vec![]));
     p
 }
 
@@ -76,18 +85,21 @@ mod tests {
 
     #[test]
     fn scale_out_undo_forgets_then_rerenders_the_old_members() {
-        let p = scale_out(&[(0, vec![id("n4"), id("n5")])], &[id("e1")]);
+        let p = scale_out(&[(0, vec![id("n4"), id("n5")])], &[id("e1")], 1);
         let names: Vec<_> = p.steps.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["allocate", "install", "start-order-0", "configure"]);
-        assert_eq!(p.steps[0].undo, vec![Action::Forget(vec![id("n4"), id("n5")]), Action::WriteFiles(vec![id("e1")])]);
-        assert_eq!(p.steps[3].action, Action::WriteFiles(vec![id("e1"), id("n4"), id("n5")]));
+        assert_eq!(names, ["allocate", "install", "init", "start-order-0", "configure", "scale-out-hook"]);
+        let old_members = Action::Reconfigure { ids: vec![id("e1")], batch: 1 };
+        assert_eq!(p.steps[0].undo, vec![Action::Forget(vec![id("n4"), id("n5")]), old_members.clone()]);
+        assert_eq!(p.steps[4].action, old_members);
+        assert!(p.steps.iter().all(|s| s.reversible));
     }
 
     #[test]
     fn scale_in_stops_then_deletes_then_reconfigures_the_rest() {
-        let p = scale_in(&[(0, vec![id("x")])], &[id("a"), id("b")]);
+        let p = scale_in(&[(0, vec![id("x")])], &[id("a"), id("b")], 1);
         let names: Vec<_> = p.steps.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["decommission-order-0", "delete-instances", "forget", "configure"]);
-        assert_eq!(p.steps[0].undo, vec![Action::Start(vec![id("x")])]);
+        assert_eq!(names, ["scale-in-hook", "decommission-order-0", "delete-instances", "forget", "configure"]);
+        assert_eq!(p.steps[1].undo, vec![Action::Start(vec![id("x")])]);
+        assert!(p.steps[0].reversible, "a vetoing hook changed nothing");
     }
 }

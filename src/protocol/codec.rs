@@ -163,6 +163,7 @@ mod tests {
             message: "boom".into(),
             exit_code: Some(3),
             stderr_tail: "oops\n".into(),
+            stdout_tail: "out\n".into(),
         }
     }
 
@@ -180,6 +181,8 @@ mod tests {
                     stop_grace_ms: 5000,
                     start_timeout_ms: 10_000,
                     env: vec![("A".into(), "b".into())],
+                    health: Some(HealthProbe::Tcp { port: 2181 }),
+                    limits: Some(ResourceLimits { memory_bytes: Some(1 << 28), cpu: Some(1.5) }),
                 },
                 files: vec![file.clone()],
                 package_sha256: "ab".repeat(32),
@@ -231,6 +234,7 @@ mod tests {
             labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
             agent_version: "0.1.0".into(),
             cgroups: true,
+            resource_limits: true,
             inventory: vec![InstanceReport {
                 instance: inst(),
                 generation: 4,

@@ -17,7 +17,9 @@
 
 use crate::ids::{ClusterId, InstanceId};
 use crate::storage::agent_records::{AgentInstanceRecord, Tombstone};
-use crate::storage::records::{ClusterRecord, EventRecord, InstanceRecord, NodeRecord, OperationRecord, PackageRecord};
+use crate::storage::records::{
+    ClusterRecord, EventRecord, InstanceRecord, LeftoverRecord, NodeRecord, OperationRecord, PackageRecord,
+};
 use crate::storage::{StorageError, WriteOp, codec};
 
 /// The master database's column families.
@@ -29,7 +31,9 @@ pub mod master_cf {
     pub const OPERATIONS: &str = "operations";
     pub const EVENTS: &str = "events";
     pub const META: &str = "meta";
-    pub const ALL: [&str; 7] = [CLUSTERS, INSTANCES, NODES, PACKAGES, OPERATIONS, EVENTS, META];
+    /// Instances a force delete left on an unreachable agent (key: instance id).
+    pub const LEFTOVERS: &str = "leftovers";
+    pub const ALL: [&str; 8] = [CLUSTERS, INSTANCES, NODES, PACKAGES, OPERATIONS, EVENTS, META, LEFTOVERS];
 }
 
 /// The agent database's column families.
@@ -115,6 +119,14 @@ impl WriteOp {
 
     pub fn put_event(r: &EventRecord) -> Result<WriteOp, StorageError> {
         put(master_cf::EVENTS, event_key(r.seq), r)
+    }
+
+    pub fn put_leftover(r: &LeftoverRecord) -> Result<WriteOp, StorageError> {
+        put(master_cf::LEFTOVERS, r.instance.as_str().as_bytes().to_vec(), r)
+    }
+
+    pub fn delete_leftover(id: &InstanceId) -> WriteOp {
+        WriteOp::Delete { cf: master_cf::LEFTOVERS, key: id.as_str().as_bytes().to_vec() }
     }
 }
 

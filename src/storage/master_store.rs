@@ -13,7 +13,9 @@ use rocksdb::{DB, Direction, IteratorMode};
 
 use super::db;
 use super::keys::{event_key, event_seq, master_cf};
-use super::records::{ClusterRecord, EventRecord, InstanceRecord, NodeRecord, OperationRecord, PackageRecord};
+use super::records::{
+    ClusterRecord, EventRecord, InstanceRecord, LeftoverRecord, NodeRecord, OperationRecord, PackageRecord,
+};
 use super::{StorageError, StoreWriter};
 
 /// Everything the master persisted, as loaded at boot.
@@ -29,6 +31,7 @@ pub struct MasterSnapshot {
     pub operations: Vec<OperationRecord>,
     /// The highest event sequence number stored, 0 when there is none.
     pub last_event_seq: u64,
+    pub leftovers: Vec<LeftoverRecord>,
 }
 
 /// The master's database and its writer; cheap to clone.
@@ -68,6 +71,7 @@ impl MasterStore {
             packages: db::load_cf(&self.db, master_cf::PACKAGES)?,
             operations,
             last_event_seq: self.last_event_seq()?,
+            leftovers: db::load_cf(&self.db, master_cf::LEFTOVERS)?,
         })
     }
 

@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId};
 
 /// Schema version written into every record created by this release.
-pub const RECORD_VERSION: u32 = 1;
+pub const RECORD_VERSION: u32 = 2;
 
 /// A typed config value, as validated against the component spec.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,6 +75,37 @@ pub struct RoleState {
     // instance records, so it can never disagree with them.
     /// The next ordinal to hand out; ordinals are never reused in a cluster.
     pub next_ordinal: u32,
+    /// Resource limits set by a vertical scale; `None` keeps the spec's.
+    pub limits: Option<Limits>,
+}
+
+impl RoleState {
+    pub fn new() -> RoleState {
+        RoleState { next_ordinal: 1, limits: None }
+    }
+}
+
+impl Default for RoleState {
+    fn default() -> Self {
+        RoleState::new()
+    }
+}
+
+/// Resource limits of a role's instances (enforced through their cgroups).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    pub memory_bytes: Option<u64>,
+    pub cpu: Option<f64>,
+}
+
+/// What an instance was last installed with: the package version and the
+/// limits. An instance whose `applied` differs from what its cluster now
+/// says is replaced by an upgrade or vertical scale; one that matches is
+/// left alone (so those operations are idempotent and resumable).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Applied {
+    pub package_version: String,
+    pub limits: Option<Limits>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -137,6 +168,8 @@ pub struct InstanceRecord {
     /// The instance directory on the agent.
     pub dir: String,
     pub last_error: Option<String>,
+    /// `None` until the first successful install.
+    pub applied: Option<Applied>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,6 +187,8 @@ pub struct NodeRecord {
     pub port_range: (u16, u16),
     pub labels: BTreeMap<String, String>,
     pub cgroups: bool,
+    /// Whether the agent can enforce memory and CPU limits.
+    pub resource_limits: bool,
     pub agent_version: String,
     /// The agent's instance root (`<root>/instances`), for the API's `dir`.
     pub instance_root: String,
@@ -186,6 +221,10 @@ pub enum OperationKind {
     StartInstance,
     StopInstance,
     RestartInstance,
+    Reconfigure,
+    Upgrade,
+    /// Vertical scale: new resource limits for a role.
+    Resize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -223,6 +262,24 @@ pub struct InstanceResult {
     pub message: String,
     pub exit_code: Option<i32>,
     pub stderr_tail: String,
+    pub stdout_tail: String,
+}
+
+impl InstanceResult {
+    pub fn ok(instance: &InstanceId, message: impl Into<String>) -> InstanceResult {
+        InstanceResult {
+            instance: instance.clone(),
+            ok: true,
+            message: message.into(),
+            exit_code: None,
+            stderr_tail: String::new(),
+            stdout_tail: String::new(),
+        }
+    }
+
+    pub fn failed(instance: &InstanceId, message: impl Into<String>) -> InstanceResult {
+        InstanceResult { ok: false, ..InstanceResult::ok(instance, message) }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -257,6 +314,20 @@ impl OperationRecord {
         let done = self.steps.iter().filter(|s| s.status == StepStatus::Done).count();
         (done, self.steps.len())
     }
+}
+
+/// An instance a force delete could not remove from its agent (the agent
+/// was down or failed). The master removes it when that agent reconnects
+/// and reports it, then drops this record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeftoverRecord {
+    pub version: u32,
+    pub instance: InstanceId,
+    pub node: NodeId,
+    pub cluster: String,
+    pub reason: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
 }
 
 /// An append-only record of a state change.

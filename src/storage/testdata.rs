@@ -7,7 +7,7 @@ use time::OffsetDateTime;
 use time::macros::datetime;
 
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId};
-use crate::protocol::messages::ProcessSpec;
+use crate::protocol::messages::{HealthProbe, ProcessSpec};
 use crate::storage::agent_records::{AgentInstanceRecord, PidIdentity, Tombstone};
 use crate::storage::records::*;
 
@@ -20,7 +20,7 @@ pub fn cluster(name: &str) -> ClusterRecord {
     config.insert("bool".into(), ConfigValue::Bool(true));
     config.insert("str".into(), ConfigValue::Str("héllo".into()));
     let mut roles = BTreeMap::new();
-    roles.insert("server".into(), RoleState { next_ordinal: 4 });
+    roles.insert("server".into(), RoleState { next_ordinal: 4, limits: None });
     ClusterRecord {
         version: RECORD_VERSION,
         id: ClusterId::random(),
@@ -53,6 +53,10 @@ pub fn instance(cluster: &ClusterRecord, ordinal: u32) -> InstanceRecord {
         generation: 7,
         dir: "/var/lib/flotilla/instances/x".into(),
         last_error: Some("was slow".into()),
+        applied: Some(Applied {
+            package_version: "3.8.0".into(),
+            limits: Some(Limits { memory_bytes: Some(512 << 20), cpu: None }),
+        }),
     }
 }
 
@@ -64,6 +68,7 @@ pub fn node(id: &str) -> NodeRecord {
         port_range: (20000, 20999),
         labels: [("rack".to_string(), "a".to_string())].into_iter().collect(),
         cgroups: true,
+        resource_limits: true,
         agent_version: "0.1.0".into(),
         instance_root: "/var/lib/flotilla/instances".into(),
         registered_at: T0,
@@ -102,6 +107,7 @@ pub fn operation(cluster: &ClusterRecord, created_at: OffsetDateTime) -> Operati
                 message: "exit 3".into(),
                 exit_code: Some(3),
                 stderr_tail: "oops\n".into(),
+                stdout_tail: "partial\n".into(),
             }],
         }],
         error: Some("step start failed".into()),
@@ -136,6 +142,8 @@ pub fn agent_instance(id: &str) -> AgentInstanceRecord {
             stop_grace_ms: 5000,
             start_timeout_ms: 30_000,
             env: vec![("JAVA_OPTS".into(), "-Xmx1g".into())],
+            health: Some(HealthProbe::Cmd { argv: vec!["bin/health.sh".into()] }),
+            limits: None,
         },
         package_sha256: "cd".repeat(32),
         file_hashes: [("conf/zoo.cfg".to_string(), "ef".repeat(32))].into_iter().collect(),

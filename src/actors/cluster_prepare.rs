@@ -1,0 +1,312 @@
+//! Validation of a mutating request on a cluster, before any side effect:
+//! it turns an [`OpRequest`] into a plan, or into the precise error the
+//! caller gets (`409` wrong state, `404` unknown instance or package, `422`
+//! a rule of the spec, naming the field and the rule). Nothing here writes.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::cluster::{ClusterActor, OpRequest, Prepared, group_by_order};
+use crate::error::Error;
+use crate::ids::{InstanceId, NodeId};
+use crate::operations::lifecycle::InstanceVerb;
+use crate::operations::{self};
+use crate::spec::ComponentSpec;
+use crate::storage::records::{ClusterStatus, InstanceRecord, Limits, OperationKind, PackageRef};
+
+/// The most instances a rolling operation touches at once.
+pub const MAX_BATCH: usize = 64;
+
+impl ClusterActor {
+    pub(super) fn prepare(&mut self, req: OpRequest, spec: &ComponentSpec) -> Result<Prepared, Error> {
+        let status = self.core.borrow().record.status;
+        let simple = |kind, plan, on_success| Prepared {
+            kind,
+            plan,
+            params: "{}".into(),
+            pending: vec![],
+            on_success,
+            force: false,
+        };
+        let all: Vec<InstanceId> = self.core.borrow().instances.keys().cloned().collect();
+        Ok(match req {
+            OpRequest::Create { pending, params } => {
+                let groups = group_by_order(spec, pending.iter());
+                Prepared {
+                    params,
+                    pending,
+                    ..simple(OperationKind::Create, operations::create::plan(&groups), Some(ClusterStatus::Active))
+                }
+            }
+            OpRequest::Start => simple(
+                OperationKind::Start,
+                operations::lifecycle::start(&self.groups(spec, None)),
+                Some(ClusterStatus::Active),
+            ),
+            OpRequest::Stop => simple(
+                OperationKind::Stop,
+                operations::lifecycle::stop(&self.groups(spec, None)),
+                Some(ClusterStatus::Stopped),
+            ),
+            OpRequest::Restart => simple(
+                OperationKind::Restart,
+                operations::lifecycle::restart(&self.groups(spec, None)),
+                Some(ClusterStatus::Active),
+            ),
+            OpRequest::Delete { force } => Prepared {
+                force,
+                params: serde_json::json!({ "force": force }).to_string(),
+                ..simple(OperationKind::Delete, operations::delete::plan(&self.groups(spec, None), force), None)
+            },
+            OpRequest::Instance { id, verb } => {
+                if !self.core.borrow().instances.contains_key(&id) {
+                    return Err(Error::not_found("instance", &id));
+                }
+                let kind = match verb {
+                    InstanceVerb::Start => OperationKind::StartInstance,
+                    InstanceVerb::Stop => OperationKind::StopInstance,
+                    InstanceVerb::Restart => OperationKind::RestartInstance,
+                };
+                let params = serde_json::json!({ "instance": id.as_str() }).to_string();
+                Prepared { params, ..simple(kind, operations::lifecycle::instance(verb, &id), None) }
+            }
+            OpRequest::ScaleOut { role, add, nodes } => {
+                require_active(status, "scale")?;
+                let pending = self.place_new(spec, &role, add, nodes.as_deref())?;
+                let new = group_by_order(spec, pending.iter());
+                let params = serde_json::json!({ "role": role, "add": add }).to_string();
+                Prepared {
+                    params,
+                    pending,
+                    ..simple(
+                        OperationKind::ScaleOut,
+                        operations::scale::scale_out(&new, &all, 1),
+                        Some(ClusterStatus::Active),
+                    )
+                }
+            }
+            OpRequest::ScaleIn { role, remove } => {
+                require_active(status, "scale")?;
+                let members = self.members();
+                check_removal(&members, &role, &remove)?;
+                let left = members.iter().filter(|m| m.role == role).count() as u32 - remove.len() as u32;
+                spec.check_count(&role, left)?;
+                let removed = group_by_order(spec, members.iter().filter(|m| remove.contains(&m.id)));
+                let remaining: Vec<InstanceId> =
+                    members.iter().filter(|m| !remove.contains(&m.id)).map(|m| m.id.clone()).collect();
+                let ids: Vec<&str> = remove.iter().map(|i| i.as_str()).collect();
+                let params = serde_json::json!({ "role": role, "remove": ids }).to_string();
+                Prepared {
+                    params,
+                    ..simple(
+                        OperationKind::ScaleIn,
+                        operations::scale::scale_in(&removed, &remaining, 1),
+                        Some(ClusterStatus::Active),
+                    )
+                }
+            }
+            OpRequest::Reconfigure { values, batch } => {
+                require_active(status, "reconfigure")?;
+                let batch = check_batch(batch)?;
+                let old = self.core.borrow().record.config.clone();
+                let new = spec.resolve_config(&values, Some(&old))?;
+                let params = serde_json::json!({ "config": values, "batch": batch }).to_string();
+                Prepared {
+                    params,
+                    ..simple(
+                        OperationKind::Reconfigure,
+                        operations::change::reconfigure(old, new, &all, batch),
+                        Some(ClusterStatus::Active),
+                    )
+                }
+            }
+            OpRequest::Upgrade { version, batch } => {
+                require_active(status, "upgrade")?;
+                let batch = check_batch(batch)?;
+                let old = self.core.borrow().record.package.clone();
+                let new = PackageRef { name: old.name.clone(), version: version.clone() };
+                let new_spec = self.upgrade_target(&new)?;
+                check_compatible(spec, &new_spec, &self.members())?;
+                let params = serde_json::json!({ "version": version, "batch": batch }).to_string();
+                Prepared {
+                    params,
+                    ..simple(
+                        OperationKind::Upgrade,
+                        operations::change::upgrade(old, new, &all, batch),
+                        Some(ClusterStatus::Active),
+                    )
+                }
+            }
+            OpRequest::Resize { role, limits, batch } => {
+                require_active(status, "resize")?;
+                let batch = check_batch(batch)?;
+                if spec.role(&role).is_none() {
+                    return Err(Error::spec(format!("roles.{role}"), "the package has no such role"));
+                }
+                check_limits(&limits)?;
+                let members: Vec<InstanceRecord> = self.members().into_iter().filter(|m| m.role == role).collect();
+                self.check_nodes_enforce_limits(&role, members.iter().map(|m| &m.node))?;
+                let old = self.core.borrow().record.roles.get(&role).and_then(|r| r.limits);
+                let ids: Vec<InstanceId> = members.iter().map(|m| m.id.clone()).collect();
+                let params = serde_json::json!({ "role": role, "memory_bytes": limits.memory_bytes, "cpu": limits.cpu, "batch": batch }).to_string();
+                Prepared {
+                    params,
+                    ..simple(
+                        OperationKind::Resize,
+                        operations::change::resize(&role, old, Some(limits), &ids, batch),
+                        Some(ClusterStatus::Active),
+                    )
+                }
+            }
+        })
+    }
+
+    fn members(&self) -> Vec<InstanceRecord> {
+        let name = self.core.borrow().record.name.clone();
+        self.shared.read_model.read().cluster_instances(&name)
+    }
+
+    fn upgrade_target(&self, new: &PackageRef) -> Result<Arc<ComponentSpec>, Error> {
+        let state = self.shared.read_model.read();
+        state
+            .packages
+            .get(&(new.name.clone(), new.version.clone()))
+            .map(|p| p.spec.clone())
+            .ok_or_else(|| Error::not_found("package", new))
+    }
+
+    /// Refuses (before any side effect) limits on a node whose agent cannot
+    /// enforce them: never a half-applied vertical scale.
+    pub(super) fn check_nodes_enforce_limits<'a>(
+        &self,
+        role: &str,
+        nodes: impl Iterator<Item = &'a NodeId>,
+    ) -> Result<(), Error> {
+        let state = self.shared.read_model.read();
+        let unable: BTreeSet<String> = nodes
+            .filter(|n| !state.nodes.get(*n).is_some_and(|v| v.record.resource_limits))
+            .map(|n| n.to_string())
+            .collect();
+        if unable.is_empty() {
+            return Ok(());
+        }
+        Err(Error::conflict(
+            "limits_unsupported",
+            format!(
+                "role {role}: the agents of node(s) {} cannot enforce memory/CPU limits (no cgroup controllers they may write); nothing was changed",
+                unable.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        ))
+    }
+
+    /// Places `add` new instances of `role`: ordinals, nodes, ports.
+    fn place_new(
+        &mut self,
+        spec: &ComponentSpec,
+        role: &str,
+        add: u32,
+        nodes: Option<&[NodeId]>,
+    ) -> Result<Vec<InstanceRecord>, Error> {
+        if add == 0 {
+            return Err(Error::invalid("invalid_request", "add: must be at least 1"));
+        }
+        let role_spec =
+            spec.role(role).ok_or_else(|| Error::spec("role", format!("the package has no role {role:?}")))?;
+        let record = self.core.borrow().record.clone();
+        let current = self.members().iter().filter(|m| m.role == role).count() as u32;
+        spec.check_count(role, current + add)?;
+        let next = record.roles.get(role).map(|r| r.next_ordinal).unwrap_or(1);
+        let pending = super::supervisor::place_instances(&self.shared, &record, role_spec, next, add, nodes)?;
+        let mut core = self.core.borrow_mut();
+        core.record.roles.entry(role.to_string()).or_default().next_ordinal = next + add;
+        Ok(pending)
+    }
+}
+
+pub(super) fn require_active(status: ClusterStatus, what: &str) -> Result<(), Error> {
+    if status != ClusterStatus::Active {
+        return Err(Error::conflict(
+            "invalid_state",
+            format!("cannot {what} a cluster in status {status:?}; it must be Active"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_batch(batch: usize) -> Result<usize, Error> {
+    if batch == 0 || batch > MAX_BATCH {
+        return Err(Error::invalid(
+            "invalid_request",
+            format!("batch: must be between 1 and {MAX_BATCH}, got {batch}"),
+        ));
+    }
+    Ok(batch)
+}
+
+fn check_limits(l: &Limits) -> Result<(), Error> {
+    if l.memory_bytes.is_none() && l.cpu.is_none() {
+        return Err(Error::invalid("invalid_request", "resources: give memory, cpu or both"));
+    }
+    if let Some(m) = l.memory_bytes
+        && m < 4 * 1024 * 1024
+    {
+        return Err(Error::spec("resources.memory", format!("{m} bytes is below the minimum of 4 MiB")));
+    }
+    if let Some(c) = l.cpu
+        && !(0.01..=1024.0).contains(&c)
+    {
+        return Err(Error::spec("resources.cpu", format!("{c} is outside 0.01..=1024 CPUs")));
+    }
+    Ok(())
+}
+
+fn check_removal(members: &[InstanceRecord], role: &str, remove: &[InstanceId]) -> Result<(), Error> {
+    if remove.is_empty() {
+        return Err(Error::invalid("invalid_request", "remove: list at least one instance"));
+    }
+    let mut seen = BTreeSet::new();
+    for id in remove {
+        if !seen.insert(id) {
+            return Err(Error::invalid("invalid_request", format!("remove: {id} is listed twice")));
+        }
+        match members.iter().find(|m| &m.id == id) {
+            None => return Err(Error::not_found("instance", id)),
+            Some(m) if m.role != role => {
+                return Err(Error::invalid(
+                    "invalid_request",
+                    format!("remove: {id} is a {} instance, not {role}", m.role),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// An upgrade keeps every instance, its ports and its place: the new
+/// version must have every role the cluster uses, with the same ports, and
+/// accept the current counts.
+fn check_compatible(old: &ComponentSpec, new: &ComponentSpec, members: &[InstanceRecord]) -> Result<(), Error> {
+    if new.component.name != old.component.name {
+        return Err(Error::spec(
+            "component.name",
+            format!("the package is {}, the cluster runs {}", new.component.name, old.component.name),
+        ));
+    }
+    let roles: BTreeSet<&str> = members.iter().map(|m| m.role.as_str()).collect();
+    for role in roles {
+        let Some(r) = new.role(role) else {
+            return Err(Error::spec(format!("roles.{role}"), "the new version has no such role"));
+        };
+        let old_ports = old.role(role).map(|o| o.ports.clone()).unwrap_or_default();
+        if r.ports != old_ports {
+            return Err(Error::spec(
+                format!("roles.{role}.ports"),
+                format!("the new version declares ports {:?}, the cluster has {:?}", r.ports, old_ports),
+            ));
+        }
+        let count = members.iter().filter(|m| m.role == role).count() as u32;
+        new.check_count(role, count)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,298 @@
+//! A model of a cluster for testing every operation's plan against the
+//! rules of DESIGN.md §6, without actors or agents: a failure injected at
+//! each step in turn must leave the cluster as it was (or the operation
+//! honestly `Failed`), and running each step twice must give the same
+//! result as running it once.
+//!
+//! The model keeps what an operator would check: the cluster's definition
+//! (version, config, limits), the master's members, and per instance on its
+//! agent the installed version and limits, the rendered files and whether
+//! it runs. An injected failure first applies the action to the first of its
+//! instances, like a real step that fails half-way.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::runner::{self, Outcome};
+use super::{Action, OperationContext, Plan, StepFailure};
+use crate::ids::{ClusterId, InstanceId, OperationId};
+use crate::storage::records::{
+    ClusterStatus, ConfigValue, InstanceResult, Limits, OperationKind, OperationRecord, OperationStatus, RECORD_VERSION,
+};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct OnAgent {
+    pub version: String,
+    pub limits: Option<Limits>,
+    pub files: String,
+    pub running: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct State {
+    pub version: String,
+    pub config: BTreeMap<String, ConfigValue>,
+    pub limits: Option<Limits>,
+    pub members: BTreeSet<InstanceId>,
+    pub agents: BTreeMap<InstanceId, OnAgent>,
+}
+
+impl State {
+    fn render(&self) -> String {
+        let m: Vec<&str> = self.members.iter().map(|i| i.as_str()).collect();
+        format!("{}|{:?}", m.join(","), self.config)
+    }
+
+    fn in_line(&self, a: &OnAgent) -> bool {
+        a.version == self.version && a.limits == self.limits
+    }
+
+    /// A running cluster of `ids`, everything in line.
+    pub fn running(ids: &[InstanceId]) -> State {
+        let mut s = State { version: "1".into(), ..State::default() };
+        s.members = ids.iter().cloned().collect();
+        let files = s.render();
+        for id in ids {
+            let a = OnAgent { version: "1".into(), limits: None, files: files.clone(), running: true };
+            s.agents.insert(id.clone(), a);
+        }
+        s
+    }
+}
+
+pub struct World {
+    pub state: RefCell<State>,
+    /// Fail the n-th action run (0-based), counting undo actions too.
+    pub fail_at: Cell<Option<usize>>,
+    pub calls: Cell<usize>,
+}
+
+impl World {
+    pub fn new(state: State) -> World {
+        World { state: RefCell::new(state), fail_at: Cell::new(None), calls: Cell::new(0) }
+    }
+
+    fn apply(&self, action: &Action, ids: &[InstanceId]) -> Result<(), String> {
+        let mut s = self.state.borrow_mut();
+        for id in ids {
+            match action {
+                Action::Allocate(_) => {
+                    s.members.insert(id.clone());
+                }
+                Action::Forget(_) => {
+                    s.members.remove(id);
+                }
+                Action::Install(_) => {
+                    let files = s.render();
+                    let a = OnAgent { version: s.version.clone(), limits: s.limits, files, running: false };
+                    s.agents.insert(id.clone(), a);
+                }
+                Action::DeleteOnAgent(_) => {
+                    s.agents.remove(id);
+                }
+                Action::WriteFiles(_) | Action::Reconfigure { .. } => {
+                    let files = s.render();
+                    let a = s.agents.get_mut(id).ok_or(format!("{id} not installed"))?;
+                    a.files = files;
+                }
+                Action::Start(_) => s.agents.get_mut(id).ok_or(format!("{id} not installed"))?.running = true,
+                Action::Stop(_) => s.agents.get_mut(id).ok_or(format!("{id} not installed"))?.running = false,
+                Action::Roll { .. } => {
+                    let (version, limits, files) = (s.version.clone(), s.limits, s.render());
+                    let a = s.agents.get_mut(id).ok_or(format!("{id} not installed"))?;
+                    if a.version != version || a.limits != limits {
+                        *a = OnAgent { version, limits, files, running: a.running };
+                    }
+                }
+                Action::Hook { .. } => {}
+                Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => unreachable!(),
+            }
+        }
+        match action {
+            Action::SetPackage(p) => s.version = p.version.clone(),
+            Action::SetConfig(c) => s.config = c.clone(),
+            Action::SetLimits { limits, .. } => s.limits = *limits,
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl OperationContext for World {
+    async fn run_action(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure> {
+        let n = self.calls.get();
+        self.calls.set(n + 1);
+        let ids = action.instances();
+        let fail = |m: String| StepFailure { message: m, results: vec![] };
+        if self.fail_at.get() == Some(n) {
+            // Half-way: the first instance got the action, then it failed.
+            self.apply(action, &ids[..ids.len().min(1)]).map_err(fail)?;
+            return Err(fail(format!("injected failure at action {n}")));
+        }
+        self.apply(action, ids).map_err(fail)?;
+        Ok(ids.iter().map(|i| InstanceResult::ok(i, "done")).collect())
+    }
+    async fn journal(&self, _r: &OperationRecord) -> Result<(), String> {
+        Ok(())
+    }
+    async fn set_status(&self, _s: ClusterStatus, _d: &str) -> Result<(), String> {
+        Ok(())
+    }
+    async fn complete(&self, _r: &OperationRecord, _o: &Outcome) -> Result<(), String> {
+        Ok(())
+    }
+    fn deadline(&self, _a: &Action) -> Duration {
+        Duration::from_secs(5)
+    }
+}
+
+pub fn record() -> OperationRecord {
+    OperationRecord {
+        version: RECORD_VERSION,
+        id: OperationId::random(),
+        cluster_id: ClusterId::random(),
+        cluster: "c".into(),
+        kind: OperationKind::Create,
+        params: "{}".into(),
+        status: OperationStatus::Pending,
+        steps: vec![],
+        error: None,
+        created_at: time::OffsetDateTime::now_utc(),
+        ended_at: None,
+    }
+}
+
+/// Runs `plan` on `before` with a failure at each step in turn; returns
+/// (step index, outcome, state after) for each.
+pub async fn fail_each_step(before: &State, plan: &Plan) -> Vec<(usize, Outcome, State)> {
+    let mut out = Vec::new();
+    for k in 0..plan.steps.len() {
+        let w = World::new(before.clone());
+        w.fail_at.set(Some(k));
+        let mut r = record();
+        let outcome = runner::run(&w, &mut r, plan).await;
+        out.push((k, outcome, w.state.into_inner()));
+    }
+    out
+}
+
+/// The state after running every step once, and after running each twice.
+pub async fn once_and_twice(before: &State, plan: &Plan) -> (State, State) {
+    let once = World::new(before.clone());
+    let mut r = record();
+    assert_eq!(runner::run(&once, &mut r, plan).await, Outcome::Succeeded);
+    let twice = World::new(before.clone());
+    for step in &plan.steps {
+        twice.run_action(&step.action).await.expect("first run");
+        twice.run_action(&step.action).await.expect("second run");
+    }
+    (once.state.into_inner(), twice.state.into_inner())
+}
+
+pub fn ids(names: &[&str]) -> Vec<InstanceId> {
+    names.iter().map(|n| InstanceId::new(*n)).collect()
+}
+
+/// Whether the instances are all in line with the definition.
+pub fn all_in_line(s: &State) -> bool {
+    s.agents.values().all(|a| s.in_line(a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operations::{change, create, delete, lifecycle, scale};
+    use crate::storage::records::PackageRef;
+
+    fn pkg(v: &str) -> PackageRef {
+        PackageRef { name: "zk".into(), version: v.into() }
+    }
+
+    fn config(tick: i64) -> BTreeMap<String, ConfigValue> {
+        BTreeMap::from([("tick_time".to_string(), ConfigValue::Int(tick))])
+    }
+
+    /// Every plan that promises a rollback, with its starting state.
+    fn reversible_plans() -> Vec<(&'static str, State, Plan)> {
+        let three = ids(&["s1", "s2", "s3"]);
+        let before = State::running(&three);
+        let limits = Some(Limits { memory_bytes: Some(64 << 20), cpu: Some(0.5) });
+        vec![
+            ("scale out", before.clone(), scale::scale_out(&[(0, ids(&["s4", "s5"]))], &three, 1)),
+            ("upgrade", before.clone(), change::upgrade(pkg("1"), pkg("2"), &three, 1)),
+            ("reconfigure", before.clone(), change::reconfigure(BTreeMap::new(), config(3000), &three, 1)),
+            ("resize", before.clone(), change::resize("server", None, limits, &three, 1)),
+        ]
+    }
+
+    #[tokio::test]
+    async fn a_failure_at_any_step_leaves_the_cluster_as_it_was() {
+        for (name, before, plan) in reversible_plans() {
+            for (k, outcome, after) in fail_each_step(&before, &plan).await {
+                let step = &plan.steps[k].name;
+                assert!(
+                    matches!(outcome, Outcome::Failed { rolled_back: true, .. }),
+                    "{name}, failing {step}: {outcome:?}"
+                );
+                assert_eq!(after, before, "{name}, failing {step}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn running_each_step_twice_is_running_it_once() {
+        let three = ids(&["s1", "s2", "s3"]);
+        let before = State::running(&three);
+        let mut plans = reversible_plans();
+        plans.push(("scale in", before.clone(), scale::scale_in(&[(0, ids(&["s3"]))], &ids(&["s1", "s2"]), 1)));
+        plans.push(("restart", before.clone(), lifecycle::restart(&[(0, three.clone())])));
+        plans.push(("delete", before.clone(), delete::plan(&[(0, three.clone())], false)));
+        let empty = State { version: "1".into(), ..State::default() };
+        plans.push(("create", empty, create::plan(&[(0, three.clone())])));
+        for (name, before, plan) in plans {
+            let (once, twice) = once_and_twice(&before, &plan).await;
+            assert_eq!(once, twice, "{name}");
+            assert!(all_in_line(&once), "{name}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_changes_reach_every_instance() {
+        let three = ids(&["s1", "s2", "s3"]);
+        let before = State::running(&three);
+        let (after, _) = once_and_twice(&before, &change::upgrade(pkg("1"), pkg("2"), &three, 2)).await;
+        assert!(after.agents.values().all(|a| a.version == "2" && a.running));
+        let (after, _) = once_and_twice(&before, &scale::scale_out(&[(0, ids(&["s4", "s5"]))], &three, 1)).await;
+        let files: BTreeSet<&String> = after.agents.values().map(|a| &a.files).collect();
+        assert_eq!(files.len(), 1, "every member rendered from the same membership");
+        assert!(files.iter().all(|f| f.contains("s5")));
+        assert_eq!(after.agents.len(), 5);
+    }
+
+    #[tokio::test]
+    async fn scale_in_rolls_back_until_data_is_deleted_then_fails_honestly() {
+        let three = ids(&["s1", "s2", "s3"]);
+        let before = State::running(&three);
+        let plan = scale::scale_in(&[(0, ids(&["s3"]))], &ids(&["s1", "s2"]), 1);
+        for (k, outcome, after) in fail_each_step(&before, &plan).await {
+            let step = plan.steps[k].name.as_str();
+            if matches!(step, "scale-in-hook" | "decommission-order-0") {
+                assert!(matches!(outcome, Outcome::Failed { rolled_back: true, .. }), "{step}: {outcome:?}");
+                assert_eq!(after, before, "{step}");
+            } else {
+                assert!(matches!(outcome, Outcome::Failed { rolled_back: false, .. }), "{step}: {outcome:?}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_create_leaves_nothing_running() {
+        let empty = State { version: "1".into(), ..State::default() };
+        let plan = create::plan(&[(0, ids(&["a"])), (1, ids(&["b", "c"]))]);
+        for (k, outcome, after) in fail_each_step(&empty, &plan).await {
+            assert!(matches!(outcome, Outcome::Failed { rolled_back: false, .. }), "{k}: {outcome:?}");
+            assert!(after.agents.values().all(|a| !a.running), "step {}: {after:?}", plan.steps[k].name);
+        }
+    }
+}
