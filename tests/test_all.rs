@@ -17,8 +17,13 @@ mod integration {
     mod delete;
     mod failing_start;
     mod grandchild;
+    mod hooks;
     mod lifecycle;
     mod master_restart;
     mod order;
+    mod resize;
+    mod rolling;
     mod scale;
+    mod upgrade;
+    mod zookeeper;
 }

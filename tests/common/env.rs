@@ -44,6 +44,8 @@ pub struct TestEnv {
     http_addr: String,
     agent_addr: String,
     master_env: Vec<(String, String)>,
+    /// Extra command-line flags per agent (index 1..=3).
+    agent_flags: Vec<(usize, String)>,
 }
 
 impl TestEnv {
@@ -55,6 +57,16 @@ impl TestEnv {
     /// Like [`TestEnv::start`], with extra environment variables for the
     /// master (e.g. `FLOTILLA_MASTER_MAX_UPLOAD_BYTES`).
     pub async fn start_with(name: &str, master_env: &[(&str, &str)]) -> TestEnv {
+        TestEnv::start_full(name, master_env, &[]).await
+    }
+
+    /// Like [`TestEnv::start`], with an extra flag for agent `node` (1..=3),
+    /// e.g. `--no-cgroups`.
+    pub async fn start_with_agent_flag(name: &str, node: usize, flag: &str) -> TestEnv {
+        TestEnv::start_full(name, &[], &[(node, flag)]).await
+    }
+
+    async fn start_full(name: &str, master_env: &[(&str, &str)], agent_flags: &[(usize, &str)]) -> TestEnv {
         let slot = NEXT_SLOT.fetch_add(1, Ordering::SeqCst).wrapping_add(std::process::id().wrapping_mul(37));
         let k = slot % 250 + 1;
         let low = 20000 + (slot % 200) as u16 * 200;
@@ -77,6 +89,7 @@ impl TestEnv {
             http_addr: "127.0.0.1:0".into(),
             agent_addr: "127.0.0.1:0".into(),
             master_env: master_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            agent_flags: agent_flags.iter().map(|(i, f)| (*i, f.to_string())).collect(),
         };
         env.master = Some(env.spawn_master());
         env.wait_endpoints().await;
@@ -168,6 +181,7 @@ impl TestEnv {
             .arg(self.root_path.join(format!("agent-{i}")))
             .args(["--port-range", &format!("{}-{}", self.port_range.0, self.port_range.1)])
             .arg("--stop-instances-on-exit")
+            .args(self.agent_flags.iter().filter(|(n, _)| *n == i).map(|(_, f)| f.as_str()))
             .stdout(out)
             .stderr(err);
         cmd.spawn().expect("spawn an agent")
@@ -191,6 +205,18 @@ impl TestEnv {
             assert!(Instant::now() < deadline, "no endpoints file within 30 s\n{}", self.log_tails());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Every instance directory on every agent.
+    pub fn agent_instance_dirs(&self) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for i in 1..=AGENTS {
+            if let Ok(rd) = std::fs::read_dir(self.root_path.join(format!("agent-{i}/instances"))) {
+                out.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
+            }
+        }
+        out.sort();
+        out
     }
 
     /// Waits until `GET /nodes` shows every agent connected and Ready.

@@ -35,6 +35,18 @@ impl TestEnv {
         self.send(self.client.post(format!("{}{path}", self.api)), &format!("POST {path}")).await
     }
 
+    pub async fn patch(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.send(self.client.patch(format!("{}{path}", self.api)).json(&body), &format!("PATCH {path}")).await
+    }
+
+    /// PATCH a change (config, role resources), asserting 202; waits for the
+    /// operation to end and returns it.
+    pub async fn run_op_patch(&self, path: &str, body: Value) -> Value {
+        let (status, resp) = self.patch(path, body).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "PATCH {path}: {resp:#}");
+        self.wait_op(resp["operation"]["id"].as_str().expect("op id")).await
+    }
+
     pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
         self.send(self.client.delete(format!("{}{path}", self.api)), &format!("DELETE {path}")).await
     }

@@ -7,8 +7,9 @@ pub mod http;
 pub mod package;
 pub mod procfs;
 pub mod scripts;
+pub mod zk;
 
 pub use env::TestEnv;
-pub use http::{all_instances, dir_of, id_of, pid_of, role_instances};
+pub use http::{all_instances, dir_of, error_code, id_of, pid_of, role_instances};
 pub use package::PackageBuilder;
 pub use procfs::{cmdline, eventually, instance_pids, nobody_uid, pid_alive, proc_uid};

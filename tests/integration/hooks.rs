@@ -1,0 +1,133 @@
+//! The AppCenter lifecycle hooks: `init` once before the first start,
+//! `scale_out` on the existing members after new ones run, `scale_in` on the
+//! remaining members before the removed ones stop (a non-zero exit vetoes,
+//! the cluster stays Active with the reason), `destroy` on delete (a
+//! non-zero exit vetoes unless `force=true`).
+
+use serde_json::{Value, json};
+
+use crate::common::{PackageBuilder, TestEnv, dir_of, error_code, id_of, pid_alive, pid_of, role_instances};
+
+const SPEC: &str = r#"
+[component]
+name = "hk"
+version = "1.0.0"
+
+[config]
+veto_scale_in = { type = "bool", default = false }
+fail_destroy = { type = "bool", default = false }
+
+[[roles]]
+name = "node"
+count = { min = 1, max = 5 }
+ports = ["main"]
+start = ["bin/start.sh"]
+stop_grace = "2s"
+init = ["bin/hook.sh", "init"]
+scale_out = ["bin/hook.sh", "scale_out"]
+scale_in = ["bin/hook.sh", "scale_in"]
+destroy = ["bin/hook.sh", "destroy"]
+hook_timeout = "5s"
+
+[[roles.files]]
+path = "conf/flags"
+template = "veto_scale_in={{ cluster.config.veto_scale_in }}\nfail_destroy={{ cluster.config.fail_destroy }}\n"
+"#;
+
+/// Refuses to start unless `init` ran first.
+const START: &str = "set -eu\ngrep -q '^init' data/hooks.log || { echo 'init did not run' >&2; exit 1; }\nexec sleep 100000\n";
+
+const HOOK: &str = r#"set -eu
+echo "$1" >> data/hooks.log
+echo "ran $1"
+case "$1" in
+  scale_in) if grep -q 'veto_scale_in=true' conf/flags; then echo 'scale-in vetoed: quorum would break' >&2; exit 3; fi ;;
+  destroy) if grep -q 'fail_destroy=true' conf/flags; then echo 'destroy refused: data not backed up' >&2; exit 4; fi ;;
+esac
+"#;
+
+fn hooks_log(instance: &Value) -> Vec<String> {
+    let text = std::fs::read_to_string(dir_of(instance).join("data/hooks.log")).unwrap_or_default();
+    text.lines().map(str::to_string).collect()
+}
+
+async fn set_flag(env: &TestEnv, flag: &str, on: bool) {
+    let op = env.run_op_patch("/clusters/hk/config", json!({"config": {flag: on}})).await;
+    env.assert_succeeded(&op);
+}
+
+#[tokio::test]
+async fn hooks_run_in_the_lifecycle_and_veto_where_they_may() {
+    let env = TestEnv::start("hooks").await;
+    let pkg = PackageBuilder::new("hk", "1.0.0").spec(SPEC).script("bin/start.sh", START).script("bin/hook.sh", HOOK);
+    env.upload(&pkg).await;
+    let body = json!({"name": "hk", "package": {"name": "hk", "version": "1.0.0"}, "roles": {"node": {"count": 2}}});
+    let first = role_instances(&env.create_active(body).await, "node");
+    for i in &first {
+        assert_eq!(hooks_log(i), ["init"], "{}", id_of(i));
+    }
+
+    // init runs once: a restart does not run it again.
+    env.run_ok("/clusters/hk/restart", None).await;
+    // scale_out runs on the existing members once the new one runs.
+    env.run_ok("/clusters/hk/scale", Some(json!({"role": "node", "add": 1}))).await;
+    let three = role_instances(&env.cluster("hk").await, "node");
+    for i in &three {
+        let expected: &[&str] = if first.iter().any(|f| id_of(f) == id_of(i)) { &["init", "scale_out"] } else { &["init"] };
+        assert_eq!(hooks_log(i), expected, "{}", id_of(i));
+    }
+
+    // A scale_in hook that exits non-zero vetoes: nothing stops, the cluster
+    // stays Active and says why.
+    set_flag(&env, "veto_scale_in", true).await;
+    let before = role_instances(&env.cluster("hk").await, "node");
+    let victim = id_of(&before[2]);
+    let op = env.run_op("/clusters/hk/scale", Some(json!({"role": "node", "remove": [victim]}))).await;
+    assert_eq!(op["status"], "RolledBack", "{op:#}");
+    let c = env.cluster("hk").await;
+    assert_eq!(c["status"], "Active", "{c:#}");
+    let why = c["status_description"].as_str().unwrap();
+    assert!(why.contains("scale-in vetoed: quorum would break") && why.contains("3"), "{why}");
+    let after = role_instances(&c, "node");
+    assert_eq!(after.len(), 3);
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(pid_of(b), pid_of(a), "a vetoed scale-in touched {}", id_of(a));
+        assert!(pid_alive(pid_of(a)));
+    }
+
+    set_flag(&env, "veto_scale_in", false).await;
+    env.run_ok("/clusters/hk/scale", Some(json!({"role": "node", "remove": [victim.clone()]}))).await;
+    let two = role_instances(&env.cluster("hk").await, "node");
+    assert_eq!(two.len(), 2);
+    for i in &two {
+        assert_eq!(hooks_log(i).last().map(String::as_str), Some("scale_in"), "{}", id_of(i));
+    }
+
+    // A destroy hook that exits non-zero vetoes the delete: Error, the reason,
+    // and nothing removed.
+    set_flag(&env, "fail_destroy", true).await;
+    let (status, resp) = env.delete("/clusters/hk").await;
+    assert_eq!(status, 202, "{resp:#}");
+    let op = env.wait_op(resp["operation"]["id"].as_str().unwrap()).await;
+    assert_eq!(op["status"], "Failed", "{op:#}");
+    let c = env.cluster("hk").await;
+    assert_eq!(c["status"], "Error");
+    let why = c["status_description"].as_str().unwrap();
+    assert!(why.contains("destroy refused: data not backed up"), "{why}");
+    for i in &two {
+        assert!(dir_of(i).exists(), "a vetoed delete removed {}", id_of(i));
+    }
+
+    // force=true deletes anyway and records what the hook said.
+    let (status, resp) = env.delete("/clusters/hk?force=true").await;
+    assert_eq!(status, 202, "{resp:#}");
+    let op = env.wait_op(resp["operation"]["id"].as_str().unwrap()).await;
+    env.assert_succeeded(&op);
+    let destroy = op["steps"].as_array().unwrap().iter().find(|s| s["name"] == "destroy").unwrap();
+    assert!(destroy["error"].as_str().unwrap_or_default().contains("destroy refused"), "{destroy:#}");
+    for i in &two {
+        assert!(!dir_of(i).exists(), "{} left its directory", id_of(i));
+    }
+    let (status, body) = env.get("/clusters/hk").await;
+    assert_eq!((status.as_u16(), error_code(&body)), (404, "not_found"));
+}
