@@ -106,6 +106,8 @@ pub fn install_payload(
             stop_grace_ms: role.stop_grace.as_millis() as u64,
             start_timeout_ms: role.start_timeout.as_millis() as u64,
             env,
+            health: None,
+            limits: None,
         },
         files,
         package_sha256: package.sha256.clone(),

@@ -36,6 +36,8 @@ pub struct Identity {
     pub port_range: (u16, u16),
     pub labels: std::collections::BTreeMap<String, String>,
     pub cgroups: bool,
+    /// Whether this agent can enforce `ProcessSpec::limits`.
+    pub resource_limits: bool,
 }
 
 struct PendingInstall {
@@ -121,6 +123,7 @@ async fn session(
         labels: identity.labels.clone(),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         cgroups: identity.cgroups,
+        resource_limits: identity.resource_limits,
         inventory: node.inventory().await,
     };
     let welcome = agent_handshake(&mut framed, hello, handshake_timeout).await?;
@@ -304,6 +307,8 @@ fn request_kind(r: &AgentRequest) -> &'static str {
         AgentRequest::Start { .. } => "start",
         AgentRequest::Stop { .. } => "stop",
         AgentRequest::Delete { .. } => "delete",
+        AgentRequest::RunHook { .. } => "run-hook",
+        AgentRequest::CheckHealth { .. } => "check-health",
         AgentRequest::Ping => "ping",
     }
 }

@@ -58,6 +58,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         port_range,
         labels: cfg.labels.clone(),
         cgroups,
+        resource_limits: false,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let link = tokio::spawn(connection::serve(

@@ -50,7 +50,13 @@ pub struct Node {
 }
 
 pub fn failure(kind: FailureKind, message: impl Into<String>) -> AgentResponse {
-    AgentResponse::Failed(CommandFailure { kind, message: message.into(), exit_code: None, stderr_tail: String::new() })
+    AgentResponse::Failed(CommandFailure {
+        kind,
+        message: message.into(),
+        exit_code: None,
+        stderr_tail: String::new(),
+        stdout_tail: String::new(),
+    })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -375,6 +381,7 @@ impl Node {
                     message: crate::error::ErrorChain(&e).to_string(),
                     exit_code: e.exit_code(),
                     stderr_tail: e.stderr_tail().to_string(),
+                    stdout_tail: String::new(),
                 })
             }
         }
@@ -421,6 +428,7 @@ impl Node {
                 message: crate::error::ErrorChain(&e).to_string(),
                 exit_code: e.exit_code(),
                 stderr_tail: e.stderr_tail().to_string(),
+                stdout_tail: String::new(),
             })
         })
     }
@@ -462,6 +470,8 @@ impl Node {
                 stop_grace_ms: 1000,
                 start_timeout_ms: 1000,
                 env: vec![],
+                health: None,
+                limits: None,
             };
             let me = users::current();
             let dir = self.instance_dir(id);

@@ -107,6 +107,7 @@ mod tests {
             labels: BTreeMap::new(),
             agent_version: "test".into(),
             cgroups: false,
+            resource_limits: false,
             inventory: vec![],
         }
     }

@@ -111,6 +111,8 @@ fn spec(start: &[&str]) -> ProcessSpec {
         stop_grace_ms: 500,
         start_timeout_ms: 3000,
         env: vec![("GREETING".into(), "hello".into())],
+        health: None,
+        limits: None,
     }
 }
 
