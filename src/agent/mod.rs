@@ -6,13 +6,17 @@
 //! - [`node`]: the instance records and the command handlers
 //! - [`installer`]: streaming, checked tar extraction into a staging dir
 //! - [`files`]: rendered files, written atomically, never through a link
+//! - [`hooks`]: lifecycle hooks (`RunHook`), serialized with the instance's commands
 //! - [`process`]: spawn, pid identity, pidfiles, cgroups, tree kill
 
 pub mod connection;
 pub mod files;
+pub mod hooks;
 pub mod installer;
 pub mod node;
 pub mod process;
+#[cfg(test)]
+mod testkit;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -48,7 +52,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let cgroups = processes.cgroups_enabled();
     let resource_limits = processes.resource_limits_enabled();
     let policy = node::RunAsPolicy { default_run_as: cfg.default_run_as.clone(), allow_root: cfg.allow_root };
-    let node = node::Node::new(store, processes, &cfg.data_dir, policy)
+    let node = node::Node::new(store, processes, &cfg.data_dir, policy, cfg.address.clone())
         .map_err(|source| AgentError::Io { path: cfg.data_dir.display().to_string(), source })?;
     node.recover().await.map_err(AgentError::Storage)?;
     tracing::info!(node = %cfg.node_id, root = %node.root.display(), cgroups, resource_limits, "agent ready");

@@ -20,6 +20,7 @@ pub mod cgroup;
 mod error;
 pub mod identity;
 pub mod limits;
+pub mod oneshot;
 pub mod pidfile;
 mod spawn;
 mod start;
@@ -40,6 +41,7 @@ use std::sync::{Mutex, MutexGuard};
 pub use cgroup::CgroupRoot;
 pub use error::ProcessError;
 pub use limits::{LimitRoot, LimitsError};
+pub use oneshot::{Ending, OneShot, OneShotResult, run_oneshot};
 pub use users::RunAs;
 pub use watch::{ExitInfo, ExitWatch};
 
