@@ -286,6 +286,9 @@ async fn handle(
                         AgentRequest::Start { instance, generation } => node.start(&instance, generation).await,
                         AgentRequest::Stop { instance, generation } => node.stop(&instance, generation).await,
                         AgentRequest::Delete { instance, generation } => node.delete(&instance, generation).await,
+                        AgentRequest::CheckHealth { instance, timeout_ms } => {
+                            node.check_health(&instance, timeout_ms).await
+                        }
                         AgentRequest::RunHook { instance, generation, hook, argv, timeout_ms } => {
                             node.run_hook(&instance, generation, &hook, &argv, timeout_ms).await
                         }

@@ -6,11 +6,13 @@
 //! - [`node`]: the instance records and the command handlers
 //! - [`installer`]: streaming, checked tar extraction into a staging dir
 //! - [`files`]: rendered files, written atomically, never through a link
+//! - [`health`]: health probes gating `Started`, and `CheckHealth`
 //! - [`hooks`]: lifecycle hooks (`RunHook`), serialized with the instance's commands
 //! - [`process`]: spawn, pid identity, pidfiles, cgroups, tree kill
 
 pub mod connection;
 pub mod files;
+pub mod health;
 pub mod hooks;
 pub mod installer;
 pub mod node;

@@ -345,6 +345,9 @@ impl Node {
     pub async fn start(self: &Arc<Self>, id: &InstanceId, generation: u64) -> AgentResponse {
         let slot = self.slot(id);
         let mut guard = slot.record.lock().await;
+        // The start timeout covers the health check too (see `gate_start`);
+        // counted from here, not including the wait for the lock.
+        let begun = tokio::time::Instant::now();
         let Some(rec) = guard.as_mut() else {
             return not_installed(id);
         };
@@ -372,6 +375,9 @@ impl Node {
                 }
                 if !already {
                     self.watch(id.clone(), s.identity);
+                }
+                if let Err(resp) = self.gate_start(id, rec, &run_as, begun, s.exit).await {
+                    return resp;
                 }
                 AgentResponse::Started { pid, already_running: already }
             }

@@ -105,11 +105,15 @@ pub async fn run_oneshot(cmd: &OneShot<'_>) -> Result<OneShotResult, ProcessErro
     let mut child = spawn::spawn(&launch)?;
     // The child leads its own group (spawn sets process_group(0)).
     let group = child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
+    // If this future is dropped mid-run (a health wait that gave up), the
+    // group is killed here and tokio reaps the dropped child.
+    let mut guard = KillGroupOnDrop(group);
     let ending = match tokio::time::timeout(cmd.timeout, child.wait()).await {
         Ok(Ok(status)) => Ending::Finished(status),
         Ok(Err(e)) => {
             kill_group(group);
             let _ = child.wait().await;
+            guard.0 = None;
             return Err(ProcessError::io(format!("waiting for {:?}", cmd.argv), e));
         }
         Err(_) => {
@@ -142,11 +146,22 @@ pub async fn run_oneshot(cmd: &OneShot<'_>) -> Result<OneShotResult, ProcessErro
             backoff = (backoff * 2).min(Duration::from_millis(50));
         }
     }
+    // Disarmed: the group is gone, and its id may be reused from now on.
+    guard.0 = None;
     Ok(OneShotResult {
         ending,
         stdout_tail: spawn::tail(&logs.stdout, logs.stdout_start),
         stderr_tail: spawn::tail(&logs.stderr, logs.stderr_start),
     })
+}
+
+/// Kills the group it holds when dropped (unless disarmed).
+struct KillGroupOnDrop(Option<Pid>);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        kill_group(self.0);
+    }
 }
 
 fn kill_group(group: Option<Pid>) {
