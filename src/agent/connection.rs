@@ -36,6 +36,8 @@ pub struct Identity {
     pub port_range: (u16, u16),
     pub labels: std::collections::BTreeMap<String, String>,
     pub cgroups: bool,
+    /// Whether this agent can enforce `ProcessSpec::limits`.
+    pub resource_limits: bool,
 }
 
 struct PendingInstall {
@@ -121,7 +123,7 @@ async fn session(
         labels: identity.labels.clone(),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         cgroups: identity.cgroups,
-        resource_limits: false,
+        resource_limits: identity.resource_limits,
         inventory: node.inventory().await,
     };
     let welcome = agent_handshake(&mut framed, hello, handshake_timeout).await?;
@@ -284,6 +286,12 @@ async fn handle(
                         AgentRequest::Start { instance, generation } => node.start(&instance, generation).await,
                         AgentRequest::Stop { instance, generation } => node.stop(&instance, generation).await,
                         AgentRequest::Delete { instance, generation } => node.delete(&instance, generation).await,
+                        AgentRequest::CheckHealth { instance, timeout_ms } => {
+                            node.check_health(&instance, timeout_ms).await
+                        }
+                        AgentRequest::RunHook { instance, generation, hook, argv, timeout_ms } => {
+                            node.run_hook(&instance, generation, &hook, &argv, timeout_ms).await
+                        }
                         AgentRequest::Ping => AgentResponse::Pong,
                         _ => failure(FailureKind::BadRequest, "unexpected request"),
                     };
@@ -305,8 +313,8 @@ fn request_kind(r: &AgentRequest) -> &'static str {
         AgentRequest::Start { .. } => "start",
         AgentRequest::Stop { .. } => "stop",
         AgentRequest::Delete { .. } => "delete",
-        AgentRequest::Ping => "ping",
         AgentRequest::RunHook { .. } => "run-hook",
         AgentRequest::CheckHealth { .. } => "check-health",
+        AgentRequest::Ping => "ping",
     }
 }

@@ -6,13 +6,19 @@
 //! - [`node`]: the instance records and the command handlers
 //! - [`installer`]: streaming, checked tar extraction into a staging dir
 //! - [`files`]: rendered files, written atomically, never through a link
+//! - [`health`]: health probes gating `Started`, and `CheckHealth`
+//! - [`hooks`]: lifecycle hooks (`RunHook`), serialized with the instance's commands
 //! - [`process`]: spawn, pid identity, pidfiles, cgroups, tree kill
 
 pub mod connection;
 pub mod files;
+pub mod health;
+pub mod hooks;
 pub mod installer;
 pub mod node;
 pub mod process;
+#[cfg(test)]
+mod testkit;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,11 +52,12 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let store = AgentStore::open(&cfg.data_dir.join("db")).map_err(AgentError::Storage)?;
     let processes = process::ProcessController::new(&cfg.node_id, cfg.use_cgroups);
     let cgroups = processes.cgroups_enabled();
+    let resource_limits = processes.resource_limits_enabled();
     let policy = node::RunAsPolicy { default_run_as: cfg.default_run_as.clone(), allow_root: cfg.allow_root };
-    let node = node::Node::new(store, processes, &cfg.data_dir, policy)
+    let node = node::Node::new(store, processes, &cfg.data_dir, policy, cfg.address.clone())
         .map_err(|source| AgentError::Io { path: cfg.data_dir.display().to_string(), source })?;
     node.recover().await.map_err(AgentError::Storage)?;
-    tracing::info!(node = %cfg.node_id, root = %node.root.display(), cgroups, "agent ready");
+    tracing::info!(node = %cfg.node_id, root = %node.root.display(), cgroups, resource_limits, "agent ready");
 
     let identity = connection::Identity {
         node_id: NodeId::new(cfg.node_id.clone()),
@@ -58,6 +65,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         port_range,
         labels: cfg.labels.clone(),
         cgroups,
+        resource_limits,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let link = tokio::spawn(connection::serve(

@@ -43,6 +43,9 @@ pub struct Node {
     pub processes: ProcessController,
     pub root: PathBuf,
     pub package_cache: PathBuf,
+    /// The address instances bind to, as announced in `Hello`; TCP health
+    /// probes dial it.
+    pub address: String,
     policy: RunAsPolicy,
     slots: Mutex<HashMap<InstanceId, Arc<Slot>>>,
     /// Where unsolicited events go while connected to the master.
@@ -69,6 +72,7 @@ impl Node {
         processes: ProcessController,
         data_dir: &Path,
         policy: RunAsPolicy,
+        address: String,
     ) -> std::io::Result<Arc<Node>> {
         let root = data_dir.join("instances");
         let package_cache = data_dir.join("packages");
@@ -85,6 +89,7 @@ impl Node {
             processes,
             root,
             package_cache,
+            address,
             policy,
             slots: Mutex::default(),
             events: Mutex::default(),
@@ -168,7 +173,7 @@ impl Node {
         out
     }
 
-    async fn persist(&self, rec: &AgentInstanceRecord) -> Result<(), String> {
+    pub(super) async fn persist(&self, rec: &AgentInstanceRecord) -> Result<(), String> {
         let op = WriteOp::put_agent_instance(rec).map_err(|e| e.to_string())?;
         self.store.writer().commit(vec![op]).await.map_err(|e| format!("cannot persist instance record: {e}"))
     }
@@ -306,7 +311,7 @@ impl Node {
         let slot = self.slot(id);
         let mut guard = slot.record.lock().await;
         let Some(rec) = guard.as_mut() else {
-            return failure(FailureKind::UnknownInstance, format!("instance {id} is not installed on this node"));
+            return not_installed(id);
         };
         if generation < rec.generation {
             return stale(id, generation, rec.generation);
@@ -340,17 +345,18 @@ impl Node {
     pub async fn start(self: &Arc<Self>, id: &InstanceId, generation: u64) -> AgentResponse {
         let slot = self.slot(id);
         let mut guard = slot.record.lock().await;
+        // The start timeout covers the health check too (see `gate_start`);
+        // counted from here, not including the wait for the lock.
+        let begun = tokio::time::Instant::now();
         let Some(rec) = guard.as_mut() else {
-            return failure(FailureKind::UnknownInstance, format!("instance {id} is not installed on this node"));
+            return not_installed(id);
         };
         if generation < rec.generation {
             return stale(id, generation, rec.generation);
         }
-        let run_as = match users::resolve(&rec.run_as) {
-            Ok(u) if nix::unistd::geteuid().is_root() => u,
-            Ok(_) | Err(_) if !nix::unistd::geteuid().is_root() => users::current(),
+        let run_as = match run_as_of(rec, FailureKind::Start) {
             Ok(u) => u,
-            Err(e) => return failure(FailureKind::Start, format!("run_as {}: {e}", rec.run_as)),
+            Err(resp) => return resp,
         };
         rec.generation = generation;
         rec.desired_running = true;
@@ -369,6 +375,9 @@ impl Node {
                 }
                 if !already {
                     self.watch(id.clone(), s.identity);
+                }
+                if let Err(resp) = self.gate_start(id, rec, &run_as, begun, s.exit).await {
+                    return resp;
                 }
                 AgentResponse::Started { pid, already_running: already }
             }
@@ -391,7 +400,7 @@ impl Node {
         let slot = self.slot(id);
         let mut guard = slot.record.lock().await;
         let Some(rec) = guard.as_mut() else {
-            return failure(FailureKind::UnknownInstance, format!("instance {id} is not installed on this node"));
+            return not_installed(id);
         };
         if generation < rec.generation {
             return stale(id, generation, rec.generation);
@@ -545,7 +554,21 @@ impl Node {
     }
 }
 
-fn stale(id: &InstanceId, got: u64, have: u64) -> AgentResponse {
+/// The user an instance's commands run as: its recorded run-as user when the
+/// agent is root, else the agent's own user. A user gone from the node fails
+/// the command with `kind`.
+pub(super) fn run_as_of(rec: &AgentInstanceRecord, kind: FailureKind) -> Result<users::RunAs, AgentResponse> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(users::current());
+    }
+    users::resolve(&rec.run_as).map_err(|e| failure(kind, format!("run_as {}: {e}", rec.run_as)))
+}
+
+pub(super) fn not_installed(id: &InstanceId) -> AgentResponse {
+    failure(FailureKind::UnknownInstance, format!("instance {id} is not installed on this node"))
+}
+
+pub(super) fn stale(id: &InstanceId, got: u64, have: u64) -> AgentResponse {
     failure(
         FailureKind::StaleGeneration,
         format!("command for {id} has generation {got}, older than the applied {have}; refused"),

@@ -163,7 +163,7 @@ mod tests {
             message: "boom".into(),
             exit_code: Some(3),
             stderr_tail: "oops\n".into(),
-            stdout_tail: "out\n".into(),
+            stdout_tail: "said\n".into(),
         }
     }
 
@@ -181,8 +181,8 @@ mod tests {
                     stop_grace_ms: 5000,
                     start_timeout_ms: 10_000,
                     env: vec![("A".into(), "b".into())],
-                    health: Some(HealthProbe::Tcp { port: 2181 }),
-                    limits: Some(ResourceLimits { memory_bytes: Some(1 << 28), cpu: Some(1.5) }),
+                    health: Some(HealthProbe::Cmd { argv: vec!["bin/check".into()] }),
+                    limits: Some(ResourceLimits { memory_bytes: Some(64 << 20), cpu: Some(0.5) }),
                 },
                 files: vec![file.clone()],
                 package_sha256: "ab".repeat(32),
@@ -194,6 +194,14 @@ mod tests {
             AgentRequest::Start { instance: inst(), generation: 9 },
             AgentRequest::Stop { instance: inst(), generation: 10 },
             AgentRequest::Delete { instance: inst(), generation: 11 },
+            AgentRequest::RunHook {
+                instance: inst(),
+                generation: 12,
+                hook: "scale_in".into(),
+                argv: vec!["bin/leave".into(), "--now".into()],
+                timeout_ms: 30_000,
+            },
+            AgentRequest::CheckHealth { instance: inst(), timeout_ms: 5000 },
             AgentRequest::Ping,
         ]
     }
@@ -206,6 +214,8 @@ mod tests {
             AgentResponse::Started { pid: 4242, already_running: false },
             AgentResponse::Stopped { was_running: true },
             AgentResponse::Deleted { existed: false },
+            AgentResponse::HookDone { exit_code: 0, stdout_tail: "joined".into(), stderr_tail: String::new() },
+            AgentResponse::Healthy,
             AgentResponse::Pong,
             AgentResponse::Failed(failure()),
         ]

@@ -7,7 +7,7 @@ use time::OffsetDateTime;
 use time::macros::datetime;
 
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId};
-use crate::protocol::messages::{HealthProbe, ProcessSpec};
+use crate::protocol::messages::{HealthProbe, ProcessSpec, ResourceLimits};
 use crate::storage::agent_records::{AgentInstanceRecord, PidIdentity, Tombstone};
 use crate::storage::records::*;
 
@@ -142,8 +142,8 @@ pub fn agent_instance(id: &str) -> AgentInstanceRecord {
             stop_grace_ms: 5000,
             start_timeout_ms: 30_000,
             env: vec![("JAVA_OPTS".into(), "-Xmx1g".into())],
-            health: Some(HealthProbe::Cmd { argv: vec!["bin/health.sh".into()] }),
-            limits: None,
+            health: Some(HealthProbe::Tcp { port: 2181 }),
+            limits: Some(ResourceLimits { memory_bytes: Some(512 << 20), cpu: Some(1.5) }),
         },
         package_sha256: "cd".repeat(32),
         file_hashes: [("conf/zoo.cfg".to_string(), "ef".repeat(32))].into_iter().collect(),

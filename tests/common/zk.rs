@@ -57,7 +57,10 @@ pub fn build_package(version: &str, out_dir: &Path) -> Vec<u8> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/components/zookeeper/build.sh");
     let out = out_dir.join(format!("zookeeper-{version}.tar.gz"));
     let status = Command::new("bash").arg(&script).arg(version).arg(&out).status().expect("run build.sh");
-    assert!(status.success(), "build.sh {version} failed (is Debian's zookeeper installed? scripts/setup.sh installs it)");
+    assert!(
+        status.success(),
+        "build.sh {version} failed (is Debian's zookeeper installed? scripts/setup.sh installs it)"
+    );
     std::fs::read(&out).expect("read the built package")
 }
 
@@ -67,7 +70,9 @@ pub fn refusing_ids_above(package: &[u8], max_id: u32, work: &Path) -> Vec<u8> {
     let tree = work.join("picky");
     std::fs::create_dir_all(&tree).unwrap();
     std::fs::write(work.join("in.tar.gz"), package).unwrap();
-    assert!(Command::new("tar").arg("-xzf").arg(work.join("in.tar.gz")).arg("-C").arg(&tree).status().unwrap().success());
+    assert!(
+        Command::new("tar").arg("-xzf").arg(work.join("in.tar.gz")).arg("-C").arg(&tree).status().unwrap().success()
+    );
     let start = tree.join("bin/zk-start.sh");
     let text = std::fs::read_to_string(&start).unwrap();
     let guard = format!(

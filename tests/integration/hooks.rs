@@ -35,7 +35,8 @@ template = "veto_scale_in={{ cluster.config.veto_scale_in }}\nfail_destroy={{ cl
 "#;
 
 /// Refuses to start unless `init` ran first.
-const START: &str = "set -eu\ngrep -q '^init' data/hooks.log || { echo 'init did not run' >&2; exit 1; }\nexec sleep 100000\n";
+const START: &str =
+    "set -eu\ngrep -q '^init' data/hooks.log || { echo 'init did not run' >&2; exit 1; }\nexec sleep 100000\n";
 
 const HOOK: &str = r#"set -eu
 echo "$1" >> data/hooks.log
@@ -73,7 +74,8 @@ async fn hooks_run_in_the_lifecycle_and_veto_where_they_may() {
     env.run_ok("/clusters/hk/scale", Some(json!({"role": "node", "add": 1}))).await;
     let three = role_instances(&env.cluster("hk").await, "node");
     for i in &three {
-        let expected: &[&str] = if first.iter().any(|f| id_of(f) == id_of(i)) { &["init", "scale_out"] } else { &["init"] };
+        let expected: &[&str] =
+            if first.iter().any(|f| id_of(f) == id_of(i)) { &["init", "scale_out"] } else { &["init"] };
         assert_eq!(hooks_log(i), expected, "{}", id_of(i));
     }
 

@@ -59,7 +59,9 @@ async fn resize_applies_limits_by_rolling_restart() {
     }
 
     // The same limits again: every instance already has them, nothing restarts.
-    env.assert_succeeded(&env.run_op_patch("/clusters/rz/roles/svc", json!({"resources": {"memory": "64M", "cpu": 0.5}})).await);
+    env.assert_succeeded(
+        &env.run_op_patch("/clusters/rz/roles/svc", json!({"resources": {"memory": "64M", "cpu": 0.5}})).await,
+    );
     for (a, b) in role_instances(&env.cluster("rz").await, "svc").iter().zip(&after) {
         assert_eq!(pid_of(a), pid_of(b));
     }

@@ -130,7 +130,8 @@ async fn a_scale_out_whose_new_member_fails_is_rolled_back() {
     // Ordinals are never reused: the next members are 6 and 7 (and refuse too).
     let op = env.run_op("/clusters/sr/scale", Some(json!({"role": "svc", "add": 2}))).await;
     let allocate = op["steps"].as_array().unwrap().iter().find(|s| s["name"] == "allocate").unwrap();
-    let ids: Vec<&str> = allocate["results"].as_array().unwrap().iter().map(|r| r["instance"].as_str().unwrap()).collect();
+    let ids: Vec<&str> =
+        allocate["results"].as_array().unwrap().iter().map(|r| r["instance"].as_str().unwrap()).collect();
     assert_eq!(ids.len(), 2, "{op:#}");
     assert!(ids.iter().all(|i| i.starts_with("sr-svc-6-") || i.starts_with("sr-svc-7-")), "{ids:?}");
 }

@@ -48,7 +48,8 @@ async fn a_zookeeper_ensemble_through_its_whole_lifecycle() {
     }
 
     // Create three servers: Active, one leader and two followers, by their own word.
-    let body = json!({"name": "zk", "package": {"name": "zookeeper", "version": "3.8.0"}, "roles": {"server": {"count": 3}}});
+    let body =
+        json!({"name": "zk", "package": {"name": "zookeeper", "version": "3.8.0"}, "roles": {"server": {"count": 3}}});
     let three = servers(&env.create_active(body).await);
     assert_eq!(three.len(), 3);
     ensemble_settles(&three).await;
@@ -100,7 +101,8 @@ async fn a_zookeeper_ensemble_through_its_whole_lifecycle() {
         let (stop, polls, gaps, watched) = (stop.clone(), polls.clone(), gaps.clone(), three.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
-                let serving = watched.iter().filter(|s| matches!(mode(s).as_deref(), Some("leader" | "follower"))).count();
+                let serving =
+                    watched.iter().filter(|s| matches!(mode(s).as_deref(), Some("leader" | "follower"))).count();
                 polls.fetch_add(1, Ordering::SeqCst);
                 if serving < 2 {
                     gaps.fetch_add(1, Ordering::SeqCst);

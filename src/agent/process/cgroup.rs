@@ -138,7 +138,7 @@ pub async fn remove(path: &Path) -> io::Result<()> {
 }
 
 /// The mount point of the first `cgroup2` filesystem in a mountinfo text.
-fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+pub(super) fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     mountinfo.lines().find_map(|line| {
         // id parent maj:min root mountpoint options [optional...] - fstype source superopts
         let (left, right) = line.split_once(" - ")?;
@@ -151,7 +151,7 @@ fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
 }
 
 /// Decodes the octal escapes (`\040` for a space, ...) of mountinfo paths.
-fn unescape_mountinfo(s: &str) -> String {
+pub(super) fn unescape_mountinfo(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -174,7 +174,7 @@ fn common_ancestor(a: &Path, b: &Path) -> PathBuf {
     a.components().zip(b.components()).take_while(|(x, y)| x == y).map(|(x, _)| x).collect()
 }
 
-fn is_safe_component(s: &str) -> bool {
+pub(super) fn is_safe_component(s: &str) -> bool {
     !s.is_empty() && s != "." && s != ".." && !s.contains('/') && !s.contains('\0') && s.len() <= 200
 }
 

@@ -38,6 +38,14 @@ pub enum ProcessError {
     /// Processes of the instance survived SIGKILL (e.g. stuck in the kernel).
     #[error("processes {remaining:?} of instance {instance} are still alive after SIGKILL")]
     Stop { instance: String, remaining: Vec<u32> },
+    /// The spec asks for resource limits this start cannot apply (the agent
+    /// cannot enforce limits, invalid values, a cgroup write failed).
+    #[error("cannot apply the resource limits of {instance}")]
+    Limits {
+        instance: String,
+        #[source]
+        source: super::limits::LimitsError,
+    },
     /// A file or cgroup operation failed; `what` says which.
     #[error("{what}")]
     Io {

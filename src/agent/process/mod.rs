@@ -7,7 +7,10 @@
 //! own cgroup v2 where the agent can create one ([`cgroup`]), else in its own
 //! process group; either way every process carries the environment marker
 //! `FLOTILLA_INSTANCE=<id>` ([`tree`]). Stopping kills the whole tree: stop
-//! command, TERM, grace period, KILL.
+//! command, TERM, grace period, KILL. Resource limits go into per-instance
+//! cgroups of whichever hierarchy (v2 or v1) holds the memory and cpu
+//! controllers ([`limits`]); a start that asks for limits this agent cannot
+//! enforce fails instead of running unlimited.
 //!
 //! A process is known by its [`PidIdentity`] (pid + start time + boot id):
 //! nothing is signalled whose identity does not match, so a recycled pid is
@@ -16,6 +19,8 @@
 pub mod cgroup;
 mod error;
 pub mod identity;
+pub mod limits;
+pub mod oneshot;
 pub mod pidfile;
 mod spawn;
 mod start;
@@ -35,6 +40,8 @@ use std::sync::{Mutex, MutexGuard};
 
 pub use cgroup::CgroupRoot;
 pub use error::ProcessError;
+pub use limits::{LimitRoot, LimitsError};
+pub use oneshot::{Ending, OneShot, OneShotResult, run_oneshot};
 pub use users::RunAs;
 pub use watch::{ExitInfo, ExitWatch};
 
@@ -87,29 +94,56 @@ struct Tracked {
 #[derive(Debug)]
 pub struct ProcessController {
     cgroups: Option<CgroupRoot>,
+    /// Where limits go, or why this agent cannot enforce them.
+    limits: Result<LimitRoot, String>,
     boot_id: String,
     tracked: Mutex<HashMap<InstanceId, Tracked>>,
 }
 
 impl ProcessController {
     /// `node_scope` names this agent's cgroup subtree (several agents may
-    /// share a machine); `use_cgroups == false` forces process groups.
+    /// share a machine); `use_cgroups == false` forces process groups and
+    /// leaves every cgroup alone, so no resource limits either.
     pub fn new(node_scope: &str, use_cgroups: bool) -> Self {
         let cgroups = if use_cgroups { CgroupRoot::detect(node_scope) } else { None };
         match &cgroups {
             Some(c) => tracing::info!(base = %c.base().display(), "instances run in their own cgroup v2"),
             None => tracing::info!(use_cgroups, "no writable cgroup v2: instances run in their own process group"),
         }
+        let limits = if use_cgroups {
+            LimitRoot::detect(node_scope)
+        } else {
+            Err("cgroups are disabled (use_cgroups = false)".into())
+        };
+        match &limits {
+            Ok(l) => tracing::info!(
+                memory = %l.memory().mount.display(),
+                cpu = %l.cpu().mount.display(),
+                "resource limits are enforced"
+            ),
+            Err(reason) => tracing::info!(%reason, "resource limits cannot be enforced"),
+        }
         let boot_id = identity::boot_id().unwrap_or_else(|e| {
             tracing::warn!(error = %e, "cannot read the boot id");
             String::new()
         });
-        ProcessController { cgroups, boot_id, tracked: Mutex::new(HashMap::new()) }
+        ProcessController { cgroups, limits, boot_id, tracked: Mutex::new(HashMap::new()) }
     }
 
     /// True when instances get their own cgroup.
     pub fn cgroups_enabled(&self) -> bool {
         self.cgroups.is_some()
+    }
+
+    /// True when this agent can enforce `ProcessSpec::limits`.
+    pub fn resource_limits_enabled(&self) -> bool {
+        self.limits.is_ok()
+    }
+
+    /// The limit cgroup directories of `instance` (existing or not); empty
+    /// when limits are not enforced.
+    pub fn limit_cgroups_of(&self, instance: &InstanceId) -> Vec<PathBuf> {
+        self.limits.as_ref().ok().and_then(|l| l.dirs_of(instance).ok()).unwrap_or_default()
     }
 
     /// The boot id identities are recorded with.
@@ -144,6 +178,12 @@ impl ProcessController {
         identity: &PidIdentity,
     ) -> impl Future<Output = ExitInfo> + Send + 'static {
         self.exit_watch_for(instance, identity).wait()
+    }
+
+    /// Something to await (or poll with [`ExitWatch::try_exited`]) for the
+    /// end of the process with this identity; see [`Self::watch`].
+    pub fn exit_watch(&self, instance: &InstanceId, identity: &PidIdentity) -> ExitWatch {
+        self.exit_watch_for(instance, identity)
     }
 
     fn tracked(&self) -> MutexGuard<'_, HashMap<InstanceId, Tracked>> {

@@ -27,22 +27,40 @@ use crate::ids::InstanceId;
 const BASE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// At most this many lines ...
 const TAIL_LINES: usize = 20;
-/// ... and this many bytes of stderr go into an error or exit report.
+/// ... and this many bytes of a log go into an error or exit report.
 const TAIL_BYTES: u64 = 4096;
 
-/// The log files of one spawned command.
+/// The log files of one spawned command, both opened read + append: the
+/// child writes, the agent reads the tails.
 #[derive(Debug)]
 pub struct Logs {
     pub stdout: File,
-    /// Opened read + append: the child writes, the agent reads the tail.
     pub stderr: File,
-    /// Size of stderr.log when the command was spawned: the tail of this run
-    /// starts here.
+    /// Size of the stdout log when the command was spawned: the tail of this
+    /// run starts here.
+    pub stdout_start: u64,
+    /// The same for the stderr log.
     pub stderr_start: u64,
 }
 
-/// Opens (creating) `<dir>/logs/stdout.log` and `stderr.log` for appending.
+/// Opens (creating) `<dir>/logs/stdout.log` and `stderr.log` for appending:
+/// the logs of the instance's own processes.
 pub fn open_logs(dir: &Path, run_as: &RunAs) -> Result<Logs, ProcessError> {
+    open_named_logs(dir, run_as, "stdout.log", "stderr.log")
+}
+
+/// Opens (creating) `<dir>/logs/<stdout_name>` and `<stderr_name>` for
+/// appending. The names are plain file names chosen by the agent (e.g.
+/// `hook-init.stdout.log`), never paths.
+pub fn open_named_logs(dir: &Path, run_as: &RunAs, stdout_name: &str, stderr_name: &str) -> Result<Logs, ProcessError> {
+    for name in [stdout_name, stderr_name] {
+        if name.is_empty() || name.starts_with('.') || name.contains('/') || name.contains('\0') {
+            return Err(ProcessError::io(
+                format!("log file name {name:?}"),
+                io::Error::new(io::ErrorKind::InvalidInput, "not a plain file name"),
+            ));
+        }
+    }
     let logs = ensure_dir(&dir.join("logs"), run_as)?;
     let dir_fd =
         open(&logs, OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY, Mode::empty())
@@ -69,13 +87,16 @@ pub fn open_logs(dir: &Path, run_as: &RunAs) -> Result<Logs, ProcessError> {
         }
         Ok(file)
     };
-    let stdout = open_log("stdout.log", OFlag::O_WRONLY)?;
-    let stderr = open_log("stderr.log", OFlag::O_RDWR)?;
-    let stderr_start = stderr
-        .metadata()
-        .map_err(|e| ProcessError::io(format!("stat of {}", logs.join("stderr.log").display()), e))?
-        .len();
-    Ok(Logs { stdout, stderr, stderr_start })
+    let stdout = open_log(stdout_name, OFlag::O_RDWR)?;
+    let stderr = open_log(stderr_name, OFlag::O_RDWR)?;
+    let size = |file: &File, name: &str| {
+        file.metadata()
+            .map(|m| m.len())
+            .map_err(|e| ProcessError::io(format!("stat of {}", logs.join(name).display()), e))
+    };
+    let stdout_start = size(&stdout, stdout_name)?;
+    let stderr_start = size(&stderr, stderr_name)?;
+    Ok(Logs { stdout, stderr, stdout_start, stderr_start })
 }
 
 /// Makes sure `path` is a real directory (not a symlink), creating it owned
@@ -138,8 +159,9 @@ pub struct Launch<'a> {
     /// Present: the process gets the instance marker in its environment.
     pub marker: Option<&'a InstanceId>,
     pub run_as: &'a RunAs,
-    /// Open `cgroup.procs` of the instance cgroup to move the child into.
-    pub cgroup_procs: Option<&'a File>,
+    /// Open `cgroup.procs` files of the cgroups to move the child into (at
+    /// most [`sys::MAX_CGROUPS`]).
+    pub cgroup_procs: &'a [File],
     pub stdout: &'a File,
     pub stderr: &'a File,
 }
@@ -177,10 +199,14 @@ pub fn spawn(l: &Launch<'_>) -> Result<tokio::process::Child, ProcessError> {
         .stderr(Stdio::from(stderr))
         .process_group(0)
         .kill_on_drop(false);
-    let setup = ChildSetup {
-        cgroup_procs_fd: l.cgroup_procs.map(|f| f.as_raw_fd()),
-        drop_to: l.run_as.needs_switch().then_some((l.run_as.uid, l.run_as.gid)),
-    };
+    if l.cgroup_procs.len() > sys::MAX_CGROUPS {
+        return Err(spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "too many cgroups to join")));
+    }
+    let mut setup =
+        ChildSetup { drop_to: l.run_as.needs_switch().then_some((l.run_as.uid, l.run_as.gid)), ..Default::default() };
+    for (slot, file) in setup.cgroup_procs_fds.iter_mut().zip(l.cgroup_procs) {
+        *slot = Some(file.as_raw_fd());
+    }
     sys::install(&mut cmd, setup);
     cmd.spawn().map_err(spawn_err)
 }

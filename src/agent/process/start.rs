@@ -3,18 +3,21 @@
 //!
 //! A start either returns a running, identified process or leaves nothing of
 //! the instance behind: on any failure the instance's tree is killed and its
-//! cgroup removed.
+//! cgroups (its own and its limit cgroups) removed. Limits the spec asks for
+//! are applied before the child runs, or the start fails before any side
+//! effect.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::identity::{self, read_stat};
+use super::limits::{LimitsError, Values};
 use super::pidfile::{self, Outcome};
 use super::spawn::{self, Launch, Logs, tail};
 use super::watch::{ExitWatch, StderrLog};
@@ -45,6 +48,7 @@ impl ProcessController {
                 io::Error::new(io::ErrorKind::InvalidInput, "unsafe instance id"),
             ));
         }
+        let limits = self.check_limits(req)?;
         self.kill_leftovers(req).await?;
         let cg = match &self.cgroups {
             Some(root) => Some(
@@ -53,7 +57,7 @@ impl ProcessController {
             ),
             None => None,
         };
-        let result = self.spawn_main(req, cg.as_deref()).await;
+        let result = self.spawn_main(req, cg.as_deref(), limits.as_ref()).await;
         match result {
             Ok(started) => {
                 self.tracked().insert(
@@ -72,29 +76,67 @@ impl ProcessController {
                 {
                     tracing::warn!(cgroup = %cg.display(), error = %err, "cannot remove the cgroup of a failed start");
                 }
+                self.remove_limit_cgroups(req.instance).await;
                 Err(e)
             }
         }
     }
 
-    async fn spawn_main(&self, req: &StartRequest<'_>, cg: Option<&Path>) -> Result<Started, ProcessError> {
-        let procs_file = match cg {
-            Some(cg) => Some(
-                OpenOptions::new()
-                    .write(true)
-                    .open(cg.join("cgroup.procs"))
-                    .map_err(|e| ProcessError::io(format!("opening {}/cgroup.procs", cg.display()), e))?,
-            ),
-            None => None,
+    /// The validated limits of the spec (`None`: nothing to limit), refused
+    /// when this agent cannot enforce them.
+    fn check_limits(&self, req: &StartRequest<'_>) -> Result<Option<Values>, ProcessError> {
+        let limits_err = |source| ProcessError::Limits { instance: req.instance.to_string(), source };
+        let Some(values) = req.spec.limits.as_ref().map(Values::from_limits).transpose().map_err(limits_err)?.flatten()
+        else {
+            return Ok(None);
         };
-        let logs = spawn::open_logs(req.dir, req.run_as)?;
-        match &req.spec.pidfile {
-            None => self.start_foreground(req, procs_file.as_ref(), logs).await,
-            Some(rel) => self.start_daemon(req, rel, cg, procs_file.as_ref(), logs).await,
+        match &self.limits {
+            Ok(_) => Ok(Some(values)),
+            Err(reason) => Err(limits_err(LimitsError::Unavailable { reason: reason.clone() })),
         }
     }
 
-    fn launch<'a>(req: &'a StartRequest<'a>, procs: Option<&'a File>, logs: &'a Logs) -> Launch<'a> {
+    /// Removes the instance's limit cgroups (after its processes are gone).
+    pub(super) async fn remove_limit_cgroups(&self, instance: &crate::ids::InstanceId) {
+        if let Ok(root) = &self.limits
+            && let Err(e) = root.remove(instance).await
+        {
+            tracing::warn!(%instance, error = %crate::error::ErrorChain(&e), "cannot remove the limit cgroups");
+        }
+    }
+
+    async fn spawn_main(
+        &self,
+        req: &StartRequest<'_>,
+        cg: Option<&Path>,
+        limits: Option<&Values>,
+    ) -> Result<Started, ProcessError> {
+        // Every cgroup the child joins before exec: its own, then the limit
+        // cgroups (on a pure v2 host the same directory, joined once).
+        let mut join: Vec<PathBuf> = cg.map(Path::to_path_buf).into_iter().collect();
+        if let (Some(values), Ok(root)) = (limits, &self.limits) {
+            let dirs = root
+                .prepare(req.instance, values)
+                .map_err(|source| ProcessError::Limits { instance: req.instance.to_string(), source })?;
+            join.extend(dirs.into_iter().filter(|d| Some(d.as_path()) != cg));
+        }
+        let procs = join
+            .iter()
+            .map(|dir| {
+                OpenOptions::new()
+                    .write(true)
+                    .open(dir.join("cgroup.procs"))
+                    .map_err(|e| ProcessError::io(format!("opening {}/cgroup.procs", dir.display()), e))
+            })
+            .collect::<Result<Vec<File>, _>>()?;
+        let logs = spawn::open_logs(req.dir, req.run_as)?;
+        match &req.spec.pidfile {
+            None => self.start_foreground(req, &procs, logs).await,
+            Some(rel) => self.start_daemon(req, rel, cg, &procs, logs).await,
+        }
+    }
+
+    fn launch<'a>(req: &'a StartRequest<'a>, procs: &'a [File], logs: &'a Logs) -> Launch<'a> {
         Launch {
             argv: &req.spec.start,
             dir: req.dir,
@@ -110,7 +152,7 @@ impl ProcessController {
     async fn start_foreground(
         &self,
         req: &StartRequest<'_>,
-        procs: Option<&File>,
+        procs: &[File],
         logs: Logs,
     ) -> Result<Started, ProcessError> {
         let child = spawn::spawn(&Self::launch(req, procs, &logs))?;
@@ -139,7 +181,7 @@ impl ProcessController {
         req: &StartRequest<'_>,
         rel: &str,
         cg: Option<&Path>,
-        procs: Option<&File>,
+        procs: &[File],
         logs: Logs,
     ) -> Result<Started, ProcessError> {
         pidfile::check_relative(rel).map_err(|reason| ProcessError::PidfileInvalid { path: rel.into(), reason })?;

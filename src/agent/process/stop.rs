@@ -1,7 +1,7 @@
 //! Stopping an instance's whole process tree: the spec's stop command (as the
 //! run-as user, bounded by the grace period), TERM to every process, the
 //! grace period, then KILL (`cgroup.kill` plus each remaining process) until
-//! nothing is left, and finally the cgroup's removal.
+//! nothing is left, and finally the removal of its cgroups.
 
 use std::path::Path;
 use std::time::Duration;
@@ -93,7 +93,7 @@ impl ProcessController {
             env: &req.spec.env,
             marker: None,
             run_as: req.run_as,
-            cgroup_procs: None,
+            cgroup_procs: &[],
             stdout: &logs.stdout,
             stderr: &logs.stderr,
         };
@@ -124,13 +124,15 @@ impl ProcessController {
         }
     }
 
-    /// After everything is gone: removes the cgroup and forgets the process.
+    /// After everything is gone: removes the cgroups (its own and its limit
+    /// cgroups) and forgets the process.
     async fn finish(&self, instance: &InstanceId, cg: Option<&Path>) {
         if let Some(cg) = cg
             && let Err(e) = cgroup::remove(cg).await
         {
             tracing::warn!(cgroup = %cg.display(), error = %e, "cannot remove the instance's cgroup");
         }
+        self.remove_limit_cgroups(instance).await;
         self.tracked().remove(instance);
     }
 }

@@ -11,9 +11,10 @@
 //! it switched uid, and both things we must do in the child need root:
 //! moving into the instance cgroup (a write to a root-owned `cgroup.procs`)
 //! and `setgroups`. So the hook does, in this order:
-//! 1. `write(fd, "0")` to the instance cgroup's `cgroup.procs` (the fd was
-//!    opened in the parent), so the process is in the cgroup before `exec`
-//!    and every descendant is born inside it;
+//! 1. `write(fd, "0")` to `cgroup.procs` of every cgroup the child joins (the
+//!    instance's v2 cgroup and its limit cgroups, v2 or v1; the fds were
+//!    opened in the parent), so the process is in them before `exec` and
+//!    every descendant is born inside them;
 //! 2. when dropping from root to the run-as user: `setgroups(1, [gid])` (a
 //!    process must not keep root's supplementary groups), `setgid`, `setuid`.
 //!
@@ -31,20 +32,25 @@ use nix::sys::inotify::Inotify;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-/// What the child does to itself before `exec`. Plain `Copy` data, so the
-/// closure captures no heap memory.
+/// How many cgroups a child can join: the instance's v2 cgroup plus one
+/// limit cgroup per hierarchy (memory, cpu), with room to spare.
+pub const MAX_CGROUPS: usize = 4;
+
+/// What the child does to itself before `exec`. Plain `Copy` data (a fixed
+/// array, not a `Vec`), so the closure captures no heap memory.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ChildSetup {
-    /// An open, writable fd of `<cgroup>/cgroup.procs`; it must stay open in
-    /// the parent until the spawn returned (it is close-on-exec).
-    pub cgroup_procs_fd: Option<RawFd>,
+    /// Open, writable fds of `<cgroup>/cgroup.procs`, joined in this order;
+    /// they must stay open in the parent until the spawn returned (they are
+    /// close-on-exec).
+    pub cgroup_procs_fds: [Option<RawFd>; MAX_CGROUPS],
     /// `(uid, gid)` to switch to; only when the agent is root.
     pub drop_to: Option<(u32, u32)>,
 }
 
 impl ChildSetup {
     fn is_noop(&self) -> bool {
-        self.cgroup_procs_fd.is_none() && self.drop_to.is_none()
+        self.cgroup_procs_fds.iter().all(Option::is_none) && self.drop_to.is_none()
     }
 }
 
@@ -62,8 +68,8 @@ pub fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
 }
 
 fn in_child(setup: ChildSetup) -> io::Result<()> {
-    if let Some(fd) = setup.cgroup_procs_fd {
-        // "0" means "the writing process" in cgroup.procs.
+    for fd in setup.cgroup_procs_fds.into_iter().flatten() {
+        // "0" means "the writing process" in cgroup.procs (v1 and v2).
         let buf = b"0";
         // SAFETY: `buf` is a valid 1-byte buffer; `fd` is open (parent keeps it).
         let n = unsafe { libc::write(fd, buf.as_ptr().cast(), 1) };

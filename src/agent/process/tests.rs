@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 
 use super::tree::{self, MARKER_VAR};
 use super::*;
-use crate::protocol::messages::ProcessSpec;
+use crate::protocol::messages::{ProcessSpec, ResourceLimits};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -94,9 +94,10 @@ impl Drop for Fixture {
         for pid in self.marked() {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
-        if let Some(cg) = &cg {
-            let _ = std::fs::remove_dir(cg);
-            if let Some(base) = cg.parent() {
+        let limit_cgroups = self.ctl.limit_cgroups_of(&self.id);
+        for dir in cg.iter().chain(&limit_cgroups) {
+            let _ = std::fs::remove_dir(dir);
+            if let Some(base) = dir.parent() {
                 let _ = std::fs::remove_dir(base);
             }
         }
@@ -388,3 +389,84 @@ async fn cgroup_catches_a_daemon_that_escapes_group_session_and_environment() {
     assert!(!cgp.exists());
     f.assert_nothing_left();
 }
+
+/// The line of `/proc/<pid>/cgroup` of the hierarchy holding `controller`
+/// (v1: `N:memory:/path`; v2: `0::/path`), as its path.
+fn proc_cgroup_path(pid: u32, controller: &str, version: limits::Version) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    text.lines()
+        .find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, ctls, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let hit = match version {
+                limits::Version::V1 => ctls.split(',').any(|c| c == controller),
+                limits::Version::V2 => ctls.is_empty(),
+            };
+            hit.then(|| path.to_string())
+        })
+        .unwrap_or_else(|| panic!("no {controller} line in /proc/{pid}/cgroup: {text}"))
+}
+
+async fn resource_limits_are_applied_at_start_and_removed_at_stop(cg: bool) {
+    let f = Fixture::new("limits", cg);
+    f.script("bin/run.sh", "exec sleep 1000");
+    let limited =
+        |memory_bytes, cpu| ProcessSpec { limits: Some(ResourceLimits { memory_bytes, cpu }), ..spec(&["bin/run.sh"]) };
+    let spec = limited(Some(64 << 20), Some(0.5));
+    if !cg {
+        // Without cgroups (use_cgroups = false) nothing can be limited: the
+        // start is refused, never run unlimited.
+        assert!(!f.ctl.resource_limits_enabled());
+        let err = f.ctl.start(&f.start_req(&spec, None)).await.unwrap_err();
+        assert!(matches!(&err, ProcessError::Limits { source: LimitsError::Unavailable { .. }, .. }), "{err:?}");
+        let chain = crate::error::ErrorChain(&err).to_string();
+        assert!(chain.contains("cannot enforce resource limits") && chain.contains("use_cgroups"), "{chain}");
+        f.assert_nothing_left();
+        // Limits that limit nothing are no limits.
+        let unlimited = limited(None, None);
+        let started = f.ctl.start(&f.start_req(&unlimited, None)).await.unwrap();
+        assert!(f.ctl.stop(&f.stop_req(&unlimited, Some(&started.identity))).await.unwrap());
+        f.assert_nothing_left();
+        return;
+    }
+    assert!(nix::unistd::geteuid().is_root(), "this test needs root (run it as root, as .ci/run does)");
+    assert!(f.ctl.resource_limits_enabled(), "root on a machine with memory and cpu controllers must get limits");
+    let root = f.ctl.limits.as_ref().unwrap().clone();
+
+    // Invalid values fail the start before anything runs.
+    let err = f.ctl.start(&f.start_req(&limited(Some(0), None), None)).await.unwrap_err();
+    assert!(matches!(&err, ProcessError::Limits { source: LimitsError::Invalid { .. }, .. }), "{err:?}");
+    f.assert_nothing_left();
+
+    let started = f.ctl.start(&f.start_req(&spec, None)).await.unwrap();
+    let pid = started.identity.pid;
+    let dirs = f.ctl.limit_cgroups_of(&f.id);
+    let dir_in = |mount: &Path| dirs.iter().find(|d| d.starts_with(mount)).unwrap().clone();
+    let (mem, cpu) = (root.memory().clone(), root.cpu().clone());
+    let (mem_dir, cpu_dir) = (dir_in(&mem.mount), dir_in(&cpu.mount));
+    let read = |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).unwrap().trim().to_string();
+    assert!(cgroup::procs(&mem_dir).contains(&pid), "{pid} not in {}", mem_dir.display());
+    assert!(cgroup::procs(&cpu_dir).contains(&pid), "{pid} not in {}", cpu_dir.display());
+    match mem.version {
+        limits::Version::V1 => assert_eq!(read(&mem_dir, "memory.limit_in_bytes"), "67108864"),
+        limits::Version::V2 => assert_eq!(read(&mem_dir, "memory.max"), "67108864"),
+    }
+    match cpu.version {
+        limits::Version::V1 => {
+            assert_eq!(read(&cpu_dir, "cpu.cfs_quota_us"), "50000");
+            assert_eq!(read(&cpu_dir, "cpu.cfs_period_us"), "100000");
+        }
+        limits::Version::V2 => assert_eq!(read(&cpu_dir, "cpu.max"), "50000 100000"),
+    }
+    // The kernel's own view of the process agrees.
+    let rel = |dir: &Path, mount: &Path| format!("/{}", dir.strip_prefix(mount).unwrap().display());
+    assert_eq!(proc_cgroup_path(pid, "memory", mem.version), rel(&mem_dir, &mem.mount));
+    assert_eq!(proc_cgroup_path(pid, "cpu", cpu.version), rel(&cpu_dir, &cpu.mount));
+
+    assert!(f.ctl.stop(&f.stop_req(&spec, Some(&started.identity))).await.unwrap());
+    for dir in &dirs {
+        assert!(!dir.exists(), "limit cgroup {} was not removed", dir.display());
+    }
+    f.assert_nothing_left();
+}
+both_modes!(resource_limits_are_applied_at_start_and_removed_at_stop);

@@ -92,6 +92,11 @@ pub fn collect(instance: &InstanceId, known: &[PidIdentity], cgroup_path: Option
     out
 }
 
+/// The live (non-zombie) processes of process group `pgid`.
+pub fn group_members(pgid: i32) -> Vec<u32> {
+    all_pids().into_iter().filter(|pid| read_stat(*pid).is_some_and(|s| s.is_running() && s.pgid == pgid)).collect()
+}
+
 /// Sends `sig` to each member that is still the same process. Returns how
 /// many were signalled. A process gone meanwhile (`ESRCH`) is fine.
 pub fn signal(members: &[Member], sig: Signal) -> usize {
