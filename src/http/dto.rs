@@ -187,6 +187,7 @@ pub struct ResultDto {
     pub ok: bool,
     pub message: String,
     pub exit_code: Option<i32>,
+    pub stdout_tail: String,
     pub stderr_tail: String,
 }
 
@@ -197,6 +198,7 @@ impl From<&InstanceResult> for ResultDto {
             ok: r.ok,
             message: r.message.clone(),
             exit_code: r.exit_code,
+            stdout_tail: r.stdout_tail.clone(),
             stderr_tail: r.stderr_tail.clone(),
         }
     }

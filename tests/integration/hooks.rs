@@ -31,7 +31,10 @@ hook_timeout = "5s"
 
 [[roles.files]]
 path = "conf/flags"
-template = "veto_scale_in={{ cluster.config.veto_scale_in }}\nfail_destroy={{ cluster.config.fail_destroy }}\n"
+# Booleans render as Jinja does (True/False); spell them for the shell.
+template = """veto_scale_in={{ "true" if cluster.config.veto_scale_in else "false" }}
+fail_destroy={{ "true" if cluster.config.fail_destroy else "false" }}
+"""
 "#;
 
 /// Refuses to start unless `init` ran first.
@@ -66,6 +69,12 @@ async fn hooks_run_in_the_lifecycle_and_veto_where_they_may() {
     let first = role_instances(&env.create_active(body).await, "node");
     for i in &first {
         assert_eq!(hooks_log(i), ["init"], "{}", id_of(i));
+    }
+    let (_, ops) = env.get("/operations?cluster=hk").await;
+    let create = &ops["operations"][0];
+    let init = create["steps"].as_array().unwrap().iter().find(|s| s["name"] == "init").expect("an init step");
+    for r in init["results"].as_array().unwrap() {
+        assert_eq!((r["exit_code"].as_i64(), r["stdout_tail"].as_str()), (Some(0), Some("ran init")), "{r:#}");
     }
 
     // init runs once: a restart does not run it again.
