@@ -101,6 +101,20 @@ impl TestEnv {
         env
     }
 
+    /// SIGKILLs agent `i` (1..=3): its instances keep running, as after a
+    /// crash of the agent or a lost node.
+    pub fn kill_agent(&mut self, i: usize) {
+        let a = &mut self.agents[i - 1];
+        let _ = a.kill();
+        let _ = a.wait();
+    }
+
+    /// Starts agent `i` again on its data dir, after [`TestEnv::kill_agent`].
+    pub async fn restart_agent(&mut self, i: usize) {
+        self.agents[i - 1] = self.spawn_agent(i);
+        self.wait_ready().await;
+    }
+
     /// SIGTERM the master, wait for it, start it again on the same data dir
     /// and ports, and wait until the agents (which reconnect by themselves)
     /// are Ready again.

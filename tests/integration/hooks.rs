@@ -142,3 +142,35 @@ async fn hooks_run_in_the_lifecycle_and_veto_where_they_may() {
     let (status, body) = env.get("/clusters/hk").await;
     assert_eq!((status.as_u16(), error_code(&body)), (404, "not_found"));
 }
+
+/// A force delete while an agent is down: the cluster is gone at once, what
+/// the agent held is remembered, and removed (processes and directory) as
+/// soon as the agent is back.
+#[tokio::test]
+async fn force_delete_finishes_on_an_agent_that_comes_back() {
+    let mut env = TestEnv::start("force-leftover").await;
+    let pkg = PackageBuilder::new("hk", "1.0.0").spec(SPEC).script("bin/start.sh", START).script("bin/hook.sh", HOOK);
+    env.upload(&pkg).await;
+    let body = json!({"name": "fl", "package": {"name": "hk", "version": "1.0.0"}, "roles": {"node": {"count": 3}}});
+    let nodes = role_instances(&env.create_active(body).await, "node");
+    let on3 = nodes.iter().find(|i| i["node"] == "node-3").expect("one instance on node-3").clone();
+    env.kill_agent(3);
+    assert!(pid_alive(pid_of(&on3)), "a killed agent leaves its instances running");
+
+    let (status, resp) = env.delete("/clusters/fl?force=true").await;
+    assert_eq!(status, 202, "{resp:#}");
+    let op = env.wait_op(resp["operation"]["id"].as_str().unwrap()).await;
+    env.assert_succeeded(&op);
+    let deleted = op["steps"].as_array().unwrap().iter().find(|s| s["name"] == "delete-instances").unwrap();
+    assert!(deleted["error"].as_str().unwrap_or_default().contains("node-3"), "{deleted:#}");
+    let (status, _) = env.get("/clusters/fl").await;
+    assert_eq!(status, 404);
+    for i in nodes.iter().filter(|i| i["node"] != "node-3") {
+        assert!(!dir_of(i).exists() && !pid_alive(pid_of(i)), "{} was not removed", id_of(i));
+    }
+    assert!(dir_of(&on3).exists(), "node-3 was down: its instance is still there");
+
+    env.restart_agent(3).await;
+    let gone = crate::common::eventually(20, || !dir_of(&on3).exists() && !pid_alive(pid_of(&on3))).await;
+    assert!(gone, "the leftover {} was not removed when its agent came back", id_of(&on3));
+}
