@@ -287,6 +287,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn lifecycle_failures_are_reported_as_failed_never_as_rolled_back() {
+        // Start, stop and restart change only whether processes run; a
+        // failure half-way is reported as it is (the cluster goes Error with
+        // the reason) rather than "undone" by flipping processes back.
+        let three = ids(&["s1", "s2", "s3"]);
+        let groups = [(0, ids(&["s1"])), (1, ids(&["s2", "s3"]))];
+        let mut stopped = State::running(&three);
+        stopped.agents.values_mut().for_each(|a| a.running = false);
+        let cases = [
+            ("start", stopped, lifecycle::start(&groups)),
+            ("stop", State::running(&three), lifecycle::stop(&groups)),
+            ("restart", State::running(&three), lifecycle::restart(&groups)),
+        ];
+        for (name, before, plan) in cases {
+            for (k, outcome, _) in fail_each_step(&before, &plan).await {
+                assert!(matches!(outcome, Outcome::Failed { rolled_back: false, .. }), "{name} step {k}: {outcome:?}");
+            }
+        }
+    }
+
+    #[tokio::test]
     async fn a_failed_create_leaves_nothing_running() {
         let empty = State { version: "1".into(), ..State::default() };
         let plan = create::plan(&[(0, ids(&["a"])), (1, ids(&["b", "c"]))]);

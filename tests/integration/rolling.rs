@@ -40,7 +40,10 @@ template = "{{ cluster.config.greeting }} from api\n"
 
 [[roles]]
 name = "cache"
-start = ["bin/api.sh"]
+ports = ["main"]
+start = ["bin/listen.sh"]
+health = { tcp = "main" }
+env = { HOST = "{{ instance.host }}", PORT = "{{ instance.ports.main }}" }
 
 [[roles.files]]
 path = "conf/size"
@@ -59,6 +62,8 @@ wait
 
 const READY: &str = "test -f data/ready\n";
 const API: &str = "exec sleep 100000\n";
+/// Listens only after a while: Running must wait for the port (tcp health).
+const LISTEN: &str = "sleep 0.5\nexec python3 -m http.server --bind \"$HOST\" \"$PORT\"\n";
 const RELOAD: &str = "set -eu\ncat conf/greeting >> data/reloads\n";
 
 /// (start, stop) event times after `since`, in ns.
@@ -87,6 +92,7 @@ async fn a_config_change_restarts_one_at_a_time_reloads_where_it_can_and_leaves_
         .script("bin/web.sh", WEB)
         .script("bin/ready.sh", READY)
         .script("bin/api.sh", API)
+        .script("bin/listen.sh", LISTEN)
         .script("bin/reload.sh", RELOAD);
     env.upload(&pkg).await;
     let body = json!({"name": "rl", "package": {"name": "roll", "version": "1.0.0"},
@@ -96,6 +102,8 @@ async fn a_config_change_restarts_one_at_a_time_reloads_where_it_can_and_leaves_
     for w in &web {
         assert!(dir_of(w).join("data/ready").exists(), "{} is Running before it is healthy", id_of(w));
     }
+    let addr = format!("{}:{}", cache[0]["host"].as_str().unwrap(), cache[0]["ports"]["main"]);
+    assert!(std::net::TcpStream::connect(&addr).is_ok(), "cache is Running but {addr} does not accept connections");
 
     let since = now_ns();
     let op = env.run_op_patch("/clusters/rl/config", json!({"config": {"greeting": "bonjour"}})).await;
