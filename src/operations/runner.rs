@@ -165,9 +165,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::ids::{ClusterId, InstanceId, OperationId};
+    use crate::ids::InstanceId;
     use crate::operations::Step;
-    use crate::storage::records::{ClusterStatus, OperationKind, RECORD_VERSION};
+    use crate::storage::records::ClusterStatus;
 
     /// A fake world: remembers which actions ran, fails the ones told to.
     #[derive(Default)]
@@ -238,21 +238,7 @@ mod tests {
         p
     }
 
-    fn record() -> OperationRecord {
-        OperationRecord {
-            version: RECORD_VERSION,
-            id: OperationId::random(),
-            cluster_id: ClusterId::random(),
-            cluster: "c".into(),
-            kind: OperationKind::Create,
-            params: "{}".into(),
-            status: OperationStatus::Pending,
-            steps: vec![],
-            error: None,
-            created_at: OffsetDateTime::now_utc(),
-            ended_at: None,
-        }
-    }
+    use crate::operations::world::record;
 
     #[tokio::test]
     async fn all_steps_run_in_order_and_empty_steps_are_left_out() {

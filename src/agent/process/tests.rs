@@ -104,18 +104,7 @@ impl Drop for Fixture {
     }
 }
 
-fn spec(start: &[&str]) -> ProcessSpec {
-    ProcessSpec {
-        start: start.iter().map(|s| s.to_string()).collect(),
-        stop: None,
-        pidfile: None,
-        stop_grace_ms: 500,
-        start_timeout_ms: 3000,
-        env: vec![("GREETING".into(), "hello".into())],
-        health: None,
-        limits: None,
-    }
-}
+use crate::agent::testkit::spec;
 
 fn environ(pid: u32) -> Vec<String> {
     let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
