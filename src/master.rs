@@ -93,7 +93,17 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         blobs: Arc::new(blobs),
         read_model: read_model.clone(),
         links: NodeLinks::default(),
-        ports: Arc::new(PortAllocator::from_instances(snapshot.instances.iter())),
+        // Instances an interrupted operation will still create keep their ports.
+        ports: Arc::new(PortAllocator::from_instances(
+            snapshot.instances.iter().chain(
+                snapshot
+                    .operations
+                    .iter()
+                    .filter(|o| !o.status.is_terminal())
+                    .filter_map(|o| o.resume.as_ref())
+                    .flat_map(|r| r.pending.iter()),
+            ),
+        )),
         timing,
     };
     let boot = Boot { clusters: snapshot.clusters, instances: snapshot.instances, operations: snapshot.operations };
@@ -120,6 +130,8 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
     let max_json = cfg.max_json_bytes;
     let server = HttpServer::new(move || App::new().configure(|c| crate::http::configure(c, state.clone(), max_json)))
         .workers(2)
+        // Signals are ours (below): the store must freeze before anything closes.
+        .disable_signals()
         .listen(http_listener)
         .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?
         .run();
@@ -128,6 +140,14 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
     if let Some(path) = &cfg.endpoints_file {
         write_endpoints(path, http_addr, agent_addr).map_err(io_err(path))?;
     }
+    let handle = server.handle();
+    let store = shared.store.clone();
+    actix::spawn(async move {
+        crate::dev::shutdown_signal().await;
+        tracing::info!("shutting down: the store is frozen, running operations resume at the next start");
+        store.freeze();
+        handle.stop(true).await;
+    });
     server.await.map_err(|source| MasterError::Listen { addr: http_addr.to_string(), source })
 }
 

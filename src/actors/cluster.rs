@@ -9,7 +9,7 @@
 //! be answered (with 409) while a long install runs.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -30,7 +30,7 @@ use crate::spec::ComponentSpec;
 use crate::storage::WriteOp;
 use crate::storage::records::{
     ClusterRecord, ClusterStatus, InstanceRecord, Limits, OperationKind, OperationRecord, OperationStatus,
-    PackageRecord, RECORD_VERSION,
+    PackageRecord, RECORD_VERSION, Resumable,
 };
 
 /// What the actor owns, shared with the running operation's context (both
@@ -111,6 +111,8 @@ pub struct ClusterActor {
     pub(super) shared: Shared,
     supervisor: Addr<Supervisor>,
     stats: Arc<ActorStats>,
+    /// An operation a master restart interrupted, resumed once started.
+    resume: Option<OperationRecord>,
 }
 
 /// A validated request, ready to run.
@@ -126,10 +128,12 @@ pub(super) struct Prepared {
 }
 
 impl ClusterActor {
-    /// Starts the actor with its record and existing instances.
+    /// Starts the actor with its record and existing instances, and goes on
+    /// with `resume`, the operation that was running when the master stopped.
     pub fn start(
         record: ClusterRecord,
         instances: Vec<InstanceRecord>,
+        resume: Option<OperationRecord>,
         shared: Shared,
         supervisor: Addr<Supervisor>,
     ) -> Addr<ClusterActor> {
@@ -145,7 +149,7 @@ impl ClusterActor {
             })
             .collect();
         let core = Rc::new(RefCell::new(Core { record, instances: handles, pending: BTreeMap::new() }));
-        ClusterActor { core, shared, supervisor, stats }.start()
+        ClusterActor { core, shared, supervisor, stats, resume }.start()
     }
 
     pub(super) fn package(&self) -> Result<(PackageRecord, Arc<ComponentSpec>), Error> {
@@ -233,6 +237,54 @@ pub fn group_by_order<'a>(
 impl Actor for ClusterActor {
     type Context = Context<Self>;
 
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let Some(op) = self.resume.take() else { return };
+        let Some(r) = op.resume.clone() else { return };
+        tracing::info!(operation = %op.id, kind = ?op.kind, cluster = %op.cluster, "resuming an operation interrupted by a master restart");
+        {
+            let mut core = self.core.borrow_mut();
+            for p in &r.pending {
+                if !core.instances.contains_key(&p.id) {
+                    core.pending.insert(p.id.clone(), p.clone());
+                }
+            }
+        }
+        // The agents reconnect by themselves after a master restart: wait for
+        // the nodes the operation touches (at most until a silent node would
+        // count as Down), so a resumed step does not fail on a link that is
+        // about to come back.
+        let mut nodes: BTreeSet<NodeId> = r.pending.iter().map(|p| p.node.clone()).collect();
+        {
+            let state = self.shared.read_model.read();
+            let name = &self.core.borrow().record.name;
+            nodes.extend(state.cluster_instances(name).into_iter().map(|i| i.node));
+        }
+        let prepared = Prepared {
+            kind: op.kind,
+            plan: r.plan,
+            params: op.params.clone(),
+            pending: r.pending,
+            on_success: r.on_success,
+            force: r.force,
+        };
+        let shared = self.shared.clone();
+        let patience = self.shared.timing.node_down_after;
+        let wait = async move {
+            let deadline = tokio::time::Instant::now() + patience;
+            loop {
+                let connected = {
+                    let s = shared.read_model.read();
+                    nodes.iter().all(|n| s.nodes.get(n).is_some_and(|v| v.connected))
+                };
+                if connected || tokio::time::Instant::now() >= deadline {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        };
+        ctx.spawn(wait.into_actor(self).map(move |(), act, ctx| act.spawn_operation(ctx, prepared, op)));
+    }
+
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         for h in self.core.borrow().instances.values() {
             h.addr.do_send(Retire);
@@ -312,6 +364,12 @@ impl Handler<RunOperation> for ClusterActor {
                 error: None,
                 created_at: now,
                 ended_at: None,
+                resume: Some(Resumable {
+                    plan: prepared.plan.clone(),
+                    pending: prepared.pending.clone(),
+                    on_success: prepared.on_success,
+                    force: prepared.force,
+                }),
             };
             // Busy from here on, before any await.
             core.record.operation = Some(op.id);

@@ -117,25 +117,34 @@ impl Actor for Supervisor {
         }
         let mut writes = Vec::new();
         let now = OffsetDateTime::now_utc();
+        // Operations that were running when the master stopped are resumed
+        // from their journal by their cluster's actor. One that cannot be
+        // (no stored plan, or its cluster is gone) ends Failed, saying so,
+        // and its cluster goes Error so the operator looks before acting.
+        let mut resumable: HashMap<OperationId, OperationRecord> = HashMap::new();
         for mut op in boot.operations {
-            // Operations that were running when the master stopped are not
-            // resumed (yet): they end Failed, saying so, and their cluster
-            // goes Error so the operator looks before acting again.
             if !op.status.is_terminal() {
-                op.status = OperationStatus::Failed;
-                op.error = Some("interrupted: the master stopped while this operation ran".into());
-                op.ended_at = Some(now);
-                if let Ok(w) = WriteOp::put_operation(&op) {
-                    writes.push(w);
+                let cluster_known = boot.clusters.iter().any(|c| c.operation == Some(op.id));
+                if op.resume.is_some() && cluster_known {
+                    resumable.insert(op.id, op.clone());
+                } else {
+                    op.status = OperationStatus::Failed;
+                    op.error = Some("interrupted: the master stopped while this operation ran".into());
+                    op.ended_at = Some(now);
+                    if let Ok(w) = WriteOp::put_operation(&op) {
+                        writes.push(w);
+                    }
                 }
             }
             self.shared.read_model.put_operation(&op);
         }
         for mut c in boot.clusters {
-            if let Some(op) = c.operation.take() {
+            let resume = c.operation.and_then(|id| resumable.remove(&id));
+            if let Some(op) = c.operation.filter(|_| resume.is_none()) {
+                c.operation = None;
                 c.status = ClusterStatus::Error;
                 c.status_description = format!(
-                    "operation {op} was interrupted by a master restart; check the instances, then start, stop or delete the cluster"
+                    "operation {op} was interrupted by a master restart and cannot be resumed; check the instances, then start, stop or delete the cluster"
                 );
                 if let Ok(w) = WriteOp::put_cluster(&c) {
                     writes.push(w);
@@ -143,7 +152,7 @@ impl Actor for Supervisor {
             }
             let instances = by_cluster.remove(&c.id).unwrap_or_default();
             let name = c.name.clone();
-            let addr = ClusterActor::start(c, instances, self.shared.clone(), ctx.address());
+            let addr = ClusterActor::start(c, instances, resume, self.shared.clone(), ctx.address());
             self.clusters.insert(name, addr);
         }
         if !writes.is_empty() {
@@ -301,7 +310,7 @@ impl Handler<CreateCluster> for Supervisor {
         let params = serde_json::to_string(&req).unwrap_or_default();
         // The name is taken from here on, so a concurrent create of the same
         // name gets 409 even before this one is durable.
-        let addr = ClusterActor::start(record, Vec::new(), self.shared.clone(), ctx.address());
+        let addr = ClusterActor::start(record, Vec::new(), None, self.shared.clone(), ctx.address());
         self.clusters.insert(name.clone(), addr.clone());
         self.stats.end(None);
         Box::pin(

@@ -22,11 +22,13 @@ mod world;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::ids::InstanceId;
 use crate::storage::records::{ClusterStatus, ConfigValue, InstanceResult, Limits, OperationRecord, PackageRef};
 
 /// A lifecycle hook of the component spec (the AppCenter lifecycle).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Hook {
     /// Once, after the first install, before the first start.
     Init,
@@ -53,7 +55,7 @@ impl Hook {
 /// the effect of running it once (install replaces, start on a running
 /// instance and stop on a stopped one succeed without doing anything, a
 /// roll skips instances that are already up to date).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Action {
     /// Send the package and rendered files to the agents, in parallel.
     Install(Vec<InstanceId>),
@@ -132,7 +134,7 @@ impl Action {
 }
 
 /// One step of a plan.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Step {
     /// Unique within the plan; the journal key (e.g. `start-order-0`).
     pub name: String,
@@ -174,7 +176,7 @@ impl Step {
 }
 
 /// The steps of one operation.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Plan {
     pub steps: Vec<Step>,
 }

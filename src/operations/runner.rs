@@ -33,6 +33,11 @@ pub fn prepare(record: &mut OperationRecord, plan: &Plan) {
 /// Runs every step of `plan` in order; on the first failure undoes the
 /// completed steps in reverse. Ends with the record journaled in its final
 /// status (`Succeeded`, `RolledBack` or `Failed`).
+///
+/// The same call resumes an operation a master restart interrupted, from
+/// its journal: steps already `Done` are skipped, the step that was running
+/// runs again (actions are idempotent), and an operation that was unwinding
+/// finishes unwinding (steps already `Undone` are not undone twice).
 pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, plan: &Plan) -> Outcome {
     if record.steps.len() != plan.steps.len() {
         prepare(record, plan);
@@ -40,9 +45,30 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
     record.status = OperationStatus::Running;
     journal(ctx, record).await;
 
-    let mut failure = None;
+    let unwinding = record.steps.iter().rposition(|s| {
+        matches!(s.status, StepStatus::Failed | StepStatus::Undoing | StepStatus::Undone | StepStatus::UndoFailed)
+    });
+    let mut failure = unwinding.map(|i| {
+        let error = record.steps[i].error.clone();
+        (i, error.unwrap_or_else(|| "interrupted by a master restart while unwinding".into()))
+    });
+    let mut resumed_past = false;
     for (i, step) in plan.steps.iter().enumerate() {
-        if let Some(status) = step.status
+        if failure.is_some() {
+            break;
+        }
+        if record.steps[i].status == StepStatus::Done {
+            resumed_past = true;
+            continue;
+        }
+        // Resuming after skipped steps: show the status the plan had reached.
+        let status = match step.status {
+            Some(s) => Some(s),
+            None if resumed_past => plan.steps[..i].iter().rev().find_map(|s| s.status),
+            None => None,
+        };
+        resumed_past = false;
+        if let Some(status) = status
             && let Err(e) = ctx.set_status(status, &format!("{}: {}", kind_label(record), step.name)).await
         {
             failure = Some((i, format!("cannot record cluster status: {e}")));
@@ -86,7 +112,7 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
     // actions are idempotent, so undoing what never happened is harmless.
     let mut undone = true;
     for i in (0..=failed_at).rev() {
-        if plan.steps[i].undo.is_empty() {
+        if plan.steps[i].undo.is_empty() || record.steps[i].status == StepStatus::Undone {
             continue;
         }
         record.steps[i].status = StepStatus::Undoing;
@@ -315,6 +341,38 @@ mod tests {
         assert_eq!(*ctx.log.borrow(), vec!["Stop:a", "DeleteOnAgent:a"]);
         assert_eq!(r.steps[0].status, StepStatus::Done);
         assert!(r.steps[0].error.as_deref().unwrap_or_default().contains("Stop:a broke"));
+    }
+
+    #[tokio::test]
+    async fn a_resumed_operation_skips_done_steps_and_reruns_the_interrupted_one() {
+        let ctx = Fake::default();
+        let mut r = record();
+        let p = plan();
+        prepare(&mut r, &p);
+        r.steps[0].status = StepStatus::Done;
+        r.steps[1].status = StepStatus::Running; // the master died here
+        assert_eq!(run(&ctx, &mut r, &p).await, Outcome::Succeeded);
+        assert_eq!(*ctx.log.borrow(), vec!["Start:a", "Start:b"]);
+        // The status of the step it resumed at, although that step sets one itself.
+        assert_eq!(*ctx.statuses.borrow(), vec![ClusterStatus::Starting]);
+        assert_eq!(r.progress(), (3, 3));
+    }
+
+    #[tokio::test]
+    async fn a_resumed_unwinding_finishes_without_undoing_twice() {
+        let ctx = Fake::default();
+        let mut r = record();
+        let p = plan();
+        prepare(&mut r, &p);
+        r.steps[0].status = StepStatus::Done;
+        r.steps[1].status = StepStatus::Done;
+        r.steps[2].status = StepStatus::Undone;
+        r.steps[2].error = Some("Start:b broke".into());
+        r.steps[1].status = StepStatus::Undoing; // the master died here
+        let out = run(&ctx, &mut r, &p).await;
+        assert!(matches!(&out, Outcome::Failed { step, rolled_back: true, .. } if step == "start-1"), "{out:?}");
+        assert_eq!(*ctx.log.borrow(), vec!["Stop:a", "DeleteOnAgent:a"]);
+        assert_eq!(r.status, OperationStatus::RolledBack);
     }
 
     #[tokio::test]

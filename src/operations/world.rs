@@ -160,6 +160,7 @@ pub fn record() -> OperationRecord {
         error: None,
         created_at: time::OffsetDateTime::now_utc(),
         ended_at: None,
+        resume: None,
     }
 }
 

@@ -29,6 +29,10 @@ pub enum StorageError {
     /// The writer thread is gone (it panicked or the store was closed).
     #[error("the storage writer is gone")]
     WriterGone,
+    /// The process is shutting down: nothing more is written, so the
+    /// journal keeps the last state before the shutdown began.
+    #[error("the master is shutting down; nothing more is written")]
+    Frozen,
     /// The writer thread could not be started.
     #[error("cannot start the storage writer thread")]
     WriterSpawn(#[source] std::io::Error),

@@ -306,6 +306,20 @@ pub struct OperationRecord {
     pub created_at: OffsetDateTime,
     #[serde(with = "crate::storage::serde_time::rfc3339_option")]
     pub ended_at: Option<OffsetDateTime>,
+    /// What a master needs to go on with the operation after a restart:
+    /// journaled with it, so an interrupted operation is resumed from its
+    /// first unfinished step (or its unwinding finished), never left hanging.
+    pub resume: Option<Resumable>,
+}
+
+/// The plan of an operation and what its steps need that is not yet stored
+/// elsewhere (the instances it will create).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resumable {
+    pub plan: crate::operations::Plan,
+    pub pending: Vec<InstanceRecord>,
+    pub on_success: Option<ClusterStatus>,
+    pub force: bool,
 }
 
 impl OperationRecord {

@@ -102,7 +102,7 @@ pub fn operation(cluster: &ClusterRecord, created_at: OffsetDateTime) -> Operati
             status: StepStatus::UndoFailed,
             error: Some("boom".into()),
             results: vec![InstanceResult {
-                instance,
+                instance: instance.clone(),
                 ok: false,
                 message: "exit 3".into(),
                 exit_code: Some(3),
@@ -113,6 +113,17 @@ pub fn operation(cluster: &ClusterRecord, created_at: OffsetDateTime) -> Operati
         error: Some("step start failed".into()),
         created_at,
         ended_at: Some(created_at + time::Duration::minutes(1)),
+        resume: Some(Resumable {
+            plan: crate::operations::change::upgrade(
+                PackageRef { name: "zk".into(), version: "1".into() },
+                PackageRef { name: "zk".into(), version: "2".into() },
+                std::slice::from_ref(&instance),
+                1,
+            ),
+            pending: vec![],
+            on_success: Some(ClusterStatus::Active),
+            force: false,
+        }),
     }
 }
 

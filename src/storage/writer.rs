@@ -63,6 +63,8 @@ struct Stats {
 struct Inner {
     /// `None` only while dropping: taking it closes the queue.
     tx: Option<mpsc::Sender<Request>>,
+    /// Set by [`StoreWriter::freeze`].
+    frozen: std::sync::atomic::AtomicBool,
     thread: Option<JoinHandle<()>>,
     stats: Arc<Stats>,
 }
@@ -105,7 +107,9 @@ impl StoreWriter {
             .name("flotilla-storage-writer".into())
             .spawn(move || run(&db, &rx, &thread_stats))
             .map_err(StorageError::WriterSpawn)?;
-        Ok(StoreWriter { inner: Arc::new(Inner { tx: Some(tx), thread: Some(handle), stats }) })
+        Ok(StoreWriter {
+            inner: Arc::new(Inner { tx: Some(tx), frozen: Default::default(), thread: Some(handle), stats }),
+        })
     }
 
     /// Applies `ops` atomically and returns once they are durable (synced).
@@ -131,7 +135,20 @@ impl StoreWriter {
         reply.blocking_recv().map_err(|_| StorageError::WriterGone)?
     }
 
+    /// Refuses every later write (`StorageError::Frozen`); writes already
+    /// queued still land. A master freezes its store when it starts shutting
+    /// down, before connections close: an operation whose agents then seem
+    /// to vanish cannot journal a failure (or send the undo commands, whose
+    /// intent it cannot persist), so the next master resumes it from the
+    /// last state that was true.
+    pub fn freeze(&self) {
+        self.inner.frozen.store(true, Ordering::SeqCst);
+    }
+
     fn enqueue(&self, ops: Vec<WriteOp>) -> Result<oneshot::Receiver<Result<(), StorageError>>, StorageError> {
+        if self.inner.frozen.load(Ordering::SeqCst) {
+            return Err(StorageError::Frozen);
+        }
         let (reply, rx) = oneshot::channel();
         let tx = self.inner.tx.as_ref().ok_or(StorageError::WriterGone)?;
         tx.send(Request { ops, reply }).map_err(|_| StorageError::WriterGone)?;

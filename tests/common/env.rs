@@ -257,6 +257,11 @@ impl TestEnv {
 
     /// The last lines of the master's and agents' logs, and of every
     /// instance's logs: printed when a test fails.
+    /// The master's log (this run's, or all of them if appended).
+    pub fn master_log(&self) -> String {
+        std::fs::read_to_string(self.root_path.join("master.log")).unwrap_or_default()
+    }
+
     pub fn log_tails(&self) -> String {
         let mut out = String::new();
         let mut files = vec![self.root_path.join("master.log")];

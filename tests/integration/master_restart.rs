@@ -73,3 +73,67 @@ async fn master_restart_keeps_clusters_instances_and_journal() {
         assert_eq!(instance_pids(&id_of(i)), Vec::<u32>::new());
     }
 }
+
+/// Healthy only three seconds after it started: a scale-out spends that long
+/// in its start step, long enough to restart the master in the middle.
+const SLOW_SPEC: &str = r#"
+[component]
+name = "slow"
+version = "1.0.0"
+
+[[roles]]
+name = "svc"
+count = { min = 1, max = 7 }
+ports = ["main"]
+start = ["bin/start.sh"]
+stop_grace = "2s"
+start_timeout = "30s"
+health = { cmd = ["bin/health.sh"] }
+
+[[roles.files]]
+path = "conf/members"
+template = "{% for m in cluster.roles.svc.members %}{{ m.ordinal }} {% endfor %}\n"
+"#;
+
+const SLOW_HEALTH: &str =
+    "set -eu\nstarted=$(head -n 1 data/started_at)\n[ $(( $(date +%s%N) - started )) -ge 3000000000 ]\n";
+
+#[tokio::test]
+async fn an_operation_interrupted_by_a_master_restart_is_resumed() {
+    let mut env = TestEnv::start("op-resume").await;
+    let pkg = PackageBuilder::new("slow", "1.0.0")
+        .spec(SLOW_SPEC)
+        .script("bin/start.sh", RECORD_AND_SLEEP)
+        .script("bin/health.sh", SLOW_HEALTH);
+    env.upload(&pkg).await;
+    let body = json!({"name": "rs", "package": {"name": "slow", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}});
+    env.create_active(body).await;
+
+    let (status, resp) = env.post("/clusters/rs/scale", json!({"role": "svc", "add": 2})).await;
+    assert_eq!(status, 202, "{resp:#}");
+    let op_id = resp["operation"]["id"].as_str().unwrap().to_string();
+    // Into the start step (new members installed, waiting for health).
+    let reached = crate::common::eventually(20, || {
+        env.agent_instance_dirs().iter().filter(|d| d.join("data/started_at").exists()).count() == 4
+    })
+    .await;
+    assert!(reached, "the new members never started");
+    env.restart_master().await;
+
+    let op = env.wait_op(&op_id).await;
+    env.assert_succeeded(&op);
+    assert!(env.master_log().contains("resuming an operation"), "the operation was not resumed by the new master");
+    let c = env.cluster("rs").await;
+    assert_eq!(c["status"], "Active", "{c:#}");
+    let members = all_instances(&c);
+    assert_eq!(members.len(), 4);
+    for m in &members {
+        assert_eq!(m["status"], "Running", "{m:#}");
+        assert!(pid_alive(pid_of(m)));
+        assert_eq!(instance_pids(&id_of(m)).len(), 1, "{} runs more than one process tree", id_of(m));
+        // New members start once; old ones once more, for their new member list.
+        let starts = if m["ordinal"].as_u64() > Some(2) { 1 } else { 2 };
+        assert_eq!(crate::common::scripts::started_at(m).len(), starts, "{} started too often", id_of(m));
+        assert_eq!(crate::common::scripts::rendered(m, "conf/members"), "1 2 3 4 \n", "{}", id_of(m));
+    }
+}
