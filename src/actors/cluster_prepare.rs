@@ -215,6 +215,18 @@ impl ClusterActor {
         let record = self.core.borrow().record.clone();
         let current = self.members().iter().filter(|m| m.role == role).count() as u32;
         spec.check_count(role, current + add)?;
+        // New members start before the old ones learn the new membership: in
+        // a quorum role, as many new members as old ones would be a majority
+        // of the new membership and could elect a leader of their own, with
+        // none of the data (tried: ZooKeeper 1 -> 3 loses it).
+        if role_spec.count.odd && current > 0 && add >= current {
+            return Err(Error::spec(
+                format!("roles.{role}.count"),
+                format!(
+                    "quorum role: adding {add} to {current} members would let the new members outvote the old ones and lose data; add fewer than {current} at a time"
+                ),
+            ));
+        }
         let next = record.roles.get(role).map(|r| r.next_ordinal).unwrap_or(1);
         let pending = super::supervisor::place_instances(&self.shared, &record, role_spec, next, add, nodes)?;
         let mut core = self.core.borrow_mut();

@@ -56,6 +56,12 @@ async fn a_zookeeper_ensemble_through_its_whole_lifecycle() {
     let (ok, out) = cli(&three[0], &three[0], &["create", "/flotilla", "hello"]);
     assert!(ok, "create /flotilla: {out}");
 
+    // Adding as many as there are would let the new servers form a quorum of
+    // their own, without the data: refused up front.
+    let (status, resp) = env.post("/clusters/zk/scale", json!({"role": "server", "add": 4})).await;
+    assert_eq!((status.as_u16(), error_code(&resp)), (422, "spec_violation"), "{resp:#}");
+    assert!(resp["error"]["message"].as_str().unwrap().contains("quorum role"), "{resp:#}");
+
     // Scale to five: every config lists five, one leader, the znode is
     // readable from a new member.
     env.run_ok("/clusters/zk/scale", Some(json!({"role": "server", "add": 2}))).await;
