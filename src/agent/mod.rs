@@ -83,5 +83,6 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         tracing::info!("stopping every instance before exit");
         node.stop_all().await;
     }
+    node.processes.remove_empty_bases();
     Ok(())
 }

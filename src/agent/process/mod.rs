@@ -140,6 +140,23 @@ impl ProcessController {
         self.limits.is_ok()
     }
 
+    /// Removes this node's own cgroup directories (`flotilla/<node>` in each
+    /// hierarchy) when nothing is left in them: at agent exit, so a stopped
+    /// agent leaves no directory behind. A directory that still holds an
+    /// instance's cgroup is kept (rmdir refuses), so running instances lose
+    /// nothing.
+    pub fn remove_empty_bases(&self) {
+        let mut bases: Vec<PathBuf> = self.limits.as_ref().map(|l| l.bases()).unwrap_or_default();
+        bases.extend(self.cgroups.as_ref().map(|c| c.base().to_path_buf()));
+        for b in bases {
+            match std::fs::remove_dir(&b) {
+                Ok(()) => tracing::debug!(cgroup = %b.display(), "removed the node's cgroup directory"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::debug!(cgroup = %b.display(), error = %e, "kept the node's cgroup directory"),
+            }
+        }
+    }
+
     /// The limit cgroup directories of `instance` (existing or not); empty
     /// when limits are not enforced.
     pub fn limit_cgroups_of(&self, instance: &InstanceId) -> Vec<PathBuf> {
