@@ -200,8 +200,8 @@ impl OperationContext for ClusterOps {
             Action::Stop(ids) => self.on_each_checked(ids, |_| Ok(InstanceCmd::Stop)).await,
             Action::DeleteOnAgent(ids) => self.delete_on_agents(ids).await,
             Action::Hook { hook, ids } => self.hook(*hook, ids).await,
-            Action::Reconfigure { ids, batch } => self.reconfigure(ids, *batch).await,
-            Action::Roll { ids, batch } => self.roll(ids, *batch).await,
+            Action::Reconfigure(r) => self.reconfigure(r).await,
+            Action::Roll(r) => self.roll(r).await,
             Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => self.define(action).await,
         }
     }
@@ -307,9 +307,9 @@ impl OperationContext for ClusterOps {
             Action::Start(_) => base + start,
             Action::Hook { .. } => (base + hook) * spec.roles_by_order().len() as u32,
             // Per batch: a reload (hook + health) or a restart (stop + start).
-            Action::Reconfigure { ids, batch } => base + (base + stop + start + hook) * batches(ids, *batch),
+            Action::Reconfigure(r) => base + (base + stop + start + hook) * batches(&r.ids, r.batch),
             // Per batch: stop, install, start.
-            Action::Roll { ids, batch } => base + (base * 2 + stop + start) * batches(ids, *batch),
+            Action::Roll(r) => base + (base * 2 + stop + start) * batches(&r.ids, r.batch),
             _ => base,
         }
     }

@@ -10,9 +10,9 @@ use super::cluster::{ClusterActor, OpRequest, Prepared, group_by_order};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
-use crate::operations::{self};
+use crate::operations::{self, Rolling};
 use crate::spec::ComponentSpec;
-use crate::storage::records::{ClusterStatus, InstanceRecord, Limits, OperationKind, PackageRef};
+use crate::storage::records::{ClusterStatus, DesiredState, InstanceRecord, Limits, OperationKind, PackageRef};
 
 /// The most instances a rolling operation touches at once.
 pub const MAX_BATCH: usize = 64;
@@ -80,7 +80,7 @@ impl ClusterActor {
                     pending,
                     ..simple(
                         OperationKind::ScaleOut,
-                        operations::scale::scale_out(&new, &all, 1),
+                        operations::scale::scale_out(&new, self.rolling(&all, 1)),
                         Some(ClusterStatus::Active),
                     )
                 }
@@ -100,7 +100,7 @@ impl ClusterActor {
                     params,
                     ..simple(
                         OperationKind::ScaleIn,
-                        operations::scale::scale_in(&removed, &remaining, 1),
+                        operations::scale::scale_in(&removed, self.rolling(&remaining, 1)),
                         Some(ClusterStatus::Active),
                     )
                 }
@@ -115,7 +115,7 @@ impl ClusterActor {
                     params,
                     ..simple(
                         OperationKind::Reconfigure,
-                        operations::change::reconfigure(old, new, &all, batch),
+                        operations::change::reconfigure(old, new, self.rolling(&all, batch)),
                         Some(ClusterStatus::Active),
                     )
                 }
@@ -132,7 +132,7 @@ impl ClusterActor {
                     params,
                     ..simple(
                         OperationKind::Upgrade,
-                        operations::change::upgrade(old, new, &all, batch),
+                        operations::change::upgrade(old, new, self.rolling(&all, batch)),
                         Some(ClusterStatus::Active),
                     )
                 }
@@ -153,12 +153,24 @@ impl ClusterActor {
                     params,
                     ..simple(
                         OperationKind::Resize,
-                        operations::change::resize(&role, old, Some(limits), &ids, batch),
+                        operations::change::resize(&role, old, Some(limits), self.rolling(&ids, batch)),
                         Some(ClusterStatus::Active),
                     )
                 }
             }
         })
+    }
+
+    /// `ids` for a rolling action: those the operator wants running now
+    /// must be running when it is done.
+    fn rolling(&self, ids: &[InstanceId], batch: usize) -> Rolling {
+        let state = self.shared.read_model.read();
+        let running = ids
+            .iter()
+            .filter(|id| state.instances.get(*id).is_some_and(|i| i.desired == DesiredState::Running))
+            .cloned()
+            .collect();
+        Rolling { ids: ids.to_vec(), batch, running }
     }
 
     fn members(&self) -> Vec<InstanceRecord> {

@@ -11,9 +11,9 @@ use futures::future::join_all;
 use super::cluster_ops::{ClusterOps, ok};
 use super::instance::{InstanceCmd, InstanceOutcome};
 use crate::ids::InstanceId;
-use crate::operations::{Hook, StepFailure};
+use crate::operations::{Hook, Rolling, StepFailure};
 use crate::spec::RoleSpec;
-use crate::storage::records::{DesiredState, InstanceRecord, InstanceResult};
+use crate::storage::records::{InstanceRecord, InstanceResult, InstanceStatus};
 
 impl ClusterOps {
     /// Runs `cmd_for(id)` on every instance in parallel; every outcome.
@@ -83,9 +83,9 @@ impl ClusterOps {
         let role = current.spec.role(&inst.role).ok_or_else(|| format!("role {} not in spec", inst.role))?;
         let members = state.cluster_instances(&self.cluster_name());
         let core = self.core.borrow();
-        let files = super::render::files(&current.spec, role, &core.record, &members, inst, &state)
+        let (files, env) = super::render::files_and_env(&current.spec, role, &core.record, &members, inst, &state)
             .map_err(|e| format!("rendering {id}: {e}"))?;
-        Ok(InstanceCmd::WriteFiles(files))
+        Ok(InstanceCmd::WriteFiles { files, env })
     }
 
     pub(super) fn start_cmd(&self, id: &InstanceId) -> Result<InstanceCmd, String> {
@@ -122,28 +122,22 @@ impl ClusterOps {
         Ok(results)
     }
 
-    /// Writes the re-rendered files of every instance; then the running ones
-    /// whose files changed reload (the role's `reload` hook, then a health
-    /// check) or restart (stop, start, health), `batch` at a time. The rest
-    /// are not touched.
-    pub(super) async fn reconfigure(
-        &self,
-        ids: &[InstanceId],
-        batch: usize,
-    ) -> Result<Vec<InstanceResult>, StepFailure> {
-        let written = self.on_each(ids, |id| self.render_files(id)).await;
-        let mut results: Vec<InstanceResult> = Vec::new();
-        let mut changed = Vec::new();
-        for o in written {
-            let running = self.record_of(&o.result.instance).is_ok_and(|r| r.desired == DesiredState::Running);
-            if o.result.ok && !o.changed.is_empty() && running {
-                changed.push(o.result.instance.clone());
-            }
-            results.push(o.result);
-        }
-        let results = checked(results)?;
+    /// Writes the re-rendered files of every instance; then each instance
+    /// that must run and owes a restart (its files changed while it ran,
+    /// now or in an attempt a master restart interrupted: `pending_restart`
+    /// is durable) or is found stopped (a restart interrupted half-way)
+    /// reloads or restarts, `batch` at a time. The rest are not touched.
+    pub(super) async fn reconfigure(&self, r: &Rolling) -> Result<Vec<InstanceResult>, StepFailure> {
+        let written = self.on_each(&r.ids, |id| self.render_files(id)).await;
+        let results = checked(written.into_iter().map(|o| o.result).collect())?;
+        let todo: Vec<InstanceId> = r
+            .running
+            .iter()
+            .filter(|id| self.record_of(id).is_ok_and(|i| i.pending_restart || i.status != InstanceStatus::Running))
+            .cloned()
+            .collect();
         let mut applied = Vec::new();
-        for chunk in changed.chunks(batch.max(1)) {
+        for chunk in todo.chunks(r.batch.max(1)) {
             let outcomes = join_all(chunk.iter().map(|id| self.reload_or_restart(id))).await;
             applied.extend(outcomes);
             if applied.iter().any(|r| !r.ok) {
@@ -156,42 +150,52 @@ impl ClusterOps {
     }
 
     async fn reload_or_restart(&self, id: &InstanceId) -> InstanceResult {
-        let role = match self.role_of(id) {
-            Ok(r) => r,
-            Err(e) => return InstanceResult::failed(id, e),
+        let (role, inst) = match (self.role_of(id), self.record_of(id)) {
+            (Ok(r), Ok(i)) => (r, i),
+            (Err(e), _) | (_, Err(e)) => return InstanceResult::failed(id, e),
         };
         let Some(handle) = self.core.borrow().instances.get(id).cloned() else {
             return InstanceResult::failed(id, format!("instance {id} is not part of this cluster"));
         };
-        let steps = match &role.reload {
-            Some(argv) => vec![
-                InstanceCmd::RunHook { hook: "reload", argv: argv.clone(), timeout: role.hook_timeout },
-                InstanceCmd::CheckHealth { timeout: role.start_timeout },
-            ],
-            None => vec![InstanceCmd::Stop, InstanceCmd::Start { wait: role.start_timeout }],
+        let start = InstanceCmd::Start { wait: role.start_timeout };
+        let (steps, how) = match &role.reload {
+            // Found stopped (a restart cut short): starting it loads the files.
+            _ if inst.status != InstanceStatus::Running => (vec![start], "started"),
+            Some(argv) => (
+                vec![
+                    InstanceCmd::RunHook { hook: "reload", argv: argv.clone(), timeout: role.hook_timeout },
+                    InstanceCmd::CheckHealth { timeout: role.start_timeout },
+                ],
+                "reloaded",
+            ),
+            None => (vec![InstanceCmd::Stop, start], "restarted"),
         };
-        let how = if role.reload.is_some() { "reloaded" } else { "restarted" };
         in_sequence(&handle, steps, format!("{how} with its new files")).await
     }
 
     /// Brings each instance in line with the cluster's package version and
-    /// its role's limits: stop, install, start (if it ran), `batch` at a
-    /// time. Instances already in line are skipped.
-    pub(super) async fn roll(&self, ids: &[InstanceId], batch: usize) -> Result<Vec<InstanceResult>, StepFailure> {
+    /// its role's limits: stop, install, start (if it must run), `batch` at
+    /// a time. An instance already in line is skipped, or started if it
+    /// must run and is found stopped (a replace cut short: the undo of a
+    /// failed install, or a step run again after a master restart).
+    pub(super) async fn roll(&self, r: &Rolling) -> Result<Vec<InstanceResult>, StepFailure> {
         let current = self.current().map_err(super::cluster_ops::fail)?;
         let mut results = Vec::new();
         let mut todo = Vec::new();
-        for id in ids {
+        for id in &r.ids {
             let inst = self.record_of(id).map_err(super::cluster_ops::fail)?;
             let target = super::render::target(&current.spec, &self.core.borrow().record, &inst);
-            if inst.applied.as_ref() == Some(&target) {
-                results.push(ok(id, format!("already at {} with these limits", target.package_version)));
+            let must_run = r.running.contains(id);
+            if inst.applied.as_ref() != Some(&target) {
+                todo.push((id.clone(), must_run, true));
+            } else if must_run && inst.status != InstanceStatus::Running {
+                todo.push((id.clone(), true, false));
             } else {
-                todo.push((id.clone(), inst.desired == DesiredState::Running));
+                results.push(ok(id, format!("already at {} with these limits", target.package_version)));
             }
         }
-        for chunk in todo.chunks(batch.max(1)) {
-            let outcomes = join_all(chunk.iter().map(|(id, running)| self.replace(id, *running))).await;
+        for chunk in todo.chunks(r.batch.max(1)) {
+            let outcomes = join_all(chunk.iter().map(|(id, run, install)| self.replace(id, *run, *install))).await;
             results.extend(outcomes);
             if results.iter().any(|r| !r.ok) {
                 break;
@@ -200,23 +204,30 @@ impl ClusterOps {
         checked(results)
     }
 
-    async fn replace(&self, id: &InstanceId, was_running: bool) -> InstanceResult {
+    /// Stop, install (unless `install` is false: only a start is owed),
+    /// start when it must run.
+    async fn replace(&self, id: &InstanceId, must_run: bool, install: bool) -> InstanceResult {
         let Some(handle) = self.core.borrow().instances.get(id).cloned() else {
             return InstanceResult::failed(id, format!("instance {id} is not part of this cluster"));
         };
-        let mut steps = vec![InstanceCmd::Stop];
-        match self.render_install(id) {
-            Ok(cmd) => steps.push(cmd),
-            Err(e) => return InstanceResult::failed(id, e),
+        let mut steps = Vec::new();
+        if install {
+            steps.push(InstanceCmd::Stop);
+            match self.render_install(id) {
+                Ok(cmd) => steps.push(cmd),
+                Err(e) => return InstanceResult::failed(id, e),
+            }
         }
-        if was_running {
+        if must_run {
             match self.start_cmd(id) {
                 Ok(cmd) => steps.push(cmd),
                 Err(e) => return InstanceResult::failed(id, e),
             }
         }
         let version = self.core.borrow().record.package.version.clone();
-        in_sequence(&handle, steps, format!("replaced by version {version}")).await
+        let done =
+            if install { format!("replaced by version {version}") } else { "started again (found stopped)".into() };
+        in_sequence(&handle, steps, done).await
     }
 
     /// Removes the instances from their agents. Under a force delete, an

@@ -35,7 +35,11 @@ pub enum InstanceCmd {
         wait: Duration,
     },
     Stop,
-    WriteFiles(Vec<RenderedFile>),
+    /// Re-rendered files and environment.
+    WriteFiles {
+        files: Vec<RenderedFile>,
+        env: Vec<(String, String)>,
+    },
     Delete,
     RunHook {
         hook: &'static str,
@@ -53,7 +57,7 @@ impl InstanceCmd {
             InstanceCmd::Install(_) => "install",
             InstanceCmd::Start { .. } => "start",
             InstanceCmd::Stop => "stop",
-            InstanceCmd::WriteFiles(_) => "write files",
+            InstanceCmd::WriteFiles { .. } => "write files",
             InstanceCmd::Delete => "delete",
             InstanceCmd::RunHook { hook, .. } => hook,
             InstanceCmd::CheckHealth { .. } => "health check",
@@ -209,7 +213,9 @@ impl Env {
             InstanceCmd::Start { .. } => (Some(InstanceStatus::Starting), Some(DesiredState::Running)),
             InstanceCmd::Stop => (Some(InstanceStatus::Stopping), Some(DesiredState::Stopped)),
             InstanceCmd::Delete => (Some(InstanceStatus::Deleting), Some(DesiredState::Deleted)),
-            InstanceCmd::WriteFiles(_) | InstanceCmd::RunHook { .. } | InstanceCmd::CheckHealth { .. } => (None, None),
+            InstanceCmd::WriteFiles { .. } | InstanceCmd::RunHook { .. } | InstanceCmd::CheckHealth { .. } => {
+                (None, None)
+            }
         };
         // Intent first: a new generation, durable before the agent hears of
         // it. A health check changes nothing, so it carries no generation.
@@ -255,8 +261,9 @@ impl Env {
                         link.call_within(AgentRequest::Start { instance, generation }, "Start", wait).await
                     }
                     InstanceCmd::Stop => link.call(AgentRequest::Stop { instance, generation }, "Stop").await,
-                    InstanceCmd::WriteFiles(files) => {
-                        link.call(AgentRequest::WriteFiles { instance, generation, files }, "WriteFiles").await
+                    InstanceCmd::WriteFiles { files, env } => {
+                        let req = AgentRequest::WriteFiles { instance, generation, files, env: Some(env) };
+                        link.call(req, "WriteFiles").await
                     }
                     InstanceCmd::Delete => link.call(AgentRequest::Delete { instance, generation }, "Delete").await,
                     InstanceCmd::RunHook { hook, argv, timeout } => {
@@ -287,22 +294,37 @@ impl Env {
         applied: Option<Applied>,
     ) -> InstanceOutcome {
         let mut out = InstanceOutcome::from(InstanceResult::ok(id, ""));
+        // Whether a reload or restart is owed now: set when files changed
+        // under a running process, cleared when a process (re)loads them.
+        let mut pending_restart = None;
         // (new status, new pid, message)
         let (status, pid, message) = match resp {
             AgentResponse::InstallResult { files_written } => {
                 (Some(InstanceStatus::Installed), None, format!("installed ({files_written} files written)"))
             }
-            AgentResponse::Started { pid, already_running } => (
-                Some(InstanceStatus::Running),
-                Some(Some(pid)),
-                if already_running { format!("already running as pid {pid}") } else { format!("started as pid {pid}") },
-            ),
+            AgentResponse::Started { pid, already_running } => {
+                if !already_running {
+                    pending_restart = Some(false);
+                }
+                (
+                    Some(InstanceStatus::Running),
+                    Some(Some(pid)),
+                    if already_running {
+                        format!("already running as pid {pid}")
+                    } else {
+                        format!("started as pid {pid}")
+                    },
+                )
+            }
             AgentResponse::Stopped { was_running } => (
                 Some(InstanceStatus::Stopped),
                 Some(None),
                 if was_running { "stopped".into() } else { "was not running".into() },
             ),
             AgentResponse::FilesWritten { changed } => {
+                if !changed.is_empty() && self.record.borrow().status == InstanceStatus::Running {
+                    pending_restart = Some(true);
+                }
                 let m = if changed.is_empty() {
                     "no file changed".into()
                 } else {
@@ -315,6 +337,9 @@ impl Env {
                 (Some(InstanceStatus::Deleting), Some(None), "deleted from its node".into())
             }
             AgentResponse::HookDone { exit_code, stdout_tail, stderr_tail } => {
+                if verb == "reload" {
+                    pending_restart = Some(false);
+                }
                 out.result.exit_code = Some(exit_code);
                 out.result.stdout_tail = stdout_tail;
                 out.result.stderr_tail = stderr_tail;
@@ -337,6 +362,9 @@ impl Env {
                 }
                 if applied.is_some() {
                     r.applied = applied;
+                }
+                if let Some(p) = pending_restart {
+                    r.pending_restart = p;
                 }
                 r.last_error = None;
             })

@@ -68,17 +68,17 @@ pub fn context(
     }
 }
 
-/// The rendered files of one instance.
-pub fn files(
+/// The rendered files and environment of one instance.
+pub fn files_and_env(
     spec: &ComponentSpec,
     role: &RoleSpec,
     cluster: &ClusterRecord,
     members: &[InstanceRecord],
     inst: &InstanceRecord,
     state: &State,
-) -> Result<Vec<RenderedFile>, Error> {
+) -> Result<(Vec<RenderedFile>, Vec<(String, String)>), Error> {
     let ctx = context(spec, cluster, members, inst, state);
-    Ok(crate::spec::render::render_files(role, &ctx)?)
+    Ok((crate::spec::render::render_files(role, &ctx)?, crate::spec::render::render_env(role, &ctx)?))
 }
 
 /// The full install payload of one instance: process spec with rendered env, files.

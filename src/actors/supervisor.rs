@@ -224,6 +224,7 @@ pub fn place_instances(
             dir,
             last_error: None,
             applied: None,
+            pending_restart: false,
         });
     }
     Ok(out)

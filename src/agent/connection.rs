@@ -280,8 +280,8 @@ async fn handle(
             let work = tracing::Instrument::instrument(
                 async move {
                     let resp = match other {
-                        AgentRequest::WriteFiles { instance, generation, files } => {
-                            node.write_files(&instance, generation, files).await
+                        AgentRequest::WriteFiles { instance, generation, files, env } => {
+                            node.write_files(&instance, generation, files, env).await
                         }
                         AgentRequest::Start { instance, generation } => node.start(&instance, generation).await,
                         AgentRequest::Stop { instance, generation } => node.stop(&instance, generation).await,

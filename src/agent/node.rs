@@ -307,7 +307,16 @@ impl Node {
         AgentResponse::InstallResult { files_written }
     }
 
-    pub async fn write_files(&self, id: &InstanceId, generation: u64, files: Vec<RenderedFile>) -> AgentResponse {
+    /// The name reported among the changed files when the environment changed.
+    pub const ENV_CHANGED: &'static str = "(environment)";
+
+    pub async fn write_files(
+        &self,
+        id: &InstanceId,
+        generation: u64,
+        files: Vec<RenderedFile>,
+        env: Option<Vec<(String, String)>>,
+    ) -> AgentResponse {
         let slot = self.slot(id);
         let mut guard = slot.record.lock().await;
         let Some(rec) = guard.as_mut() else {
@@ -323,7 +332,7 @@ impl Node {
         let dir = self.instance_dir(id);
         let f = files.clone();
         let written = tokio::task::spawn_blocking(move || write_rendered_files(&dir, &f, owner)).await;
-        let changed = match written {
+        let mut changed = match written {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
                 return failure(
@@ -335,6 +344,12 @@ impl Node {
         };
         rec.generation = generation;
         rec.file_hashes.extend(hashes(&files));
+        if let Some(env) = env
+            && env != rec.process.env
+        {
+            rec.process.env = env;
+            changed.push(Self::ENV_CHANGED.to_string());
+        }
         let r = rec.clone();
         if let Err(e) = self.persist(&r).await {
             return failure(FailureKind::Internal, e);

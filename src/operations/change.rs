@@ -13,39 +13,26 @@
 
 use std::collections::BTreeMap;
 
-use super::{Action, Plan, Step};
-use crate::ids::InstanceId;
+use super::{Action, Plan, Rolling, Step};
 use crate::storage::records::{ClusterStatus, ConfigValue, Limits, PackageRef};
 
 /// New config values: re-render every instance's files; changed instances
 /// reload or restart, `batch` at a time.
-pub fn reconfigure(
-    old: BTreeMap<String, ConfigValue>,
-    new: BTreeMap<String, ConfigValue>,
-    all: &[InstanceId],
-    batch: usize,
-) -> Plan {
-    let apply = |ids: &[InstanceId]| Action::Reconfigure { ids: ids.to_vec(), batch };
-    two_steps(
-        ("set-config", ClusterStatus::Reconfiguring, Action::SetConfig(new), Action::SetConfig(old)),
-        ("reconfigure", apply(all)),
-    )
+pub fn reconfigure(old: BTreeMap<String, ConfigValue>, new: BTreeMap<String, ConfigValue>, all: Rolling) -> Plan {
+    let define = ("set-config", ClusterStatus::Reconfiguring, Action::SetConfig(new), Action::SetConfig(old));
+    two_steps(define, ("reconfigure", Action::Reconfigure(all)))
 }
 
 /// A new package version: every instance replaced, keeping its data.
-pub fn upgrade(old: PackageRef, new: PackageRef, all: &[InstanceId], batch: usize) -> Plan {
-    let roll = Action::Roll { ids: all.to_vec(), batch };
-    two_steps(
-        ("set-version", ClusterStatus::Upgrading, Action::SetPackage(new), Action::SetPackage(old)),
-        ("upgrade", roll),
-    )
+pub fn upgrade(old: PackageRef, new: PackageRef, all: Rolling) -> Plan {
+    let define = ("set-version", ClusterStatus::Upgrading, Action::SetPackage(new), Action::SetPackage(old));
+    two_steps(define, ("upgrade", Action::Roll(all)))
 }
 
 /// New limits for `role`: its instances restarted with them, `batch` at a time.
-pub fn resize(role: &str, old: Option<Limits>, new: Option<Limits>, ids: &[InstanceId], batch: usize) -> Plan {
+pub fn resize(role: &str, old: Option<Limits>, new: Option<Limits>, instances: Rolling) -> Plan {
     let set = |limits| Action::SetLimits { role: role.to_string(), limits };
-    let roll = Action::Roll { ids: ids.to_vec(), batch };
-    two_steps(("set-limits", ClusterStatus::Scaling, set(new), set(old)), ("resize", roll))
+    two_steps(("set-limits", ClusterStatus::Scaling, set(new), set(old)), ("resize", Action::Roll(instances)))
 }
 
 fn two_steps(define: (&str, ClusterStatus, Action, Action), apply: (&str, Action)) -> Plan {
@@ -61,16 +48,17 @@ fn two_steps(define: (&str, ClusterStatus, Action, Action), apply: (&str, Action
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::InstanceId;
 
     #[test]
     fn upgrade_undo_restores_the_version_then_rolls_back() {
         let a = vec![InstanceId::new("a"), InstanceId::new("b")];
         let old = PackageRef { name: "zk".into(), version: "1".into() };
         let new = PackageRef { name: "zk".into(), version: "2".into() };
-        let p = upgrade(old.clone(), new.clone(), &a, 1);
+        let p = upgrade(old.clone(), new.clone(), Rolling::all_running(&a, 1));
         assert_eq!(p.steps.len(), 2);
         assert_eq!(p.steps[0].action, Action::SetPackage(new));
-        assert_eq!(p.steps[0].undo, vec![Action::SetPackage(old), Action::Roll { ids: a.clone(), batch: 1 }]);
+        assert_eq!(p.steps[0].undo, vec![Action::SetPackage(old), Action::Roll(Rolling::all_running(&a, 1))]);
         assert!(p.steps[1].reversible && p.steps[1].undo.is_empty());
     }
 }

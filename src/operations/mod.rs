@@ -66,21 +66,18 @@ pub enum Action {
     /// Re-render and write the config files of these instances. Nothing is
     /// restarted (used before a first start).
     WriteFiles(Vec<InstanceId>),
-    /// Re-render and write the files; then every running instance whose
-    /// files changed runs its role's `reload` hook, or is restarted, `batch`
-    /// instances at a time, waiting for health between batches. Unchanged
-    /// instances are not touched.
-    Reconfigure {
-        ids: Vec<InstanceId>,
-        batch: usize,
-    },
+    /// Re-render and write the files (and environment); then every instance
+    /// of `running` whose files changed (or that a previous attempt left
+    /// stopped) runs its role's `reload` hook, or is restarted, `batch`
+    /// instances at a time, waiting for health between batches. The others
+    /// are not touched.
+    Reconfigure(Rolling),
     /// Brings each instance in line with the cluster's current package
-    /// version and its role's limits (see `Applied`): stop, install, start,
-    /// health, `batch` at a time. Instances already in line are skipped.
-    Roll {
-        ids: Vec<InstanceId>,
-        batch: usize,
-    },
+    /// version and its role's limits (see `Applied`): stop, install, start
+    /// (if it is in `running`), health, `batch` at a time. Instances already
+    /// in line are skipped, except that one of `running` found stopped (a
+    /// replace interrupted half-way) is started.
+    Roll(Rolling),
     /// Runs a hook on the instances whose role defines it: equal role order
     /// in parallel, orders in sequence.
     Hook {
@@ -117,8 +114,8 @@ impl Action {
             | Action::DeleteOnAgent(v)
             | Action::Allocate(v)
             | Action::Forget(v)
-            | Action::Reconfigure { ids: v, .. }
-            | Action::Roll { ids: v, .. }
+            | Action::Reconfigure(Rolling { ids: v, .. })
+            | Action::Roll(Rolling { ids: v, .. })
             | Action::Hook { ids: v, .. } => v,
             Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => &[],
         }
@@ -130,6 +127,25 @@ impl Action {
             Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => false,
             _ => self.instances().is_empty(),
         }
+    }
+}
+
+/// The instances a rolling action touches, how many at a time, and which of
+/// them must be running when it is done. `running` is decided when the plan
+/// is made and journaled with it, so a step that runs again after a master
+/// restart, or an undo after a half-done replace, never mistakes an instance
+/// the action stopped itself for one the operator stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rolling {
+    pub ids: Vec<InstanceId>,
+    pub batch: usize,
+    pub running: Vec<InstanceId>,
+}
+
+impl Rolling {
+    /// Every one of `ids` runs.
+    pub fn all_running(ids: &[InstanceId], batch: usize) -> Rolling {
+        Rolling { ids: ids.to_vec(), batch, running: ids.to_vec() }
     }
 }
 

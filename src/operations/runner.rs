@@ -112,6 +112,12 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
     // actions are idempotent, so undoing what never happened is harmless.
     let mut undone = true;
     for i in (0..=failed_at).rev() {
+        // Past a completed step that cannot be put back (data deleted, a
+        // create's install kept for the operator), undoing older steps
+        // would act on a world that is no longer theirs: stop there.
+        if i < failed_at && !plan.steps[i].reversible {
+            break;
+        }
         if plan.steps[i].undo.is_empty() || record.steps[i].status == StepStatus::Undone {
             continue;
         }

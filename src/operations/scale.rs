@@ -4,10 +4,12 @@
 //! instances are allocated, installed, initialised (`init`) and started
 //! (health-gated); then the existing members get the new membership
 //! (re-rendered files; reload or a rolling restart of the changed ones) and
-//! run the `scale_out` hook. Every step is covered by an undo, so a failure
-//! puts the cluster back as it was: the new instances are stopped, removed
-//! from their agents and forgotten (ports released, ordinals not reused),
-//! and the existing members get the old membership back the same way.
+//! run the `scale_out` hook. Every step up to the hook is covered by an
+//! undo, so a failure puts the cluster back as it was: the new instances are
+//! stopped, removed from their agents and forgotten (ports released,
+//! ordinals not reused), and the existing members get the old membership
+//! back the same way. A failing `scale_out` hook is unwound the same way but
+//! reported as a failure: what it did on the members cannot be undone.
 //!
 //! Scale in: `Scaling → Decommissioning → DeletingInstances → Configuring →
 //! Active`. The `scale_in` hook runs on the remaining members first; a
@@ -15,14 +17,15 @@
 //! decommissioning (stopping) can be undone; once an instance's directory
 //! is deleted its data is gone, so later failures are reported as they are.
 
-use super::{Action, Hook, Plan, Step};
+use super::{Action, Hook, Plan, Rolling, Step};
 use crate::ids::InstanceId;
 use crate::storage::records::ClusterStatus;
 
 /// `new`: the new instances by role order; `existing`: every current member.
-pub fn scale_out(new: &[(i32, Vec<InstanceId>)], existing: &[InstanceId], batch: usize) -> Plan {
+pub fn scale_out(new: &[(i32, Vec<InstanceId>)], existing: Rolling) -> Plan {
     let all_new: Vec<InstanceId> = new.iter().flat_map(|(_, ids)| ids.iter().cloned()).collect();
-    let reconfigure = Action::Reconfigure { ids: existing.to_vec(), batch };
+    let existing_ids = existing.ids.clone();
+    let reconfigure = Action::Reconfigure(existing);
     let mut p = Plan::default();
     p.push(Step::new(
         "allocate",
@@ -42,17 +45,20 @@ pub fn scale_out(new: &[(i32, Vec<InstanceId>)], existing: &[InstanceId], batch:
     // Covered: the allocate step's undo forgets the new members and then
     // reconfigures the existing ones from the old membership.
     p.push(Step::new("configure", Some(ClusterStatus::Configuring), reconfigure, vec![]).covered_by_earlier_undo());
-    let hook = Action::Hook { hook: Hook::ScaleOut, ids: existing.to_vec() };
-    p.push(Step::new("scale-out-hook", None, hook, vec![]).covered_by_earlier_undo());
+    // Not reversible: what the hook did on the existing members stays. A
+    // failure here still removes the new members (the earlier undos), and
+    // the operation says it failed rather than claiming a rollback.
+    let hook = Action::Hook { hook: Hook::ScaleOut, ids: existing_ids };
+    p.push(Step::new("scale-out-hook", None, hook, vec![]));
     p
 }
 
 /// `removed`: the instances to remove by role order; `remaining`: members after.
-pub fn scale_in(removed: &[(i32, Vec<InstanceId>)], remaining: &[InstanceId], batch: usize) -> Plan {
+pub fn scale_in(removed: &[(i32, Vec<InstanceId>)], remaining: Rolling) -> Plan {
     let all: Vec<InstanceId> = removed.iter().flat_map(|(_, ids)| ids.iter().cloned()).collect();
     let mut p = Plan::default();
     // Changes nothing that needs undoing; a non-zero exit is the veto.
-    let hook = Action::Hook { hook: Hook::ScaleIn, ids: remaining.to_vec() };
+    let hook = Action::Hook { hook: Hook::ScaleIn, ids: remaining.ids.clone() };
     p.push(Step::new("scale-in-hook", Some(ClusterStatus::Scaling), hook, vec![]).covered_by_earlier_undo());
     for (i, (order, ids)) in removed.iter().rev().enumerate() {
         p.push(Step::new(
@@ -70,8 +76,7 @@ pub fn scale_in(removed: &[(i32, Vec<InstanceId>)], remaining: &[InstanceId], ba
         vec![],
     ));
     p.push(Step::new("forget", None, Action::Forget(all), vec![]));
-    let reconfigure = Action::Reconfigure { ids: remaining.to_vec(), batch };
-    p.push(Step::new("configure", Some(ClusterStatus::Configuring), reconfigure, vec![]));
+    p.push(Step::new("configure", Some(ClusterStatus::Configuring), Action::Reconfigure(remaining), vec![]));
     p
 }
 
@@ -85,18 +90,19 @@ mod tests {
 
     #[test]
     fn scale_out_undo_forgets_then_rerenders_the_old_members() {
-        let p = scale_out(&[(0, vec![id("n4"), id("n5")])], &[id("e1")], 1);
+        let p = scale_out(&[(0, vec![id("n4"), id("n5")])], Rolling::all_running(&[id("e1")], 1));
         let names: Vec<_> = p.steps.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["allocate", "install", "init", "start-order-0", "configure", "scale-out-hook"]);
-        let old_members = Action::Reconfigure { ids: vec![id("e1")], batch: 1 };
+        let old_members = Action::Reconfigure(Rolling::all_running(&[id("e1")], 1));
         assert_eq!(p.steps[0].undo, vec![Action::Forget(vec![id("n4"), id("n5")]), old_members.clone()]);
         assert_eq!(p.steps[4].action, old_members);
-        assert!(p.steps.iter().all(|s| s.reversible));
+        assert!(p.steps[..5].iter().all(|s| s.reversible));
+        assert!(!p.steps[5].reversible, "a hook's effects cannot be undone");
     }
 
     #[test]
     fn scale_in_stops_then_deletes_then_reconfigures_the_rest() {
-        let p = scale_in(&[(0, vec![id("x")])], &[id("a"), id("b")], 1);
+        let p = scale_in(&[(0, vec![id("x")])], Rolling::all_running(&[id("a"), id("b")], 1));
         let names: Vec<_> = p.steps.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["scale-in-hook", "decommission-order-0", "delete-instances", "forget", "configure"]);
         assert_eq!(p.steps[1].undo, vec![Action::Start(vec![id("x")])]);

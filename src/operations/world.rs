@@ -6,9 +6,11 @@
 //!
 //! The model keeps what an operator would check: the cluster's definition
 //! (version, config, limits), the master's members, and per instance on its
-//! agent the installed version and limits, the rendered files and whether
-//! it runs. An injected failure first applies the action to the first of its
-//! instances, like a real step that fails half-way.
+//! agent the installed version and limits, the rendered files, whether it
+//! runs, and which files its running process loaded (a restart or reload
+//! loads them). An injected failure first does half of the action to the
+//! first of its instances, like a real step that fails half-way: a rolling
+//! action leaves it stopped (mid-restart, mid-replace).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,6 +29,8 @@ pub struct OnAgent {
     pub limits: Option<Limits>,
     pub files: String,
     pub running: bool,
+    /// The files the running process started (or reloaded) with.
+    pub loaded: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -54,7 +58,13 @@ impl State {
         s.members = ids.iter().cloned().collect();
         let files = s.render();
         for id in ids {
-            let a = OnAgent { version: "1".into(), limits: None, files: files.clone(), running: true };
+            let a = OnAgent {
+                version: "1".into(),
+                limits: None,
+                files: files.clone(),
+                running: true,
+                loaded: files.clone(),
+            };
             s.agents.insert(id.clone(), a);
         }
         s
@@ -75,38 +85,60 @@ impl World {
 
     fn apply(&self, action: &Action, ids: &[InstanceId]) -> Result<(), String> {
         let mut s = self.state.borrow_mut();
+        let should_run = |id: &InstanceId| match action {
+            Action::Reconfigure(r) | Action::Roll(r) => r.running.contains(id),
+            _ => false,
+        };
         for id in ids {
+            let render = s.render();
+            let (version, limits) = (s.version.clone(), s.limits);
             match action {
                 Action::Allocate(_) => {
                     s.members.insert(id.clone());
+                    continue;
                 }
                 Action::Forget(_) => {
                     s.members.remove(id);
+                    continue;
                 }
                 Action::Install(_) => {
-                    let files = s.render();
-                    let a = OnAgent { version: s.version.clone(), limits: s.limits, files, running: false };
+                    let a = OnAgent { version, limits, files: render, running: false, loaded: String::new() };
                     s.agents.insert(id.clone(), a);
+                    continue;
                 }
                 Action::DeleteOnAgent(_) => {
                     s.agents.remove(id);
+                    continue;
                 }
-                Action::WriteFiles(_) | Action::Reconfigure { .. } => {
-                    let files = s.render();
-                    let a = s.agents.get_mut(id).ok_or(format!("{id} not installed"))?;
-                    a.files = files;
+                _ => {}
+            }
+            let a = s.agents.get_mut(id).ok_or(format!("{id} not installed"))?;
+            match action {
+                Action::WriteFiles(_) => a.files = render,
+                Action::Start(_) if !a.running => {
+                    a.running = true;
+                    a.loaded = a.files.clone();
                 }
-                Action::Start(_) => s.agents.get_mut(id).ok_or(format!("{id} not installed"))?.running = true,
-                Action::Stop(_) => s.agents.get_mut(id).ok_or(format!("{id} not installed"))?.running = false,
-                Action::Roll { .. } => {
-                    let (version, limits, files) = (s.version.clone(), s.limits, s.render());
-                    let a = s.agents.get_mut(id).ok_or(format!("{id} not installed"))?;
-                    if a.version != version || a.limits != limits {
-                        *a = OnAgent { version, limits, files, running: a.running };
+                Action::Start(_) | Action::Hook { .. } => {}
+                Action::Stop(_) => a.running = false,
+                Action::Reconfigure(_) => {
+                    a.files = render;
+                    if should_run(id) && (!a.running || a.loaded != a.files) {
+                        a.running = true;
+                        a.loaded = a.files.clone();
                     }
                 }
-                Action::Hook { .. } => {}
-                Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => unreachable!(),
+                Action::Roll(_) => {
+                    if a.version != version || a.limits != limits {
+                        let running = should_run(id);
+                        let loaded = if running { render.clone() } else { String::new() };
+                        *a = OnAgent { version, limits, files: render, running, loaded };
+                    } else if should_run(id) && !a.running {
+                        a.running = true;
+                        a.loaded = a.files.clone();
+                    }
+                }
+                _ => unreachable!("handled above"),
             }
         }
         match action {
@@ -117,6 +149,23 @@ impl World {
         }
         Ok(())
     }
+
+    /// Half of `action` on `id`: a rolling action stopped it and went no further.
+    fn half(&self, action: &Action, id: &InstanceId) -> Result<(), String> {
+        match action {
+            Action::Reconfigure(_) | Action::Roll(_) => {
+                let render = self.state.borrow().render();
+                let mut s = self.state.borrow_mut();
+                let a = s.agents.get_mut(id).ok_or(format!("{id} not installed"))?;
+                if matches!(action, Action::Reconfigure(_)) {
+                    a.files = render;
+                }
+                a.running = false;
+                Ok(())
+            }
+            _ => self.apply(action, std::slice::from_ref(id)),
+        }
+    }
 }
 
 impl OperationContext for World {
@@ -126,8 +175,11 @@ impl OperationContext for World {
         let ids = action.instances();
         let fail = |m: String| StepFailure { message: m, results: vec![] };
         if self.fail_at.get() == Some(n) {
-            // Half-way: the first instance got the action, then it failed.
-            self.apply(action, &ids[..ids.len().min(1)]).map_err(fail)?;
+            // Half-way: the first instance got part of the action, then it failed.
+            match ids.first() {
+                Some(first) => self.half(action, first).map_err(fail)?,
+                None => self.apply(action, ids).map_err(fail)?,
+            }
             return Err(fail(format!("injected failure at action {n}")));
         }
         self.apply(action, ids).map_err(fail)?;
@@ -203,8 +255,12 @@ pub fn all_in_line(s: &State) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operations::{change, create, delete, lifecycle, scale};
+    use crate::operations::{Rolling, change, create, delete, lifecycle, scale};
     use crate::storage::records::PackageRef;
+
+    fn rolling(ids: &[InstanceId]) -> Rolling {
+        Rolling::all_running(ids, 1)
+    }
 
     fn pkg(v: &str) -> PackageRef {
         PackageRef { name: "zk".into(), version: v.into() }
@@ -220,10 +276,10 @@ mod tests {
         let before = State::running(&three);
         let limits = Some(Limits { memory_bytes: Some(64 << 20), cpu: Some(0.5) });
         vec![
-            ("scale out", before.clone(), scale::scale_out(&[(0, ids(&["s4", "s5"]))], &three, 1)),
-            ("upgrade", before.clone(), change::upgrade(pkg("1"), pkg("2"), &three, 1)),
-            ("reconfigure", before.clone(), change::reconfigure(BTreeMap::new(), config(3000), &three, 1)),
-            ("resize", before.clone(), change::resize("server", None, limits, &three, 1)),
+            ("scale out", before.clone(), scale::scale_out(&[(0, ids(&["s4", "s5"]))], rolling(&three))),
+            ("upgrade", before.clone(), change::upgrade(pkg("1"), pkg("2"), rolling(&three))),
+            ("reconfigure", before.clone(), change::reconfigure(BTreeMap::new(), config(3000), rolling(&three))),
+            ("resize", before.clone(), change::resize("server", None, limits, rolling(&three))),
         ]
     }
 
@@ -232,8 +288,11 @@ mod tests {
         for (name, before, plan) in reversible_plans() {
             for (k, outcome, after) in fail_each_step(&before, &plan).await {
                 let step = &plan.steps[k].name;
+                // Everything is put back either way; only a step whose own
+                // effects cannot be undone (a hook) makes it an honest Failed.
+                let rolled_back = plan.steps[..=k].iter().all(|s| s.reversible);
                 assert!(
-                    matches!(outcome, Outcome::Failed { rolled_back: true, .. }),
+                    matches!(outcome, Outcome::Failed { rolled_back: r, undone: true, .. } if r == rolled_back),
                     "{name}, failing {step}: {outcome:?}"
                 );
                 assert_eq!(after, before, "{name}, failing {step}");
@@ -246,7 +305,7 @@ mod tests {
         let three = ids(&["s1", "s2", "s3"]);
         let before = State::running(&three);
         let mut plans = reversible_plans();
-        plans.push(("scale in", before.clone(), scale::scale_in(&[(0, ids(&["s3"]))], &ids(&["s1", "s2"]), 1)));
+        plans.push(("scale in", before.clone(), scale::scale_in(&[(0, ids(&["s3"]))], rolling(&ids(&["s1", "s2"])))));
         plans.push(("restart", before.clone(), lifecycle::restart(&[(0, three.clone())])));
         plans.push(("delete", before.clone(), delete::plan(&[(0, three.clone())], false)));
         let empty = State { version: "1".into(), ..State::default() };
@@ -262,9 +321,10 @@ mod tests {
     async fn the_changes_reach_every_instance() {
         let three = ids(&["s1", "s2", "s3"]);
         let before = State::running(&three);
-        let (after, _) = once_and_twice(&before, &change::upgrade(pkg("1"), pkg("2"), &three, 2)).await;
+        let two_at_a_time = Rolling { batch: 2, ..rolling(&three) };
+        let (after, _) = once_and_twice(&before, &change::upgrade(pkg("1"), pkg("2"), two_at_a_time)).await;
         assert!(after.agents.values().all(|a| a.version == "2" && a.running));
-        let (after, _) = once_and_twice(&before, &scale::scale_out(&[(0, ids(&["s4", "s5"]))], &three, 1)).await;
+        let (after, _) = once_and_twice(&before, &scale::scale_out(&[(0, ids(&["s4", "s5"]))], rolling(&three))).await;
         let files: BTreeSet<&String> = after.agents.values().map(|a| &a.files).collect();
         assert_eq!(files.len(), 1, "every member rendered from the same membership");
         assert!(files.iter().all(|f| f.contains("s5")));
@@ -275,7 +335,7 @@ mod tests {
     async fn scale_in_rolls_back_until_data_is_deleted_then_fails_honestly() {
         let three = ids(&["s1", "s2", "s3"]);
         let before = State::running(&three);
-        let plan = scale::scale_in(&[(0, ids(&["s3"]))], &ids(&["s1", "s2"]), 1);
+        let plan = scale::scale_in(&[(0, ids(&["s3"]))], rolling(&ids(&["s1", "s2"])));
         for (k, outcome, after) in fail_each_step(&before, &plan).await {
             let step = plan.steps[k].name.as_str();
             if matches!(step, "scale-in-hook" | "decommission-order-0") {

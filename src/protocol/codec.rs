@@ -190,7 +190,12 @@ mod tests {
             })),
             AgentRequest::InstallData { instance: inst(), seq: 3, bytes: vec![0, 1, 2, 255] },
             AgentRequest::InstallEnd { instance: inst() },
-            AgentRequest::WriteFiles { instance: inst(), generation: 8, files: vec![file] },
+            AgentRequest::WriteFiles {
+                instance: inst(),
+                generation: 8,
+                files: vec![file],
+                env: Some(vec![("JAVA_OPTS".into(), "-Xmx1g".into())]),
+            },
             AgentRequest::Start { instance: inst(), generation: 9 },
             AgentRequest::Stop { instance: inst(), generation: 10 },
             AgentRequest::Delete { instance: inst(), generation: 11 },

@@ -124,12 +124,15 @@ pub enum AgentRequest {
     InstallEnd {
         instance: InstanceId,
     },
-    /// Writes (re-rendered) files into an installed instance and reports which
-    /// of them changed. Does not restart anything.
+    /// Writes (re-rendered) files into an installed instance, and replaces
+    /// its environment when `env` is given (used at the next start), and
+    /// reports what changed (`(environment)` for the env). Does not restart
+    /// anything.
     WriteFiles {
         instance: InstanceId,
         generation: u64,
         files: Vec<RenderedFile>,
+        env: Option<Vec<(String, String)>>,
     },
     Start {
         instance: InstanceId,

@@ -14,8 +14,10 @@ use serde::de::DeserializeOwned;
 use super::keys::SCHEMA_VERSION_KEY;
 use super::{StorageError, codec};
 
-/// The schema version this release writes and reads.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The schema version this release writes and reads. 2: instance records
+/// carry what was applied, operations their plan, process specs health and
+/// limits. Version 1 was never released; it is refused, not migrated.
+pub const SCHEMA_VERSION: u32 = 2;
 
 fn cf_options() -> Options {
     let mut opts = Options::default();
@@ -37,8 +39,9 @@ pub fn open(dir: &Path, cfs: &[&str], meta_cf: &'static str) -> Result<Arc<DB>, 
     Ok(Arc::new(db))
 }
 
-/// Refuses a database whose schema is newer than `supported`; writes
-/// `supported` into a database that has no version yet.
+/// Refuses a database whose schema is not `supported` (a newer release's,
+/// or an older one this release cannot read); writes `supported` into a
+/// database that has no version yet.
 pub fn check_schema(db: &DB, meta_cf: &'static str, supported: u32) -> Result<(), StorageError> {
     let meta = db.cf_handle(meta_cf).ok_or(StorageError::UnknownColumnFamily { cf: meta_cf })?;
     match db.get_cf(meta, SCHEMA_VERSION_KEY).map_err(StorageError::Rocks)? {
@@ -46,6 +49,9 @@ pub fn check_schema(db: &DB, meta_cf: &'static str, supported: u32) -> Result<()
             let found: u32 = codec::decode(&bytes)?;
             if found > supported {
                 return Err(StorageError::SchemaTooNew { found, supported });
+            }
+            if found < supported {
+                return Err(StorageError::SchemaTooOld { found, supported });
             }
             Ok(())
         }

@@ -26,6 +26,11 @@ pub enum StorageError {
     /// The database was written by a newer release.
     #[error("the store has schema version {found}, this release supports up to {supported}")]
     SchemaTooNew { found: u32, supported: u32 },
+    /// The database was written by an older release this one cannot read.
+    #[error(
+        "the store has schema version {found}, written by an older pre-release; this release reads version {supported} only: move the data dir away and start afresh"
+    )]
+    SchemaTooOld { found: u32, supported: u32 },
     /// The writer thread is gone (it panicked or the store was closed).
     #[error("the storage writer is gone")]
     WriterGone,

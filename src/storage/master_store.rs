@@ -233,6 +233,11 @@ mod tests {
             }
             other => panic!("expected SchemaTooNew, got {other:?}"),
         }
+        set_schema_version(dir.path(), SCHEMA_VERSION - 1);
+        match MasterStore::open(dir.path()) {
+            Err(e @ StorageError::SchemaTooOld { .. }) => assert!(e.to_string().contains("start afresh"), "{e}"),
+            other => panic!("expected SchemaTooOld, got {other:?}"),
+        }
         set_schema_version(dir.path(), SCHEMA_VERSION);
         MasterStore::open(dir.path()).unwrap();
     }

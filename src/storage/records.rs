@@ -170,6 +170,10 @@ pub struct InstanceRecord {
     pub last_error: Option<String>,
     /// `None` until the first successful install.
     pub applied: Option<Applied>,
+    /// Its files (or environment) changed while it ran: a reload or restart
+    /// is owed. Durable, so a reconfiguration interrupted between writing
+    /// the files and restarting still restarts it when it runs again.
+    pub pending_restart: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -57,6 +57,7 @@ pub fn instance(cluster: &ClusterRecord, ordinal: u32) -> InstanceRecord {
             package_version: "3.8.0".into(),
             limits: Some(Limits { memory_bytes: Some(512 << 20), cpu: None }),
         }),
+        pending_restart: true,
     }
 }
 
@@ -117,8 +118,7 @@ pub fn operation(cluster: &ClusterRecord, created_at: OffsetDateTime) -> Operati
             plan: crate::operations::change::upgrade(
                 PackageRef { name: "zk".into(), version: "1".into() },
                 PackageRef { name: "zk".into(), version: "2".into() },
-                std::slice::from_ref(&instance),
-                1,
+                crate::operations::Rolling::all_running(std::slice::from_ref(&instance), 1),
             ),
             pending: vec![],
             on_success: Some(ClusterStatus::Active),

@@ -99,6 +99,22 @@ async fn upgrade_and_back_then_a_broken_version_is_rolled_back() {
         }
     }
 
+    // 4.0.0 cannot even be installed (its run-as user exists nowhere): the
+    // first instance was already stopped for its replacement when the
+    // install failed; the rollback must start it again, on 1.0.0.
+    env.upload(&package("4.0.0", "").spec(&spec("4.0.0").replace("start = [", "run_as = \"nosuchuser\"\nstart = [")))
+        .await;
+    let op = env.run_op("/clusters/up/upgrade", Some(json!({"version": "4.0.0"}))).await;
+    assert_eq!(op["status"], "RolledBack", "{op:#}");
+    let c = env.cluster("up").await;
+    assert_eq!(c["status"], "Active", "{c:#}");
+    assert!(c["status_description"].as_str().unwrap().contains("nosuchuser"), "{c:#}");
+    for i in role_instances(&c, "svc") {
+        assert_eq!(i["status"], "Running", "{i:#}");
+        assert!(pid_alive(pid_of(&i)), "{} was left stopped by the rollback", id_of(&i));
+        assert_eq!(read(&i, "data/version").trim(), "1.0.0");
+    }
+
     // An unknown version is refused up front.
     let (status, body) = env.post("/clusters/up/upgrade", json!({"version": "9.9.9"})).await;
     assert_eq!(status, 404, "{body:#}");

@@ -74,10 +74,24 @@ impl CgroupRoot {
     /// Creates the instance's cgroup (fine when it exists) and returns it.
     pub fn create(&self, instance: &InstanceId) -> io::Result<PathBuf> {
         let path = self.path_of(instance)?;
-        match std::fs::create_dir(&path) {
-            Ok(()) => Ok(path),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(path),
-            Err(e) => Err(e),
+        create_under(&self.base, &path)?;
+        Ok(path)
+    }
+}
+
+/// Creates cgroup `dir` (fine when it exists) below `base`, creating `base`
+/// too: an agent that exits removes its empty base directory, and another
+/// agent with the same node scope (a second dev run, parallel tests) may
+/// have just done so. A base removed between the two mkdirs is made again.
+pub fn create_under(base: &Path, dir: &Path) -> io::Result<()> {
+    let mut attempts = 0;
+    loop {
+        std::fs::create_dir_all(base)?;
+        match std::fs::create_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 3 => attempts += 1,
+            Err(e) => return Err(e),
         }
     }
 }

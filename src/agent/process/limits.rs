@@ -198,11 +198,7 @@ impl LimitRoot {
                 // Children of the scope only get the controllers it enables.
                 enable(base, &controllers)?;
             }
-            match std::fs::create_dir(dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io_err(format!("creating {}", dir.display()))(e)),
-            }
+            super::cgroup::create_under(base, dir).map_err(io_err(format!("creating {}", dir.display())))?;
             for c in controllers {
                 for (file, value) in settings(c, h.version, values) {
                     let path = dir.join(file);
