@@ -68,6 +68,9 @@ pub fn context(
     }
 }
 
+/// An instance's rendered environment, in the order the spec lists it.
+pub type Env = Vec<(String, String)>;
+
 /// The rendered files and environment of one instance.
 pub fn files_and_env(
     spec: &ComponentSpec,
@@ -76,7 +79,7 @@ pub fn files_and_env(
     members: &[InstanceRecord],
     inst: &InstanceRecord,
     state: &State,
-) -> Result<(Vec<RenderedFile>, Vec<(String, String)>), Error> {
+) -> Result<(Vec<RenderedFile>, Env), Error> {
     let ctx = context(spec, cluster, members, inst, state);
     Ok((crate::spec::render::render_files(role, &ctx)?, crate::spec::render::render_env(role, &ctx)?))
 }
