@@ -73,8 +73,8 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
                 }
             }
         }
-        for l in snapshot.leftovers {
-            s.leftovers.insert(l.instance.clone(), l);
+        for l in &snapshot.leftovers {
+            s.leftovers.insert(l.instance.clone(), l.clone());
         }
         for n in snapshot.nodes {
             s.nodes.insert(
@@ -106,6 +106,9 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         )),
         timing,
     };
+    for l in &snapshot.leftovers {
+        shared.ports.reserve(&l.node, l.ports.iter().copied());
+    }
     let boot = Boot { clusters: snapshot.clusters, instances: snapshot.instances, operations: snapshot.operations };
     let supervisor = Supervisor::new(shared.clone(), boot).start();
 

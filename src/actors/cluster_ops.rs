@@ -123,11 +123,20 @@ impl ClusterOps {
             if let Some(h) = handle {
                 h.addr.do_send(Retire);
             }
-            let removed = self.shared.read_model.write().instances.remove(id);
-            if let Some(r) = removed {
-                self.shared.ports.release(&r.node, r.ports.values().copied());
+            let (removed, leftover) = {
+                let mut state = self.shared.read_model.write();
+                (state.instances.remove(id), state.leftovers.contains_key(id))
+            };
+            match removed {
+                // A leftover may still run and hold its ports: they are
+                // released when it is removed from its node.
+                Some(_) if leftover => results.push(ok(id, "forgotten; ports kept until its node removes it".into())),
+                Some(r) => {
+                    self.shared.ports.release(&r.node, r.ports.values().copied());
+                    results.push(ok(id, "forgotten; ports released".into()));
+                }
+                None => results.push(ok(id, "already forgotten".into())),
             }
-            results.push(ok(id, "forgotten; ports released".into()));
         }
         Ok(results)
     }
@@ -142,6 +151,7 @@ impl ClusterOps {
                 instance: i.id.clone(),
                 node: i.node.clone(),
                 cluster: i.cluster.clone(),
+                ports: i.ports.values().copied().collect(),
                 reason: i.last_error.clone().unwrap_or_else(|| "not removed by a force delete".into()),
                 at: now,
             })
@@ -254,6 +264,11 @@ impl OperationContext for ClusterOps {
         };
         let snapshot = {
             let mut core = self.core.borrow_mut();
+            // Instances placed for this operation that it never created
+            // (it failed before its allocate step) give their ports back.
+            for p in std::mem::take(&mut core.pending).into_values() {
+                self.shared.ports.release(&p.node, p.ports.values().copied());
+            }
             if let Some(s) = status {
                 core.record.status = s;
             }

@@ -190,10 +190,26 @@ impl Handler<DeletePackage> for Supervisor {
         let key = (msg.name.clone(), msg.version.clone());
         let removed = {
             let mut state = shared.read_model.write();
+            // A cluster uses its package; a running operation uses every
+            // version its plan may switch to (an upgrade's undo goes back to
+            // the old one, which must still be there).
+            let is_it = |p: &crate::storage::records::PackageRef| p.name == msg.name && p.version == msg.version;
             let users: Vec<String> = state
                 .clusters
                 .values()
-                .filter(|c| c.package.name == msg.name && c.package.version == msg.version)
+                .filter(|c| {
+                    is_it(&c.package)
+                        || c.operation
+                            .and_then(|id| state.operations.get(&id))
+                            .and_then(|o| o.resume.as_ref())
+                            .is_some_and(|r| {
+                                r.plan
+                                    .steps
+                                    .iter()
+                                    .flat_map(|s| std::iter::once(&s.action).chain(&s.undo))
+                                    .any(|a| matches!(a, crate::operations::Action::SetPackage(p) if is_it(p)))
+                            })
+                })
                 .map(|c| c.name.clone())
                 .collect();
             if !users.is_empty() {

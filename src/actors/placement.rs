@@ -53,6 +53,11 @@ impl PortAllocator {
         Ok(free)
     }
 
+    /// Marks `ports` of `node` as taken (boot: ports of force-delete leftovers).
+    pub fn reserve(&self, node: &NodeId, ports: impl IntoIterator<Item = u16>) {
+        self.lock().entry(node.clone()).or_default().extend(ports);
+    }
+
     pub fn release(&self, node: &NodeId, ports: impl IntoIterator<Item = u16>) {
         if let Some(set) = self.lock().get_mut(node) {
             for p in ports {

@@ -400,7 +400,10 @@ async fn remove_leftover(shared: Shared, node: NodeId, instance: InstanceId, gen
                 tracing::error!(%instance, error = %e, "cannot forget a removed leftover");
                 return;
             }
-            shared.read_model.write().leftovers.remove(&instance);
+            let removed = shared.read_model.write().leftovers.remove(&instance);
+            if let Some(l) = removed {
+                shared.ports.release(&l.node, l.ports.iter().copied());
+            }
             tracing::info!(%instance, %node, "removed the leftover of a force delete");
         }
         Err(e) => tracing::warn!(%instance, %node, error = %e, "cannot remove the leftover of a force delete yet"),

@@ -343,6 +343,9 @@ pub struct LeftoverRecord {
     pub instance: InstanceId,
     pub node: NodeId,
     pub cluster: String,
+    /// Its ports stay allocated until it is removed: its process may still
+    /// hold them on that node.
+    pub ports: Vec<u16>,
     pub reason: String,
     #[serde(with = "time::serde::rfc3339")]
     pub at: OffsetDateTime,

@@ -98,7 +98,7 @@ async fn hooks_run_in_the_lifecycle_and_veto_where_they_may() {
     let c = env.cluster("hk").await;
     assert_eq!(c["status"], "Active", "{c:#}");
     let why = c["status_description"].as_str().unwrap();
-    assert!(why.contains("scale-in vetoed: quorum would break") && why.contains("3"), "{why}");
+    assert!(why.contains("scale-in vetoed: quorum would break") && why.contains("exit code 3"), "{why}");
     let after = role_instances(&c, "node");
     assert_eq!(after.len(), 3);
     for (b, a) in before.iter().zip(&after) {

@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use crate::common::{PackageBuilder, TestEnv, dir_of, id_of, pid_alive, pid_of, role_instances};
+use crate::common::{PackageBuilder, TestEnv, dir_of, error_code, id_of, pid_alive, pid_of, role_instances};
 
 fn spec(version: &str) -> String {
     format!(
@@ -69,7 +69,15 @@ async fn upgrade_and_back_then_a_broken_version_is_rolled_back() {
     let created: Vec<String> = v1.iter().map(|i| read(i, "data/created")).collect();
 
     for version in ["2.0.0", "1.0.0"] {
-        let op = env.run_ok("/clusters/up/upgrade", Some(json!({"version": version}))).await;
+        let (status, resp) = env.post("/clusters/up/upgrade", json!({"version": version})).await;
+        assert_eq!(status, 202, "{resp:#}");
+        if version == "2.0.0" {
+            // The version an upgrade's undo would go back to stays in use.
+            let (status, body) = env.delete("/packages/up/1.0.0").await;
+            assert_eq!((status.as_u16(), error_code(&body)), (409, "package_in_use"), "{body:#}");
+        }
+        let op = env.wait_op(resp["operation"]["id"].as_str().unwrap()).await;
+        env.assert_succeeded(&op);
         assert_eq!(op["kind"], "Upgrade");
         let c = env.cluster("up").await;
         assert_eq!((c["status"].as_str(), c["package"]["version"].as_str()), (Some("Active"), Some(version)));
