@@ -35,6 +35,13 @@ path = "conf/flags"
 template = """veto_scale_in={{ "true" if cluster.config.veto_scale_in else "false" }}
 fail_destroy={{ "true" if cluster.config.fail_destroy else "false" }}
 """
+
+# A later role: its init runs only after every init of order 0 ended.
+[[roles]]
+name = "late"
+order = 1
+start = ["bin/sleep.sh"]
+init = ["bin/stamp.sh"]
 "#;
 
 /// Refuses to start unless `init` ran first.
@@ -42,6 +49,7 @@ const START: &str =
     "set -eu\ngrep -q '^init' data/hooks.log || { echo 'init did not run' >&2; exit 1; }\nexec sleep 100000\n";
 
 const HOOK: &str = r#"set -eu
+if [ "$1" = init ]; then sleep 0.3; date +%s%N > data/init_done_at; fi
 echo "$1" >> data/hooks.log
 echo "ran $1"
 case "$1" in
@@ -49,6 +57,20 @@ case "$1" in
   destroy) if grep -q 'fail_destroy=true' conf/flags; then echo 'destroy refused: data not backed up' >&2; exit 4; fi ;;
 esac
 "#;
+
+fn package() -> PackageBuilder {
+    PackageBuilder::new("hk", "1.0.0")
+        .spec(SPEC)
+        .script("bin/start.sh", START)
+        .script("bin/hook.sh", HOOK)
+        .script("bin/sleep.sh", "exec sleep 100000\n")
+        .script("bin/stamp.sh", "set -eu\ndate +%s%N > data/init_started_at\n")
+}
+
+fn stamp(instance: &Value, file: &str) -> u128 {
+    let text = std::fs::read_to_string(dir_of(instance).join("data").join(file)).unwrap_or_default();
+    text.trim().parse().unwrap_or_else(|_| panic!("{} has no data/{file}", id_of(instance)))
+}
 
 fn hooks_log(instance: &Value) -> Vec<String> {
     let text = std::fs::read_to_string(dir_of(instance).join("data/hooks.log")).unwrap_or_default();
@@ -63,17 +85,22 @@ async fn set_flag(env: &TestEnv, flag: &str, on: bool) {
 #[tokio::test]
 async fn hooks_run_in_the_lifecycle_and_veto_where_they_may() {
     let env = TestEnv::start("hooks").await;
-    let pkg = PackageBuilder::new("hk", "1.0.0").spec(SPEC).script("bin/start.sh", START).script("bin/hook.sh", HOOK);
-    env.upload(&pkg).await;
+    env.upload(&package()).await;
     let body = json!({"name": "hk", "package": {"name": "hk", "version": "1.0.0"}, "roles": {"node": {"count": 2}}});
-    let first = role_instances(&env.create_active(body).await, "node");
+    let created = env.create_active(body).await;
+    let first = role_instances(&created, "node");
     for i in &first {
         assert_eq!(hooks_log(i), ["init"], "{}", id_of(i));
     }
+    // Equal order in parallel, orders in sequence: the order-1 role's init
+    // began after both order-0 inits (each takes 0.3 s) had ended.
+    let late = &role_instances(&created, "late")[0];
+    let order0_done = first.iter().map(|i| stamp(i, "init_done_at")).max().unwrap();
+    assert!(stamp(late, "init_started_at") > order0_done, "late's init ran before the order-0 inits ended");
     let (_, ops) = env.get("/operations?cluster=hk").await;
     let create = &ops["operations"][0];
     let init = create["steps"].as_array().unwrap().iter().find(|s| s["name"] == "init").expect("an init step");
-    for r in init["results"].as_array().unwrap() {
+    for r in init["results"].as_array().unwrap().iter().filter(|r| r["instance"].as_str().unwrap().contains("-node-")) {
         assert_eq!((r["exit_code"].as_i64(), r["stdout_tail"].as_str()), (Some(0), Some("ran init")), "{r:#}");
     }
 
@@ -149,8 +176,7 @@ async fn hooks_run_in_the_lifecycle_and_veto_where_they_may() {
 #[tokio::test]
 async fn force_delete_finishes_on_an_agent_that_comes_back() {
     let mut env = TestEnv::start("force-leftover").await;
-    let pkg = PackageBuilder::new("hk", "1.0.0").spec(SPEC).script("bin/start.sh", START).script("bin/hook.sh", HOOK);
-    env.upload(&pkg).await;
+    env.upload(&package()).await;
     let body = json!({"name": "fl", "package": {"name": "hk", "version": "1.0.0"}, "roles": {"node": {"count": 3}}});
     let nodes = role_instances(&env.create_active(body).await, "node");
     let on3 = nodes.iter().find(|i| i["node"] == "node-3").expect("one instance on node-3").clone();
