@@ -8,7 +8,11 @@
 //!
 //! - [`supervisor::Supervisor`] starts one `ClusterActor` per cluster, creates
 //!   and removes them, and turns escalated failures into a cluster `Error`.
-//! - [`cluster::ClusterActor`] runs the cluster's operations one at a time.
+//! - [`cluster::ClusterActor`] runs the cluster's operations one at a time
+//!   (`cluster_prepare`: validation into a plan; `cluster_ops`: the
+//!   operation context, definition changes, the end of an operation;
+//!   `cluster_steps`: how actions reach instances, rolling and by order),
+//!   and resumes one a master restart interrupted.
 //! - [`instance::InstanceActor`] serializes the commands on one instance.
 //! - [`node_manager::NodeManagerActor`] owns one agent connection.
 //! - [`read_model::ReadModel`] is what every GET reads.

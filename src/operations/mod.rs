@@ -8,7 +8,11 @@
 //!
 //! This module knows nothing of actix or HTTP: the cluster actor implements
 //! `OperationContext`, and the unit tests use a fake one. Each file below
-//! builds the plan of one operation.
+//! builds the plans of some operations (`create`, `lifecycle`, `scale`,
+//! `change`: config, upgrade, resize; `delete`); `world` (tests only) is a
+//! model of a cluster on which every plan is failed at each step and run
+//! twice. A plan is journaled with its operation, so a master restart
+//! resumes it (see [`runner::run`]).
 
 pub mod change;
 pub mod create;
