@@ -154,9 +154,20 @@ fn json_value(v: &serde_json::Value) -> Value {
     }
 }
 
+/// How many template instructions one render may run: far above any real
+/// config file (a 9-member `zoo.cfg` takes a few hundred), far below a
+/// hostile template's nested loops. Rendering runs on the master's actor
+/// threads, so a template must not be able to spin one forever.
+pub const RENDER_FUEL: u64 = 2_000_000;
+
+/// The largest rendered file (and environment value): the agent link's
+/// frames are bounded, and a config file this big is a template gone wrong.
+pub const MAX_RENDERED_BYTES: usize = 1024 * 1024;
+
 /// The one environment configuration used to compile and to render.
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(RENDER_FUEL));
     env.set_undefined_behavior(UndefinedBehavior::Strict);
     env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
     // Names the undefined expression in errors ("`instance.ports.x` is undefined").
@@ -191,7 +202,17 @@ pub fn compile(field: &str, source: &str) -> Result<(), SpecError> {
 }
 
 fn render_one(env: &Environment<'static>, field: &str, source: &str, ctx: &Value) -> Result<String, SpecError> {
-    env.template_from_named_str(field, source).and_then(|t| t.render(ctx)).map_err(|e| template_error(field, &e))
+    let out = env
+        .template_from_named_str(field, source)
+        .and_then(|t| t.render(ctx))
+        .map_err(|e| template_error(field, &e))?;
+    if out.len() > MAX_RENDERED_BYTES {
+        return Err(SpecError::new(
+            field,
+            format!("renders to {} bytes, over the limit of {MAX_RENDERED_BYTES}", out.len()),
+        ));
+    }
+    Ok(out)
 }
 
 /// Renders every file of `role` for the instance described by `ctx`, in file order.
@@ -229,6 +250,20 @@ pub fn render_env(role: &RoleSpec, ctx: &RenderContext) -> Result<Vec<(String, S
 mod tests {
     use super::*;
     use crate::spec::ComponentSpec;
+
+    #[test]
+    fn a_hostile_template_runs_out_of_fuel_or_size_instead_of_hanging() {
+        let env = environment();
+        let ctx = Value::from(());
+        let spin = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}";
+        let started = std::time::Instant::now();
+        let err = render_one(&env, "roles.x.files[0].template", spin, &ctx).unwrap_err();
+        assert!(err.message.contains("fuel"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "fuel did not stop it early");
+        let big = "{% for a in range(60000) %}{{ 'x' * 100 }}{% endfor %}";
+        let err = render_one(&env, "roles.x.files[0].template", big, &ctx).unwrap_err();
+        assert!(err.message.contains("over the limit"), "{err}");
+    }
 
     fn member(ordinal: u32, host: &str, base: u16) -> MemberCtx {
         MemberCtx {
