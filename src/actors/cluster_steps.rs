@@ -97,10 +97,18 @@ impl ClusterOps {
     pub(super) async fn hook(&self, hook: Hook, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
         let current = self.current().map_err(super::cluster_ops::fail)?;
         let mut results = Vec::new();
+        let mut known = Vec::new();
+        for id in ids {
+            match self.record_of(id) {
+                Ok(inst) => known.push(inst),
+                // Forgotten already (a delete run again): nothing to run it on.
+                Err(_) => results.push(ok(id, format!("no record; no {} hook to run", hook.name()))),
+            }
+        }
         for group in current.spec.roles_by_order() {
             let mut run = Vec::new();
-            for id in ids {
-                let Ok(inst) = self.record_of(id) else { continue };
+            for inst in &known {
+                let id = &inst.id;
                 let Some(role) = group.iter().find(|r| r.name == inst.role) else { continue };
                 match hook_argv(role, hook) {
                     Some(_) => run.push(id.clone()),
@@ -129,6 +137,13 @@ impl ClusterOps {
     /// reloads or restarts, `batch` at a time. The rest are not touched.
     pub(super) async fn reconfigure(&self, r: &Rolling) -> Result<Vec<InstanceResult>, StepFailure> {
         let written = self.on_each(&r.ids, |id| self.render_files(id)).await;
+        // A new environment only reaches a process through a restart; a
+        // reload hook is for files.
+        let env_changed: Vec<InstanceId> = written
+            .iter()
+            .filter(|o| o.changed.iter().any(|c| c == crate::protocol::messages::ENV_CHANGED))
+            .map(|o| o.result.instance.clone())
+            .collect();
         let results = checked(written.into_iter().map(|o| o.result).collect())?;
         let todo: Vec<InstanceId> = r
             .running
@@ -138,7 +153,7 @@ impl ClusterOps {
             .collect();
         let mut applied = Vec::new();
         for chunk in todo.chunks(r.batch.max(1)) {
-            let outcomes = join_all(chunk.iter().map(|id| self.reload_or_restart(id))).await;
+            let outcomes = join_all(chunk.iter().map(|id| self.reload_or_restart(id, env_changed.contains(id)))).await;
             applied.extend(outcomes);
             if applied.iter().any(|r| !r.ok) {
                 break;
@@ -149,7 +164,7 @@ impl ClusterOps {
         checked(all)
     }
 
-    async fn reload_or_restart(&self, id: &InstanceId) -> InstanceResult {
+    async fn reload_or_restart(&self, id: &InstanceId, must_restart: bool) -> InstanceResult {
         let (role, inst) = match (self.role_of(id), self.record_of(id)) {
             (Ok(r), Ok(i)) => (r, i),
             (Err(e), _) | (_, Err(e)) => return InstanceResult::failed(id, e),
@@ -161,14 +176,14 @@ impl ClusterOps {
         let (steps, how) = match &role.reload {
             // Found stopped (a restart cut short): starting it loads the files.
             _ if inst.status != InstanceStatus::Running => (vec![start], "started"),
-            Some(argv) => (
+            Some(argv) if !must_restart => (
                 vec![
                     InstanceCmd::RunHook { hook: "reload", argv: argv.clone(), timeout: role.hook_timeout },
                     InstanceCmd::CheckHealth { timeout: role.start_timeout },
                 ],
                 "reloaded",
             ),
-            None => (vec![InstanceCmd::Stop, start], "restarted"),
+            _ => (vec![InstanceCmd::Stop, start], "restarted"),
         };
         in_sequence(&handle, steps, format!("{how} with its new files")).await
     }

@@ -307,9 +307,6 @@ impl Node {
         AgentResponse::InstallResult { files_written }
     }
 
-    /// The name reported among the changed files when the environment changed.
-    pub const ENV_CHANGED: &'static str = "(environment)";
-
     pub async fn write_files(
         &self,
         id: &InstanceId,
@@ -348,7 +345,7 @@ impl Node {
             && env != rec.process.env
         {
             rec.process.env = env;
-            changed.push(Self::ENV_CHANGED.to_string());
+            changed.push(crate::protocol::messages::ENV_CHANGED.to_string());
         }
         let r = rec.clone();
         if let Err(e) = self.persist(&r).await {

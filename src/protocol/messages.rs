@@ -31,6 +31,10 @@ pub const INSTALL_CHUNK_BYTES: usize = 1024 * 1024;
 /// (rendered files travel in `InstallBegin`/`WriteFiles`).
 pub const MAX_FRAME_BYTES: usize = 8 * 1024 * 1024;
 
+/// The name `FilesWritten` lists among the changed files when a
+/// `WriteFiles` changed the instance's environment.
+pub const ENV_CHANGED: &str = "(environment)";
+
 // ---------------------------------------------------------------- frames
 
 /// A frame sent by the master.

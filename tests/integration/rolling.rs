@@ -38,6 +38,13 @@ reload = ["bin/reload.sh"]
 path = "conf/greeting"
 template = "{{ cluster.config.greeting }} from api\n"
 
+# Config that reaches only the environment: a restart, even with `reload`.
+[[roles]]
+name = "envy"
+start = ["bin/api.sh"]
+reload = ["bin/reload.sh"]
+env = { GREETING = "{{ cluster.config.greeting }}" }
+
 [[roles]]
 name = "cache"
 ports = ["main"]
@@ -98,6 +105,7 @@ async fn a_config_change_restarts_one_at_a_time_reloads_where_it_can_and_leaves_
     let body = json!({"name": "rl", "package": {"name": "roll", "version": "1.0.0"},
         "roles": {"web": {"count": 3}, "api": {"count": 2}}});
     let c = env.create_active(body).await;
+    let c_before_envy = c.clone();
     let (web, api, cache) = (role_instances(&c, "web"), role_instances(&c, "api"), role_instances(&c, "cache"));
     for w in &web {
         assert!(dir_of(w).join("data/ready").exists(), "{} is Running before it is healthy", id_of(w));
@@ -136,6 +144,11 @@ async fn a_config_change_restarts_one_at_a_time_reloads_where_it_can_and_leaves_
         let reloads = std::fs::read_to_string(dir_of(&after).join("data/reloads")).unwrap();
         assert_eq!(reloads, "bonjour from api\n");
     }
+    // envy's environment changed: restarted (a reload cannot change it).
+    let envy_after = &role_instances(&c, "envy")[0];
+    assert_ne!(pid_of(&role_instances(&c_before_envy, "envy")[0]), pid_of(envy_after), "envy was not restarted");
+    let environ = std::fs::read(format!("/proc/{}/environ", pid_of(envy_after))).unwrap();
+    assert!(environ.split(|b| *b == 0).any(|v| v == b"GREETING=bonjour"), "the new environment did not reach envy");
     // cache's files did not change: not touched.
     assert_eq!(pid_of(&cache[0]), pid_of(&role_instances(&c, "cache")[0]), "cache's files did not change");
 
