@@ -13,9 +13,9 @@ use serde_json::Value;
 
 use super::http::dir_of;
 
-/// The `Mode:` a server reports (`leader`, `follower`, `standalone`), or
-/// `None` when it does not answer or is not serving.
-pub fn mode(instance: &Value) -> Option<String> {
+/// What a server answers to `srvr`; `None` when its process does not
+/// answer at all (down, or restarting).
+pub fn srvr(instance: &Value) -> Option<String> {
     let host = instance["host"].as_str()?;
     let port = instance["ports"]["client"].as_u64()?;
     let addr = format!("{host}:{port}").parse().ok()?;
@@ -24,7 +24,13 @@ pub fn mode(instance: &Value) -> Option<String> {
     s.write_all(b"srvr").ok()?;
     let mut reply = String::new();
     s.read_to_string(&mut reply).ok()?;
-    reply.lines().find_map(|l| l.strip_prefix("Mode: ").map(|m| m.trim().to_string()))
+    Some(reply)
+}
+
+/// The `Mode:` a server reports (`leader`, `follower`, `standalone`), or
+/// `None` when it does not answer or is not serving (e.g. electing).
+pub fn mode(instance: &Value) -> Option<String> {
+    srvr(instance)?.lines().find_map(|l| l.strip_prefix("Mode: ").map(|m| m.trim().to_string()))
 }
 
 /// Every server's mode, in order.
