@@ -135,6 +135,8 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         .workers(2)
         // Signals are ours (below): the store must freeze before anything closes.
         .disable_signals()
+        // Long polls (`?wait=`) would hold a graceful stop for their full wait.
+        .shutdown_timeout(5)
         .listen(http_listener)
         .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?
         .run();
