@@ -89,6 +89,14 @@ pub struct AgentConfig {
     #[serde(with = "humantime_serde_compat")]
     pub handshake_timeout: Duration,
     pub log_format: LogFormat,
+    /// At most this many restarts of a crashed instance within
+    /// `restart_window`; 0: never restart (the master marks it Failed).
+    pub restart_max: u32,
+    #[serde(with = "humantime_serde_compat")]
+    pub restart_window: Duration,
+    /// Delay before the first restart; doubles with each restart in the window.
+    #[serde(with = "humantime_serde_compat")]
+    pub restart_backoff: Duration,
 }
 
 impl Default for AgentConfig {
@@ -107,6 +115,9 @@ impl Default for AgentConfig {
             reconnect_max_backoff: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(10),
             log_format: LogFormat::Text,
+            restart_max: 3,
+            restart_window: Duration::from_secs(300),
+            restart_backoff: Duration::from_secs(1),
         }
     }
 }
@@ -226,6 +237,14 @@ impl AgentConfig {
         })?;
         self.ports()?;
         check_nonzero("reconnect_max_backoff", self.reconnect_max_backoff)?;
+        check_nonzero("restart_window", self.restart_window)?;
+        check_nonzero("restart_backoff", self.restart_backoff)?;
+        if self.restart_max > 100 {
+            return Err(ConfigError::Invalid {
+                key: "restart_max",
+                message: format!("{} is over 100", self.restart_max),
+            });
+        }
         check_nonzero("handshake_timeout", self.handshake_timeout)
     }
 }

@@ -13,6 +13,7 @@ mod common;
 mod integration {
     mod bad_inputs;
     mod busy;
+    mod crash;
     mod daemon;
     mod delete;
     mod failing_start;

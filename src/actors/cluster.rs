@@ -427,6 +427,7 @@ impl Handler<InstanceObserved> for ClusterActor {
         handle.stats.enqueue();
         let description = match &msg.observation {
             Observation::Exited { description, .. } => description.clone(),
+            Observation::Restarted { error, .. } => error.clone().unwrap_or_default(),
             Observation::Inventory { .. } => {
                 format!("instance {} is not running after its agent reconnected", msg.instance)
             }

@@ -95,8 +95,11 @@ pub struct RunInstanceCommand(pub InstanceCmd);
 /// What an agent reported about the instance outside of a command.
 #[derive(Debug, Clone)]
 pub enum Observation {
-    /// Its process exited without being asked to.
-    Exited { pid: u32, description: String },
+    /// Its process exited without being asked to; `restarting`: its agent
+    /// will start it again (restart policy), so it is not Failed (yet).
+    Exited { pid: u32, description: String, restarting: bool },
+    /// How the agent's restart went: the new pid, or why it failed.
+    Restarted { pid: Option<u32>, error: Option<String> },
     /// The agent's inventory after it (re)connected.
     Inventory { present: bool, running: bool, pid: Option<u32> },
 }
@@ -459,9 +462,20 @@ impl Handler<Observe> for InstanceActor {
         // Decide the new (status, pid, error) from what was observed; None
         // when the observation changes nothing.
         let change: Option<(InstanceStatus, Option<u32>, Option<String>)> = match msg.0 {
-            Observation::Exited { pid: exited, description } => (pid == Some(exited)
-                && desired == DesiredState::Running)
-                .then_some((InstanceStatus::Failed, None, Some(description))),
+            Observation::Exited { pid: exited, description, restarting } => {
+                let status = if restarting { InstanceStatus::Starting } else { InstanceStatus::Failed };
+                (pid == Some(exited) && desired == DesiredState::Running).then_some((status, None, Some(description)))
+            }
+            Observation::Restarted { pid: Some(new), .. }
+                if desired == DesiredState::Running && status == InstanceStatus::Starting && pid.is_none() =>
+            {
+                Some((InstanceStatus::Running, Some(new), None))
+            }
+            Observation::Restarted { pid: None, error: Some(e) }
+                if desired == DesiredState::Running && status == InstanceStatus::Starting && pid.is_none() =>
+            {
+                Some((InstanceStatus::Failed, None, Some(e)))
+            }
             Observation::Inventory { present: false, .. }
                 if !matches!(status, InstanceStatus::Pending | InstanceStatus::Deleting) =>
             {

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio_util::codec::FramedWrite;
 
 use super::read_model::{ActorStats, ReadModel};
-use super::supervisor::{InstanceExited, Supervisor};
+use super::supervisor::{InstanceExited, InstanceRestarted, Supervisor};
 use crate::ids::{InstanceId, NodeId};
 use crate::protocol::codec::{MasterCodec, ProtocolError};
 use crate::protocol::messages::{
@@ -297,7 +297,14 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
                 }
             }
             Ok(AgentFrame::Event(AgentEvent::Heartbeat)) => self.touch(),
-            Ok(AgentFrame::Event(AgentEvent::ProcessExited { instance, pid, exit_code, signal, stderr_tail })) => {
+            Ok(AgentFrame::Event(AgentEvent::ProcessExited {
+                instance,
+                pid,
+                exit_code,
+                signal,
+                stderr_tail,
+                restart_in_ms,
+            })) => {
                 self.touch();
                 self.supervisor.do_send(InstanceExited {
                     node: self.node.clone(),
@@ -306,7 +313,12 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
                     exit_code,
                     signal,
                     stderr_tail,
+                    restart_in: restart_in_ms.map(Duration::from_millis),
                 });
+            }
+            Ok(AgentFrame::Event(AgentEvent::ProcessRestarted { instance, pid, error })) => {
+                self.touch();
+                self.supervisor.do_send(InstanceRestarted { node: self.node.clone(), instance, pid, error });
             }
             Ok(AgentFrame::Refused { reason }) => {
                 tracing::error!(node = %self.node, %reason, "agent refused the connection");

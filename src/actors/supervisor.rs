@@ -65,6 +65,18 @@ pub struct InstanceExited {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub stderr_tail: String,
+    /// The agent restarts it after this delay; `None`: it stays down.
+    pub restart_in: Option<std::time::Duration>,
+}
+
+/// From a node manager: how an agent's restart of a crashed instance went.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct InstanceRestarted {
+    pub node: NodeId,
+    pub instance: InstanceId,
+    pub pid: Option<u32>,
+    pub error: Option<String>,
 }
 
 /// A failure a cluster could not handle itself.
@@ -366,9 +378,28 @@ impl Handler<InstanceExited> for Supervisor {
         if !msg.stderr_tail.trim().is_empty() {
             description.push_str(&format!("; stderr: {}", msg.stderr_tail.trim()));
         }
+        match msg.restart_in {
+            Some(d) => description.push_str(&format!("; its agent restarts it in {}", humantime::format_duration(d))),
+            None => description.push_str("; its agent's restart policy gave up (or is off)"),
+        }
         addr.do_send(InstanceObserved {
             instance: msg.instance,
-            observation: Observation::Exited { pid: msg.pid, description },
+            observation: Observation::Exited { pid: msg.pid, description, restarting: msg.restart_in.is_some() },
+        });
+    }
+}
+
+impl Handler<InstanceRestarted> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: InstanceRestarted, _ctx: &mut Context<Self>) {
+        let cluster = self.shared.read_model.read().instances.get(&msg.instance).map(|i| i.cluster.clone());
+        let Some(addr) = cluster.and_then(|c| self.clusters.get(&c).cloned()) else { return };
+        let error =
+            msg.error.map(|e| format!("instance {} on node {} could not be restarted: {e}", msg.instance, msg.node));
+        addr.do_send(InstanceObserved {
+            instance: msg.instance,
+            observation: Observation::Restarted { pid: msg.pid, error },
         });
     }
 }

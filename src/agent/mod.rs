@@ -9,6 +9,7 @@
 //! - [`health`]: health probes gating `Started`, and `CheckHealth`
 //! - [`hooks`]: lifecycle hooks (`RunHook`), serialized with the instance's commands
 //! - [`process`]: spawn, pid identity, pidfiles, cgroups, tree kill
+//! - [`restart`]: the restart policy for crashed instances
 
 pub mod connection;
 pub mod files;
@@ -17,6 +18,7 @@ pub mod hooks;
 pub mod installer;
 pub mod node;
 pub mod process;
+pub mod restart;
 #[cfg(test)]
 mod testkit;
 
@@ -56,6 +58,11 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let policy = node::RunAsPolicy { default_run_as: cfg.default_run_as.clone(), allow_root: cfg.allow_root };
     let node = node::Node::new(store, processes, &cfg.data_dir, policy, cfg.address.clone())
         .map_err(|source| AgentError::Io { path: cfg.data_dir.display().to_string(), source })?;
+    node.set_restart_policy(restart::RestartPolicy {
+        max: cfg.restart_max,
+        window: cfg.restart_window,
+        backoff: cfg.restart_backoff,
+    });
     node.recover().await.map_err(AgentError::Storage)?;
     tracing::info!(node = %cfg.node_id, root = %node.root.display(), cgroups, resource_limits, "agent ready");
 

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use super::files::{file_sha256, write_rendered_files};
 use super::installer;
 use super::process::{ProcessController, StartRequest, StopRequest, users};
+use super::restart::{RestartHistory, RestartPolicy};
 use crate::ids::InstanceId;
 use crate::protocol::messages::{
     AgentEvent, AgentFrame, AgentResponse, CommandFailure, FailureKind, InstallBegin, InstanceReport, RenderedFile,
@@ -50,6 +51,8 @@ pub struct Node {
     slots: Mutex<HashMap<InstanceId, Arc<Slot>>>,
     /// Where unsolicited events go while connected to the master.
     events: Mutex<Option<mpsc::Sender<AgentFrame>>>,
+    restart_policy: Mutex<RestartPolicy>,
+    restarts: RestartHistory,
 }
 
 pub fn failure(kind: FailureKind, message: impl Into<String>) -> AgentResponse {
@@ -93,7 +96,14 @@ impl Node {
             policy,
             slots: Mutex::default(),
             events: Mutex::default(),
+            restart_policy: Mutex::default(),
+            restarts: RestartHistory::default(),
         }))
+    }
+
+    /// Sets what happens to an instance whose process exits unexpectedly.
+    pub fn set_restart_policy(&self, policy: RestartPolicy) {
+        *lock(&self.restart_policy) = policy;
     }
 
     pub fn instance_dir(&self, id: &InstanceId) -> PathBuf {
@@ -465,6 +475,7 @@ impl Node {
         {
             return stale(id, generation, rec.generation);
         }
+        self.restarts.forget(id);
         let existed = guard.is_some() || self.instance_dir(id).exists();
         // The tombstone makes the delete finish after a crash.
         let tomb = Tombstone { version: RECORD_VERSION, id: id.clone(), generation };
@@ -529,20 +540,62 @@ impl Node {
             }
             rec.pid = None;
             let unexpected = rec.desired_running;
+            let generation = rec.generation;
             let r = rec.clone();
             drop(guard);
             let _ = node.persist(&r).await;
-            if unexpected {
-                tracing::warn!(instance = %id, pid = info.pid, code = ?info.exit_code, "instance process exited unexpectedly");
-                node.send_event(AgentEvent::ProcessExited {
-                    instance: id,
-                    pid: info.pid,
-                    exit_code: info.exit_code,
-                    signal: info.signal,
-                    stderr_tail: info.stderr_tail,
-                });
+            if !unexpected {
+                return;
+            }
+            let policy = *lock(&node.restart_policy);
+            let restart_in = node.restarts.next(&id, &policy, tokio::time::Instant::now());
+            tracing::warn!(instance = %id, pid = info.pid, code = ?info.exit_code, signal = ?info.signal, ?restart_in, "instance process exited unexpectedly");
+            node.send_event(AgentEvent::ProcessExited {
+                instance: id.clone(),
+                pid: info.pid,
+                exit_code: info.exit_code,
+                signal: info.signal,
+                stderr_tail: info.stderr_tail,
+                restart_in_ms: restart_in.map(|d| d.as_millis() as u64),
+            });
+            if let Some(delay) = restart_in {
+                tokio::time::sleep(delay).await;
+                if let Some(event) = node.restart_after_crash(&id, generation).await {
+                    node.send_event(event);
+                }
             }
         });
+    }
+
+    /// Starts a crashed instance again, unless anything happened to it
+    /// meanwhile (a newer command, a stop, a start): then it is not ours to
+    /// restart any more, and `None` is returned.
+    async fn restart_after_crash(self: &Arc<Self>, id: &InstanceId, generation: u64) -> Option<AgentEvent> {
+        {
+            let slot = self.slot(id);
+            let guard = slot.record.lock().await;
+            let rec = guard.as_ref()?;
+            if !rec.desired_running || rec.generation != generation || rec.pid.is_some() {
+                return None;
+            }
+        }
+        let (pid, error) = match self.start(id, generation).await {
+            AgentResponse::Started { pid, .. } => {
+                tracing::info!(instance = %id, pid, "restarted after an unexpected exit");
+                (Some(pid), None)
+            }
+            // A newer command got in between: the operator's word wins.
+            AgentResponse::Failed(f) if f.kind == FailureKind::StaleGeneration => return None,
+            AgentResponse::Failed(f) => {
+                let mut m = f.message;
+                if !f.stderr_tail.trim().is_empty() {
+                    m.push_str(&format!("; stderr: {}", f.stderr_tail.trim()));
+                }
+                (None, Some(m))
+            }
+            other => (None, Some(format!("unexpected answer to the restart: {other:?}"))),
+        };
+        Some(AgentEvent::ProcessRestarted { instance: id.clone(), pid, error })
     }
 
     /// Stops every instance (dev mode's Ctrl-C: leave no process behind).

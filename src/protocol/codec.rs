@@ -229,12 +229,15 @@ mod tests {
     fn events() -> Vec<AgentEvent> {
         vec![
             AgentEvent::Heartbeat,
+            AgentEvent::ProcessRestarted { instance: inst(), pid: Some(43), error: None },
+            AgentEvent::ProcessRestarted { instance: inst(), pid: None, error: Some("exit 1".into()) },
             AgentEvent::ProcessExited {
                 instance: inst(),
                 pid: 77,
                 exit_code: None,
                 signal: Some(9),
                 stderr_tail: "killed".into(),
+                restart_in_ms: Some(1000),
             },
         ]
     }

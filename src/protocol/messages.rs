@@ -315,5 +315,15 @@ pub enum AgentEvent {
         exit_code: Option<i32>,
         signal: Option<i32>,
         stderr_tail: String,
+        /// The agent restarts it after this delay (its restart policy); `None`:
+        /// it stays down.
+        restart_in_ms: Option<u64>,
+    },
+    /// The outcome of a restart announced by `ProcessExited`: the new pid
+    /// (healthy, when the spec has a check), or why it failed (it stays down).
+    ProcessRestarted {
+        instance: InstanceId,
+        pid: Option<u32>,
+        error: Option<String>,
     },
 }
