@@ -22,7 +22,7 @@ use crate::ids::InstanceId;
 use crate::protocol::messages::{
     AgentEvent, AgentFrame, AgentResponse, CommandFailure, FailureKind, InstallBegin, InstanceReport, RenderedFile,
 };
-use crate::storage::agent_records::{AgentInstanceRecord, PidIdentity, Tombstone};
+use crate::storage::agent_records::{AgentInstanceRecord, Tombstone};
 use crate::storage::records::RECORD_VERSION;
 use crate::storage::{AgentStore, WriteOp};
 
@@ -51,8 +51,8 @@ pub struct Node {
     slots: Mutex<HashMap<InstanceId, Arc<Slot>>>,
     /// Where unsolicited events go while connected to the master.
     events: Mutex<Option<mpsc::Sender<AgentFrame>>>,
-    restart_policy: Mutex<RestartPolicy>,
-    restarts: RestartHistory,
+    pub(super) restart_policy: Mutex<RestartPolicy>,
+    pub(super) restarts: RestartHistory,
 }
 
 pub fn failure(kind: FailureKind, message: impl Into<String>) -> AgentResponse {
@@ -118,7 +118,7 @@ impl Node {
         *lock(&self.events) = tx;
     }
 
-    fn send_event(&self, event: AgentEvent) {
+    pub(super) fn send_event(&self, event: AgentEvent) {
         if let Some(tx) = lock(&self.events).clone() {
             // A full queue means the connection is stuck; the inventory sent
             // on the next connect carries the same news.
@@ -524,78 +524,6 @@ impl Node {
         drop(guard);
         lock(&self.slots).remove(id);
         AgentResponse::Deleted { existed }
-    }
-
-    /// Watches a started process and reports an exit nobody asked for.
-    fn watch(self: &Arc<Self>, id: InstanceId, identity: PidIdentity) {
-        let node = self.clone();
-        let exit = self.processes.watch(&id, &identity);
-        tokio::spawn(async move {
-            let info = exit.await;
-            let slot = node.slot(&id);
-            let mut guard = slot.record.lock().await;
-            let Some(rec) = guard.as_mut() else { return };
-            if rec.pid.as_ref() != Some(&identity) {
-                return; // a newer process, or stopped already
-            }
-            rec.pid = None;
-            let unexpected = rec.desired_running;
-            let generation = rec.generation;
-            let r = rec.clone();
-            drop(guard);
-            let _ = node.persist(&r).await;
-            if !unexpected {
-                return;
-            }
-            let policy = *lock(&node.restart_policy);
-            let restart_in = node.restarts.next(&id, &policy, tokio::time::Instant::now());
-            tracing::warn!(instance = %id, pid = info.pid, code = ?info.exit_code, signal = ?info.signal, ?restart_in, "instance process exited unexpectedly");
-            node.send_event(AgentEvent::ProcessExited {
-                instance: id.clone(),
-                pid: info.pid,
-                exit_code: info.exit_code,
-                signal: info.signal,
-                stderr_tail: info.stderr_tail,
-                restart_in_ms: restart_in.map(|d| d.as_millis() as u64),
-            });
-            if let Some(delay) = restart_in {
-                tokio::time::sleep(delay).await;
-                if let Some(event) = node.restart_after_crash(&id, generation).await {
-                    node.send_event(event);
-                }
-            }
-        });
-    }
-
-    /// Starts a crashed instance again, unless anything happened to it
-    /// meanwhile (a newer command, a stop, a start): then it is not ours to
-    /// restart any more, and `None` is returned.
-    async fn restart_after_crash(self: &Arc<Self>, id: &InstanceId, generation: u64) -> Option<AgentEvent> {
-        {
-            let slot = self.slot(id);
-            let guard = slot.record.lock().await;
-            let rec = guard.as_ref()?;
-            if !rec.desired_running || rec.generation != generation || rec.pid.is_some() {
-                return None;
-            }
-        }
-        let (pid, error) = match self.start(id, generation).await {
-            AgentResponse::Started { pid, .. } => {
-                tracing::info!(instance = %id, pid, "restarted after an unexpected exit");
-                (Some(pid), None)
-            }
-            // A newer command got in between: the operator's word wins.
-            AgentResponse::Failed(f) if f.kind == FailureKind::StaleGeneration => return None,
-            AgentResponse::Failed(f) => {
-                let mut m = f.message;
-                if !f.stderr_tail.trim().is_empty() {
-                    m.push_str(&format!("; stderr: {}", f.stderr_tail.trim()));
-                }
-                (None, Some(m))
-            }
-            other => (None, Some(format!("unexpected answer to the restart: {other:?}"))),
-        };
-        Some(AgentEvent::ProcessRestarted { instance: id.clone(), pid, error })
     }
 
     /// Stops every instance (dev mode's Ctrl-C: leave no process behind).
