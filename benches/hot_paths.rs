@@ -33,7 +33,7 @@ fn instance(n: u32) -> InstanceRecord {
         dir: "/var/lib/flotilla/instances/x".into(),
         last_error: None,
         applied: None,
-        pending_restart: false,
+        pending_restart: flotilla::storage::records::PendingRestart::No,
     }
 }
 

@@ -284,7 +284,13 @@ impl OperationContext for ClusterOps {
             WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?,
             WriteOp::put_operation(record).map_err(|e| e.to_string())?,
         ];
-        let written = self.shared.store.commit(ops).await.map_err(|e| e.to_string());
+        // A store frozen by a shutdown refuses the write: clients must not
+        // see an end the next master will not (it resumes the operation
+        // from its journal). Any other write error is shown as it is.
+        let written = self.shared.store.commit(ops).await;
+        if let Err(e @ crate::storage::StorageError::Frozen) = &written {
+            return Err(e.to_string());
+        }
         self.shared.read_model.write().clusters.insert(name.clone(), snapshot);
         self.shared.read_model.put_operation(record);
         if escalate {
@@ -295,7 +301,7 @@ impl OperationContext for ClusterOps {
                 recorded: true,
             });
         }
-        written
+        written.map_err(|e| e.to_string())
     }
 
     async fn set_status(&self, status: ClusterStatus, description: &str) -> Result<(), String> {

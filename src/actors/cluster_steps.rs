@@ -13,7 +13,7 @@ use super::instance::{InstanceCmd, InstanceOutcome};
 use crate::ids::InstanceId;
 use crate::operations::{Hook, Rolling, StepFailure};
 use crate::spec::RoleSpec;
-use crate::storage::records::{InstanceRecord, InstanceResult, InstanceStatus};
+use crate::storage::records::{InstanceRecord, InstanceResult, InstanceStatus, PendingRestart};
 
 impl ClusterOps {
     /// Runs `cmd_for(id)` on every instance in parallel; every outcome.
@@ -137,23 +137,13 @@ impl ClusterOps {
     /// reloads or restarts, `batch` at a time. The rest are not touched.
     pub(super) async fn reconfigure(&self, r: &Rolling) -> Result<Vec<InstanceResult>, StepFailure> {
         let written = self.on_each(&r.ids, |id| self.render_files(id)).await;
-        // A new environment only reaches a process through a restart; a
-        // reload hook is for files.
-        let env_changed: Vec<InstanceId> = written
-            .iter()
-            .filter(|o| o.changed.iter().any(|c| c == crate::protocol::messages::ENV_CHANGED))
-            .map(|o| o.result.instance.clone())
-            .collect();
         let results = checked(written.into_iter().map(|o| o.result).collect())?;
-        let todo: Vec<InstanceId> = r
-            .running
-            .iter()
-            .filter(|id| self.record_of(id).is_ok_and(|i| i.pending_restart || i.status != InstanceStatus::Running))
-            .cloned()
-            .collect();
+        let owes = |i: &InstanceRecord| i.pending_restart != PendingRestart::No || i.status != InstanceStatus::Running;
+        let todo: Vec<InstanceId> =
+            r.running.iter().filter(|id| self.record_of(id).is_ok_and(|i| owes(&i))).cloned().collect();
         let mut applied = Vec::new();
         for chunk in todo.chunks(r.batch.max(1)) {
-            let outcomes = join_all(chunk.iter().map(|id| self.reload_or_restart(id, env_changed.contains(id)))).await;
+            let outcomes = join_all(chunk.iter().map(|id| self.reload_or_restart(id))).await;
             applied.extend(outcomes);
             if applied.iter().any(|r| !r.ok) {
                 break;
@@ -164,7 +154,11 @@ impl ClusterOps {
         checked(all)
     }
 
-    async fn reload_or_restart(&self, id: &InstanceId, must_restart: bool) -> InstanceResult {
+    /// A reload when only files changed and the role has a `reload` hook;
+    /// else a restart (stop, start): for a new environment, or an instance
+    /// not known to run (stop is idempotent, and a process the master
+    /// thinks down, e.g. one that failed its health check, may still run).
+    async fn reload_or_restart(&self, id: &InstanceId) -> InstanceResult {
         let (role, inst) = match (self.role_of(id), self.record_of(id)) {
             (Ok(r), Ok(i)) => (r, i),
             (Err(e), _) | (_, Err(e)) => return InstanceResult::failed(id, e),
@@ -172,18 +166,19 @@ impl ClusterOps {
         let Some(handle) = self.core.borrow().instances.get(id).cloned() else {
             return InstanceResult::failed(id, format!("instance {id} is not part of this cluster"));
         };
-        let start = InstanceCmd::Start { wait: role.start_timeout };
-        let (steps, how) = match &role.reload {
-            // Found stopped (a restart cut short): starting it loads the files.
-            _ if inst.status != InstanceStatus::Running => (vec![start], "started"),
-            Some(argv) if !must_restart => (
+        let reload = role
+            .reload
+            .as_ref()
+            .filter(|_| inst.status == InstanceStatus::Running && inst.pending_restart == PendingRestart::Reload);
+        let (steps, how) = match reload {
+            Some(argv) => (
                 vec![
                     InstanceCmd::RunHook { hook: "reload", argv: argv.clone(), timeout: role.hook_timeout },
                     InstanceCmd::CheckHealth { timeout: role.start_timeout },
                 ],
                 "reloaded",
             ),
-            _ => (vec![InstanceCmd::Stop, start], "restarted"),
+            None => (vec![InstanceCmd::Stop, InstanceCmd::Start { wait: role.start_timeout }], "restarted"),
         };
         in_sequence(&handle, steps, format!("{how} with its new files")).await
     }
@@ -225,9 +220,9 @@ impl ClusterOps {
         let Some(handle) = self.core.borrow().instances.get(id).cloned() else {
             return InstanceResult::failed(id, format!("instance {id} is not part of this cluster"));
         };
-        let mut steps = Vec::new();
+        // Stop first either way: a process the master thinks down may run.
+        let mut steps = vec![InstanceCmd::Stop];
         if install {
-            steps.push(InstanceCmd::Stop);
             match self.render_install(id) {
                 Ok(cmd) => steps.push(cmd),
                 Err(e) => return InstanceResult::failed(id, e),

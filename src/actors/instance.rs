@@ -21,10 +21,10 @@ use super::read_model::{ActorStats, ReadModel};
 use std::time::Duration;
 
 use crate::ids::{InstanceId, NodeId};
-use crate::protocol::messages::{AgentRequest, AgentResponse, InstallBegin, ProcessSpec, RenderedFile};
+use crate::protocol::messages::{AgentRequest, AgentResponse, ENV_CHANGED, InstallBegin, ProcessSpec, RenderedFile};
 use crate::storage::StoreWriter;
 use crate::storage::WriteOp;
-use crate::storage::records::{Applied, DesiredState, InstanceRecord, InstanceResult, InstanceStatus};
+use crate::storage::records::{Applied, DesiredState, InstanceRecord, InstanceResult, InstanceStatus, PendingRestart};
 
 /// What one instance should do now.
 #[derive(Debug, Clone)]
@@ -223,9 +223,15 @@ impl Env {
         // Intent first: a new generation, durable before the agent hears of
         // it. A health check changes nothing, so it carries no generation.
         if !matches!(cmd, InstanceCmd::CheckHealth { .. }) {
+            let installing = matches!(cmd, InstanceCmd::Install(_));
             let intent = self
                 .save(|r| {
                     r.generation += 1;
+                    if installing {
+                        // Until the install answers, what is on the node is
+                        // unknown: a roll must redo it, never skip it.
+                        r.applied = None;
+                    }
                     if let Some(s) = transitional {
                         r.status = s;
                     }
@@ -307,7 +313,7 @@ impl Env {
             }
             AgentResponse::Started { pid, already_running } => {
                 if !already_running {
-                    pending_restart = Some(false);
+                    pending_restart = Some(PendingRestart::No);
                 }
                 (
                     Some(InstanceStatus::Running),
@@ -325,8 +331,13 @@ impl Env {
                 if was_running { "stopped".into() } else { "was not running".into() },
             ),
             AgentResponse::FilesWritten { changed } => {
-                if !changed.is_empty() && self.record.borrow().status == InstanceStatus::Running {
-                    pending_restart = Some(true);
+                // Owed whether or not it runs now: a process the master thinks
+                // down may still run (a start that failed its health check),
+                // and a stopped one is cleared by its next start anyway.
+                if changed.iter().any(|c| c == ENV_CHANGED) {
+                    pending_restart = Some(PendingRestart::Restart);
+                } else if !changed.is_empty() {
+                    pending_restart = Some(PendingRestart::Reload);
                 }
                 let m = if changed.is_empty() {
                     "no file changed".into()
@@ -341,7 +352,7 @@ impl Env {
             }
             AgentResponse::HookDone { exit_code, stdout_tail, stderr_tail } => {
                 if verb == "reload" {
-                    pending_restart = Some(false);
+                    pending_restart = Some(PendingRestart::No);
                 }
                 out.result.exit_code = Some(exit_code);
                 out.result.stdout_tail = stdout_tail;
@@ -366,8 +377,11 @@ impl Env {
                 if applied.is_some() {
                     r.applied = applied;
                 }
-                if let Some(p) = pending_restart {
-                    r.pending_restart = p;
+                // Never downgrade an owed restart to a reload.
+                match pending_restart {
+                    Some(PendingRestart::Reload) if r.pending_restart == PendingRestart::Restart => {}
+                    Some(p) => r.pending_restart = p,
+                    None => {}
                 }
                 r.last_error = None;
             })
@@ -466,9 +480,7 @@ impl Handler<Observe> for InstanceActor {
                 let status = if restarting { InstanceStatus::Starting } else { InstanceStatus::Failed };
                 (pid == Some(exited) && desired == DesiredState::Running).then_some((status, None, Some(description)))
             }
-            Observation::Restarted { pid: Some(new), .. }
-                if desired == DesiredState::Running && status == InstanceStatus::Starting && pid.is_none() =>
-            {
+            Observation::Restarted { pid: Some(new), .. } if desired == DesiredState::Running && pid.is_none() => {
                 Some((InstanceStatus::Running, Some(new), None))
             }
             Observation::Restarted { pid: None, error: Some(e) }
@@ -486,9 +498,17 @@ impl Handler<Observe> for InstanceActor {
             {
                 Some((InstanceStatus::Running, seen, None))
             }
-            Observation::Inventory { present: true, running: false, .. } if status == InstanceStatus::Running => Some(
-                (InstanceStatus::Failed, None, Some(format!("not running on node {node} when its agent reconnected"))),
-            ),
+            // Running, or Starting with a restart the agent never reported
+            // (it disconnected or restarted meanwhile).
+            Observation::Inventory { present: true, running: false, .. }
+                if matches!(status, InstanceStatus::Running | InstanceStatus::Starting) =>
+            {
+                Some((
+                    InstanceStatus::Failed,
+                    None,
+                    Some(format!("not running on node {node} when its agent reconnected")),
+                ))
+            }
             _ => None,
         };
         let env = Env {

@@ -21,7 +21,7 @@ use crate::spec::RoleSpec;
 use crate::storage::WriteOp;
 use crate::storage::records::{
     ClusterRecord, ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, OperationRecord, OperationStatus,
-    PackageRef, RECORD_VERSION, RoleState,
+    PackageRef, PendingRestart, RECORD_VERSION, RoleState,
 };
 
 /// A request to create a cluster (already parsed from JSON).
@@ -236,7 +236,7 @@ pub fn place_instances(
             dir,
             last_error: None,
             applied: None,
-            pending_restart: false,
+            pending_restart: PendingRestart::No,
         });
     }
     Ok(out)
@@ -426,18 +426,21 @@ async fn remove_leftover(shared: Shared, node: NodeId, instance: InstanceId, gen
     let req =
         crate::protocol::messages::AgentRequest::Delete { instance: instance.clone(), generation: generation + 1 };
     match link.call(req, "Delete").await {
-        Ok(_) => {
-            if let Err(e) = shared.store.commit(vec![WriteOp::delete_leftover(&instance)]).await {
-                tracing::error!(%instance, error = %e, "cannot forget a removed leftover");
-                return;
-            }
-            let removed = shared.read_model.write().leftovers.remove(&instance);
-            if let Some(l) = removed {
-                shared.ports.release(&l.node, l.ports.iter().copied());
-            }
-            tracing::info!(%instance, %node, "removed the leftover of a force delete");
-        }
+        Ok(_) => forget_leftover(&shared, &instance).await,
         Err(e) => tracing::warn!(%instance, %node, error = %e, "cannot remove the leftover of a force delete yet"),
+    }
+}
+
+/// Drops a leftover that is gone from its node, and frees its ports.
+async fn forget_leftover(shared: &Shared, instance: &InstanceId) {
+    if let Err(e) = shared.store.commit(vec![WriteOp::delete_leftover(instance)]).await {
+        tracing::error!(%instance, error = %e, "cannot forget a removed leftover");
+        return;
+    }
+    let removed = shared.read_model.write().leftovers.remove(instance);
+    if let Some(l) = removed {
+        shared.ports.release(&l.node, l.ports.iter().copied());
+        tracing::info!(%instance, node = %l.node, "the leftover of a force delete is gone from its node");
     }
 }
 
@@ -476,6 +479,21 @@ impl Handler<NodeInventory> for Supervisor {
             if let Some(addr) = self.clusters.get(cluster) {
                 addr.do_send(InstanceObserved { instance: id.clone(), observation });
             }
+        }
+        // Leftovers the agent no longer holds (it finished the delete itself,
+        // e.g. from its tombstone after a restart): nothing left to remove.
+        let gone: Vec<InstanceId> = self
+            .shared
+            .read_model
+            .read()
+            .leftovers
+            .values()
+            .filter(|l| l.node == msg.node && !msg.reports.iter().any(|r| r.instance == l.instance))
+            .map(|l| l.instance.clone())
+            .collect();
+        for id in gone {
+            let shared = self.shared.clone();
+            actix::spawn(async move { forget_leftover(&shared, &id).await });
         }
         for r in &msg.reports {
             if ours.iter().any(|(id, _)| id == &r.instance) {

@@ -76,7 +76,6 @@ impl Node {
             }
             rec.pid = None;
             let unexpected = rec.desired_running;
-            let generation = rec.generation;
             let r = rec.clone();
             drop(guard);
             let _ = node.persist(&r).await;
@@ -96,25 +95,27 @@ impl Node {
             });
             if let Some(delay) = restart_in {
                 tokio::time::sleep(delay).await;
-                if let Some(event) = node.restart_after_crash(&id, generation).await {
+                if let Some(event) = node.restart_after_crash(&id).await {
                     node.send_event(event);
                 }
             }
         });
     }
 
-    /// Starts a crashed instance again, unless anything happened to it
-    /// meanwhile (a newer command, a stop, a start): then it is not ours to
-    /// restart any more, and `None` is returned.
-    async fn restart_after_crash(self: &Arc<Self>, id: &InstanceId, generation: u64) -> Option<AgentEvent> {
-        {
+    /// Starts a crashed instance again, unless it is no longer wanted
+    /// running (a stop, a delete) or runs already (a start got in first):
+    /// then `None`. Other commands meanwhile (a hook, new files) do not
+    /// cancel the restart.
+    async fn restart_after_crash(self: &Arc<Self>, id: &InstanceId) -> Option<AgentEvent> {
+        let generation = {
             let slot = self.slot(id);
             let guard = slot.record.lock().await;
             let rec = guard.as_ref()?;
-            if !rec.desired_running || rec.generation != generation || rec.pid.is_some() {
+            if !rec.desired_running || rec.pid.is_some() {
                 return None;
             }
-        }
+            rec.generation
+        };
         let (pid, error) = match self.start(id, generation).await {
             AgentResponse::Started { pid, .. } => {
                 tracing::info!(instance = %id, pid, "restarted after an unexpected exit");

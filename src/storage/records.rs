@@ -170,10 +170,21 @@ pub struct InstanceRecord {
     pub last_error: Option<String>,
     /// `None` until the first successful install.
     pub applied: Option<Applied>,
-    /// Its files (or environment) changed while it ran: a reload or restart
-    /// is owed. Durable, so a reconfiguration interrupted between writing
-    /// the files and restarting still restarts it when it runs again.
-    pub pending_restart: bool,
+    /// Its files (or environment) changed since its process started: a
+    /// reload (files) or a restart (environment) is owed. Durable, so a
+    /// reconfiguration interrupted between writing the files and restarting
+    /// still does the right one when it runs again.
+    pub pending_restart: PendingRestart,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum PendingRestart {
+    #[default]
+    No,
+    /// Files changed: the role's `reload` hook will do, else a restart.
+    Reload,
+    /// The environment changed: only a restart applies it.
+    Restart,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -57,7 +57,7 @@ pub fn instance(cluster: &ClusterRecord, ordinal: u32) -> InstanceRecord {
             package_version: "3.8.0".into(),
             limits: Some(Limits { memory_bytes: Some(512 << 20), cpu: None }),
         }),
-        pending_restart: true,
+        pending_restart: PendingRestart::Restart,
     }
 }
 
