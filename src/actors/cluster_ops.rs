@@ -105,7 +105,7 @@ impl ClusterOps {
             core.pending.remove(&r.id);
             core.instances.insert(r.id.clone(), handle);
             let ports: Vec<String> = r.ports.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            results.push(ok(&r.id, format!("allocated on {} ({})", r.node, ports.join(", "))));
+            results.push(InstanceResult::ok(&r.id, format!("allocated on {} ({})", r.node, ports.join(", "))));
         }
         Ok(results)
     }
@@ -130,12 +130,14 @@ impl ClusterOps {
             match removed {
                 // A leftover may still run and hold its ports: they are
                 // released when it is removed from its node.
-                Some(_) if leftover => results.push(ok(id, "forgotten; ports kept until its node removes it".into())),
+                Some(_) if leftover => {
+                    results.push(InstanceResult::ok(id, "forgotten; ports kept until its node removes it"))
+                }
                 Some(r) => {
                     self.shared.ports.release(&r.node, r.ports.values().copied());
-                    results.push(ok(id, "forgotten; ports released".into()));
+                    results.push(InstanceResult::ok(id, "forgotten; ports released"));
                 }
-                None => results.push(ok(id, "already forgotten".into())),
+                None => results.push(InstanceResult::ok(id, "already forgotten")),
             }
         }
         Ok(results)
@@ -189,10 +191,6 @@ impl ClusterOps {
         .map_err(fail)?;
         Ok(Vec::new())
     }
-}
-
-pub(super) fn ok(id: &InstanceId, message: String) -> InstanceResult {
-    InstanceResult::ok(id, message)
 }
 
 pub(super) fn fail(message: String) -> StepFailure {

@@ -8,7 +8,7 @@
 
 use futures::future::join_all;
 
-use super::cluster_ops::{ClusterOps, ok};
+use super::cluster_ops::ClusterOps;
 use super::instance::{InstanceCmd, InstanceOutcome};
 use crate::ids::InstanceId;
 use crate::operations::{Hook, Rolling, StepFailure};
@@ -102,7 +102,7 @@ impl ClusterOps {
             match self.record_of(id) {
                 Ok(inst) => known.push(inst),
                 // Forgotten already (a delete run again): nothing to run it on.
-                Err(_) => results.push(ok(id, format!("no record; no {} hook to run", hook.name()))),
+                Err(_) => results.push(InstanceResult::ok(id, format!("no record; no {} hook to run", hook.name()))),
             }
         }
         for group in current.spec.roles_by_order() {
@@ -112,7 +112,9 @@ impl ClusterOps {
                 let Some(role) = group.iter().find(|r| r.name == inst.role) else { continue };
                 match hook_argv(role, hook) {
                     Some(_) => run.push(id.clone()),
-                    None => results.push(ok(id, format!("role {} has no {} hook", role.name, hook.name()))),
+                    None => {
+                        results.push(InstanceResult::ok(id, format!("role {} has no {} hook", role.name, hook.name())))
+                    }
                 }
             }
             let outcomes = self
@@ -201,7 +203,8 @@ impl ClusterOps {
             } else if must_run && inst.status != InstanceStatus::Running {
                 todo.push((id.clone(), true, false));
             } else {
-                results.push(ok(id, format!("already at {} with these limits", target.package_version)));
+                results
+                    .push(InstanceResult::ok(id, format!("already at {} with these limits", target.package_version)));
             }
         }
         for chunk in todo.chunks(r.batch.max(1)) {

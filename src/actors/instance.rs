@@ -140,8 +140,10 @@ impl InstanceHandle {
         let task = actix::spawn(async move { addr.send(RunInstanceCommand(cmd)).await });
         match task.await {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => failed(&InstanceId::new(id), format!("instance actor unavailable: {e}")).into(),
-            Err(e) => failed(&InstanceId::new(id), format!("instance command task failed: {e}")).into(),
+            Ok(Err(e)) => {
+                InstanceResult::failed(&InstanceId::new(id), format!("instance actor unavailable: {e}")).into()
+            }
+            Err(e) => InstanceResult::failed(&InstanceId::new(id), format!("instance command task failed: {e}")).into(),
         }
     }
 }
@@ -150,10 +152,6 @@ impl From<InstanceResult> for InstanceOutcome {
     fn from(result: InstanceResult) -> Self {
         InstanceOutcome { result, changed: Vec::new() }
     }
-}
-
-fn failed(id: &InstanceId, message: String) -> InstanceResult {
-    InstanceResult::failed(id, message)
 }
 
 impl InstanceActor {
@@ -170,6 +168,19 @@ impl InstanceActor {
         let actor =
             InstanceActor { record: Rc::new(RefCell::new(record)), links, store, read_model, stats: stats.clone() };
         InstanceHandle { addr: actor.start(), stats }
+    }
+}
+
+impl InstanceActor {
+    /// What a command's future needs, without borrowing the actor.
+    fn env(&self) -> Env {
+        Env {
+            record: self.record.clone(),
+            links: self.links.clone(),
+            store: self.store.clone(),
+            read_model: self.read_model.clone(),
+            stats: self.stats.clone(),
+        }
     }
 }
 
@@ -241,7 +252,7 @@ impl Env {
                 })
                 .await;
             if let Err(e) = intent {
-                return failed(&id, format!("{verb} of {id} on {node}: {e}")).into();
+                return InstanceResult::failed(&id, format!("{verb} of {id} on {node}: {e}")).into();
             }
         }
         let generation = self.record.borrow().generation;
@@ -363,7 +374,7 @@ impl Env {
             other => {
                 let m = format!("{verb} of {id} on {node}: unexpected answer {other:?}");
                 let _ = self.save(|r| r.status = InstanceStatus::Failed).await;
-                return failed(id, m).into();
+                return InstanceResult::failed(id, m).into();
             }
         };
         let saved = self
@@ -391,7 +402,7 @@ impl Env {
                 out.result.message = message;
                 out
             }
-            Err(e) => failed(id, format!("{verb} of {id} on {node}: {e}")).into(),
+            Err(e) => InstanceResult::failed(id, format!("{verb} of {id} on {node}: {e}")).into(),
         }
     }
 
@@ -436,13 +447,7 @@ impl Handler<RunInstanceCommand> for InstanceActor {
 
     fn handle(&mut self, msg: RunInstanceCommand, _ctx: &mut Context<Self>) -> Self::Result {
         self.stats.begin(msg.0.verb());
-        let env = Env {
-            record: self.record.clone(),
-            links: self.links.clone(),
-            store: self.store.clone(),
-            read_model: self.read_model.clone(),
-            stats: self.stats.clone(),
-        };
+        let env = self.env();
         let stats = self.stats.clone();
         // One span per instance command, inside the operation's span.
         let span = tracing::info_span!("instance", id = %stats.id, verb = msg.0.verb());
@@ -511,13 +516,7 @@ impl Handler<Observe> for InstanceActor {
             }
             _ => None,
         };
-        let env = Env {
-            record: self.record.clone(),
-            links: self.links.clone(),
-            store: self.store.clone(),
-            read_model: self.read_model.clone(),
-            stats: self.stats.clone(),
-        };
+        let env = self.env();
         let stats = self.stats.clone();
         AtomicResponse::new(Box::pin(
             async move {

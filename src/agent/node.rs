@@ -65,6 +65,18 @@ pub fn failure(kind: FailureKind, message: impl Into<String>) -> AgentResponse {
     })
 }
 
+/// The answer for a start or stop that failed, with the process's exit code
+/// and stderr tail when it has them.
+fn process_failure(kind: FailureKind, e: &super::process::ProcessError) -> AgentResponse {
+    AgentResponse::Failed(CommandFailure {
+        kind,
+        message: crate::error::ErrorChain(e).to_string(),
+        exit_code: e.exit_code(),
+        stderr_tail: e.stderr_tail().to_string(),
+        stdout_tail: String::new(),
+    })
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -407,13 +419,7 @@ impl Node {
                 rec.pid = None;
                 let r = rec.clone();
                 let _ = self.persist(&r).await;
-                AgentResponse::Failed(CommandFailure {
-                    kind: FailureKind::Start,
-                    message: crate::error::ErrorChain(&e).to_string(),
-                    exit_code: e.exit_code(),
-                    stderr_tail: e.stderr_tail().to_string(),
-                    stdout_tail: String::new(),
-                })
+                process_failure(FailureKind::Start, &e)
             }
         }
     }
@@ -453,15 +459,7 @@ impl Node {
         let dir = self.instance_dir(id);
         let req =
             StopRequest { instance: id, dir: &dir, spec: &rec.process, run_as: &run_as, current: rec.pid.as_ref() };
-        self.processes.stop(&req).await.map_err(|e| {
-            AgentResponse::Failed(CommandFailure {
-                kind: FailureKind::Stop,
-                message: crate::error::ErrorChain(&e).to_string(),
-                exit_code: e.exit_code(),
-                stderr_tail: e.stderr_tail().to_string(),
-                stdout_tail: String::new(),
-            })
-        })
+        self.processes.stop(&req).await.map_err(|e| process_failure(FailureKind::Stop, &e))
     }
 
     pub async fn delete(&self, id: &InstanceId, generation: u64) -> AgentResponse {
