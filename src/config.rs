@@ -40,8 +40,24 @@ pub struct MasterConfig {
     pub agent_reply_timeout: Duration,
     #[serde(with = "humantime_serde_compat")]
     pub handshake_timeout: Duration,
+    /// A frame an agent's connection cannot take within this closes the
+    /// link: the agent stopped reading.
+    #[serde(with = "humantime_serde_compat")]
+    pub agent_send_timeout: Duration,
     pub endpoints_file: Option<PathBuf>,
     pub log_format: LogFormat,
+    /// Threads cluster actors and node managers are spread over (0: one per CPU).
+    pub actor_threads: usize,
+    /// HTTP worker threads.
+    pub http_workers: usize,
+    /// Messages one cluster actor (or the supervisor) may have waiting;
+    /// past it requests are answered `503 overloaded`.
+    pub mailbox_capacity: usize,
+    /// Commits the store may have queued; past it new requests are
+    /// answered `503 overloaded` (internal writes wait).
+    pub writer_queue: usize,
+    /// Ended operations kept per cluster; older ones are deleted.
+    pub operations_retained: usize,
 }
 
 impl Default for MasterConfig {
@@ -57,8 +73,14 @@ impl Default for MasterConfig {
             node_down_after: Duration::from_secs(30),
             agent_reply_timeout: Duration::from_secs(120),
             handshake_timeout: Duration::from_secs(10),
+            agent_send_timeout: Duration::from_secs(10),
             endpoints_file: None,
             log_format: LogFormat::Text,
+            actor_threads: 0,
+            http_workers: 2,
+            mailbox_capacity: 256,
+            writer_queue: 8192,
+            operations_retained: 1000,
         }
     }
 }
@@ -203,6 +225,19 @@ impl MasterConfig {
             });
         }
         check_nonzero("agent_reply_timeout", self.agent_reply_timeout)?;
+        check_nonzero("agent_send_timeout", self.agent_send_timeout)?;
+        for (key, v, max) in [
+            ("actor_threads", self.actor_threads, 256),
+            ("http_workers", self.http_workers, 256),
+            ("mailbox_capacity", self.mailbox_capacity, 1 << 20),
+            ("writer_queue", self.writer_queue, 1 << 20),
+            ("operations_retained", self.operations_retained, 1 << 20),
+        ] {
+            let min = usize::from(key != "actor_threads");
+            if v < min || v > max {
+                return Err(ConfigError::Invalid { key, message: format!("{v} is outside {min}..={max}") });
+            }
+        }
         check_nonzero("handshake_timeout", self.handshake_timeout)
     }
 }

@@ -33,6 +33,11 @@ pub enum Error {
     /// Temporarily unavailable; retrying may help (503).
     #[error("{message}")]
     Unavailable { message: String },
+    /// A bounded queue (a mailbox, the store's write queue) is full: the
+    /// request was refused before anything of it happened; retry after a
+    /// moment (503 `overloaded`, with `Retry-After`).
+    #[error("{message}")]
+    Overloaded { message: String },
     /// A bug or an unexpected failure of a dependency (500).
     #[error("internal error: {message}")]
     Internal { message: String },
@@ -54,6 +59,9 @@ impl Error {
     pub fn unavailable(message: impl Into<String>) -> Self {
         Error::Unavailable { message: message.into() }
     }
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Error::Overloaded { message: message.into() }
+    }
     /// Wraps any error as internal, keeping its whole chain in the message.
     pub fn internal(err: impl std::error::Error) -> Self {
         Error::Internal { message: ErrorChain(&err).to_string() }
@@ -61,7 +69,7 @@ impl Error {
 
     /// True when retrying the same request later may succeed.
     pub fn retryable(&self) -> bool {
-        matches!(self, Error::Unavailable { .. })
+        matches!(self, Error::Unavailable { .. } | Error::Overloaded { .. })
     }
 }
 

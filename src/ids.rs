@@ -96,7 +96,7 @@ impl InstanceId {
 }
 
 macro_rules! uuid_id {
-    ($(#[$doc:meta])* $name:ident) => {
+    ($(#[$doc:meta])* $name:ident, $new:expr) => {
         $(#[$doc])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(transparent)]
@@ -104,7 +104,7 @@ macro_rules! uuid_id {
 
         impl $name {
             pub fn random() -> Self {
-                Self(uuid::Uuid::new_v4())
+                Self($new)
             }
         }
 
@@ -125,11 +125,14 @@ macro_rules! uuid_id {
 
 uuid_id!(
     /// A cluster's id; the name can be reused after delete, the id never is.
-    ClusterId
+    ClusterId,
+    uuid::Uuid::new_v4()
 );
 uuid_id!(
-    /// An operation's id.
-    OperationId
+    /// An operation's id: a UUIDv7, so ids sort by creation time (at the
+    /// millisecond; random bits after).
+    OperationId,
+    uuid::Uuid::now_v7()
 );
 
 #[cfg(test)]

@@ -22,6 +22,7 @@
 //! | [`agent`] | the node manager: connection, installer, process control, local state |
 //! | [`master`] | wiring that starts a master: storage, actors, listeners |
 //! | [`dev`] | `flotilla dev`: a master and N agents on loopback |
+//! | [`bench`] | `flotilla bench`: simulated agents (the real protocol, a fake process layer) and the load driver |
 //! | [`package`] | package tarballs: reading `component.toml` out of an upload |
 //!
 //! Integration tests in `tests/` start a real master and real agents as
@@ -29,6 +30,7 @@
 
 pub mod actors;
 pub mod agent;
+pub mod bench;
 pub mod config;
 pub mod dev;
 pub mod error;

@@ -61,6 +61,10 @@ enum Command {
     },
     /// A master and N agents on loopback, with the example packages loaded.
     Dev(flotilla::dev::DevArgs),
+    /// Load-test a master: simulated agents (the real protocol, no real
+    /// processes) driven through create, scale-out, restart, reconfigure
+    /// and scale-in by concurrent clients; `bench real` for real agents.
+    Bench(flotilla::bench::BenchArgs),
 }
 
 fn init_logs(format: LogFormat) {
@@ -143,6 +147,14 @@ fn main() -> anyhow::Result<()> {
             init_logs(LogFormat::Text);
             let rt = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
             rt.block_on(flotilla::dev::run(args))?;
+        }
+        Command::Bench(args) => {
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+            tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+            let rt = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            let report = rt.block_on(flotilla::bench::run(args)).map_err(anyhow::Error::msg)?;
+            println!("{}", report.table());
         }
     }
     Ok(())

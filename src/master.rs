@@ -1,28 +1,31 @@
 //! Starts a master: opens storage, loads the read model, starts the actors,
 //! the agent listener and the admin API. Runs inside an actix `System`.
 
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use actix::Actor;
+use actix::{Actor, Arbiter, ArbiterHandle};
 use actix_web::{App, HttpServer};
 use time::OffsetDateTime;
 use tokio::net::TcpListener;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-use crate::actors::node_manager::{NodeLinks, NodeManagerActor};
+use crate::actors::node_link::NodeLinks;
+use crate::actors::node_manager::NodeManagerActor;
 use crate::actors::packages::Packages;
 use crate::actors::placement::PortAllocator;
-use crate::actors::read_model::{NodeView, PackageView, ReadModel};
+use crate::actors::read_model::{ActorStats, PackageView, ReadModel};
+use crate::actors::registry::Registry;
 use crate::actors::supervisor::{Boot, Supervisor};
-use crate::actors::{Shared, Timing};
+use crate::actors::{Limits, Shared, Timing};
 use crate::config::MasterConfig;
 use crate::protocol::codec::MasterCodec;
 use crate::protocol::handshake::master_handshake;
 use crate::protocol::messages::{MasterFrame, PROTOCOL_VERSION, Welcome};
 use crate::spec::ComponentSpec;
-use crate::storage::records::{NodeRecord, NodeStatus, RECORD_VERSION};
-use crate::storage::{BlobStore, MasterStore, WriteOp};
+use crate::storage::records::{NodeRecord, RECORD_VERSION};
+use crate::storage::{BlobStore, MasterStore, MetaStore, WriteOp, meta};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MasterError {
@@ -49,50 +52,58 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         move |source| MasterError::Io { path, source }
     };
     std::fs::create_dir_all(&cfg.data_dir).map_err(io_err(&cfg.data_dir))?;
-    let store = MasterStore::open(&cfg.data_dir.join("db")).map_err(MasterError::Storage)?;
+    let store = MasterStore::open_with(&cfg.data_dir.join("db"), cfg.writer_queue).map_err(MasterError::Storage)?;
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
     let loader = store.clone();
-    let snapshot = tokio::task::spawn_blocking(move || loader.load_all())
-        .await
-        .map_err(|e| MasterError::Storage(crate::storage::StorageError::Codec(e.to_string())))?
-        .map_err(MasterError::Storage)?;
+    let (snapshot, history) = tokio::task::spawn_blocking(move || {
+        let snap = loader.load_all()?;
+        let running: std::collections::HashSet<_> = snap.operations.iter().map(|o| o.id).collect();
+        let mut history = HashMap::new();
+        for c in &snap.clusters {
+            let ended: VecDeque<_> =
+                meta::cluster_operations(&loader, &c.id)?.into_iter().filter(|(_, id)| !running.contains(id)).collect();
+            history.insert(c.id, ended);
+        }
+        Ok::<_, crate::storage::StorageError>((snap, history))
+    })
+    .await
+    .map_err(|e| MasterError::Storage(crate::storage::StorageError::Codec(e.to_string())))?
+    .map_err(MasterError::Storage)?;
 
-    let read_model = ReadModel::new();
-    {
-        let mut s = read_model.write();
-        for p in snapshot.packages {
-            match ComponentSpec::parse(&p.spec_toml) {
-                Ok(spec) => {
-                    s.packages.insert(
-                        (p.name.clone(), p.package_version.clone()),
-                        PackageView { record: p, spec: Arc::new(spec) },
-                    );
-                }
-                Err(e) => {
-                    tracing::error!(package = %p.name, version = %p.package_version, error = %e, "stored package spec no longer parses; skipped")
-                }
+    let store: Arc<dyn MetaStore> = Arc::new(store);
+    let read_model = ReadModel::new(store.clone());
+    for p in snapshot.packages {
+        match ComponentSpec::parse(&p.spec_toml) {
+            Ok(spec) => read_model.put_package(PackageView { record: Arc::new(p), spec: Arc::new(spec) }),
+            Err(e) => {
+                tracing::error!(package = %p.name, version = %p.package_version, error = %e, "stored package spec no longer parses; skipped")
             }
         }
-        for l in &snapshot.leftovers {
-            s.leftovers.insert(l.instance.clone(), l.clone());
-        }
-        for n in snapshot.nodes {
-            s.nodes.insert(
-                n.id.clone(),
-                NodeView { record: n, status: NodeStatus::Unknown, connected: false, last_heartbeat: None },
-            );
-        }
+    }
+    read_model.put_leftovers(&snapshot.leftovers);
+    for n in snapshot.nodes {
+        read_model.register_node(n);
     }
     let timing = Timing {
         agent_reply_timeout: cfg.agent_reply_timeout,
+        agent_send_timeout: cfg.agent_send_timeout,
         node_unknown_after: cfg.node_unknown_after,
         node_down_after: cfg.node_down_after,
     };
+    let limits = Limits { cluster_mailbox: cfg.mailbox_capacity, operations_retained: cfg.operations_retained };
+    // Cluster actors and node managers are spread over these threads.
+    let threads = if cfg.actor_threads == 0 {
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
+    } else {
+        cfg.actor_threads
+    };
+    let arbiters: Vec<ArbiterHandle> = (0..threads).map(|_| Arbiter::new().handle()).collect();
     let shared = Shared {
-        store: store.writer().clone(),
+        store: store.clone(),
         blobs: Arc::new(blobs),
         read_model: read_model.clone(),
         links: NodeLinks::default(),
+        registry: Registry::default(),
         // Instances an interrupted operation will still create keep their ports.
         ports: Arc::new(PortAllocator::from_instances(
             snapshot.instances.iter().chain(
@@ -105,11 +116,15 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
             ),
         )),
         timing,
+        limits,
+        supervisor: ActorStats::new("supervisor", "supervisor", None),
+        arbiters: Arc::new(arbiters.clone()),
     };
     for l in &snapshot.leftovers {
         shared.ports.reserve(&l.node, l.ports.iter().copied());
     }
-    let boot = Boot { clusters: snapshot.clusters, instances: snapshot.instances, operations: snapshot.operations };
+    let boot =
+        Boot { clusters: snapshot.clusters, instances: snapshot.instances, operations: snapshot.operations, history };
     let supervisor = Supervisor::new(shared.clone(), boot).start();
 
     let agent_listener = TcpListener::bind(&cfg.agent_addr)
@@ -125,14 +140,13 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         http_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
     let state = crate::http::AppState {
         supervisor,
-        read_model,
+        shared: shared.clone(),
         packages: Packages::new(shared.clone(), cfg.max_upload_bytes),
-        timing,
         max_upload_bytes: cfg.max_upload_bytes,
     };
     let max_json = cfg.max_json_bytes;
     let server = HttpServer::new(move || App::new().configure(|c| crate::http::configure(c, state.clone(), max_json)))
-        .workers(2)
+        .workers(cfg.http_workers.max(1))
         // Signals are ours (below): the store must freeze before anything closes.
         .disable_signals()
         // Long polls (`?wait=`) would hold a graceful stop for their full wait.
@@ -141,19 +155,22 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?
         .run();
 
-    tracing::info!(api = %format!("http://{http_addr}/api/v1"), agents = %agent_addr, "master ready");
+    tracing::info!(api = %format!("http://{http_addr}/api/v1"), agents = %agent_addr, threads, "master ready");
     if let Some(path) = &cfg.endpoints_file {
         write_endpoints(path, http_addr, agent_addr).map_err(io_err(path))?;
     }
     let handle = server.handle();
-    let store = shared.store.clone();
     actix::spawn(async move {
         crate::dev::shutdown_signal().await;
         tracing::info!("shutting down: the store is frozen, running operations resume at the next start");
         store.freeze();
         handle.stop(true).await;
     });
-    server.await.map_err(|source| MasterError::Listen { addr: http_addr.to_string(), source })
+    let served = server.await.map_err(|source| MasterError::Listen { addr: http_addr.to_string(), source });
+    for a in arbiters {
+        a.stop();
+    }
+    served
 }
 
 /// Writes `{"api_url", "agent_addr"}` atomically (temp file + rename), so a
@@ -208,11 +225,6 @@ async fn admit(
         let _ = futures::SinkExt::send(&mut framed, MasterFrame::Refused { reason: format!("node id: {m}") }).await;
         return Err(format!("bad node id {node}: {m}"));
     }
-    if shared.links.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&node) {
-        let reason = format!("node {node} is already connected; refusing a second agent with the same node id");
-        let _ = futures::SinkExt::send(&mut framed, MasterFrame::Refused { reason: reason.clone() }).await;
-        return Err(reason);
-    }
     let record = NodeRecord {
         version: RECORD_VERSION,
         id: node.clone(),
@@ -224,34 +236,29 @@ async fn admit(
         agent_version: hello.agent_version.clone(),
         instance_root: hello.instance_root.clone(),
         registered_at: OffsetDateTime::now_utc(),
+        simulated: hello.simulated,
     };
-    let op = WriteOp::put_node(&record).map_err(|e| e.to_string())?;
-    shared.store.commit(vec![op]).await.map_err(|e| e.to_string())?;
-    shared.read_model.write().nodes.insert(
-        node.clone(),
-        NodeView {
-            record,
-            status: NodeStatus::Ready,
-            connected: true,
-            last_heartbeat: Some(OffsetDateTime::now_utc()),
-        },
-    );
-    tracing::info!(%node, %peer, instances = hello.inventory.len(), "agent registered");
+    // A node seen before with the same registration needs no write: a
+    // thousand agents reconnecting after a master restart cost no fsync.
+    let known = shared.read_model.node(&node).map(|n| n.record());
+    let changed = known.as_ref().is_none_or(|k| NodeRecord { registered_at: k.registered_at, ..record.clone() } != **k);
+    if changed {
+        let op = WriteOp::put_node(&record).map_err(|e| e.to_string())?;
+        shared.store.commit(vec![op]).await.map_err(|e| e.to_string())?;
+    }
+    let entry = match shared.read_model.node(&node) {
+        Some(e) if !changed => e,
+        _ => shared.read_model.register_node(record),
+    };
+    tracing::info!(%node, %peer, instances = hello.inventory.len(), simulated = hello.simulated, "agent registered");
     let parts = framed.into_parts();
     let (read_half, write_half) = parts.io.into_split();
     let mut reader = FramedRead::new(read_half, MasterCodec::default());
     reader.read_buffer_mut().extend_from_slice(&parts.read_buf);
     let writer = FramedWrite::new(write_half, MasterCodec::default());
     let reports = hello.inventory;
-    NodeManagerActor::start_for(
-        node.clone(),
-        reader,
-        writer,
-        cfg.agent_reply_timeout,
-        shared.links.clone(),
-        shared.read_model.clone(),
-        supervisor.clone(),
-    );
+    NodeManagerActor::start_for(node.clone(), reader, writer, entry, shared.clone());
+    shared.supervisor.enqueue();
     supervisor.do_send(crate::actors::supervisor::NodeInventory { node, reports });
     Ok(())
 }

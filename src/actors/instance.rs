@@ -1,8 +1,15 @@
-//! `InstanceActor`: one per instance. It owns the instance record and is
-//! the only writer of it. Every mutating message is handled atomically
-//! (`AtomicResponse`): the actor takes no other message until the agent has
-//! answered and the new state is durable, so commands on one instance never
-//! interleave. Reads go to the read model, never through this mailbox.
+//! `InstanceActor`: one per instance, the only writer of its record.
+//! Every message (a command, an observation) is handled to completion in
+//! turn: the actor takes the next only when the agent has answered and the
+//! new state is durable, so commands on one instance never interleave.
+//! Reads go to the read model, never through this mailbox.
+//!
+//! A light actor: it lives on its cluster actor's arbiter thread, and its
+//! mailbox is a FIFO async lock (tokio's mutex queues waiters in order), so
+//! 100,000 of them cost a record (shared, by `Arc`, with the published
+//! snapshot) and a few counters each, not an actix context. Each message
+//! runs in its own task, so a caller that stops waiting (the step watchdog)
+//! never cancels a command half-way.
 //!
 //! Each command bumps the instance's generation and persists the intent
 //! (desired state, transitional status) before it is sent, so after a crash
@@ -13,16 +20,15 @@ use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
-
-use actix::prelude::*;
-
-use super::node_manager::{NodeError, NodeLinks};
-use super::read_model::{ActorStats, ReadModel};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::Shared;
+use super::node_link::NodeError;
+use super::read_model::{ClusterCell, InstanceEntry, InstanceStats};
 use crate::ids::{InstanceId, NodeId};
 use crate::protocol::messages::{AgentRequest, AgentResponse, ENV_CHANGED, InstallBegin, ProcessSpec, RenderedFile};
-use crate::storage::StoreWriter;
+use crate::spec::{ChangeMode, ComponentSpec};
 use crate::storage::WriteOp;
 use crate::storage::records::{Applied, DesiredState, InstanceRecord, InstanceResult, InstanceStatus, PendingRestart};
 
@@ -30,15 +36,19 @@ use crate::storage::records::{Applied, DesiredState, InstanceRecord, InstanceRes
 #[derive(Debug, Clone)]
 pub enum InstanceCmd {
     Install(Box<InstallPayload>),
-    /// Start and wait until healthy; `wait` is the role's start timeout.
+    /// Start and wait until healthy; `wait` is the role's start timeout,
+    /// `settle` its start settle window.
     Start {
         wait: Duration,
+        settle: Duration,
     },
     Stop,
-    /// Re-rendered files and environment.
+    /// Re-rendered files and environment; `rule` says what a change of
+    /// each file owes the running process.
     WriteFiles {
         files: Vec<RenderedFile>,
         env: Vec<(String, String)>,
+        rule: ChangeRule,
     },
     Delete,
     RunHook {
@@ -48,6 +58,10 @@ pub enum InstanceCmd {
     },
     CheckHealth {
         timeout: Duration,
+    },
+    /// A signal to the main process (a file's `change_mode = "signal"`).
+    Signal {
+        signal: i32,
     },
 }
 
@@ -61,6 +75,30 @@ impl InstanceCmd {
             InstanceCmd::Delete => "delete",
             InstanceCmd::RunHook { hook, .. } => hook,
             InstanceCmd::CheckHealth { .. } => "health check",
+            InstanceCmd::Signal { .. } => "signal",
+        }
+    }
+}
+
+/// Which role's change modes apply to a `WriteFiles`.
+#[derive(Debug, Clone)]
+pub struct ChangeRule {
+    pub spec: Arc<ComponentSpec>,
+    pub role: String,
+}
+
+impl ChangeRule {
+    /// What the process owes after `changed` (paths, or `ENV_CHANGED`).
+    fn owed(&self, changed: &[String]) -> Option<PendingRestart> {
+        if changed.iter().any(|c| c == ENV_CHANGED) {
+            return Some(PendingRestart::Restart);
+        }
+        let mode = self.spec.role(&self.role).map(|r| r.owed(changed)).unwrap_or(Some(ChangeMode::Restart))?;
+        match mode {
+            ChangeMode::Noop => None,
+            ChangeMode::Signal(s) => Some(PendingRestart::Signal(s)),
+            ChangeMode::Reload => Some(PendingRestart::Reload),
+            ChangeMode::Restart => Some(PendingRestart::Restart),
         }
     }
 }
@@ -86,12 +124,6 @@ pub struct InstanceOutcome {
     pub changed: Vec<String>,
 }
 
-/// Runs one command on the instance. The answer is the per-instance result
-/// an operation journals, `ok == false` on failure.
-#[derive(Message)]
-#[rtype(result = "InstanceOutcome")]
-pub struct RunInstanceCommand(pub InstanceCmd);
-
 /// What an agent reported about the instance outside of a command.
 #[derive(Debug, Clone)]
 pub enum Observation {
@@ -104,49 +136,60 @@ pub enum Observation {
     Inventory { present: bool, running: bool, pid: Option<u32> },
 }
 
-/// Applies an observation; answers whether the instance newly failed.
-#[derive(Message)]
-#[rtype(result = "bool")]
-pub struct Observe(pub Observation);
-
-/// Stops the actor (the instance was forgotten).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Retire;
+/// What the instance actors of one cluster share (all on its arbiter).
+pub struct ClusterEnv {
+    pub shared: Shared,
+    /// Where the cluster's snapshot is published.
+    pub cell: Arc<ClusterCell>,
+    /// Bumped whenever a command of the cluster moves (an answer, a package
+    /// chunk sent): the step watchdog's sign of life.
+    pub progress: Arc<AtomicU64>,
+}
 
 pub struct InstanceActor {
-    record: Rc<RefCell<InstanceRecord>>,
-    links: NodeLinks,
-    store: StoreWriter,
-    read_model: Arc<ReadModel>,
-    stats: Arc<ActorStats>,
+    /// The durable record; replaced (never mutated) after each write.
+    record: RefCell<Arc<InstanceRecord>>,
+    /// The digest of the files and environment the agent last confirmed
+    /// (in memory: after a master restart the first write is sent anyway).
+    /// A `WriteFiles` with the same digest changes nothing on the node and
+    /// is not sent: a scale-out does not rewrite every member whose files
+    /// do not depend on the membership.
+    written: std::cell::Cell<Option<[u8; 32]>>,
+    /// The mailbox: one message at a time, in arrival order.
+    mailbox: tokio::sync::Mutex<()>,
+    stats: Arc<InstanceStats>,
+    env: Rc<ClusterEnv>,
 }
 
-/// A cluster's handle on one instance actor.
-#[derive(Clone)]
-pub struct InstanceHandle {
-    pub addr: Addr<InstanceActor>,
-    pub stats: Arc<ActorStats>,
-}
-
-impl InstanceHandle {
-    /// Runs a command to completion, even if the caller stops waiting: the
-    /// send runs in its own task, because actix drops a message whose
-    /// requester is gone, and a state-changing message must not vanish.
-    pub async fn run(&self, cmd: InstanceCmd) -> InstanceOutcome {
-        self.stats.enqueue();
-        let addr = self.addr.clone();
-        let id = self.stats.id.clone();
-        let task = actix::spawn(async move { addr.send(RunInstanceCommand(cmd)).await });
-        match task.await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                InstanceResult::failed(&InstanceId::new(id), format!("instance actor unavailable: {e}")).into()
-            }
-            Err(e) => InstanceResult::failed(&InstanceId::new(id), format!("instance command task failed: {e}")).into(),
+/// A digest of rendered files and an environment.
+fn files_digest(files: &[RenderedFile], env: &[(String, String)]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for f in files {
+        for part in [f.path.as_bytes(), &f.contents, &f.mode.to_le_bytes()] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
         }
     }
+    h.update([0xff]);
+    for (k, v) in env {
+        for part in [k.as_bytes(), v.as_bytes()] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+    }
+    h.finalize().into()
 }
+
+/// How an answer changes what the process owes.
+enum Owed {
+    Keep,
+    Clear,
+    Add(PendingRestart),
+}
+
+/// A cluster's handle on one of its instance actors.
+pub type InstanceHandle = Rc<InstanceActor>;
 
 impl From<InstanceResult> for InstanceOutcome {
     fn from(result: InstanceResult) -> Self {
@@ -155,64 +198,102 @@ impl From<InstanceResult> for InstanceOutcome {
 }
 
 impl InstanceActor {
-    pub fn start(
-        record: InstanceRecord,
-        links: NodeLinks,
-        store: StoreWriter,
-        read_model: Arc<ReadModel>,
-    ) -> InstanceHandle {
-        let stats = ActorStats::new("instance", record.id.as_str(), Some(format!("cluster/{}", record.cluster)));
-        stats.set_state(format!("{:?}", record.status));
-        read_model.register_actor(&stats);
-        read_model.write().instances.insert(record.id.clone(), record.clone());
-        let actor =
-            InstanceActor { record: Rc::new(RefCell::new(record)), links, store, read_model, stats: stats.clone() };
-        InstanceHandle { addr: actor.start(), stats }
+    /// Creates the actor of a durable record and publishes it.
+    pub fn start(record: InstanceRecord, env: Rc<ClusterEnv>) -> InstanceHandle {
+        let actor = Rc::new(InstanceActor {
+            record: RefCell::new(Arc::new(record)),
+            written: Default::default(),
+            mailbox: tokio::sync::Mutex::new(()),
+            stats: Arc::default(),
+            env,
+        });
+        actor.env.cell.put_instance(actor.entry());
+        actor
     }
-}
 
-impl InstanceActor {
-    /// What a command's future needs, without borrowing the actor.
-    fn env(&self) -> Env {
-        Env {
-            record: self.record.clone(),
-            links: self.links.clone(),
-            store: self.store.clone(),
-            read_model: self.read_model.clone(),
-            stats: self.stats.clone(),
-        }
+    /// Creates the actor without publishing (boot publishes many at once).
+    pub fn quiet(record: InstanceRecord, env: Rc<ClusterEnv>) -> InstanceHandle {
+        Rc::new(InstanceActor {
+            record: RefCell::new(Arc::new(record)),
+            written: Default::default(),
+            mailbox: tokio::sync::Mutex::new(()),
+            stats: Arc::default(),
+            env,
+        })
     }
-}
 
-impl Actor for InstanceActor {
-    type Context = Context<Self>;
-
-    fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        self.read_model.unregister_actor(&self.stats);
+    pub fn record(&self) -> Arc<InstanceRecord> {
+        self.record.borrow().clone()
     }
-}
 
-/// Shared pieces the command future needs, without borrowing the actor.
-struct Env {
-    record: Rc<RefCell<InstanceRecord>>,
-    links: NodeLinks,
-    store: StoreWriter,
-    read_model: Arc<ReadModel>,
-    stats: Arc<ActorStats>,
-}
+    pub fn id(&self) -> InstanceId {
+        self.record.borrow().id.clone()
+    }
 
-impl Env {
-    /// Applies `change` to the record, persists it, then publishes it.
+    /// As the read model shows it.
+    pub fn entry(&self) -> InstanceEntry {
+        InstanceEntry { record: self.record(), stats: self.stats.clone() }
+    }
+
+    /// Runs a command to completion, in turn with the instance's other
+    /// messages, in its own task: the caller may stop waiting, the command
+    /// still finishes.
+    pub async fn run(self: &Rc<Self>, cmd: InstanceCmd) -> InstanceOutcome {
+        let me = self.clone();
+        let verb = cmd.verb();
+        let out = self
+            .in_turn(verb, async move {
+                // One span per instance command, inside the operation's span.
+                let span = tracing::info_span!("instance", id = %me.id(), verb);
+                let out = tracing::Instrument::instrument(me.execute(cmd), span).await;
+                if !out.result.ok {
+                    tracing::warn!(error = %out.result.message, "instance command failed");
+                }
+                me.env.progress.fetch_add(1, Ordering::Relaxed);
+                out
+            })
+            .await;
+        out.unwrap_or_else(|e| InstanceResult::failed(&self.id(), e).into())
+    }
+
+    /// Applies an observation; answers whether the instance newly failed.
+    pub async fn observe(self: &Rc<Self>, observation: Observation) -> bool {
+        let me = self.clone();
+        self.in_turn("observe", async move { me.apply(observation).await }).await.unwrap_or(false)
+    }
+
+    /// Queues `work` behind the instance's earlier messages, in its own task.
+    async fn in_turn<T: 'static>(
+        self: &Rc<Self>,
+        verb: &'static str,
+        work: impl Future<Output = T> + 'static,
+    ) -> Result<T, String> {
+        self.stats.enqueue();
+        let me = self.clone();
+        let task = actix::spawn(async move {
+            let _turn = me.mailbox.lock().await;
+            me.stats.begin(verb);
+            let out = work.await;
+            me.stats.end();
+            out
+        });
+        task.await.map_err(|e| format!("instance command task failed: {e}"))
+    }
+
+    /// Applies `change` to a copy of the record, persists it, then makes
+    /// it the record and publishes it.
     async fn save(&self, change: impl FnOnce(&mut InstanceRecord)) -> Result<(), String> {
-        let snapshot = {
-            let mut r = self.record.borrow_mut();
-            change(&mut r);
-            r.clone()
-        };
-        let op = WriteOp::put_instance(&snapshot).map_err(|e| e.to_string())?;
-        self.store.commit(vec![op]).await.map_err(|e| format!("cannot persist instance record: {e}"))?;
-        self.stats.set_state(format!("{:?}", snapshot.status));
-        self.read_model.write().instances.insert(snapshot.id.clone(), snapshot);
+        let mut next = InstanceRecord::clone(&self.record.borrow());
+        change(&mut next);
+        if next == **self.record.borrow() {
+            // Nothing changed: nothing to write or publish.
+            return Ok(());
+        }
+        let op = WriteOp::put_instance(&next).map_err(|e| e.to_string())?;
+        self.env.shared.store.commit(vec![op]).await.map_err(|e| format!("cannot persist instance record: {e}"))?;
+        *self.record.borrow_mut() = Arc::new(next);
+        self.env.cell.put_instance(self.entry());
+        self.env.shared.read_model.count_transitions(1);
         Ok(())
     }
 
@@ -221,15 +302,32 @@ impl Env {
             let r = self.record.borrow();
             (r.id.clone(), r.node.clone())
         };
+        // What the agent will hold once this command succeeds.
+        let digest = match &cmd {
+            InstanceCmd::WriteFiles { files, env, .. } => Some(files_digest(files, env)),
+            InstanceCmd::Install(p) => Some(files_digest(&p.files, &p.process.env)),
+            _ => None,
+        };
+        if let InstanceCmd::WriteFiles { .. } = &cmd
+            && digest.is_some()
+            && digest == self.written.get()
+        {
+            return InstanceResult::ok(&id, "files unchanged; nothing sent").into();
+        }
+        if digest.is_some() {
+            // Unknown until the agent answers.
+            self.written.set(None);
+        }
         let verb = cmd.verb();
         let (transitional, desired) = match &cmd {
             InstanceCmd::Install(_) => (Some(InstanceStatus::Installing), None),
             InstanceCmd::Start { .. } => (Some(InstanceStatus::Starting), Some(DesiredState::Running)),
             InstanceCmd::Stop => (Some(InstanceStatus::Stopping), Some(DesiredState::Stopped)),
             InstanceCmd::Delete => (Some(InstanceStatus::Deleting), Some(DesiredState::Deleted)),
-            InstanceCmd::WriteFiles { .. } | InstanceCmd::RunHook { .. } | InstanceCmd::CheckHealth { .. } => {
-                (None, None)
-            }
+            InstanceCmd::WriteFiles { .. }
+            | InstanceCmd::RunHook { .. }
+            | InstanceCmd::CheckHealth { .. }
+            | InstanceCmd::Signal { .. } => (None, None),
         };
         // Intent first: a new generation, durable before the agent hears of
         // it. A health check changes nothing, so it carries no generation.
@@ -258,7 +356,8 @@ impl Env {
         let generation = self.record.borrow().generation;
         let probe = matches!(cmd, InstanceCmd::RunHook { .. } | InstanceCmd::CheckHealth { .. });
         let mut applied = None;
-        let link = self.links.lock().unwrap_or_else(|p| p.into_inner()).get(&node).cloned();
+        let mut rule = None;
+        let link = self.env.shared.links.get(&node);
         let reply = match link {
             None => Err(NodeError::Disconnected(node.clone())),
             Some(link) => {
@@ -275,13 +374,15 @@ impl Env {
                             package_sha256: p.package_sha256,
                             package_size: p.package_size,
                         };
-                        link.install(begin, p.blob).await
+                        link.install(begin, p.blob, &self.env.progress).await
                     }
-                    InstanceCmd::Start { wait } => {
-                        link.call_within(AgentRequest::Start { instance, generation }, "Start", wait).await
+                    InstanceCmd::Start { wait, settle } => {
+                        let settle_ms = settle.as_millis() as u64;
+                        link.call_within(AgentRequest::Start { instance, generation, settle_ms }, "Start", wait).await
                     }
                     InstanceCmd::Stop => link.call(AgentRequest::Stop { instance, generation }, "Stop").await,
-                    InstanceCmd::WriteFiles { files, env } => {
+                    InstanceCmd::WriteFiles { files, env, rule: r } => {
+                        rule = Some(r);
                         let req = AgentRequest::WriteFiles { instance, generation, files, env: Some(env) };
                         link.call(req, "WriteFiles").await
                     }
@@ -295,11 +396,17 @@ impl Env {
                         let req = AgentRequest::CheckHealth { instance, timeout_ms: timeout.as_millis() as u64 };
                         link.call_within(req, "CheckHealth", timeout).await
                     }
+                    InstanceCmd::Signal { signal } => {
+                        link.call(AgentRequest::Signal { instance, generation, signal }, "Signal").await
+                    }
                 }
             }
         };
+        if reply.is_ok() && digest.is_some() {
+            self.written.set(digest);
+        }
         match reply {
-            Ok(resp) => self.succeeded(&id, &node, verb, resp, applied).await,
+            Ok(resp) => self.succeeded(&id, &node, verb, resp, applied, rule).await,
             Err(err) => self.failed_with(&id, &node, verb, err, probe).await,
         }
     }
@@ -312,11 +419,12 @@ impl Env {
         verb: &str,
         resp: AgentResponse,
         applied: Option<Applied>,
+        rule: Option<ChangeRule>,
     ) -> InstanceOutcome {
         let mut out = InstanceOutcome::from(InstanceResult::ok(id, ""));
-        // Whether a reload or restart is owed now: set when files changed
-        // under a running process, cleared when a process (re)loads them.
-        let mut pending_restart = None;
+        // What the process owes now: added to when files changed under it,
+        // cleared when it (re)loads them.
+        let mut owed = Owed::Keep;
         // (new status, new pid, message)
         let (status, pid, message) = match resp {
             AgentResponse::InstallResult { files_written } => {
@@ -324,7 +432,7 @@ impl Env {
             }
             AgentResponse::Started { pid, already_running } => {
                 if !already_running {
-                    pending_restart = Some(PendingRestart::No);
+                    owed = Owed::Clear;
                 }
                 (
                     Some(InstanceStatus::Running),
@@ -345,10 +453,8 @@ impl Env {
                 // Owed whether or not it runs now: a process the master thinks
                 // down may still run (a start that failed its health check),
                 // and a stopped one is cleared by its next start anyway.
-                if changed.iter().any(|c| c == ENV_CHANGED) {
-                    pending_restart = Some(PendingRestart::Restart);
-                } else if !changed.is_empty() {
-                    pending_restart = Some(PendingRestart::Reload);
+                if let Some(p) = rule.as_ref().and_then(|r| r.owed(&changed)) {
+                    owed = Owed::Add(p);
                 }
                 let m = if changed.is_empty() {
                     "no file changed".into()
@@ -363,7 +469,7 @@ impl Env {
             }
             AgentResponse::HookDone { exit_code, stdout_tail, stderr_tail } => {
                 if verb == "reload" {
-                    pending_restart = Some(PendingRestart::No);
+                    owed = Owed::Clear;
                 }
                 out.result.exit_code = Some(exit_code);
                 out.result.stdout_tail = stdout_tail;
@@ -371,6 +477,12 @@ impl Env {
                 (None, None, format!("{verb} hook exited {exit_code}"))
             }
             AgentResponse::Healthy => (None, None, "healthy".into()),
+            AgentResponse::Signalled { delivered } => {
+                if delivered {
+                    owed = Owed::Clear;
+                }
+                (None, None, if delivered { "signalled".into() } else { "not running; nothing signalled".into() })
+            }
             other => {
                 let m = format!("{verb} of {id} on {node}: unexpected answer {other:?}");
                 let _ = self.save(|r| r.status = InstanceStatus::Failed).await;
@@ -388,11 +500,11 @@ impl Env {
                 if applied.is_some() {
                     r.applied = applied;
                 }
-                // Never downgrade an owed restart to a reload.
-                match pending_restart {
-                    Some(PendingRestart::Reload) if r.pending_restart == PendingRestart::Restart => {}
-                    Some(p) => r.pending_restart = p,
-                    None => {}
+                // Never downgrade an owed restart to a reload (or a signal).
+                match owed {
+                    Owed::Keep => {}
+                    Owed::Clear => r.pending_restart = PendingRestart::No,
+                    Owed::Add(p) => r.pending_restart = r.pending_restart.max(p),
                 }
                 r.last_error = None;
             })
@@ -442,45 +554,17 @@ impl Env {
     }
 }
 
-impl Handler<RunInstanceCommand> for InstanceActor {
-    type Result = AtomicResponse<Self, InstanceOutcome>;
-
-    fn handle(&mut self, msg: RunInstanceCommand, _ctx: &mut Context<Self>) -> Self::Result {
-        self.stats.begin(msg.0.verb());
-        let env = self.env();
-        let stats = self.stats.clone();
-        // One span per instance command, inside the operation's span.
-        let span = tracing::info_span!("instance", id = %stats.id, verb = msg.0.verb());
-        AtomicResponse::new(Box::pin(
-            tracing::Instrument::instrument(
-                async move {
-                    let out = env.execute(msg.0).await;
-                    let result = &out.result;
-                    if !result.ok {
-                        tracing::warn!(error = %result.message, "instance command failed");
-                    }
-                    stats.end(if result.ok { None } else { Some(result.message.clone()) });
-                    out
-                },
-                span,
-            )
-            .into_actor(self),
-        ))
-    }
-}
-
-impl Handler<Observe> for InstanceActor {
-    type Result = AtomicResponse<Self, bool>;
-
-    fn handle(&mut self, msg: Observe, _ctx: &mut Context<Self>) -> Self::Result {
-        self.stats.begin("observe");
+impl InstanceActor {
+    /// What an observation means for the record, applied durably; answers
+    /// whether the instance newly failed.
+    async fn apply(&self, observation: Observation) -> bool {
         let (status, desired, pid, node) = {
             let r = self.record.borrow();
             (r.status, r.desired, r.pid, r.node.clone())
         };
         // Decide the new (status, pid, error) from what was observed; None
         // when the observation changes nothing.
-        let change: Option<(InstanceStatus, Option<u32>, Option<String>)> = match msg.0 {
+        let change: Option<(InstanceStatus, Option<u32>, Option<String>)> = match observation {
             Observation::Exited { pid: exited, description, restarting } => {
                 let status = if restarting { InstanceStatus::Starting } else { InstanceStatus::Failed };
                 (pid == Some(exited) && desired == DesiredState::Running).then_some((status, None, Some(description)))
@@ -516,37 +600,22 @@ impl Handler<Observe> for InstanceActor {
             }
             _ => None,
         };
-        let env = self.env();
-        let stats = self.stats.clone();
-        AtomicResponse::new(Box::pin(
-            async move {
-                let Some((status, pid, error)) = change else {
-                    stats.end(None);
-                    return false;
-                };
-                let failed = matches!(status, InstanceStatus::Failed | InstanceStatus::Lost);
-                let e = error.clone();
-                let _ = env
-                    .save(|r| {
-                        r.status = status;
-                        r.pid = pid;
-                        if e.is_some() {
-                            r.last_error = e;
-                        }
-                    })
-                    .await;
-                stats.end(error);
-                failed
-            }
-            .into_actor(self),
-        ))
-    }
-}
-
-impl Handler<Retire> for InstanceActor {
-    type Result = ();
-
-    fn handle(&mut self, _msg: Retire, ctx: &mut Context<Self>) {
-        ctx.stop();
+        let Some((status, pid, error)) = change else {
+            return false;
+        };
+        let failed = matches!(status, InstanceStatus::Failed | InstanceStatus::Lost);
+        let saved = self
+            .save(|r| {
+                r.status = status;
+                r.pid = pid;
+                if error.is_some() {
+                    r.last_error = error;
+                }
+            })
+            .await;
+        if let Err(e) = &saved {
+            tracing::error!(instance = %self.id(), error = %e, "cannot record an observation");
+        }
+        failed && saved.is_ok()
     }
 }

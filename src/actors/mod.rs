@@ -1,67 +1,108 @@
 //! The master's actors (DESIGN.md §5).
 //!
 //! ```text
-//! HTTP handler ──> Supervisor ──(lookup)──> ClusterActor ──> InstanceActor ──> NodeLink ──TCP──> agent
-//!                      ^                          |                                 ^
-//!                      └──── Escalate ────────────┘          NodeManagerActor ──────┘ (reads replies)
+//! HTTP handler ──(registry)──> ClusterActor ──> InstanceActor ──> NodeLink ──TCP──> agent
+//!      │                        ^      │                            ^
+//!      └─(create)─> Supervisor ─┘      └── Escalate ──> Supervisor  NodeManagerActor (reads replies,
+//!                                                                   routes reports to the cluster)
 //! ```
 //!
-//! - [`supervisor::Supervisor`] starts one `ClusterActor` per cluster, creates
-//!   and removes them, and turns escalated failures into a cluster `Error`.
+//! - [`supervisor::Supervisor`] starts one `ClusterActor` per cluster,
+//!   creates and removes them (it alone writes the [`registry`]), reconciles
+//!   an agent's inventory, and turns escalated failures into a cluster `Error`.
 //! - [`cluster::ClusterActor`] runs the cluster's operations one at a time
-//!   (`cluster_prepare`: validation into a plan; `cluster_ops`: the
-//!   operation context, definition changes, the end of an operation;
-//!   `cluster_steps`: how actions reach instances, rolling and by order),
-//!   and resumes one a master restart interrupted.
-//! - [`instance::InstanceActor`] serializes the commands on one instance.
-//! - [`node_manager::NodeManagerActor`] owns one agent connection.
-//! - [`read_model::ReadModel`] is what every GET reads.
+//!   and owns its instance actors; clusters are spread over several arbiters
+//!   (threads), so independent clusters progress in parallel.
+//! - [`instance::InstanceActor`] serializes the commands on one instance
+//!   (a light actor on its cluster's thread).
+//! - [`node_manager::NodeManagerActor`] owns one agent connection; requests
+//!   go through its [`node_link::NodeLink`].
+//! - [`read_model::ReadModel`] is what every GET reads: immutable snapshots
+//!   readers never lock against writers.
 //! - [`packages::Packages`] stores uploaded packages.
 //!
-//! RocksDB is only touched through the storage writer (group commit, off the
-//! actor threads). Nothing here waits on a timer to decide a state.
+//! Every mailbox is bounded (a sender reserves a place first; a full one
+//! answers `503 overloaded`), as is the store's write queue. RocksDB is
+//! only touched through the store (group commit, off the actor threads).
 
 pub mod cluster;
-mod cluster_ops;
-mod cluster_prepare;
-mod cluster_steps;
 pub mod instance;
+pub mod node_link;
 pub mod node_manager;
 pub mod packages;
 pub mod placement;
 pub mod read_model;
+pub mod registry;
 pub mod render;
 pub mod supervisor;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::storage::{BlobStore, StoreWriter};
+use actix::ArbiterHandle;
+
+use crate::storage::{BlobStore, MetaStore};
 
 /// What every actor of the master shares.
 #[derive(Clone)]
 pub struct Shared {
-    pub store: StoreWriter,
+    pub store: Arc<dyn MetaStore>,
     pub blobs: Arc<BlobStore>,
     pub read_model: Arc<read_model::ReadModel>,
-    pub links: node_manager::NodeLinks,
+    pub links: node_link::NodeLinks,
+    pub registry: registry::Registry,
     pub ports: Arc<placement::PortAllocator>,
     pub timing: Timing,
+    pub limits: Limits,
+    /// The supervisor's counters: whoever sends it a message counts it.
+    pub supervisor: Arc<read_model::ActorStats>,
+    /// The threads cluster actors and node managers are spread over.
+    pub arbiters: Arc<Vec<ArbiterHandle>>,
+}
+
+impl Shared {
+    /// The arbiter for the `n`-th actor (round robin).
+    pub fn arbiter_for(&self, n: u64) -> ArbiterHandle {
+        match self.arbiters.len() {
+            0 => actix::Arbiter::current(),
+            len => self.arbiters[(n % len as u64) as usize].clone(),
+        }
+    }
 }
 
 /// Deadlines and liveness thresholds, from the master's config.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
     pub agent_reply_timeout: Duration,
+    /// A frame that cannot be handed to an agent's connection within this
+    /// closes the link (the agent stopped reading).
+    pub agent_send_timeout: Duration,
     pub node_unknown_after: Duration,
     pub node_down_after: Duration,
 }
 
 impl Timing {
-    /// The watchdog deadline of one step: every command of a step runs in
-    /// parallel and each has the reply deadline, so a step gets that plus
-    /// slack for the master's own writes.
-    pub fn step_deadline(&self) -> Duration {
+    /// How long a step may go without any sign of progress (a command
+    /// answered, a package chunk sent) before its watchdog fails it. Every
+    /// command has its own reply deadline too; this catches what they
+    /// cannot (a step waiting on nothing).
+    pub fn step_idle(&self) -> Duration {
         self.agent_reply_timeout + Duration::from_secs(30)
+    }
+}
+
+/// Bounds on queues and history, from the master's config.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Messages waiting for one cluster actor (or the supervisor) before
+    /// new requests are answered `503 overloaded`.
+    pub cluster_mailbox: usize,
+    /// Ended operations kept per cluster; older ones are deleted.
+    pub operations_retained: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { cluster_mailbox: 256, operations_retained: 1000 }
     }
 }

@@ -1,294 +1,235 @@
 //! `NodeManagerActor`: one per connected agent. It owns the connection's
-//! read side, correlates replies with requests by request id, records
-//! heartbeats, and forwards process exits to the supervisor.
+//! read side, correlates replies with requests by request id, keeps the
+//! node's liveness (atomics in the read model, nothing else is touched per
+//! frame), and routes the agent's reports of process exits straight to the
+//! instance's cluster actor, acknowledging each once it is applied.
 //!
-//! Requests are sent through a [`NodeLink`], a cheap cloneable handle that
-//! writes frames to the connection's writer task and waits for the reply
-//! itself. So a long install never occupies the actor's mailbox, and many
-//! instance actors talk to one agent concurrently. Every wait for a reply
-//! has a deadline (the master's `agent_reply_timeout`): that deadline is
-//! what turns a silent agent into a failed step.
+//! Requests are sent through a [`NodeLink`] (see `node_link`), so a long
+//! install never occupies this actor's mailbox and many instance actors
+//! talk to one agent concurrently. The socket's write half belongs to a
+//! writer task with a deadline on every write: an agent that stops reading
+//! gets its link closed, which stops this actor and fails every waiting
+//! request at once.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
 use futures::SinkExt;
-use time::OffsetDateTime;
-use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc;
 use tokio_util::codec::FramedWrite;
 
-use super::read_model::{ActorStats, ReadModel};
-use super::supervisor::{InstanceExited, InstanceRestarted, Supervisor};
+use super::Shared;
+use super::cluster::InstanceObserved;
+use super::instance::Observation;
+use super::node_link::{NodeLink, lock};
+use super::read_model::{ActorStats, NodeEntry};
 use crate::ids::{InstanceId, NodeId};
 use crate::protocol::codec::{MasterCodec, ProtocolError};
-use crate::protocol::messages::{
-    AgentEvent, AgentFrame, AgentRequest, AgentResponse, CommandFailure, INSTALL_CHUNK_BYTES, InstallBegin, MasterFrame,
-};
+use crate::protocol::messages::{AgentEvent, AgentFrame, MasterFrame};
 
-/// Why a command to an agent did not get a good answer.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum NodeError {
-    #[error("node {0} is not connected")]
-    Disconnected(NodeId),
-    #[error("node {node} did not answer {what} within {after:?}")]
-    Timeout { node: NodeId, what: &'static str, after: Duration },
-    #[error("{}", .0.message)]
-    Failed(CommandFailure),
-    #[error("unexpected answer from node {node}: {detail}")]
-    Unexpected { node: NodeId, detail: String },
-    #[error("cannot read package for node {node}: {detail}")]
-    Package { node: NodeId, detail: String },
-}
-
-type Pending = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<AgentResponse>>>>;
-
-/// The registry of live links, by node. A reconnecting agent replaces its
-/// old link; the old actor removes its entry only if it is still its own.
-pub type NodeLinks = Arc<Mutex<HashMap<NodeId, NodeLink>>>;
-
-/// A handle for sending requests to one connected agent.
-#[derive(Clone)]
-pub struct NodeLink {
-    pub node: NodeId,
-    /// Distinguishes this connection from a later one of the same node.
-    pub connection: u64,
-    tx: mpsc::Sender<MasterFrame>,
-    pending: Pending,
-    next_id: Arc<AtomicU64>,
-    reply_timeout: Duration,
-}
-
-/// Removes a pending entry when the caller stops waiting, whatever the reason.
-struct PendingGuard<'a>(&'a Pending, u64);
-
-impl Drop for PendingGuard<'_> {
-    fn drop(&mut self) {
-        lock(self.0).remove(&self.1);
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl NodeLink {
-    fn register(&self) -> (u64, mpsc::UnboundedReceiver<AgentResponse>) {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
-        lock(&self.pending).insert(id, tx);
-        (id, rx)
-    }
-
-    async fn send(&self, frame: MasterFrame) -> Result<(), NodeError> {
-        self.tx.send(frame).await.map_err(|_| NodeError::Disconnected(self.node.clone()))
-    }
-
-    async fn reply(
-        &self,
-        rx: &mut mpsc::UnboundedReceiver<AgentResponse>,
-        what: &'static str,
-    ) -> Result<AgentResponse, NodeError> {
-        self.reply_within(rx, what, self.reply_timeout).await
-    }
-
-    async fn reply_within(
-        &self,
-        rx: &mut mpsc::UnboundedReceiver<AgentResponse>,
-        what: &'static str,
-        after: Duration,
-    ) -> Result<AgentResponse, NodeError> {
-        match tokio::time::timeout(after, rx.recv()).await {
-            Ok(Some(AgentResponse::Failed(f))) => Err(NodeError::Failed(f)),
-            Ok(Some(r)) => Ok(r),
-            Ok(None) => Err(NodeError::Disconnected(self.node.clone())),
-            Err(_) => Err(NodeError::Timeout { node: self.node.clone(), what, after }),
-        }
-    }
-
-    /// Sends one request and waits for its reply (bounded by the reply deadline).
-    pub async fn call(&self, body: AgentRequest, what: &'static str) -> Result<AgentResponse, NodeError> {
-        let (request_id, mut rx) = self.register();
-        let _guard = PendingGuard(&self.pending, request_id);
-        self.send(MasterFrame::Request { request_id, body }).await?;
-        self.reply(&mut rx, what).await
-    }
-
-    /// Like [`call`](Self::call) for a command that may legitimately take
-    /// `work` on the agent (a hook, a health-gated start): the deadline is
-    /// the agent's own limit plus the usual reply deadline.
-    pub async fn call_within(
-        &self,
-        body: AgentRequest,
-        what: &'static str,
-        work: Duration,
-    ) -> Result<AgentResponse, NodeError> {
-        let (request_id, mut rx) = self.register();
-        let _guard = PendingGuard(&self.pending, request_id);
-        self.send(MasterFrame::Request { request_id, body }).await?;
-        self.reply_within(&mut rx, what, self.reply_timeout + work).await
-    }
-
-    /// Installs a package: `InstallBegin`, then (unless the agent holds the
-    /// package already) the tarball in chunks read from `blob`, `InstallEnd`,
-    /// and the agent's `InstallResult`. Chunks are read and sent one at a
-    /// time, so memory stays at one chunk whatever the package size, and the
-    /// bounded frame channel applies TCP backpressure to the reader.
-    pub async fn install(&self, begin: InstallBegin, blob: PathBuf) -> Result<AgentResponse, NodeError> {
-        let instance = begin.instance.clone();
-        let (request_id, mut rx) = self.register();
-        let _guard = PendingGuard(&self.pending, request_id);
-        self.send(MasterFrame::Request { request_id, body: AgentRequest::InstallBegin(Box::new(begin)) }).await?;
-        match self.reply(&mut rx, "InstallBegin").await? {
-            AgentResponse::InstallReady { need_bytes: false } => {}
-            AgentResponse::InstallReady { need_bytes: true } => {
-                self.stream_package(request_id, &instance, &blob).await?;
-            }
-            other => {
-                return Err(NodeError::Unexpected {
-                    node: self.node.clone(),
-                    detail: format!("{other:?} to InstallBegin"),
-                });
-            }
-        }
-        self.reply(&mut rx, "InstallEnd").await
-    }
-
-    async fn stream_package(&self, request_id: u64, instance: &InstanceId, blob: &PathBuf) -> Result<(), NodeError> {
-        let pkg_err = |e: std::io::Error| NodeError::Package {
-            node: self.node.clone(),
-            detail: format!("{}: {e}", blob.display()),
-        };
-        let mut file = tokio::fs::File::open(blob).await.map_err(pkg_err)?;
-        let mut seq = 0u32;
-        loop {
-            let mut buf = vec![0u8; INSTALL_CHUNK_BYTES];
-            let mut filled = 0;
-            while filled < buf.len() {
-                let n = file.read(&mut buf[filled..]).await.map_err(pkg_err)?;
-                if n == 0 {
-                    break;
-                }
-                filled += n;
-            }
-            if filled == 0 {
-                break;
-            }
-            buf.truncate(filled);
-            let body = AgentRequest::InstallData { instance: instance.clone(), seq, bytes: buf };
-            self.send(MasterFrame::Request { request_id, body }).await?;
-            seq += 1;
-        }
-        let body = AgentRequest::InstallEnd { instance: instance.clone() };
-        self.send(MasterFrame::Request { request_id, body }).await
-    }
-}
+/// Frames waiting for the socket, per link.
+const LINK_QUEUE: usize = 64;
 
 /// The actor owning one agent connection's read side.
 pub struct NodeManagerActor {
     node: NodeId,
-    connection: u64,
-    pending: Pending,
-    links: NodeLinks,
-    read_model: Arc<ReadModel>,
-    supervisor: Addr<Supervisor>,
+    link: NodeLink,
+    entry: Arc<NodeEntry>,
+    shared: Shared,
     stats: Arc<ActorStats>,
 }
 
 static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
 
-impl NodeManagerActor {
-    /// Starts the actor for a connection whose handshake succeeded, and
-    /// registers its link. Returns the link.
-    pub fn start_for(
-        node: NodeId,
-        reader: impl futures::Stream<Item = Result<AgentFrame, ProtocolError>> + 'static,
-        writer: FramedWrite<OwnedWriteHalf, MasterCodec>,
-        reply_timeout: Duration,
-        links: NodeLinks,
-        read_model: Arc<ReadModel>,
-        supervisor: Addr<Supervisor>,
-    ) -> NodeLink {
-        let connection = CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-        // The writer task owns the socket's write half. A bounded queue: a
-        // slow agent slows its senders instead of growing memory.
-        let (tx, rx) = mpsc::channel::<MasterFrame>(64);
-        actix::spawn(write_frames(writer, rx));
-        let pending: Pending = Arc::default();
-        let link = NodeLink {
-            node: node.clone(),
-            connection,
-            tx,
-            pending: pending.clone(),
-            next_id: Arc::new(AtomicU64::new(1)),
-            reply_timeout,
-        };
-        lock(&links).insert(node.clone(), link.clone());
-        let stats = ActorStats::new("node_manager", node.as_str(), Some("supervisor".into()));
-        read_model.register_actor(&stats);
-        NodeManagerActor::create(move |ctx| {
-            ctx.add_stream(reader);
-            NodeManagerActor { node, connection, pending, links, read_model, supervisor, stats }
-        });
-        link
-    }
+/// An agent's report, to be acknowledged once applied.
+pub struct Ack {
+    link: NodeLink,
+    seq: u64,
+}
 
-    fn touch(&self) {
-        if let Some(n) = self.read_model.write().nodes.get_mut(&self.node) {
-            n.last_heartbeat = Some(OffsetDateTime::now_utc());
-            n.connected = true;
+impl Ack {
+    /// Tells the agent the report is applied and durable. If the link's
+    /// queue is full the ack is dropped: the agent sends the report again,
+    /// and applying it again changes nothing.
+    pub fn send(self) {
+        if !self.link.try_send(MasterFrame::Ack { seq: self.seq }) {
+            tracing::debug!(node = %self.link.node, seq = self.seq, "ack not sent (queue full); the agent will resend");
         }
     }
 }
 
-async fn write_frames(mut writer: FramedWrite<OwnedWriteHalf, MasterCodec>, mut rx: mpsc::Receiver<MasterFrame>) {
-    while let Some(frame) = rx.recv().await {
-        if let Err(e) = writer.send(frame).await {
-            tracing::warn!(error = %e, "agent connection write failed");
-            break;
+impl NodeManagerActor {
+    /// Starts the actor (on one of the master's arbiters) for a connection
+    /// whose handshake succeeded and registers its link, replacing (and
+    /// closing) a half-open link of the same node. Returns the link.
+    pub fn start_for(
+        node: NodeId,
+        reader: impl futures::Stream<Item = Result<AgentFrame, ProtocolError>> + Send + 'static,
+        writer: FramedWrite<OwnedWriteHalf, MasterCodec>,
+        entry: Arc<NodeEntry>,
+        shared: Shared,
+    ) -> NodeLink {
+        let connection = CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel::<MasterFrame>(LINK_QUEUE);
+        let timing = shared.timing;
+        let link = NodeLink::new(node.clone(), connection, tx, timing.agent_reply_timeout, timing.agent_send_timeout);
+        if let Some(old) = shared.links.replace(link.clone()) {
+            tracing::warn!(%node, "the node connected again; closing its previous (half-open) connection");
+            old.close();
+        }
+        actix::spawn(write_frames(writer, rx, link.clone(), timing.agent_send_timeout));
+        let stats = ActorStats::new("node_manager", node.as_str(), Some("supervisor".into()));
+        shared.read_model.register_actor(&stats);
+        entry.live.set_connected(true);
+        let arbiter = shared.arbiter_for(connection);
+        let l = link.clone();
+        NodeManagerActor::start_in_arbiter(&arbiter, move |ctx| {
+            ctx.add_stream(reader);
+            NodeManagerActor { node, link: l, entry, shared, stats }
+        });
+        link
+    }
+
+    /// Sends an observation to the instance's cluster actor, with the ack
+    /// to send once it is applied. An instance the master does not know is
+    /// acknowledged at once (there is nothing to apply); a cluster whose
+    /// mailbox is full gets nothing, and the agent sends the report again.
+    fn route(&self, instance: InstanceId, observation: Observation, ack: Option<Ack>) {
+        let cluster = self.entry.instances().get(&instance).cloned();
+        let handle = cluster.and_then(|c| self.shared.registry.get(&c));
+        let Some(handle) = handle else {
+            tracing::debug!(%instance, node = %self.node, "report about an instance the master does not know");
+            if let Some(a) = ack {
+                a.send();
+            }
+            return;
+        };
+        if !handle.stats.try_enqueue(self.shared.limits.cluster_mailbox) {
+            tracing::debug!(%instance, "cluster mailbox full; the agent will send the report again");
+            return;
+        }
+        handle.addr.do_send(InstanceObserved { instance, observation, ack });
+    }
+
+    fn report(&self, event: AgentEvent, ack: Option<Ack>) {
+        match event {
+            AgentEvent::Heartbeat => {
+                if let Some(a) = ack {
+                    a.send();
+                }
+            }
+            AgentEvent::ProcessExited { instance, pid, exit_code, signal, stderr_tail, restart_in_ms } => {
+                let description = exit_description(
+                    &instance,
+                    &self.node,
+                    exit_code,
+                    signal,
+                    &stderr_tail,
+                    restart_in_ms.map(Duration::from_millis),
+                );
+                let observation = Observation::Exited { pid, description, restarting: restart_in_ms.is_some() };
+                self.route(instance, observation, ack);
+            }
+            AgentEvent::ProcessRestarted { instance, pid, error } => {
+                let error =
+                    error.map(|e| format!("instance {instance} on node {} could not be restarted: {e}", self.node));
+                self.route(instance, Observation::Restarted { pid, error }, ack);
+            }
         }
     }
+}
+
+/// What an operator reads about an unexpected exit.
+pub fn exit_description(
+    instance: &InstanceId,
+    node: &NodeId,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    stderr_tail: &str,
+    restart_in: Option<Duration>,
+) -> String {
+    let how = match (exit_code, signal) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("signal {s}"),
+        _ => "unknown status".into(),
+    };
+    let mut description = format!("instance {instance} on node {node} exited unexpectedly ({how})");
+    if !stderr_tail.trim().is_empty() {
+        description.push_str(&format!("; stderr: {}", stderr_tail.trim()));
+    }
+    match restart_in {
+        Some(d) => description.push_str(&format!("; its agent restarts it in {}", humantime::format_duration(d))),
+        None => description.push_str("; its agent's restart policy gave up (or is off)"),
+    }
+    description
+}
+
+/// Owns the socket's write half. A write that takes longer than the send
+/// deadline means the agent stopped reading: the link is closed.
+async fn write_frames(
+    mut writer: FramedWrite<OwnedWriteHalf, MasterCodec>,
+    mut rx: mpsc::Receiver<MasterFrame>,
+    link: NodeLink,
+    deadline: Duration,
+) {
+    loop {
+        let frame = tokio::select! {
+            f = rx.recv() => match f {
+                Some(f) => f,
+                None => break,
+            },
+            _ = link.closed.cancelled() => break,
+        };
+        match tokio::time::timeout(deadline, writer.send(frame)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(node = %link.node, error = %e, "agent connection write failed");
+                break;
+            }
+            Err(_) => {
+                tracing::warn!(node = %link.node, after = ?deadline, "agent is not reading (a write timed out); closing its link");
+                break;
+            }
+        }
+    }
+    link.close();
 }
 
 impl Actor for NodeManagerActor {
     type Context = Context<Self>;
 
-    fn started(&mut self, _ctx: &mut Context<Self>) {
+    fn started(&mut self, ctx: &mut Context<Self>) {
         self.stats.set_state("connected");
-        self.touch();
         tracing::info!(node = %self.node, "agent connected");
+        // A closed link (a stalled write, a newer connection) stops the actor.
+        let closed = self.link.closed.clone();
+        ctx.spawn(async move { closed.cancelled().await }.into_actor(self).map(|(), _, ctx| ctx.stop()));
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         // Fail every waiting request at once (their senders drop), instead of
         // letting them run into the reply deadline.
-        lock(&self.pending).clear();
-        let mut links = lock(&self.links);
-        if links.get(&self.node).is_some_and(|l| l.connection == self.connection) {
-            links.remove(&self.node);
-            drop(links);
-            if let Some(n) = self.read_model.write().nodes.get_mut(&self.node) {
-                n.connected = false;
-            }
+        self.link.close();
+        if self.shared.links.remove_if(&self.node, self.link.connection) {
+            self.entry.live.set_connected(false);
         }
-        self.read_model.unregister_actor(&self.stats);
+        self.shared.read_model.unregister_actor(&self.stats);
         tracing::warn!(node = %self.node, "agent disconnected");
     }
 }
 
 impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
     fn handle(&mut self, item: Result<AgentFrame, ProtocolError>, ctx: &mut Context<Self>) {
-        self.stats.enqueue();
-        self.stats.begin("frame");
+        // Counted, not timed: a frame is handled in microseconds, and this
+        // runs for every frame of every agent.
+        self.stats.handled.fetch_add(1, Ordering::Relaxed);
+        self.entry.live.heard();
         match item {
             Ok(AgentFrame::Response { request_id, body }) => {
-                self.touch();
-                let tx = lock(&self.pending).get(&request_id).cloned();
+                let tx = lock(&self.link.pending).get(&request_id).cloned();
                 match tx {
                     Some(tx) => {
                         let _ = tx.send(body);
@@ -296,29 +237,10 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
                     None => tracing::debug!(node = %self.node, request_id, "reply to a request nobody waits for"),
                 }
             }
-            Ok(AgentFrame::Event(AgentEvent::Heartbeat)) => self.touch(),
-            Ok(AgentFrame::Event(AgentEvent::ProcessExited {
-                instance,
-                pid,
-                exit_code,
-                signal,
-                stderr_tail,
-                restart_in_ms,
-            })) => {
-                self.touch();
-                self.supervisor.do_send(InstanceExited {
-                    node: self.node.clone(),
-                    instance,
-                    pid,
-                    exit_code,
-                    signal,
-                    stderr_tail,
-                    restart_in: restart_in_ms.map(Duration::from_millis),
-                });
-            }
-            Ok(AgentFrame::Event(AgentEvent::ProcessRestarted { instance, pid, error })) => {
-                self.touch();
-                self.supervisor.do_send(InstanceRestarted { node: self.node.clone(), instance, pid, error });
+            Ok(AgentFrame::Event(event)) => self.report(event, None),
+            Ok(AgentFrame::Report { seq, event }) => {
+                let ack = Ack { link: self.link.clone(), seq };
+                self.report(event, Some(ack));
             }
             Ok(AgentFrame::Refused { reason }) => {
                 tracing::error!(node = %self.node, %reason, "agent refused the connection");
@@ -333,10 +255,8 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
                 tracing::warn!(node = %self.node, error = %msg, "bad frame from agent; closing");
                 self.stats.end(Some(msg));
                 ctx.stop();
-                return;
             }
         }
-        self.stats.end(None);
     }
 
     fn finished(&mut self, ctx: &mut Context<Self>) {

@@ -128,16 +128,10 @@ impl Packages {
         sha256: String,
         size: u64,
     ) -> Result<Uploaded, Error> {
-        let existing = self
-            .shared
-            .read_model
-            .read()
-            .packages
-            .get(&(name.to_string(), version.to_string()))
-            .map(|p| p.record.clone());
+        let existing = self.shared.read_model.package(name, version).map(|p| p.record);
         if let Some(existing) = existing {
             if existing.sha256 == sha256 {
-                return Ok(Uploaded::Unchanged(existing));
+                return Ok(Uploaded::Unchanged((*existing).clone()));
             }
             return Err(Error::AlreadyExists { kind: "package", id: format!("{name}/{version}") });
         }
@@ -165,11 +159,8 @@ impl Packages {
             spec_toml: info.spec_toml,
             uploaded_at: OffsetDateTime::now_utc(),
         };
-        self.shared.store.commit(vec![WriteOp::put_package(&record)?]).await?;
-        self.shared.read_model.write().packages.insert(
-            (name.to_string(), version.to_string()),
-            PackageView { record: record.clone(), spec: Arc::new(spec) },
-        );
+        self.shared.store.try_commit(vec![WriteOp::put_package(&record)?]).await?;
+        self.shared.read_model.put_package(PackageView { record: Arc::new(record.clone()), spec: Arc::new(spec) });
         Ok(Uploaded::Created(record))
     }
 }
@@ -187,54 +178,52 @@ impl Handler<DeletePackage> for Supervisor {
 
     fn handle(&mut self, msg: DeletePackage, _ctx: &mut Context<Self>) -> Self::Result {
         let shared = self.shared().clone();
-        let key = (msg.name.clone(), msg.version.clone());
-        let removed = {
-            let mut state = shared.read_model.write();
-            // A cluster uses its package; a running operation uses every
-            // version its plan may switch to (an upgrade's undo goes back to
-            // the old one, which must still be there).
-            let is_it = |p: &crate::storage::records::PackageRef| p.name == msg.name && p.version == msg.version;
-            let users: Vec<String> = state
-                .clusters
-                .values()
-                .filter(|c| {
-                    is_it(&c.package)
-                        || c.operation
-                            .and_then(|id| state.operations.get(&id))
-                            .and_then(|o| o.resume.as_ref())
-                            .is_some_and(|r| {
-                                r.plan
-                                    .steps
-                                    .iter()
-                                    .flat_map(|s| std::iter::once(&s.action).chain(&s.undo))
-                                    .any(|a| matches!(a, crate::operations::Action::SetPackage(p) if is_it(p)))
-                            })
-                })
-                .map(|c| c.name.clone())
-                .collect();
-            if !users.is_empty() {
-                return Box::pin(futures::future::ready(Err(Error::conflict(
-                    "package_in_use",
-                    format!("package {}/{} is used by clusters: {}", msg.name, msg.version, users.join(", ")),
-                ))));
-            }
-            // Removed from the read model first: a create that runs after
-            // this handler no longer finds the package.
-            state.packages.remove(&key).map(|p| {
-                let shared_blob = state.packages.values().any(|o| o.record.sha256 == p.record.sha256);
-                (p, shared_blob)
+        let stats = self.stats();
+        stats.begin("delete package");
+        stats.end(None);
+        // A cluster uses its package; a running operation uses every
+        // version its plan may switch to (an upgrade's undo goes back to the
+        // old one, which must still be there).
+        let is_it = |p: &crate::storage::records::PackageRef| p.name == msg.name && p.version == msg.version;
+        let running = shared.read_model.running_operations();
+        let users: Vec<String> = shared
+            .read_model
+            .clusters()
+            .values()
+            .map(|c| c.load())
+            .filter(|c| {
+                is_it(&c.record.package)
+                    || c.record.operation.and_then(|id| running.get(&id)).and_then(|o| o.resume.as_ref()).is_some_and(
+                        |r| {
+                            r.plan
+                                .steps
+                                .iter()
+                                .flat_map(|s| std::iter::once(&s.action).chain(&s.undo))
+                                .any(|a| matches!(a, crate::operations::Action::SetPackage(p) if is_it(p)))
+                        },
+                    )
             })
-        };
-        let Some((pkg, blob_in_use)) = removed else {
+            .map(|c| c.record.name.clone())
+            .collect();
+        if !users.is_empty() {
+            return Box::pin(futures::future::ready(Err(Error::conflict(
+                "package_in_use",
+                format!("package {}/{} is used by clusters: {}", msg.name, msg.version, users.join(", ")),
+            ))));
+        }
+        // Removed from the read model first: a create that runs after this
+        // handler no longer finds the package.
+        let Some(pkg) = shared.read_model.remove_package(&msg.name, &msg.version) else {
             return Box::pin(futures::future::ready(Err(Error::not_found(
                 "package",
                 format!("{}/{}", msg.name, msg.version),
             ))));
         };
+        let blob_in_use = shared.read_model.packages().values().any(|o| o.record.sha256 == pkg.record.sha256);
         Box::pin(async move {
             let op = WriteOp::delete_package(&msg.name, &msg.version);
             if let Err(e) = shared.store.commit(vec![op]).await {
-                shared.read_model.write().packages.insert(key, pkg);
+                shared.read_model.put_package(pkg);
                 return Err(Error::from(e));
             }
             if !blob_in_use && let Err(e) = shared.blobs.remove(&pkg.record.sha256).await {

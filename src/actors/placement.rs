@@ -7,14 +7,12 @@
 //! cluster actors, so two clusters scaling at once never get the same port.
 //! An instance keeps its ports until it is forgotten.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use crate::error::Error;
 use crate::ids::NodeId;
-use crate::storage::records::{InstanceRecord, NodeStatus};
-
-use super::read_model::State;
+use crate::storage::records::InstanceRecord;
 
 /// Ports in use per node, for every instance the master knows.
 #[derive(Default)]
@@ -67,60 +65,35 @@ impl PortAllocator {
     }
 }
 
-/// Chooses nodes for `n` new instances of `cluster`.
-///
-/// `pinned`: when given, only these nodes are used (each must exist and be
-/// Ready); instances are still spread over them by the same rule.
-pub fn place(
-    state: &State,
-    cluster: &str,
-    n: usize,
-    pinned: Option<&[NodeId]>,
-    now: time::OffsetDateTime,
-    ready: impl Fn(&super::read_model::NodeView, time::OffsetDateTime) -> NodeStatus,
-) -> Result<Vec<NodeId>, Error> {
-    let candidates: Vec<NodeId> = match pinned {
-        Some(list) => {
-            if list.is_empty() {
-                return Err(Error::invalid("invalid_request", "nodes: must not be empty when given"));
-            }
-            for id in list {
-                let node = state.nodes.get(id).ok_or_else(|| Error::spec("nodes", format!("unknown node {id:?}")))?;
-                if ready(node, now) != NodeStatus::Ready {
-                    return Err(Error::unavailable(format!("node {id} is not Ready")));
-                }
-            }
-            list.to_vec()
-        }
-        None => {
-            state.nodes.values().filter(|v| ready(v, now) == NodeStatus::Ready).map(|v| v.record.id.clone()).collect()
-        }
-    };
+/// A node a new instance may go to, with how loaded it is.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub id: NodeId,
+    /// Instances of the cluster being placed already on it.
+    pub in_cluster: usize,
+    /// Instances of every cluster on it.
+    pub total: usize,
+}
+
+/// Chooses nodes for `n` new instances: each goes to the candidate with the
+/// fewest instances of its cluster, then the fewest overall, then the
+/// lowest node id. O(n log nodes) with a heap, so placing 1,000 instances
+/// over 1,000 nodes costs microseconds, not a scan per instance.
+pub fn place(candidates: Vec<Candidate>, n: usize) -> Result<Vec<NodeId>, Error> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
     if candidates.is_empty() {
         return Err(Error::unavailable("no Ready node to place instances on"));
     }
-    let mut in_cluster: BTreeMap<NodeId, usize> = candidates.iter().map(|n| (n.clone(), 0)).collect();
-    let mut total: BTreeMap<NodeId, usize> = in_cluster.clone();
-    for i in state.instances.values() {
-        if let Some(c) = total.get_mut(&i.node) {
-            *c += 1;
-        }
-        if i.cluster == cluster
-            && let Some(c) = in_cluster.get_mut(&i.node)
-        {
-            *c += 1;
-        }
-    }
+    let mut heap: BinaryHeap<Reverse<(usize, usize, NodeId)>> =
+        candidates.into_iter().map(|c| Reverse((c.in_cluster, c.total, c.id))).collect();
     let mut chosen = Vec::with_capacity(n);
     for _ in 0..n {
-        let best = candidates
-            .iter()
-            .min_by_key(|id| (in_cluster[*id], total[*id], (*id).clone()))
-            .cloned()
-            .ok_or_else(|| Error::unavailable("no node to place on"))?;
-        *in_cluster.entry(best.clone()).or_default() += 1;
-        *total.entry(best.clone()).or_default() += 1;
-        chosen.push(best);
+        let Some(Reverse((in_cluster, total, id))) = heap.pop() else {
+            return Err(Error::unavailable("no node to place on"));
+        };
+        chosen.push(id.clone());
+        heap.push(Reverse((in_cluster + 1, total + 1, id)));
     }
     Ok(chosen)
 }
@@ -140,5 +113,14 @@ mod tests {
         assert_eq!(a.allocate(&n, (20000, 20003), 2).unwrap(), vec![20001, 20003]);
         // Another node has its own range.
         assert_eq!(a.allocate(&NodeId::new("n2"), (20000, 20003), 1).unwrap(), vec![20000]);
+    }
+
+    #[test]
+    fn placement_spreads_by_cluster_then_total_then_id() {
+        let c = |id: &str, in_cluster, total| Candidate { id: NodeId::new(id), in_cluster, total };
+        let got = place(vec![c("b", 0, 5), c("a", 0, 5), c("c", 1, 0)], 4).unwrap();
+        let ids: Vec<&str> = got.iter().map(|n| n.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c", "a"]);
+        assert!(place(vec![], 1).is_err());
     }
 }

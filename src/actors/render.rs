@@ -1,61 +1,91 @@
 //! Builds the template context of DESIGN.md §8 from the master's records
-//! and renders an instance's files and environment.
+//! and renders instances' files and environment.
 //!
-//! Rendering happens on the master, from the read model's view of the
-//! cluster's current membership, so every instance sees the same member list.
+//! Rendering happens on the master, from the cluster actor's own view of
+//! its membership, so every instance sees the same member list. A
+//! [`RenderBase`] is made once per rendering pass (one step): the component
+//! and cluster parts of the context, member list included, become template
+//! values once, and each instance adds only its own part. So re-rendering a
+//! role of N members costs N renders, not N² context building.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use minijinja::value::Value;
+
+use super::instance::InstallPayload;
+use super::read_model::ReadModel;
 use crate::error::Error;
 use crate::protocol::messages::{HealthProbe, ProcessSpec, RenderedFile, ResourceLimits};
-use crate::spec::render::{ClusterCtx, ComponentCtx, InstanceCtx, MemberCtx, RenderContext, RoleCtx};
+use crate::spec::render::{
+    ClusterCtx, ComponentCtx, InstanceCtx, MemberCtx, RoleCtx, cluster_value, component_value, context_value,
+    instance_value, render_env_with, render_files_with,
+};
 use crate::spec::{ComponentSpec, HealthCheck, RoleSpec};
 use crate::storage::records::{Applied, ClusterRecord, InstanceRecord, Limits, PackageRecord};
 
-use super::instance::InstallPayload;
-use super::read_model::State;
+/// An instance's rendered environment, in the order the spec lists it.
+pub type Env = Vec<(String, String)>;
 
-/// The directory of an instance on its node.
-pub fn instance_dir(state: &State, inst: &InstanceRecord) -> String {
-    let root = state.nodes.get(&inst.node).map(|n| n.record.instance_root.clone()).unwrap_or_default();
-    format!("{}/{}", root.trim_end_matches('/'), inst.id)
+/// What every instance of one rendering pass shares.
+pub struct RenderBase<'a> {
+    pub spec: &'a ComponentSpec,
+    cluster: &'a ClusterRecord,
+    component: Value,
+    cluster_value: Value,
+    /// Node id -> its instance root.
+    roots: BTreeMap<String, String>,
 }
 
-/// The context for rendering `inst`'s files, given every member of its cluster.
-pub fn context(
-    spec: &ComponentSpec,
-    cluster: &ClusterRecord,
-    members: &[InstanceRecord],
-    inst: &InstanceRecord,
-    state: &State,
-) -> RenderContext {
-    let mut roles: BTreeMap<String, RoleCtx> =
-        spec.roles.iter().map(|r| (r.name.clone(), RoleCtx { count: 0, members: Vec::new() })).collect();
-    for m in members {
-        let role = roles.entry(m.role.clone()).or_insert_with(|| RoleCtx { count: 0, members: Vec::new() });
-        role.count += 1;
-        role.members.push(MemberCtx {
-            id: m.id.to_string(),
-            ordinal: m.ordinal,
-            host: m.host.clone(),
-            node: m.node.to_string(),
-            ports: m.ports.clone(),
+impl<'a> RenderBase<'a> {
+    /// The shared part of the context for `cluster` with `members`.
+    pub fn new(
+        spec: &'a ComponentSpec,
+        cluster: &'a ClusterRecord,
+        members: &[Arc<InstanceRecord>],
+        read_model: &ReadModel,
+    ) -> RenderBase<'a> {
+        let mut roles: BTreeMap<String, RoleCtx> =
+            spec.roles.iter().map(|r| (r.name.clone(), RoleCtx { count: 0, members: Vec::new() })).collect();
+        let mut roots = BTreeMap::new();
+        for m in members {
+            let role = roles.entry(m.role.clone()).or_insert_with(|| RoleCtx { count: 0, members: Vec::new() });
+            role.count += 1;
+            role.members.push(MemberCtx {
+                id: m.id.to_string(),
+                ordinal: m.ordinal,
+                host: m.host.clone(),
+                node: m.node.to_string(),
+                ports: m.ports.clone(),
+            });
+            if !roots.contains_key(m.node.as_str()) {
+                let root = read_model.node(&m.node).map(|n| n.record().instance_root.clone()).unwrap_or_default();
+                roots.insert(m.node.to_string(), root);
+            }
+        }
+        let component = component_value(&ComponentCtx {
+            name: spec.component.name.clone(),
+            version: spec.component.version.clone(),
         });
-    }
-    for r in roles.values_mut() {
-        r.members.sort_by_key(|m| m.ordinal);
-    }
-    let dir = instance_dir(state, inst);
-    RenderContext {
-        component: ComponentCtx { name: spec.component.name.clone(), version: spec.component.version.clone() },
-        cluster: ClusterCtx {
+        let cluster_value = cluster_value(&ClusterCtx {
             name: cluster.name.clone(),
             id: cluster.id.to_string(),
             config: cluster.config.iter().map(|(k, v)| (k.clone(), v.to_json())).collect(),
             roles,
-        },
-        instance: InstanceCtx {
+        });
+        RenderBase { spec, cluster, component, cluster_value, roots }
+    }
+
+    /// The directory of an instance on its node.
+    fn dir(&self, inst: &InstanceRecord) -> String {
+        let root = self.roots.get(inst.node.as_str()).map(String::as_str).unwrap_or_default();
+        format!("{}/{}", root.trim_end_matches('/'), inst.id)
+    }
+
+    fn context(&self, inst: &InstanceRecord) -> Value {
+        let dir = self.dir(inst);
+        let instance = instance_value(&InstanceCtx {
             id: inst.id.to_string(),
             ordinal: inst.ordinal,
             role: inst.role.clone(),
@@ -64,71 +94,62 @@ pub fn context(
             ports: inst.ports.clone(),
             data_dir: format!("{dir}/data"),
             dir,
-        },
+        });
+        context_value(self.component.clone(), self.cluster_value.clone(), instance)
     }
-}
 
-/// An instance's rendered environment, in the order the spec lists it.
-pub type Env = Vec<(String, String)>;
+    fn role(&self, inst: &InstanceRecord) -> Result<&'a RoleSpec, Error> {
+        self.spec
+            .role(&inst.role)
+            .ok_or_else(|| Error::spec(format!("roles.{}", inst.role), "role not in the package's spec"))
+    }
 
-/// The rendered files and environment of one instance.
-pub fn files_and_env(
-    spec: &ComponentSpec,
-    role: &RoleSpec,
-    cluster: &ClusterRecord,
-    members: &[InstanceRecord],
-    inst: &InstanceRecord,
-    state: &State,
-) -> Result<(Vec<RenderedFile>, Env), Error> {
-    let ctx = context(spec, cluster, members, inst, state);
-    Ok((crate::spec::render::render_files(role, &ctx)?, crate::spec::render::render_env(role, &ctx)?))
-}
+    /// The rendered files and environment of one instance.
+    pub fn files_and_env(&self, inst: &InstanceRecord) -> Result<(Vec<RenderedFile>, Env), Error> {
+        let role = self.role(inst)?;
+        let ctx = self.context(inst);
+        Ok((render_files_with(role, &ctx)?, render_env_with(role, &ctx)?))
+    }
 
-/// The full install payload of one instance: process spec with rendered env, files.
-pub fn install_payload(
-    spec: &ComponentSpec,
-    cluster: &ClusterRecord,
-    members: &[InstanceRecord],
-    inst: &InstanceRecord,
-    state: &State,
-    package: &PackageRecord,
-    blob: PathBuf,
-) -> Result<InstallPayload, Error> {
-    let role = spec
-        .role(&inst.role)
-        .ok_or_else(|| Error::spec(format!("roles.{}", inst.role), "role not in the package's spec"))?;
-    let ctx = context(spec, cluster, members, inst, state);
-    let files = crate::spec::render::render_files(role, &ctx)?;
-    let env = crate::spec::render::render_env(role, &ctx)?;
-    let health = match &role.health {
-        None => None,
-        Some(HealthCheck::Cmd { argv }) => Some(HealthProbe::Cmd { argv: argv.clone() }),
-        Some(HealthCheck::Tcp { port }) => {
-            let number = inst.ports.get(port).copied().ok_or_else(|| {
-                Error::spec(format!("roles.{}.health.tcp", role.name), format!("instance has no port {port:?}"))
-            })?;
-            Some(HealthProbe::Tcp { port: number })
-        }
-    };
-    let limits = effective_limits(spec, cluster, &inst.role);
-    Ok(InstallPayload {
-        run_as: role.run_as.clone(),
-        process: ProcessSpec {
-            start: role.start.clone(),
-            stop: role.stop.clone(),
-            pidfile: role.pidfile.clone(),
-            stop_grace_ms: role.stop_grace.as_millis() as u64,
-            start_timeout_ms: role.start_timeout.as_millis() as u64,
-            env,
-            health,
-            limits: limits.map(|l| ResourceLimits { memory_bytes: l.memory_bytes, cpu: l.cpu }),
-        },
-        files,
-        package_sha256: package.sha256.clone(),
-        package_size: package.size,
-        blob,
-        applied: Applied { package_version: package.package_version.clone(), limits },
-    })
+    /// The full install payload of one instance: process spec with rendered env, files.
+    pub fn install_payload(
+        &self,
+        inst: &InstanceRecord,
+        package: &PackageRecord,
+        blob: PathBuf,
+    ) -> Result<InstallPayload, Error> {
+        let role = self.role(inst)?;
+        let (files, env) = self.files_and_env(inst)?;
+        let health = match &role.health {
+            None => None,
+            Some(HealthCheck::Cmd { argv }) => Some(HealthProbe::Cmd { argv: argv.clone() }),
+            Some(HealthCheck::Tcp { port }) => {
+                let number = inst.ports.get(port).copied().ok_or_else(|| {
+                    Error::spec(format!("roles.{}.health.tcp", role.name), format!("instance has no port {port:?}"))
+                })?;
+                Some(HealthProbe::Tcp { port: number })
+            }
+        };
+        let limits = effective_limits(self.spec, self.cluster, &inst.role);
+        Ok(InstallPayload {
+            run_as: role.run_as.clone(),
+            process: ProcessSpec {
+                start: role.start.clone(),
+                stop: role.stop.clone(),
+                pidfile: role.pidfile.clone(),
+                stop_grace_ms: role.stop_grace.as_millis() as u64,
+                start_timeout_ms: role.start_timeout.as_millis() as u64,
+                env,
+                health,
+                limits: limits.map(|l| ResourceLimits { memory_bytes: l.memory_bytes, cpu: l.cpu }),
+            },
+            files,
+            package_sha256: package.sha256.clone(),
+            package_size: package.size,
+            blob,
+            applied: Applied { package_version: package.package_version.clone(), limits },
+        })
+    }
 }
 
 /// The limits `role`'s instances run with: a vertical scale's, else the spec's.

@@ -1,10 +1,15 @@
 //! `Supervisor`: the root of the actor tree. It starts one `ClusterActor`
 //! per cluster at boot, creates new clusters (validating the request before
-//! anything exists), removes deleted ones, routes process exits to their
-//! cluster, and turns escalated failures into a cluster `Error` with a
+//! anything exists), removes deleted ones (it alone writes the cluster
+//! registry, so a name is taken once), reconciles an agent's inventory when
+//! it connects, and turns escalated failures into a cluster `Error` with a
 //! description that says why.
+//!
+//! It is on no hot path: requests reach cluster actors through the
+//! registry, and agents' reports go from their node manager straight to the
+//! instance's cluster.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -12,16 +17,17 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::Shared;
-use super::cluster::{ClusterActor, EnterError, InstanceObserved, OpRequest, RunOperation};
+use super::cluster::{ClusterActor, EnterError, InstanceObserved, OpRequest, RunOperation, Shutdown, Start};
 use super::instance::Observation;
+use super::placement::Candidate;
 use super::read_model::ActorStats;
 use crate::error::Error;
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId, validate_name};
 use crate::spec::RoleSpec;
 use crate::storage::WriteOp;
 use crate::storage::records::{
-    ClusterRecord, ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, OperationRecord, OperationStatus,
-    PackageRef, PendingRestart, RECORD_VERSION, RoleState,
+    ClusterRecord, ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, NodeStatus, OperationRecord,
+    OperationStatus, PackageRef, PendingRestart, RECORD_VERSION, RoleState,
 };
 
 /// A request to create a cluster (already parsed from JSON).
@@ -43,40 +49,11 @@ impl Message for CreateCluster {
     type Result = Result<OperationRecord, Error>;
 }
 
-/// Looks up a cluster's actor by name.
-#[derive(Message)]
-#[rtype(result = "Option<Addr<ClusterActor>>")]
-pub struct GetCluster(pub String);
-
 /// A cluster finished its delete; its name is free.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ClusterGone {
     pub name: String,
-}
-
-/// An agent reported an unexpected process exit.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct InstanceExited {
-    pub node: NodeId,
-    pub instance: InstanceId,
-    pub pid: u32,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub stderr_tail: String,
-    /// The agent restarts it after this delay; `None`: it stays down.
-    pub restart_in: Option<std::time::Duration>,
-}
-
-/// From a node manager: how an agent's restart of a crashed instance went.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct InstanceRestarted {
-    pub node: NodeId,
-    pub instance: InstanceId,
-    pub pid: Option<u32>,
-    pub error: Option<String>,
 }
 
 /// A failure a cluster could not handle itself.
@@ -92,7 +69,6 @@ pub struct Escalate {
 }
 
 pub struct Supervisor {
-    clusters: HashMap<String, Addr<ClusterActor>>,
     shared: Shared,
     boot: Option<Boot>,
     stats: Arc<ActorStats>,
@@ -102,7 +78,10 @@ pub struct Supervisor {
 pub struct Boot {
     pub clusters: Vec<ClusterRecord>,
     pub instances: Vec<InstanceRecord>,
+    /// Operations that had not ended (with their plans).
     pub operations: Vec<OperationRecord>,
+    /// Each cluster's ended operations still stored, oldest first.
+    pub history: HashMap<ClusterId, VecDeque<(u64, OperationId)>>,
 }
 
 impl Supervisor {
@@ -110,10 +89,15 @@ impl Supervisor {
         &self.shared
     }
 
+    /// Counters of the supervisor (its mailbox bound, for the API).
+    pub fn stats(&self) -> Arc<ActorStats> {
+        self.stats.clone()
+    }
+
     pub fn new(shared: Shared, boot: Boot) -> Self {
-        let stats = ActorStats::new("supervisor", "supervisor", None);
+        let stats = shared.supervisor.clone();
         shared.read_model.register_actor(&stats);
-        Supervisor { clusters: HashMap::new(), shared, boot: Some(boot), stats }
+        Supervisor { shared, boot: Some(boot), stats }
     }
 }
 
@@ -124,8 +108,15 @@ impl Actor for Supervisor {
         self.stats.set_state("running");
         let Some(boot) = self.boot.take() else { return };
         let mut by_cluster: HashMap<ClusterId, Vec<InstanceRecord>> = HashMap::new();
+        let mut by_node: HashMap<NodeId, Vec<(InstanceId, Arc<str>)>> = HashMap::new();
         for i in boot.instances {
+            by_node.entry(i.node.clone()).or_default().push((i.id.clone(), Arc::from(i.cluster.as_str())));
             by_cluster.entry(i.cluster_id).or_default().push(i);
+        }
+        for (node, ids) in by_node {
+            if let Some(n) = self.shared.read_model.node(&node) {
+                n.add_instances(&ids);
+            }
         }
         let mut writes = Vec::new();
         let now = OffsetDateTime::now_utc();
@@ -135,21 +126,26 @@ impl Actor for Supervisor {
         // and its cluster goes Error so the operator looks before acting.
         let mut resumable: HashMap<OperationId, OperationRecord> = HashMap::new();
         for mut op in boot.operations {
-            if !op.status.is_terminal() {
-                let cluster_known = boot.clusters.iter().any(|c| c.operation == Some(op.id));
-                if op.resume.is_some() && cluster_known {
-                    resumable.insert(op.id, op.clone());
-                } else {
-                    op.status = OperationStatus::Failed;
-                    op.error = Some("interrupted: the master stopped while this operation ran".into());
-                    op.ended_at = Some(now);
-                    if let Ok(w) = WriteOp::put_operation(&op) {
-                        writes.push(w);
-                    }
-                }
+            if op.status.is_terminal() {
+                continue;
             }
-            self.shared.read_model.put_operation(&op);
+            let cluster_known = boot.clusters.iter().any(|c| c.operation == Some(op.id));
+            if op.resume.is_some() && cluster_known {
+                self.shared.read_model.put_operation(&op);
+                resumable.insert(op.id, op);
+            } else {
+                op.status = OperationStatus::Failed;
+                op.error = Some("interrupted: the master stopped while this operation ran".into());
+                op.ended_at = Some(now);
+                op.resume = None;
+                if let Ok(w) = WriteOp::put_operation(&op) {
+                    writes.push(w);
+                }
+                writes.push(WriteOp::delete_op_plan(&op.id));
+            }
         }
+        let mut history = boot.history;
+        let mut clusters = Vec::new();
         for mut c in boot.clusters {
             let resume = c.operation.and_then(|id| resumable.remove(&id));
             if let Some(op) = c.operation.filter(|_| resume.is_none()) {
@@ -162,24 +158,37 @@ impl Actor for Supervisor {
                     writes.push(w);
                 }
             }
-            let instances = by_cluster.remove(&c.id).unwrap_or_default();
-            let name = c.name.clone();
-            let addr = ClusterActor::start(c, instances, resume, self.shared.clone(), ctx.address());
-            self.clusters.insert(name, addr);
+            clusters.push((c, resume));
         }
-        if !writes.is_empty() {
-            let store = self.shared.store.clone();
-            actix::spawn(async move {
-                if let Err(e) = store.commit(writes).await {
-                    tracing::error!(error = %e, "cannot record interrupted operations");
-                }
-            });
+        let start_all = move |act: &mut Supervisor, ctx: &mut Context<Supervisor>| {
+            for (c, resume) in clusters {
+                let instances = by_cluster.remove(&c.id).unwrap_or_default();
+                let name = c.name.clone();
+                let history = history.remove(&c.id).unwrap_or_default();
+                let start = Start { record: c, instances, resume, history, visible: true };
+                let handle = ClusterActor::start(start, act.shared.clone(), ctx.address());
+                act.shared.registry.insert(&name, handle);
+            }
+        };
+        if writes.is_empty() {
+            start_all(self, ctx);
+            return;
         }
+        // What the boot decided (interrupted operations that cannot go on)
+        // is durable before any cluster shows it.
+        let store = self.shared.store.clone();
+        ctx.wait(async move { store.commit(writes).await }.into_actor(self).map(move |res, act, ctx| {
+            if let Err(e) = res {
+                tracing::error!(error = %e, "cannot record interrupted operations");
+            }
+            start_all(act, ctx);
+        }));
     }
 }
 
 /// Places `n` new instances of `role` (ordinals from `first_ordinal`),
-/// allocating their ports. Nothing is persisted here.
+/// allocating their ports. `in_cluster`: how many instances of the cluster
+/// each node holds already. Nothing is persisted here.
 pub fn place_instances(
     shared: &Shared,
     cluster: &ClusterRecord,
@@ -187,15 +196,44 @@ pub fn place_instances(
     first_ordinal: u32,
     n: u32,
     pinned: Option<&[NodeId]>,
+    in_cluster: &BTreeMap<NodeId, usize>,
 ) -> Result<Vec<InstanceRecord>, Error> {
     let timing = shared.timing;
     let now = OffsetDateTime::now_utc();
-    let state = shared.read_model.read();
-    let nodes = super::placement::place(&state, &cluster.name, n as usize, pinned, now, |v, now| {
-        v.status_at(now, timing.node_unknown_after, timing.node_down_after)
-    })?;
+    let nodes = shared.read_model.nodes();
+    let ready = |id: &NodeId| {
+        nodes.get(id).is_some_and(|e| {
+            e.live.status_at(now, timing.node_unknown_after, timing.node_down_after) == NodeStatus::Ready
+        })
+    };
+    let ids: Vec<NodeId> = match pinned {
+        Some(list) => {
+            if list.is_empty() {
+                return Err(Error::invalid("invalid_request", "nodes: must not be empty when given"));
+            }
+            for id in list {
+                if !nodes.contains_key(id) {
+                    return Err(Error::spec("nodes", format!("unknown node {id:?}")));
+                }
+                if !ready(id) {
+                    return Err(Error::unavailable(format!("node {id} is not Ready")));
+                }
+            }
+            list.to_vec()
+        }
+        None => nodes.keys().filter(|id| ready(id)).cloned().collect(),
+    };
+    let candidates = ids
+        .into_iter()
+        .map(|id| Candidate {
+            in_cluster: in_cluster.get(&id).copied().unwrap_or(0),
+            total: nodes.get(&id).map(|e| e.instance_count()).unwrap_or(0),
+            id,
+        })
+        .collect();
+    let chosen = super::placement::place(candidates, n as usize)?;
     let limited = role.resources.is_some() || cluster.roles.get(&role.name).is_some_and(|r| r.limits.is_some());
-    if limited && let Some(n) = nodes.iter().find(|n| !state.nodes.get(*n).is_some_and(|v| v.record.resource_limits)) {
+    if limited && let Some(n) = chosen.iter().find(|n| !nodes.get(*n).is_some_and(|v| v.record().resource_limits)) {
         return Err(Error::conflict(
             "limits_unsupported",
             format!(
@@ -204,10 +242,12 @@ pub fn place_instances(
             ),
         ));
     }
-    let mut out: Vec<InstanceRecord> = Vec::new();
-    for (k, node) in nodes.into_iter().enumerate() {
-        let view = &state.nodes[&node];
-        let ports = match shared.ports.allocate(&node, view.record.port_range, role.ports.len()) {
+    let mut out: Vec<InstanceRecord> = Vec::with_capacity(chosen.len());
+    for (k, node) in chosen.into_iter().enumerate() {
+        let Some(record) = nodes.get(&node).map(|e| e.record()) else {
+            continue;
+        };
+        let ports = match shared.ports.allocate(&node, record.port_range, role.ports.len()) {
             Ok(p) => p,
             Err(e) => {
                 for r in &out {
@@ -218,7 +258,7 @@ pub fn place_instances(
         };
         let ordinal = first_ordinal + k as u32;
         let id = InstanceId::generate(&cluster.name, &cluster.id, &role.name, ordinal);
-        let dir = format!("{}/{}", view.record.instance_root.trim_end_matches('/'), id);
+        let dir = format!("{}/{}", record.instance_root.trim_end_matches('/'), id);
         out.push(InstanceRecord {
             version: RECORD_VERSION,
             id,
@@ -227,7 +267,7 @@ pub fn place_instances(
             role: role.name.clone(),
             ordinal,
             node: node.clone(),
-            host: view.record.address.clone(),
+            host: record.address.clone(),
             ports: role.ports.iter().cloned().zip(ports).collect(),
             status: InstanceStatus::Pending,
             desired: DesiredState::Installed,
@@ -245,17 +285,15 @@ pub fn place_instances(
 impl Supervisor {
     fn validate_create(&self, req: &CreateCluster) -> Result<(ClusterRecord, Vec<InstanceRecord>), Error> {
         validate_name(&req.name).map_err(|m| Error::invalid("invalid_name", format!("name: {m}")))?;
-        if self.clusters.contains_key(&req.name) {
+        if self.shared.registry.contains(&req.name) {
             return Err(Error::AlreadyExists { kind: "cluster", id: req.name.clone() });
         }
-        let spec = {
-            let state = self.shared.read_model.read();
-            state
-                .packages
-                .get(&(req.package.name.clone(), req.package.version.clone()))
-                .map(|p| p.spec.clone())
-                .ok_or_else(|| Error::not_found("package", &req.package))?
-        };
+        let spec = self
+            .shared
+            .read_model
+            .package(&req.package.name, &req.package.version)
+            .map(|p| p.spec)
+            .ok_or_else(|| Error::not_found("package", &req.package))?;
         for role in req.roles.keys() {
             if spec.role(role).is_none() {
                 let known: Vec<&str> = spec.roles.iter().map(|r| r.name.as_str()).collect();
@@ -288,13 +326,19 @@ impl Supervisor {
             counts.push((role, count, r.nodes));
         }
         let mut pending: Vec<InstanceRecord> = Vec::new();
+        let mut in_cluster: BTreeMap<NodeId, usize> = BTreeMap::new();
         for (role, count, nodes) in counts {
             record.roles.insert(role.name.clone(), RoleState { next_ordinal: count + 1, limits: None });
             if count == 0 {
                 continue;
             }
-            match place_instances(&self.shared, &record, role, 1, count, nodes.as_deref()) {
-                Ok(v) => pending.extend(v),
+            match place_instances(&self.shared, &record, role, 1, count, nodes.as_deref(), &in_cluster) {
+                Ok(v) => {
+                    for i in &v {
+                        *in_cluster.entry(i.node.clone()).or_default() += 1;
+                    }
+                    pending.extend(v)
+                }
                 Err(e) => {
                     for p in &pending {
                         self.shared.ports.release(&p.node, p.ports.values().copied());
@@ -322,32 +366,27 @@ impl Handler<CreateCluster> for Supervisor {
         let name = record.name.clone();
         let params = serde_json::to_string(&req).unwrap_or_default();
         // The name is taken from here on, so a concurrent create of the same
-        // name gets 409 even before this one is durable.
-        let addr = ClusterActor::start(record, Vec::new(), None, self.shared.clone(), ctx.address());
-        self.clusters.insert(name.clone(), addr.clone());
+        // name gets 409 even before this one is durable. The cluster becomes
+        // visible to readers once its create is durable.
+        let start = Start { record, instances: Vec::new(), resume: None, history: VecDeque::new(), visible: false };
+        let handle = ClusterActor::start(start, self.shared.clone(), ctx.address());
+        self.shared.registry.insert(&name, handle.clone());
         self.stats.end(None);
+        handle.stats.enqueue();
         Box::pin(
-            async move { addr.send(RunOperation(OpRequest::Create { pending, params })).await }.into_actor(self).map(
-                move |res, act, _| {
+            async move { handle.addr.send(RunOperation(OpRequest::Create { pending, params })).await }
+                .into_actor(self)
+                .map(move |res, act, _| {
                     let res = res.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))));
-                    if res.is_err() {
-                        if let Some(addr) = act.clusters.remove(&name) {
-                            addr.do_send(super::cluster::Shutdown);
-                        }
-                        act.shared.read_model.write().clusters.remove(&name);
+                    if res.is_err()
+                        && let Some(h) = act.shared.registry.remove(&name)
+                    {
+                        h.stats.enqueue();
+                        h.addr.do_send(Shutdown);
                     }
                     res
-                },
-            ),
+                }),
         )
-    }
-}
-
-impl Handler<GetCluster> for Supervisor {
-    type Result = Option<Addr<ClusterActor>>;
-
-    fn handle(&mut self, msg: GetCluster, _ctx: &mut Context<Self>) -> Self::Result {
-        self.clusters.get(&msg.0).cloned()
     }
 }
 
@@ -355,52 +394,10 @@ impl Handler<ClusterGone> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, msg: ClusterGone, _ctx: &mut Context<Self>) {
-        self.clusters.remove(&msg.name);
+        self.stats.begin("cluster gone");
+        self.shared.registry.remove(&msg.name);
         tracing::info!(cluster = %msg.name, "cluster deleted");
-    }
-}
-
-impl Handler<InstanceExited> for Supervisor {
-    type Result = ();
-
-    fn handle(&mut self, msg: InstanceExited, _ctx: &mut Context<Self>) {
-        let cluster = self.shared.read_model.read().instances.get(&msg.instance).map(|i| i.cluster.clone());
-        let Some(addr) = cluster.and_then(|c| self.clusters.get(&c).cloned()) else {
-            tracing::warn!(instance = %msg.instance, node = %msg.node, "exit of an instance the master does not know");
-            return;
-        };
-        let how = match (msg.exit_code, msg.signal) {
-            (Some(c), _) => format!("exit code {c}"),
-            (None, Some(s)) => format!("signal {s}"),
-            _ => "unknown status".into(),
-        };
-        let mut description = format!("instance {} on node {} exited unexpectedly ({how})", msg.instance, msg.node);
-        if !msg.stderr_tail.trim().is_empty() {
-            description.push_str(&format!("; stderr: {}", msg.stderr_tail.trim()));
-        }
-        match msg.restart_in {
-            Some(d) => description.push_str(&format!("; its agent restarts it in {}", humantime::format_duration(d))),
-            None => description.push_str("; its agent's restart policy gave up (or is off)"),
-        }
-        addr.do_send(InstanceObserved {
-            instance: msg.instance,
-            observation: Observation::Exited { pid: msg.pid, description, restarting: msg.restart_in.is_some() },
-        });
-    }
-}
-
-impl Handler<InstanceRestarted> for Supervisor {
-    type Result = ();
-
-    fn handle(&mut self, msg: InstanceRestarted, _ctx: &mut Context<Self>) {
-        let cluster = self.shared.read_model.read().instances.get(&msg.instance).map(|i| i.cluster.clone());
-        let Some(addr) = cluster.and_then(|c| self.clusters.get(&c).cloned()) else { return };
-        let error =
-            msg.error.map(|e| format!("instance {} on node {} could not be restarted: {e}", msg.instance, msg.node));
-        addr.do_send(InstanceObserved {
-            instance: msg.instance,
-            observation: Observation::Restarted { pid: msg.pid, error },
-        });
+        self.stats.end(None);
     }
 }
 
@@ -408,21 +405,22 @@ impl Handler<Escalate> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, msg: Escalate, _ctx: &mut Context<Self>) {
+        self.stats.begin("escalate");
         tracing::error!(cluster = %msg.cluster, operation = ?msg.operation, reason = %msg.description, "cluster failed");
         self.stats.end(Some(format!("{}: {}", msg.cluster, msg.description)));
         if msg.recorded {
             return;
         }
-        if let Some(addr) = self.clusters.get(&msg.cluster) {
-            addr.do_send(EnterError { description: msg.description, operation: msg.operation });
+        if let Some(h) = self.shared.registry.get(&msg.cluster) {
+            h.stats.enqueue();
+            h.addr.do_send(EnterError { description: msg.description, operation: msg.operation });
         }
     }
 }
 
 /// Removes a force delete's leftover from its agent, then forgets it.
 async fn remove_leftover(shared: Shared, node: NodeId, instance: InstanceId, generation: u64) {
-    let link = shared.links.lock().unwrap_or_else(|p| p.into_inner()).get(&node).cloned();
-    let Some(link) = link else { return };
+    let Some(link) = shared.links.get(&node) else { return };
     let req =
         crate::protocol::messages::AgentRequest::Delete { instance: instance.clone(), generation: generation + 1 };
     match link.call(req, "Delete").await {
@@ -437,8 +435,7 @@ async fn forget_leftover(shared: &Shared, instance: &InstanceId) {
         tracing::error!(%instance, error = %e, "cannot forget a removed leftover");
         return;
     }
-    let removed = shared.read_model.write().leftovers.remove(instance);
-    if let Some(l) = removed {
+    if let Some(l) = shared.read_model.remove_leftover(instance) {
         shared.ports.release(&l.node, l.ports.iter().copied());
         tracing::info!(%instance, node = %l.node, "the leftover of a force delete is gone from its node");
     }
@@ -460,47 +457,37 @@ impl Handler<NodeInventory> for Supervisor {
     /// marks it Lost or Failed (and its Active cluster Error). Instances the
     /// agent holds but the master does not know are reported in the log.
     fn handle(&mut self, msg: NodeInventory, _ctx: &mut Context<Self>) {
-        let ours: Vec<(InstanceId, String)> = self
-            .shared
-            .read_model
-            .read()
-            .instances
-            .values()
-            .filter(|i| i.node == msg.node)
-            .map(|i| (i.id.clone(), i.cluster.clone()))
-            .collect();
-        for (id, cluster) in &ours {
-            let report = msg.reports.iter().find(|r| &r.instance == id);
+        self.stats.begin("inventory");
+        let ours = self.shared.read_model.node(&msg.node).map(|n| n.instances()).unwrap_or_default();
+        let reports: HashMap<&InstanceId, &crate::protocol::messages::InstanceReport> =
+            msg.reports.iter().map(|r| (&r.instance, r)).collect();
+        for (id, cluster) in ours.iter() {
+            let report = reports.get(id);
             let observation = Observation::Inventory {
                 present: report.is_some(),
                 running: report.is_some_and(|r| r.running),
                 pid: report.and_then(|r| r.pid),
             };
-            if let Some(addr) = self.clusters.get(cluster) {
-                addr.do_send(InstanceObserved { instance: id.clone(), observation });
+            if let Some(h) = self.shared.registry.get(cluster) {
+                // Not bounded by the mailbox: one message per instance of a
+                // node that just connected, and they must all arrive.
+                h.stats.enqueue();
+                h.addr.do_send(InstanceObserved { instance: id.clone(), observation, ack: None });
             }
         }
         // Leftovers the agent no longer holds (it finished the delete itself,
         // e.g. from its tombstone after a restart): nothing left to remove.
-        let gone: Vec<InstanceId> = self
-            .shared
-            .read_model
-            .read()
-            .leftovers
-            .values()
-            .filter(|l| l.node == msg.node && !msg.reports.iter().any(|r| r.instance == l.instance))
-            .map(|l| l.instance.clone())
-            .collect();
-        for id in gone {
+        let leftovers = self.shared.read_model.leftovers();
+        for l in leftovers.values().filter(|l| l.node == msg.node && !reports.contains_key(&l.instance)) {
             let shared = self.shared.clone();
+            let id = l.instance.clone();
             actix::spawn(async move { forget_leftover(&shared, &id).await });
         }
         for r in &msg.reports {
-            if ours.iter().any(|(id, _)| id == &r.instance) {
+            if ours.contains_key(&r.instance) {
                 continue;
             }
-            let leftover = self.shared.read_model.read().leftovers.get(&r.instance).is_some_and(|l| l.node == msg.node);
-            if leftover {
+            if leftovers.get(&r.instance).is_some_and(|l| l.node == msg.node) {
                 // A force delete could not remove it then; finish the job now.
                 actix::spawn(remove_leftover(self.shared.clone(), msg.node.clone(), r.instance.clone(), r.generation));
             } else {
@@ -510,5 +497,6 @@ impl Handler<NodeInventory> for Supervisor {
                 tracing::warn!(node = %msg.node, instance = %r.instance, running = r.running, "agent holds an instance the master does not know; left alone");
             }
         }
+        self.stats.end(None);
     }
 }

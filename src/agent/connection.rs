@@ -2,10 +2,16 @@
 //! read requests and answer them, send heartbeats and events.
 //!
 //! Requests run concurrently as tasks (the instance locks in `node.rs`
-//! serialize what must be serialized). Install frames are the exception:
-//! `InstallData` chunks are pushed into the extractor in arrival order on
-//! the read loop itself, which also gives TCP backpressure when the disk is
-//! slower than the network.
+//! serialize what must be serialized), at most `MAX_REQUESTS_IN_FLIGHT` at
+//! once. Install frames are the exception: `InstallData` chunks are pushed
+//! into the extractor in arrival order on the read loop itself, which also
+//! gives TCP backpressure when the disk is slower than the network.
+//!
+//! Nothing reorders the frames of one request: a reply is queued (awaited)
+//! by whoever makes it, and a request's later replies come from a task
+//! spawned only after its earlier ones were queued. Reports of process
+//! exits go through the node's [`Outbox`](super::outbox::Outbox), never
+//! through the reply queue, and are sent again until acknowledged.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -20,6 +26,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::installer::{self, StreamingExtractor};
 use super::node::{Node, failure};
+use super::outbox::Outbox;
 use super::process::users::RunAs;
 use crate::protocol::codec::{AgentCodec, ProtocolError};
 use crate::protocol::handshake::agent_handshake;
@@ -83,7 +90,6 @@ pub async fn serve(
             }
             Err(e) => tracing::debug!(error = %e, %master, "cannot reach master"),
         }
-        node.set_events(None);
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             _ = shutdown.changed() => return,
@@ -94,7 +100,7 @@ pub async fn serve(
 
 /// Connects from this node's address when it is local (so the master sees
 /// the node's own address), else from any.
-async fn dial(master: SocketAddr, address: &str) -> std::io::Result<TcpStream> {
+pub(crate) async fn dial(master: SocketAddr, address: &str) -> std::io::Result<TcpStream> {
     if let Ok(ip) = address.parse::<std::net::IpAddr>()
         && ip.is_ipv4() == master.is_ipv4()
     {
@@ -105,6 +111,17 @@ async fn dial(master: SocketAddr, address: &str) -> std::io::Result<TcpStream> {
     }
     TcpStream::connect(master).await
 }
+
+/// How many requests one connection runs at once. The read loop waits for
+/// a slot before taking the next request, so a master that sends faster
+/// than the node can work is slowed by TCP instead of growing tasks.
+pub(crate) const MAX_REQUESTS_IN_FLIGHT: usize = 1024;
+
+/// Replies waiting for the socket. Replies of one request are queued in
+/// the order they are made (the read loop awaits each), so they keep it.
+pub(crate) const REPLY_QUEUE: usize = 256;
+
+static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 async fn session(
     node: &Arc<Node>,
@@ -125,6 +142,7 @@ async fn session(
         cgroups: identity.cgroups,
         resource_limits: identity.resource_limits,
         inventory: node.inventory().await,
+        simulated: false,
     };
     let welcome = agent_handshake(&mut framed, hello, handshake_timeout).await?;
     tracing::info!(node = %identity.node_id, "connected to master");
@@ -132,42 +150,41 @@ async fn session(
     let (read_half, write_half) = parts.io.into_split();
     let mut reader = FramedRead::new(read_half, AgentCodec::default());
     reader.read_buffer_mut().extend_from_slice(&parts.read_buf);
-    let mut writer = FramedWrite::new(write_half, AgentCodec::default());
+    let writer = FramedWrite::new(write_half, AgentCodec::default());
 
-    let (tx, mut rx) = mpsc::channel::<AgentFrame>(256);
-    node.set_events(Some(tx.clone()));
-    let write_task = tokio::spawn(async move {
-        while let Some(frame) = rx.recv().await {
-            if writer.send(frame).await.is_err() {
-                break;
-            }
-        }
-    });
+    let (tx, rx) = mpsc::channel::<AgentFrame>(REPLY_QUEUE);
     let beat = Duration::from_millis(welcome.heartbeat_interval_ms.max(100));
-    let heartbeat_tx = tx.clone();
-    let heartbeat = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(beat);
-        loop {
-            tick.tick().await;
-            if heartbeat_tx.send(AgentFrame::Event(AgentEvent::Heartbeat)).await.is_err() {
-                break;
-            }
-        }
-    });
+    let connection = next_connection();
+    let mut write_task = tokio::spawn(write_frames(writer, rx, node.outbox.clone(), connection, beat));
 
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
     let mut installs: HashMap<u64, PendingInstall> = HashMap::new();
     let result = loop {
-        let frame = match reader.next().await {
+        let frame = tokio::select! {
+            f = reader.next() => f,
+            // The writer ended: the socket broke, or reports overflowed and
+            // a resync (a new Hello with the inventory) is due.
+            w = &mut write_task => break match w {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(ProtocolError::Unexpected(format!("writer task: {e}"))),
+            },
+        };
+        let frame = match frame {
             None => break Ok(()),
             Some(Err(e)) => break Err(e),
             Some(Ok(f)) => f,
         };
-        let MasterFrame::Request { request_id, body } = frame else {
-            break Err(ProtocolError::Unexpected("handshake frame after the handshake".into()));
-        };
-        handle(node, &tx, &mut installs, request_id, body).await;
+        match frame {
+            MasterFrame::Request { request_id, body } => {
+                handle(node, &tx, &slots, &mut installs, request_id, body).await;
+            }
+            MasterFrame::Ack { seq } => node.outbox.ack(seq),
+            MasterFrame::Welcome(_) | MasterFrame::Refused { .. } => {
+                break Err(ProtocolError::Unexpected("handshake frame after the handshake".into()));
+            }
+        }
     };
-    heartbeat.abort();
     write_task.abort();
     for (_, p) in installs.drain() {
         p.extractor.abort().await;
@@ -175,16 +192,68 @@ async fn session(
     result
 }
 
-fn reply(tx: &mpsc::Sender<AgentFrame>, request_id: u64, body: AgentResponse) {
-    let tx = tx.clone();
-    tokio::spawn(async move {
-        let _ = tx.send(AgentFrame::Response { request_id, body }).await;
-    });
+/// Owns the socket's write half: heartbeats, then reports (their own
+/// queue: the outbox), then replies. Ends with an error when the socket
+/// breaks, and with `Ok` when reports overflowed and a resync is due.
+/// Shared with the simulated agent, so both send the same way.
+pub(crate) async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(
+    mut writer: FramedWrite<W, AgentCodec>,
+    mut replies: mpsc::Receiver<AgentFrame>,
+    outbox: Arc<Outbox>,
+    connection: u64,
+    beat: Duration,
+) -> Result<(), ProtocolError> {
+    let mut tick = tokio::time::interval(beat);
+    let mut resend = tokio::time::interval(super::outbox::RESEND_AFTER);
+    loop {
+        let frames: Vec<AgentFrame> = tokio::select! {
+            biased;
+            _ = tick.tick() => vec![AgentFrame::Event(AgentEvent::Heartbeat)],
+            _ = outbox.added.notified() => reports(&outbox, connection),
+            _ = resend.tick() => reports(&outbox, connection),
+            r = replies.recv() => match r {
+                Some(f) => vec![f],
+                None => return Ok(()),
+            },
+        };
+        if outbox.take_overflow() {
+            tracing::warn!("reports overflowed the outbox; reconnecting so the master gets the full inventory");
+            return Ok(());
+        }
+        for f in frames {
+            writer.feed(f).await?;
+        }
+        writer.flush().await?;
+        // A large frame leaves a large buffer behind; give it back.
+        if writer.write_buffer().capacity() > 64 * 1024 {
+            *writer.write_buffer_mut() = bytes::BytesMut::new();
+        }
+    }
+}
+
+fn reports(outbox: &Outbox, connection: u64) -> Vec<AgentFrame> {
+    outbox
+        .due(connection, tokio::time::Instant::now())
+        .into_iter()
+        .map(|(seq, event)| AgentFrame::Report { seq, event })
+        .collect()
+}
+
+/// A new connection number (the outbox resends everything on a new one).
+pub(crate) fn next_connection() -> u64 {
+    CONNECTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Queues a reply; awaited in the read loop, so the replies of one request
+/// leave in the order they were made.
+async fn reply(tx: &mpsc::Sender<AgentFrame>, request_id: u64, body: AgentResponse) {
+    let _ = tx.send(AgentFrame::Response { request_id, body }).await;
 }
 
 async fn handle(
     node: &Arc<Node>,
     tx: &mpsc::Sender<AgentFrame>,
+    slots: &Arc<tokio::sync::Semaphore>,
     installs: &mut HashMap<u64, PendingInstall>,
     request_id: u64,
     body: AgentRequest,
@@ -194,15 +263,19 @@ async fn handle(
             let begin = *begin;
             let run_as = match node.check_install(&begin).await {
                 Ok(u) => u,
-                Err(resp) => return reply(tx, request_id, resp),
+                Err(resp) => return reply(tx, request_id, resp).await,
             };
             let tag = uuid::Uuid::new_v4().simple().to_string();
             let staging = node.root.join(format!(".staging-{}-{tag}", begin.instance));
             if let Some(cached) = node.cached_package(&begin.package_sha256) {
-                reply(tx, request_id, AgentResponse::InstallReady { need_bytes: false });
+                // Queued before the extraction task exists: `InstallReady`
+                // always precedes this request's `InstallResult`.
+                reply(tx, request_id, AgentResponse::InstallReady { need_bytes: false }).await;
+                let Ok(slot) = slots.clone().acquire_owned().await else { return };
                 let node = node.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let resp =
                         match installer::extract_file(&cached, &staging, &crate::package::ExtractLimits::default())
                             .await
@@ -216,7 +289,7 @@ async fn handle(
                                 )
                             }
                         };
-                    let _ = tx.send(AgentFrame::Response { request_id, body: resp }).await;
+                    reply(&tx, request_id, resp).await;
                 });
                 return;
             }
@@ -228,22 +301,25 @@ async fn handle(
             ) {
                 Ok(extractor) => {
                     installs.insert(request_id, PendingInstall { begin, run_as, staging, tee, extractor });
-                    reply(tx, request_id, AgentResponse::InstallReady { need_bytes: true });
+                    reply(tx, request_id, AgentResponse::InstallReady { need_bytes: true }).await;
                 }
                 Err(e) => {
-                    reply(tx, request_id, failure(FailureKind::Install, crate::error::ErrorChain(&e).to_string()))
+                    let m = crate::error::ErrorChain(&e).to_string();
+                    reply(tx, request_id, failure(FailureKind::Install, m)).await
                 }
             }
         }
         AgentRequest::InstallData { bytes, .. } => {
             let Some(p) = installs.get_mut(&request_id) else {
-                return reply(tx, request_id, failure(FailureKind::BadRequest, "InstallData without InstallBegin"));
+                return reply(tx, request_id, failure(FailureKind::BadRequest, "InstallData without InstallBegin"))
+                    .await;
             };
             if let Err(e) = p.extractor.push(bytes).await {
                 if let Some(p) = installs.remove(&request_id) {
                     p.extractor.abort().await;
                 }
-                reply(tx, request_id, failure(FailureKind::Install, crate::error::ErrorChain(&e).to_string()));
+                let m = crate::error::ErrorChain(&e).to_string();
+                reply(tx, request_id, failure(FailureKind::Install, m)).await;
             }
         }
         AgentRequest::InstallEnd { .. } => {
@@ -251,9 +327,11 @@ async fn handle(
                 // Already failed (and answered) during InstallData.
                 return;
             };
+            let Ok(slot) = slots.clone().acquire_owned().await else { return };
             let node = node.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 let sha = p.begin.package_sha256.clone();
                 let resp = match p.extractor.finish(&sha, p.begin.package_size).await {
                     Ok(_) => {
@@ -270,20 +348,24 @@ async fn handle(
                         format!("install of {}: {}", p.begin.instance, crate::error::ErrorChain(&e)),
                     ),
                 };
-                let _ = tx.send(AgentFrame::Response { request_id, body: resp }).await;
+                reply(&tx, request_id, resp).await;
             });
         }
         other => {
+            let Ok(slot) = slots.clone().acquire_owned().await else { return };
             let node = node.clone();
             let tx = tx.clone();
             let span = tracing::info_span!("request", id = request_id, kind = request_kind(&other));
             let work = tracing::Instrument::instrument(
                 async move {
+                    let _slot = slot;
                     let resp = match other {
                         AgentRequest::WriteFiles { instance, generation, files, env } => {
                             node.write_files(&instance, generation, files, env).await
                         }
-                        AgentRequest::Start { instance, generation } => node.start(&instance, generation).await,
+                        AgentRequest::Start { instance, generation, settle_ms } => {
+                            node.start_settled(&instance, generation, Duration::from_millis(settle_ms)).await
+                        }
                         AgentRequest::Stop { instance, generation } => node.stop(&instance, generation).await,
                         AgentRequest::Delete { instance, generation } => node.delete(&instance, generation).await,
                         AgentRequest::CheckHealth { instance, timeout_ms } => {
@@ -292,10 +374,13 @@ async fn handle(
                         AgentRequest::RunHook { instance, generation, hook, argv, timeout_ms } => {
                             node.run_hook(&instance, generation, &hook, &argv, timeout_ms).await
                         }
+                        AgentRequest::Signal { instance, generation, signal } => {
+                            node.signal(&instance, generation, signal).await
+                        }
                         AgentRequest::Ping => AgentResponse::Pong,
                         _ => failure(FailureKind::BadRequest, "unexpected request"),
                     };
-                    let _ = tx.send(AgentFrame::Response { request_id, body: resp }).await;
+                    reply(&tx, request_id, resp).await;
                 },
                 span,
             );
@@ -315,6 +400,7 @@ fn request_kind(r: &AgentRequest) -> &'static str {
         AgentRequest::Delete { .. } => "delete",
         AgentRequest::RunHook { .. } => "run-hook",
         AgentRequest::CheckHealth { .. } => "check-health",
+        AgentRequest::Signal { .. } => "signal",
         AgentRequest::Ping => "ping",
     }
 }

@@ -10,6 +10,7 @@
 //! - [`hooks`]: lifecycle hooks (`RunHook`), serialized with the instance's commands
 //! - [`process`]: spawn, pid identity, pidfiles, cgroups, tree kill
 //! - [`restart`]: the restart policy for crashed instances
+//! - [`outbox`]: reports of exits and restarts, kept until the master acknowledges them
 
 pub mod connection;
 pub mod files;
@@ -17,6 +18,7 @@ pub mod health;
 pub mod hooks;
 pub mod installer;
 pub mod node;
+pub mod outbox;
 pub mod process;
 pub mod restart;
 #[cfg(test)]

@@ -12,15 +12,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
-
 use super::files::{file_sha256, write_rendered_files};
 use super::installer;
 use super::process::{ProcessController, StartRequest, StopRequest, users};
 use super::restart::{RestartHistory, RestartPolicy};
 use crate::ids::InstanceId;
 use crate::protocol::messages::{
-    AgentEvent, AgentFrame, AgentResponse, CommandFailure, FailureKind, InstallBegin, InstanceReport, RenderedFile,
+    AgentEvent, AgentResponse, CommandFailure, FailureKind, InstallBegin, InstanceReport, RenderedFile,
 };
 use crate::storage::agent_records::{AgentInstanceRecord, Tombstone};
 use crate::storage::records::RECORD_VERSION;
@@ -49,8 +47,8 @@ pub struct Node {
     pub address: String,
     policy: RunAsPolicy,
     slots: Mutex<HashMap<InstanceId, Arc<Slot>>>,
-    /// Where unsolicited events go while connected to the master.
-    events: Mutex<Option<mpsc::Sender<AgentFrame>>>,
+    /// Reports (process exits, restarts) until the master acknowledges them.
+    pub outbox: Arc<super::outbox::Outbox>,
     pub(super) restart_policy: Mutex<RestartPolicy>,
     pub(super) restarts: RestartHistory,
 }
@@ -107,7 +105,7 @@ impl Node {
             address,
             policy,
             slots: Mutex::default(),
-            events: Mutex::default(),
+            outbox: Arc::default(),
             restart_policy: Mutex::default(),
             restarts: RestartHistory::default(),
         }))
@@ -126,16 +124,9 @@ impl Node {
         lock(&self.slots).entry(id.clone()).or_default().clone()
     }
 
-    pub fn set_events(&self, tx: Option<mpsc::Sender<AgentFrame>>) {
-        *lock(&self.events) = tx;
-    }
-
-    pub(super) fn send_event(&self, event: AgentEvent) {
-        if let Some(tx) = lock(&self.events).clone() {
-            // A full queue means the connection is stuck; the inventory sent
-            // on the next connect carries the same news.
-            let _ = tx.try_send(AgentFrame::Event(event));
-        }
+    /// Queues a report for the master; kept until it is acknowledged.
+    pub(super) fn report(&self, event: AgentEvent) {
+        self.outbox.push(event);
     }
 
     /// Loads the records at start: finishes deletes that were in progress,
@@ -376,7 +367,19 @@ impl Node {
         AgentResponse::FilesWritten { changed }
     }
 
+    /// Starts the instance, answering at once (see [`Self::start_settled`]).
     pub async fn start(self: &Arc<Self>, id: &InstanceId, generation: u64) -> AgentResponse {
+        self.start_settled(id, generation, std::time::Duration::ZERO).await
+    }
+
+    /// Starts the instance; a foreground process that exits within
+    /// `settle` is a failed start.
+    pub async fn start_settled(
+        self: &Arc<Self>,
+        id: &InstanceId,
+        generation: u64,
+        settle: std::time::Duration,
+    ) -> AgentResponse {
         let slot = self.slot(id);
         let mut guard = slot.record.lock().await;
         // The start timeout covers the health check too (see `gate_start`);
@@ -395,8 +398,14 @@ impl Node {
         rec.generation = generation;
         rec.desired_running = true;
         let dir = self.instance_dir(id);
-        let req =
-            StartRequest { instance: id, dir: &dir, spec: &rec.process, run_as: &run_as, current: rec.pid.as_ref() };
+        let req = StartRequest {
+            instance: id,
+            dir: &dir,
+            spec: &rec.process,
+            run_as: &run_as,
+            current: rec.pid.as_ref(),
+            settle,
+        };
         let started = self.processes.start(&req).await;
         match started {
             Ok(s) => {
@@ -452,6 +461,35 @@ impl Node {
             }
             Err(resp) => resp,
         }
+    }
+
+    /// Sends `signal` to the instance's main process (a file's
+    /// `change_mode = "signal"`), checked by pid identity.
+    pub async fn signal(&self, id: &InstanceId, generation: u64, signal: i32) -> AgentResponse {
+        let Ok(sig) = nix::sys::signal::Signal::try_from(signal) else {
+            return failure(FailureKind::BadRequest, format!("{signal} is not a signal number"));
+        };
+        let slot = self.slot(id);
+        let mut guard = slot.record.lock().await;
+        let Some(rec) = guard.as_mut() else {
+            return not_installed(id);
+        };
+        if generation < rec.generation {
+            return stale(id, generation, rec.generation);
+        }
+        rec.generation = generation;
+        let delivered = match &rec.pid {
+            Some(p) if self.processes.is_alive(p) => {
+                let member = super::process::tree::Member { pid: p.pid, start_time: p.start_time };
+                super::process::tree::signal(&[member], sig) == 1
+            }
+            _ => false,
+        };
+        let r = rec.clone();
+        if let Err(e) = self.persist(&r).await {
+            return failure(FailureKind::Internal, e);
+        }
+        AgentResponse::Signalled { delivered }
     }
 
     async fn stop_processes(&self, id: &InstanceId, rec: &AgentInstanceRecord) -> Result<bool, AgentResponse> {

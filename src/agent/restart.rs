@@ -85,7 +85,7 @@ impl Node {
             let policy = *node.restart_policy.lock().unwrap_or_else(|p| p.into_inner());
             let restart_in = node.restarts.next(&id, &policy, tokio::time::Instant::now());
             tracing::warn!(instance = %id, pid = info.pid, code = ?info.exit_code, signal = ?info.signal, ?restart_in, "instance process exited unexpectedly");
-            node.send_event(AgentEvent::ProcessExited {
+            node.report(AgentEvent::ProcessExited {
                 instance: id.clone(),
                 pid: info.pid,
                 exit_code: info.exit_code,
@@ -96,7 +96,7 @@ impl Node {
             if let Some(delay) = restart_in {
                 tokio::time::sleep(delay).await;
                 if let Some(event) = node.restart_after_crash(&id).await {
-                    node.send_event(event);
+                    node.report(event);
                 }
             }
         });

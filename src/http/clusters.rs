@@ -7,10 +7,13 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
-use super::dto::{ClusterDto, ConfigBody, CreateClusterBody, OperationDto, ResizeBody, ScaleBody, UpgradeBody};
+use super::dto::{
+    ClusterDto, ClusterSummaryDto, ConfigBody, CreateClusterBody, OperationDto, ResizeBody, ScaleBody, UpgradeBody,
+};
 use super::error::ApiError;
-use crate::actors::cluster::{ClusterActor, OpRequest, RunOperation};
-use crate::actors::supervisor::{CreateCluster, GetCluster, RoleRequest};
+use crate::actors::cluster::{OpRequest, RunOperation};
+use crate::actors::registry::ClusterHandle;
+use crate::actors::supervisor::{CreateCluster, RoleRequest};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
@@ -24,18 +27,16 @@ fn mailbox(e: actix::MailboxError) -> ApiError {
     ApiError(Error::unavailable(format!("actor unavailable: {e}")))
 }
 
-async fn cluster_actor(state: &AppState, name: &str) -> Result<actix::Addr<ClusterActor>, ApiError> {
-    state
-        .supervisor
-        .send(GetCluster(name.to_string()))
-        .await
-        .map_err(mailbox)?
-        .ok_or_else(|| ApiError(Error::not_found("cluster", name)))
+/// The cluster's actor, with a place reserved in its mailbox.
+fn cluster_actor(state: &AppState, name: &str) -> Result<ClusterHandle, ApiError> {
+    let handle = state.shared.registry.get(name).ok_or_else(|| ApiError(Error::not_found("cluster", name)))?;
+    handle.reserve(state.shared.limits.cluster_mailbox)?;
+    Ok(handle)
 }
 
 async fn run(state: &AppState, name: &str, req: OpRequest) -> Result<HttpResponse, ApiError> {
-    let addr = cluster_actor(state, name).await?;
-    let op = addr.send(RunOperation(req)).await.map_err(mailbox)??;
+    let handle = cluster_actor(state, name)?;
+    let op = handle.addr.send(RunOperation(req)).await.map_err(mailbox)??;
     Ok(accepted(&op))
 }
 
@@ -54,21 +55,42 @@ pub async fn create(state: web::Data<AppState>, body: web::Json<CreateClusterBod
         roles,
         config: b.config,
     };
+    state.reserve_supervisor()?;
     let op = state.supervisor.send(req).await.map_err(mailbox)??;
     Ok(accepted(&op))
 }
 
-pub async fn list(state: web::Data<AppState>) -> HttpResponse {
-    let s = state.read_model.read();
-    let v: Vec<ClusterDto> = s.clusters.values().map(|c| ClusterDto::build(c, &s)).collect();
-    HttpResponse::Ok().json(json!({ "clusters": v }))
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// At most this many (default 100, at most 1000).
+    limit: Option<usize>,
+    /// The last name of the previous page.
+    after: Option<String>,
+}
+
+/// `GET /clusters`: summaries (status, counts per role and status, the
+/// running operation), by name, a page at a time; `next` is the cursor of
+/// the next page. The instances are in `GET /clusters/{name}`.
+pub async fn list(state: web::Data<AppState>, q: web::Query<PageQuery>) -> HttpResponse {
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let clusters = state.shared.read_model.clusters();
+    let page: Vec<ClusterSummaryDto> = match &q.after {
+        Some(after) => clusters
+            .range::<_, String>((std::ops::Bound::Excluded(after.clone()), std::ops::Bound::Unbounded))
+            .take(limit)
+            .map(|(_, c)| ClusterSummaryDto::build(&c.load()))
+            .collect(),
+        None => clusters.values().take(limit).map(|c| ClusterSummaryDto::build(&c.load())).collect(),
+    };
+    let next = (page.len() == limit).then(|| page.last().map(|c| c.name.clone())).flatten();
+    HttpResponse::Ok().json(json!({ "clusters": page, "total": clusters.len(), "next": next }))
 }
 
 pub async fn get(state: web::Data<AppState>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let name = path.into_inner();
-    let s = state.read_model.read();
-    let c = s.clusters.get(&name).ok_or_else(|| Error::not_found("cluster", &name))?;
-    Ok(HttpResponse::Ok().json(ClusterDto::build(c, &s)))
+    let c = state.shared.read_model.cluster(&name).ok_or_else(|| Error::not_found("cluster", &name))?;
+    Ok(HttpResponse::Ok().json(ClusterDto::build(&c)))
 }
 
 pub async fn start(state: web::Data<AppState>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {

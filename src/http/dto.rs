@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::actors::read_model::{NodeView, PackageView, State};
+use crate::actors::read_model::{ClusterSnapshot, NodeEntry, PackageView};
 use crate::storage::records::{
-    ClusterRecord, ClusterStatus, InstanceRecord, InstanceResult, InstanceStatus, NodeStatus, OperationKind,
-    OperationRecord, OperationStatus, StepStatus,
+    ClusterStatus, InstanceRecord, InstanceResult, InstanceStatus, NodeStatus, OperationKind, OperationRecord,
+    OperationStatus, StepStatus,
 };
 
 #[derive(Debug, Deserialize)]
@@ -47,18 +47,15 @@ pub struct ScaleBody {
     pub nodes: Option<Vec<String>>,
 }
 
-fn one() -> usize {
-    1
-}
-
 /// `PATCH /clusters/{name}/config`: new values; instances whose files change
-/// reload or restart `batch` at a time (default one).
+/// reload, are signalled or restart `batch` at a time (default: a quarter of
+/// each role; one at a time in a quorum role).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigBody {
     pub config: BTreeMap<String, serde_json::Value>,
-    #[serde(default = "one")]
-    pub batch: usize,
+    #[serde(default)]
+    pub batch: Option<usize>,
 }
 
 /// `POST /clusters/{name}/upgrade`.
@@ -66,8 +63,8 @@ pub struct ConfigBody {
 #[serde(deny_unknown_fields)]
 pub struct UpgradeBody {
     pub version: String,
-    #[serde(default = "one")]
-    pub batch: usize,
+    #[serde(default)]
+    pub batch: Option<usize>,
 }
 
 /// `PATCH /clusters/{name}/roles/{role}`: vertical scale.
@@ -75,8 +72,8 @@ pub struct UpgradeBody {
 #[serde(deny_unknown_fields)]
 pub struct ResizeBody {
     pub resources: ResourcesBody,
-    #[serde(default = "one")]
-    pub batch: usize,
+    #[serde(default)]
+    pub batch: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,11 +148,12 @@ pub struct ClusterDto {
 }
 
 impl ClusterDto {
-    pub fn build(c: &ClusterRecord, state: &State) -> Self {
-        let instances = state.cluster_instances(&c.name);
+    pub fn build(snap: &ClusterSnapshot) -> Self {
+        let c = &snap.record;
+        let instances = snap.sorted_instances();
         let mut roles: BTreeMap<String, RoleDto> = c.roles.keys().map(|r| (r.clone(), RoleDto { count: 0 })).collect();
         for i in &instances {
-            roles.entry(i.role.clone()).or_insert(RoleDto { count: 0 }).count += 1;
+            roles.entry(i.record.role.clone()).or_insert(RoleDto { count: 0 }).count += 1;
         }
         ClusterDto {
             name: c.name.clone(),
@@ -165,9 +163,48 @@ impl ClusterDto {
             status_description: c.status_description.clone(),
             config: c.config.iter().map(|(k, v)| (k.clone(), v.to_json())).collect(),
             roles,
-            instances: instances.iter().map(InstanceDto::from).collect(),
+            instances: instances.iter().map(|i| InstanceDto::from(&*i.record)).collect(),
             operation: c.operation.map(|o| o.to_string()),
             created_at: c.created_at,
+            updated_at: c.updated_at,
+        }
+    }
+}
+
+/// A cluster in `GET /clusters`: no instance list, counts instead.
+#[derive(Debug, Serialize)]
+pub struct ClusterSummaryDto {
+    pub name: String,
+    pub id: String,
+    pub package: PackageRefDto,
+    pub status: ClusterStatus,
+    pub status_description: String,
+    pub roles: BTreeMap<String, RoleDto>,
+    /// Instances by status.
+    pub instances: BTreeMap<String, u32>,
+    pub operation: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+impl ClusterSummaryDto {
+    pub fn build(snap: &ClusterSnapshot) -> Self {
+        let c = &snap.record;
+        let mut roles: BTreeMap<String, RoleDto> = c.roles.keys().map(|r| (r.clone(), RoleDto { count: 0 })).collect();
+        let mut by_status: BTreeMap<String, u32> = BTreeMap::new();
+        for i in snap.instances.values() {
+            roles.entry(i.record.role.clone()).or_insert(RoleDto { count: 0 }).count += 1;
+            *by_status.entry(format!("{:?}", i.record.status)).or_default() += 1;
+        }
+        ClusterSummaryDto {
+            name: c.name.clone(),
+            id: c.id.to_string(),
+            package: PackageRefDto { name: c.package.name.clone(), version: c.package.version.clone() },
+            status: c.status,
+            status_description: c.status_description.clone(),
+            roles,
+            instances: by_status,
+            operation: c.operation.map(|o| o.to_string()),
             updated_at: c.updated_at,
         }
     }
@@ -259,29 +296,39 @@ pub struct NodeDto {
     pub address: String,
     pub status: NodeStatus,
     pub connected: bool,
+    /// A simulated agent (`flotilla bench`): the real protocol, no real processes.
+    pub simulated: bool,
     pub heartbeat_age_ms: Option<u64>,
     pub port_range: (u16, u16),
     pub labels: BTreeMap<String, String>,
     pub cgroups: bool,
     pub resource_limits: bool,
     pub agent_version: String,
-    pub instances: Vec<String>,
+    /// How many instances are placed on it.
+    pub instance_count: usize,
+    /// Their ids (`GET /nodes/{id}` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instances: Option<Vec<String>>,
 }
 
 impl NodeDto {
-    pub fn build(v: &NodeView, status: NodeStatus, state: &State, now: OffsetDateTime) -> Self {
+    pub fn build(n: &NodeEntry, status: NodeStatus, now: OffsetDateTime, with_instances: bool) -> Self {
+        let r = n.record();
+        let instances = n.instances();
         NodeDto {
-            id: v.record.id.to_string(),
-            address: v.record.address.clone(),
+            id: r.id.to_string(),
+            address: r.address.clone(),
             status,
-            connected: v.connected,
-            heartbeat_age_ms: v.last_heartbeat.map(|t| (now - t).whole_milliseconds().max(0) as u64),
-            port_range: v.record.port_range,
-            labels: v.record.labels.clone(),
-            cgroups: v.record.cgroups,
-            resource_limits: v.record.resource_limits,
-            agent_version: v.record.agent_version.clone(),
-            instances: state.instances.values().filter(|i| i.node == v.record.id).map(|i| i.id.to_string()).collect(),
+            connected: n.live.connected(),
+            simulated: r.simulated,
+            heartbeat_age_ms: n.live.silence(now).map(|d| d.as_millis() as u64),
+            port_range: r.port_range,
+            labels: r.labels.clone(),
+            cgroups: r.cgroups,
+            resource_limits: r.resource_limits,
+            agent_version: r.agent_version.clone(),
+            instance_count: instances.len(),
+            instances: with_instances.then(|| instances.keys().map(|i| i.to_string()).collect()),
         }
     }
 }

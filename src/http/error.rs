@@ -36,6 +36,7 @@ impl ApiError {
             Error::Conflict { code, .. } => (StatusCode::CONFLICT, code),
             Error::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             Error::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Error::Overloaded { .. } => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             Error::Internal { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -58,7 +59,13 @@ impl ResponseError for ApiError {
         if let Error::SpecViolation { field, .. } = &self.0 {
             body["error"]["field"] = json!(field);
         }
-        HttpResponse::build(status).insert_header(("x-request-id", request_id)).json(body)
+        let mut resp = HttpResponse::build(status);
+        resp.insert_header(("x-request-id", request_id));
+        if self.0.retryable() {
+            // Overload and shutdown pass within moments: say when to retry.
+            resp.insert_header(("retry-after", "1"));
+        }
+        resp.json(body)
     }
 }
 

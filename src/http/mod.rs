@@ -1,8 +1,11 @@
 //! The admin API (DESIGN.md §9): actix-web under `/api/v1`, JSON in and out.
 //!
-//! Handlers talk to actors (mutations) and to the read model (every GET),
-//! never to storage. Mutations answer `202 Accepted` with the operation once
-//! its record is durable; `GET /operations/{id}?wait=S` long-polls its end.
+//! Handlers talk to actors (mutations, through the cluster registry) and to
+//! the read model (every GET), never to storage. Mutations answer `202
+//! Accepted` with the operation once its record is durable; `GET
+//! /operations/{id}?wait=S` long-polls its end. A full mailbox or write
+//! queue answers `503 overloaded` with `Retry-After`, before anything of
+//! the request happened.
 
 mod clusters;
 pub mod dto;
@@ -15,19 +18,29 @@ use std::sync::Arc;
 use actix::Addr;
 use actix_web::web;
 
-use crate::actors::Timing;
+use crate::actors::Shared;
 use crate::actors::packages::Packages;
-use crate::actors::read_model::ReadModel;
 use crate::actors::supervisor::Supervisor;
+use crate::error::Error;
 
 /// What every handler gets.
 #[derive(Clone)]
 pub struct AppState {
     pub supervisor: Addr<Supervisor>,
-    pub read_model: Arc<ReadModel>,
+    pub shared: Shared,
     pub packages: Arc<Packages>,
-    pub timing: Timing,
     pub max_upload_bytes: u64,
+}
+
+impl AppState {
+    /// Reserves a place in the supervisor's mailbox, or `503 overloaded`.
+    pub fn reserve_supervisor(&self) -> Result<(), Error> {
+        if self.shared.supervisor.try_enqueue(self.shared.limits.cluster_mailbox) {
+            Ok(())
+        } else {
+            Err(Error::overloaded("the supervisor has too many requests waiting; retry shortly"))
+        }
+    }
 }
 
 /// Registers every route under `/api/v1`.

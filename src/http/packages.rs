@@ -27,10 +27,7 @@ pub async fn upload(
         }));
     }
     let uploaded = state.packages.upload(&name, &version, body).await?;
-    let view = {
-        let s = state.read_model.read();
-        s.packages.get(&(name.clone(), version.clone())).map(PackageDto::from)
-    };
+    let view = state.shared.read_model.package(&name, &version).as_ref().map(PackageDto::from);
     let view = view.ok_or_else(|| Error::not_found("package", format!("{name}/{version}")))?;
     Ok(match uploaded {
         Uploaded::Created(_) => HttpResponse::Created().json(json!({ "package": view })),
@@ -39,23 +36,23 @@ pub async fn upload(
 }
 
 pub async fn list(state: web::Data<AppState>) -> HttpResponse {
-    let s = state.read_model.read();
-    let v: Vec<PackageDto> = s.packages.values().map(PackageDto::from).collect();
+    let v: Vec<PackageDto> = state.shared.read_model.packages().values().map(PackageDto::from).collect();
     HttpResponse::Ok().json(json!({ "packages": v }))
 }
 
 pub async fn get(state: web::Data<AppState>, path: web::Path<(String, String)>) -> Result<HttpResponse, ApiError> {
     let (name, version) = path.into_inner();
-    let s = state.read_model.read();
-    let p = s
-        .packages
-        .get(&(name.clone(), version.clone()))
+    let p = state
+        .shared
+        .read_model
+        .package(&name, &version)
         .ok_or_else(|| Error::not_found("package", format!("{name}/{version}")))?;
-    Ok(HttpResponse::Ok().json(json!({ "package": PackageDto::from(p), "spec": p.record.spec_toml })))
+    Ok(HttpResponse::Ok().json(json!({ "package": PackageDto::from(&p), "spec": p.record.spec_toml })))
 }
 
 pub async fn delete(state: web::Data<AppState>, path: web::Path<(String, String)>) -> Result<HttpResponse, ApiError> {
     let (name, version) = path.into_inner();
+    state.reserve_supervisor()?;
     state
         .supervisor
         .send(DeletePackage { name, version })

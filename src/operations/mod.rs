@@ -23,193 +23,10 @@ pub mod scale;
 #[cfg(test)]
 mod world;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-use crate::ids::InstanceId;
-use crate::storage::records::{ClusterStatus, ConfigValue, InstanceResult, Limits, OperationRecord, PackageRef};
-
-/// A lifecycle hook of the component spec (the AppCenter lifecycle).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Hook {
-    /// Once, after the first install, before the first start.
-    Init,
-    /// On existing members after new ones run.
-    ScaleOut,
-    /// On the remaining members before the removed ones stop; non-zero vetoes.
-    ScaleIn,
-    /// On delete, after the stop; non-zero vetoes unless forced.
-    Destroy,
-}
-
-impl Hook {
-    pub fn name(self) -> &'static str {
-        match self {
-            Hook::Init => "init",
-            Hook::ScaleOut => "scale_out",
-            Hook::ScaleIn => "scale_in",
-            Hook::Destroy => "destroy",
-        }
-    }
-}
-
-/// One thing a step does. Every action is idempotent: running it twice has
-/// the effect of running it once (install replaces, start on a running
-/// instance and stop on a stopped one succeed without doing anything, a
-/// roll skips instances that are already up to date).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Action {
-    /// Send the package and rendered files to the agents, in parallel.
-    Install(Vec<InstanceId>),
-    /// Start the processes, in parallel; waits until each is healthy.
-    Start(Vec<InstanceId>),
-    /// Stop the processes (the whole tree), in parallel.
-    Stop(Vec<InstanceId>),
-    /// Re-render and write the config files of these instances. Nothing is
-    /// restarted (used before a first start).
-    WriteFiles(Vec<InstanceId>),
-    /// Re-render and write the files (and environment); then every instance
-    /// of `running` whose files changed (or that a previous attempt left
-    /// stopped) runs its role's `reload` hook, or is restarted, `batch`
-    /// instances at a time, waiting for health between batches. The others
-    /// are not touched.
-    Reconfigure(Rolling),
-    /// Brings each instance in line with the cluster's current package
-    /// version and its role's limits (see `Applied`): stop, install, start
-    /// (if it is in `running`), health, `batch` at a time. Instances already
-    /// in line are skipped, except that one of `running` found stopped (a
-    /// replace interrupted half-way) is started.
-    Roll(Rolling),
-    /// Runs a hook on the instances whose role defines it: equal role order
-    /// in parallel, orders in sequence.
-    Hook {
-        hook: Hook,
-        ids: Vec<InstanceId>,
-    },
-    /// Remove the instances from their agents (stop, delete the directory
-    /// and the agent's records).
-    DeleteOnAgent(Vec<InstanceId>),
-    /// Create the master's records of new instances (placement, ordinal and
-    /// ports were decided during validation and are in the operation's params).
-    Allocate(Vec<InstanceId>),
-    /// Forget the instances on the master and release their ports. Their
-    /// ordinals stay used, so they are never handed out again.
-    Forget(Vec<InstanceId>),
-    /// Changes the cluster's definition (durably), nothing else: the package
-    /// version, the config values, or a role's limits.
-    SetPackage(PackageRef),
-    SetConfig(BTreeMap<String, ConfigValue>),
-    SetLimits {
-        role: String,
-        limits: Option<Limits>,
-    },
-}
-
-impl Action {
-    /// The instances the action touches (empty for definition changes).
-    pub fn instances(&self) -> &[InstanceId] {
-        match self {
-            Action::Install(v)
-            | Action::Start(v)
-            | Action::Stop(v)
-            | Action::WriteFiles(v)
-            | Action::DeleteOnAgent(v)
-            | Action::Allocate(v)
-            | Action::Forget(v)
-            | Action::Reconfigure(Rolling { ids: v, .. })
-            | Action::Roll(Rolling { ids: v, .. })
-            | Action::Hook { ids: v, .. } => v,
-            Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => &[],
-        }
-    }
-
-    /// An instance action with no instances does nothing.
-    pub fn is_noop(&self) -> bool {
-        match self {
-            Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => false,
-            _ => self.instances().is_empty(),
-        }
-    }
-}
-
-/// The instances a rolling action touches, how many at a time, and which of
-/// them must be running when it is done. `running` is decided when the plan
-/// is made and journaled with it, so a step that runs again after a master
-/// restart, or an undo after a half-done replace, never mistakes an instance
-/// the action stopped itself for one the operator stopped.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Rolling {
-    pub ids: Vec<InstanceId>,
-    pub batch: usize,
-    pub running: Vec<InstanceId>,
-}
-
-impl Rolling {
-    /// Every one of `ids` runs.
-    pub fn all_running(ids: &[InstanceId], batch: usize) -> Rolling {
-        Rolling { ids: ids.to_vec(), batch, running: ids.to_vec() }
-    }
-}
-
-/// One step of a plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Step {
-    /// Unique within the plan; the journal key (e.g. `start-order-0`).
-    pub name: String,
-    /// The cluster status to show while this step runs, if it changes.
-    pub status: Option<ClusterStatus>,
-    pub action: Action,
-    /// Run in order to put back what the action did. Empty when there is
-    /// nothing to put back; the plan builder says why in a comment.
-    pub undo: Vec<Action>,
-    /// True when a failure can be fully rolled back past this step: it has
-    /// an undo, or an earlier step's undo covers it, or it changes nothing
-    /// (a vetoing hook). An operation whose failure passed a step that is
-    /// not reversible ends `Failed`, never `RolledBack`.
-    pub reversible: bool,
-    /// A failure of this step is recorded but does not fail the operation
-    /// (force delete: clean what can be cleaned, say what could not).
-    pub best_effort: bool,
-}
-
-impl Step {
-    pub fn new(name: impl Into<String>, status: Option<ClusterStatus>, action: Action, undo: Vec<Action>) -> Self {
-        let mut undo = undo;
-        undo.retain(|a| !a.is_noop());
-        let reversible = !undo.is_empty();
-        Step { name: name.into(), status, action, undo, reversible, best_effort: false }
-    }
-
-    /// Marks a step whose effect an earlier step's undo puts back, or that
-    /// has no effect to put back.
-    pub fn covered_by_earlier_undo(mut self) -> Self {
-        self.reversible = true;
-        self
-    }
-
-    pub fn best_effort(mut self, yes: bool) -> Self {
-        self.best_effort = yes;
-        self
-    }
-}
-
-/// The steps of one operation.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct Plan {
-    pub steps: Vec<Step>,
-}
-
-impl Plan {
-    pub fn push(&mut self, step: Step) {
-        // A step with no instances does nothing; leaving it out keeps the
-        // journal honest about what ran.
-        if !step.action.is_noop() {
-            self.steps.push(step);
-        }
-    }
-}
+pub use crate::storage::plan::{Action, Hook, Plan, Rolling, Step};
+use crate::storage::records::{ClusterStatus, InstanceResult, OperationRecord};
 
 /// Why a step failed, with the per-instance results that show it.
 #[derive(Debug, Clone, PartialEq)]
@@ -226,14 +43,22 @@ pub trait OperationContext {
     /// sends must finish on their own even if this future is dropped (the
     /// watchdog stops waiting, it does not cancel work mid-way).
     async fn run_action(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure>;
-    /// Makes the record durable and visible (journal), before returning.
-    async fn journal(&self, record: &OperationRecord) -> Result<(), String>;
+    /// Makes the record durable and visible (journal), before returning,
+    /// with the results of step `step` (the one that just changed; the
+    /// others' are stored already).
+    async fn journal(&self, record: &OperationRecord, step: Option<usize>) -> Result<(), String>;
     /// Shows a cluster status while a step runs.
     async fn set_status(&self, status: ClusterStatus, description: &str) -> Result<(), String>;
     /// Records the operation's end: the final record (status set) made
     /// durable and visible together with whatever the end changes (the
     /// cluster's status), so no reader sees one without the other.
     async fn complete(&self, record: &OperationRecord, outcome: &runner::Outcome) -> Result<(), String>;
-    /// How long `action` may take before the watchdog fails its step.
+    /// How long `action` may go without progress before the watchdog
+    /// fails its step.
     fn deadline(&self, action: &Action) -> Duration;
+    /// A counter that moves whenever the operation's work moves (a command
+    /// answered, a package chunk sent): a step is failed only when it stays
+    /// still for a whole `deadline`, so a big step is not cut short while
+    /// it advances, and a stuck one is.
+    fn progress(&self) -> u64;
 }

@@ -2,6 +2,12 @@
 //!
 //! The journal is written before each step starts and after it ends, so a
 //! master that dies mid-operation finds on restart which step was running.
+//! Each write carries the operation's header and the results of the step
+//! that changed, never every step's results again.
+//!
+//! The watchdog fails a step that makes no progress for its deadline
+//! ([`OperationContext::progress`]); a step that keeps moving may take as
+//! long as it needs (a 1,000-instance install streams for minutes).
 
 use time::OffsetDateTime;
 
@@ -43,7 +49,7 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
         prepare(record, plan);
     }
     record.status = OperationStatus::Running;
-    journal(ctx, record).await;
+    journal(ctx, record, None).await;
 
     let unwinding = record.steps.iter().rposition(|s| {
         matches!(s.status, StepStatus::Failed | StepStatus::Undoing | StepStatus::Undone | StepStatus::UndoFailed)
@@ -75,12 +81,12 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
             break;
         }
         record.steps[i].status = StepStatus::Running;
-        journal(ctx, record).await;
+        journal(ctx, record, None).await;
         match run_with_deadline(ctx, &step.action).await {
             Ok(results) => {
                 record.steps[i].status = StepStatus::Done;
                 record.steps[i].results = results;
-                journal(ctx, record).await;
+                journal(ctx, record, Some(i)).await;
             }
             Err(f) if step.best_effort => {
                 // Recorded, not fatal: the step is done as far as it could be.
@@ -88,13 +94,13 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
                 record.steps[i].status = StepStatus::Done;
                 record.steps[i].error = Some(format!("best effort, not all done: {}", f.message));
                 record.steps[i].results = f.results;
-                journal(ctx, record).await;
+                journal(ctx, record, Some(i)).await;
             }
             Err(f) => {
                 record.steps[i].status = StepStatus::Failed;
                 record.steps[i].error = Some(f.message.clone());
                 record.steps[i].results = f.results;
-                journal(ctx, record).await;
+                journal(ctx, record, Some(i)).await;
                 failure = Some((i, f.message));
                 break;
             }
@@ -122,7 +128,7 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
             continue;
         }
         record.steps[i].status = StepStatus::Undoing;
-        journal(ctx, record).await;
+        journal(ctx, record, None).await;
         record.steps[i].status = StepStatus::Undone;
         for undo in &plan.steps[i].undo {
             if let Err(f) = run_with_deadline(ctx, undo).await {
@@ -134,7 +140,7 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
                 // Go on: undo as much as can be undone, and say what was not.
             }
         }
-        journal(ctx, record).await;
+        journal(ctx, record, Some(i)).await;
     }
     let step = plan.steps[failed_at].name.clone();
     // RolledBack only when every step that ran (the failed one included)
@@ -162,13 +168,24 @@ async fn run_with_deadline<C: OperationContext>(
     ctx: &C,
     action: &Action,
 ) -> Result<Vec<crate::storage::records::InstanceResult>, StepFailure> {
-    let deadline = ctx.deadline(action);
-    match tokio::time::timeout(deadline, ctx.run_action(action)).await {
-        Ok(r) => r,
-        Err(_) => Err(StepFailure {
-            message: format!("watchdog: step did not finish within {}", humantime::format_duration(deadline)),
-            results: Vec::new(),
-        }),
+    let idle = ctx.deadline(action);
+    let work = ctx.run_action(action);
+    tokio::pin!(work);
+    let mut seen = ctx.progress();
+    loop {
+        match tokio::time::timeout(idle, &mut work).await {
+            Ok(r) => return r,
+            Err(_) => {
+                let now = ctx.progress();
+                if now == seen {
+                    return Err(StepFailure {
+                        message: format!("watchdog: step made no progress for {}", humantime::format_duration(idle)),
+                        results: Vec::new(),
+                    });
+                }
+                seen = now;
+            }
+        }
     }
 }
 
@@ -178,11 +195,11 @@ fn finish(record: &mut OperationRecord, status: OperationStatus, error: Option<S
     record.ended_at = Some(OffsetDateTime::now_utc());
 }
 
-async fn journal<C: OperationContext>(ctx: &C, record: &OperationRecord) {
+async fn journal<C: OperationContext>(ctx: &C, record: &OperationRecord, step: Option<usize>) {
     // A journal write that fails leaves the in-memory record ahead of the
     // disk; the operation goes on (its effects are real) and the error is
     // logged. The next successful journal write catches the disk up.
-    if let Err(e) = ctx.journal(record).await {
+    if let Err(e) = ctx.journal(record, step).await {
         tracing::error!(operation = %record.id, error = %e, "cannot journal operation");
     }
 }
@@ -209,6 +226,9 @@ mod tests {
         statuses: RefCell<Vec<ClusterStatus>>,
         journaled: RefCell<usize>,
         hang: RefCell<Option<String>>,
+        /// Progress made while hanging (a slow step that still advances).
+        moves: RefCell<u64>,
+        crawl: RefCell<Option<(String, u32)>>,
     }
 
     fn label(a: &Action) -> String {
@@ -224,13 +244,22 @@ mod tests {
             if self.hang.borrow().as_deref() == Some(l.as_str()) {
                 futures::future::pending::<()>().await;
             }
+            let crawl = self.crawl.borrow().clone();
+            if let Some((c, ticks)) = crawl.filter(|(c, _)| *c == l) {
+                // Slower than the deadline in all, but moving all the time.
+                for _ in 0..ticks {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    *self.moves.borrow_mut() += 1;
+                }
+                let _ = c;
+            }
             self.log.borrow_mut().push(l.clone());
             if self.fail.borrow().contains(&l) {
                 return Err(StepFailure { message: format!("{l} broke"), results: vec![] });
             }
             Ok(vec![])
         }
-        async fn journal(&self, _r: &OperationRecord) -> Result<(), String> {
+        async fn journal(&self, _r: &OperationRecord, _step: Option<usize>) -> Result<(), String> {
             *self.journaled.borrow_mut() += 1;
             Ok(())
         }
@@ -244,6 +273,9 @@ mod tests {
         }
         fn deadline(&self, _a: &Action) -> Duration {
             Duration::from_millis(50)
+        }
+        fn progress(&self) -> u64 {
+            *self.moves.borrow()
         }
     }
 
@@ -379,6 +411,15 @@ mod tests {
         assert!(matches!(&out, Outcome::Failed { step, rolled_back: true, .. } if step == "start-1"), "{out:?}");
         assert_eq!(*ctx.log.borrow(), vec!["Stop:a", "DeleteOnAgent:a"]);
         assert_eq!(r.status, OperationStatus::RolledBack);
+    }
+
+    #[tokio::test]
+    async fn a_slow_step_that_keeps_moving_is_not_cut_short() {
+        let ctx = Fake::default();
+        // 10 x 20 ms = 200 ms against a 50 ms idle deadline.
+        *ctx.crawl.borrow_mut() = Some(("Start:b".into(), 10));
+        let mut r = record();
+        assert_eq!(run(&ctx, &mut r, &plan()).await, Outcome::Succeeded);
     }
 
     #[tokio::test]

@@ -196,7 +196,7 @@ mod tests {
                 files: vec![file],
                 env: Some(vec![("JAVA_OPTS".into(), "-Xmx1g".into())]),
             },
-            AgentRequest::Start { instance: inst(), generation: 9 },
+            AgentRequest::Start { instance: inst(), generation: 9, settle_ms: 200 },
             AgentRequest::Stop { instance: inst(), generation: 10 },
             AgentRequest::Delete { instance: inst(), generation: 11 },
             AgentRequest::RunHook {
@@ -207,6 +207,7 @@ mod tests {
                 timeout_ms: 30_000,
             },
             AgentRequest::CheckHealth { instance: inst(), timeout_ms: 5000 },
+            AgentRequest::Signal { instance: inst(), generation: 13, signal: 1 },
             AgentRequest::Ping,
         ]
     }
@@ -221,6 +222,7 @@ mod tests {
             AgentResponse::Deleted { existed: false },
             AgentResponse::HookDone { exit_code: 0, stdout_tail: "joined".into(), stderr_tail: String::new() },
             AgentResponse::Healthy,
+            AgentResponse::Signalled { delivered: true },
             AgentResponse::Pong,
             AgentResponse::Failed(failure()),
         ]
@@ -260,6 +262,7 @@ mod tests {
                 running: true,
                 pid: Some(99),
             }],
+            simulated: false,
         }
     }
 
@@ -267,6 +270,7 @@ mod tests {
         let mut frames = vec![
             MasterFrame::Welcome(Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 1000 }),
             MasterFrame::Refused { reason: "no".into() },
+            MasterFrame::Ack { seq: u64::MAX },
         ];
         frames.extend(
             requests().into_iter().enumerate().map(|(i, body)| MasterFrame::Request { request_id: i as u64, body }),
@@ -284,6 +288,7 @@ mod tests {
                 .map(|(i, body)| AgentFrame::Response { request_id: 100 + i as u64, body }),
         );
         frames.extend(events().into_iter().map(AgentFrame::Event));
+        frames.extend(events().into_iter().enumerate().map(|(i, event)| AgentFrame::Report { seq: i as u64, event }));
         frames
     }
 

@@ -47,6 +47,7 @@ pub async fn agent_handshake<T: AsyncRead + AsyncWrite + Unpin>(
         MasterFrame::Request { request_id, .. } => {
             Err(ProtocolError::Unexpected(format!("request {request_id} before the handshake finished")))
         }
+        MasterFrame::Ack { seq } => Err(ProtocolError::Unexpected(format!("ack {seq} before the handshake finished"))),
     }
 }
 
@@ -70,6 +71,7 @@ pub async fn master_handshake<T: AsyncRead + AsyncWrite + Unpin>(
         other => {
             let what = match other {
                 AgentFrame::Response { .. } => "a response",
+                AgentFrame::Report { .. } => "a report",
                 _ => "an event",
             };
             let reason = format!("expected Hello as the first frame, got {what}");
@@ -109,6 +111,7 @@ mod tests {
             cgroups: false,
             resource_limits: false,
             inventory: vec![],
+            simulated: false,
         }
     }
 

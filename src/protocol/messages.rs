@@ -3,8 +3,18 @@
 //! The link is one TCP connection dialled by the agent. After the handshake
 //! (`Hello` -> `Welcome` | `Refused`) the master sends [`MasterFrame::Request`]s
 //! and the agent answers each with a [`AgentFrame::Response`] carrying the same
-//! `request_id`; the agent also sends unsolicited [`AgentEvent`]s (heartbeats,
-//! process exits).
+//! `request_id`; the agent also sends unsolicited [`AgentEvent`]s.
+//!
+//! Frames of one request keep their order: the agent never reorders the
+//! answers to one request (`InstallReady` always comes before `InstallResult`).
+//!
+//! Heartbeats are fire-and-forget (`AgentFrame::Event`). Process exits and
+//! restarts are **reports** (`AgentFrame::Report`): each carries a sequence
+//! number, and the agent keeps it and sends it again (on its own queue, and
+//! after every reconnect) until the master answers `MasterFrame::Ack` with
+//! that number, which it does once the report is applied and durable. So a
+//! burst of crashes, a full queue or a dropped connection never loses one; a
+//! report may arrive twice, and applying it is idempotent.
 //!
 //! A package install is one logical request spread over several frames that
 //! share one `request_id`: `InstallBegin` (the agent answers `InstallReady`,
@@ -22,7 +32,7 @@ use crate::ids::{InstanceId, NodeId};
 
 /// Bumped on any incompatible change to these types. Both sides refuse a
 /// peer with another version, with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Size of one `InstallData` chunk sent by the master.
 pub const INSTALL_CHUNK_BYTES: usize = 1024 * 1024;
@@ -49,6 +59,11 @@ pub enum MasterFrame {
         request_id: u64,
         body: AgentRequest,
     },
+    /// The report with this sequence number is applied and durable: the
+    /// agent may forget it.
+    Ack {
+        seq: u64,
+    },
 }
 
 /// A frame sent by an agent.
@@ -63,7 +78,14 @@ pub enum AgentFrame {
         request_id: u64,
         body: AgentResponse,
     },
+    /// Fire-and-forget news (heartbeats).
     Event(AgentEvent),
+    /// News the master must acknowledge (`MasterFrame::Ack { seq }`); sent
+    /// again until it is.
+    Report {
+        seq: u64,
+        event: AgentEvent,
+    },
 }
 
 // ---------------------------------------------------------------- handshake
@@ -90,6 +112,9 @@ pub struct Hello {
     pub resource_limits: bool,
     /// Everything the agent holds, so the master can reconcile.
     pub inventory: Vec<InstanceReport>,
+    /// A simulated agent (`flotilla bench`): the real protocol over a fake
+    /// process layer. The master shows it in `GET /nodes`.
+    pub simulated: bool,
 }
 
 /// The master's answer to a good `Hello`.
@@ -138,9 +163,12 @@ pub enum AgentRequest {
         files: Vec<RenderedFile>,
         env: Option<Vec<(String, String)>>,
     },
+    /// Starts the instance. A foreground process that exits within
+    /// `settle_ms` is a failed start; later, a crash (reported).
     Start {
         instance: InstanceId,
         generation: u64,
+        settle_ms: u64,
     },
     Stop {
         instance: InstanceId,
@@ -170,6 +198,14 @@ pub enum AgentRequest {
     CheckHealth {
         instance: InstanceId,
         timeout_ms: u64,
+    },
+    /// Sends `signal` (a number; the master resolves names) to the
+    /// instance's main process, checked by pid identity (a file's
+    /// `change_mode = "signal"`). Answers `Signalled`.
+    Signal {
+        instance: InstanceId,
+        generation: u64,
+        signal: i32,
     },
     Ping,
 }
@@ -268,6 +304,10 @@ pub enum AgentResponse {
         stderr_tail: String,
     },
     Healthy,
+    /// Answer to `Signal`: `delivered == false` when the process was not running.
+    Signalled {
+        delivered: bool,
+    },
     Pong,
     Failed(CommandFailure),
 }

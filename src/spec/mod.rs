@@ -24,7 +24,7 @@ pub mod render;
 mod tests;
 
 pub use config::{ConfigParam, ConfigType};
-pub use model::{ComponentInfo, ComponentSpec, CountRule, FileSpec, HealthCheck, Resources, RoleSpec};
+pub use model::{ChangeMode, ComponentInfo, ComponentSpec, CountRule, FileSpec, HealthCheck, Resources, RoleSpec};
 
 /// A spec rule violation: which field, and what rule it breaks.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

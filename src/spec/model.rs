@@ -17,7 +17,9 @@ use super::render;
 use crate::storage::records::ConfigValue;
 
 /// The most instances a role may declare in `count.max`.
-pub const MAX_COUNT: u32 = 1000;
+/// The largest `count.max` a role may declare: what `flotilla bench` has
+/// shown a master holds in one cluster (BENCHMARKS.md).
+pub const MAX_COUNT: u32 = 10_000;
 /// The most ports one role may declare.
 pub const MAX_PORTS: usize = 32;
 /// The file mode of a rendered file when the spec gives none.
@@ -72,6 +74,23 @@ pub struct FileSpec {
     pub path: String,
     pub template: String,
     pub mode: u32,
+    /// What a running instance does when this file changes.
+    pub change: ChangeMode,
+}
+
+/// What a running instance does when one of its rendered files changes
+/// (Nomad's template `change_mode`). Ordered by weight: when several files
+/// change, the heaviest mode applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ChangeMode {
+    /// Nothing: the process reads the file when it wants to.
+    Noop,
+    /// This signal (a number) to the main process.
+    Signal(i32),
+    /// The role's `reload` hook.
+    Reload,
+    /// Stop and start.
+    Restart,
 }
 
 /// One role of the component.
@@ -89,6 +108,10 @@ pub struct RoleSpec {
     pub stop: Option<Vec<String>>,
     pub stop_grace: Duration,
     pub start_timeout: Duration,
+    /// A foreground process that exits within this after its start is a
+    /// failed start; later, a crash (restart policy). Default zero: the
+    /// start answers at once.
+    pub start_settle: Duration,
     pub resources: Option<Resources>,
     pub health: Option<HealthCheck>,
     pub init: Option<Vec<String>>,
@@ -100,6 +123,18 @@ pub struct RoleSpec {
     /// Values are templates, rendered per instance.
     pub env: BTreeMap<String, String>,
     pub files: Vec<FileSpec>,
+}
+
+impl RoleSpec {
+    /// What a running instance owes after `changed` (paths of its files that
+    /// changed): the heaviest mode among them; `None` when nothing changed.
+    /// Its environment changing (`ENV_CHANGED`) always needs a restart.
+    pub fn owed(&self, changed: &[String]) -> Option<ChangeMode> {
+        changed
+            .iter()
+            .map(|c| self.files.iter().find(|f| &f.path == c).map(|f| f.change).unwrap_or(ChangeMode::Restart))
+            .max()
+    }
 }
 
 impl ComponentSpec {
@@ -220,6 +255,10 @@ fn role(r: RawRole) -> Result<RoleSpec, SpecError> {
     };
     let stop_grace = duration("stop_grace", &r.stop_grace, DEFAULT_STOP_GRACE)?;
     let start_timeout = duration("start_timeout", &r.start_timeout, DEFAULT_START_TIMEOUT)?;
+    let start_settle = duration("start_settle", &r.start_settle, Duration::ZERO)?;
+    if start_settle > start_timeout {
+        return Err(SpecError::new(f("start_settle"), "must not be longer than start_timeout"));
+    }
     let hook_timeout = duration("hook_timeout", &r.hook_timeout, DEFAULT_HOOK_TIMEOUT)?;
     let resources = r.resources.map(|res| resources(&p, res)).transpose()?;
     let health = r.health.map(|h| health(&p, h, &r.ports)).transpose()?;
@@ -228,8 +267,13 @@ fn role(r: RawRole) -> Result<RoleSpec, SpecError> {
         checks::check_env_name(key).map_err(|m| SpecError::new(&field, format!("invalid variable name: {m}")))?;
         render::compile(&field, value)?;
     }
-    let files =
-        r.files.into_iter().enumerate().map(|(i, file)| file_spec(&r.name, i, file)).collect::<Result<Vec<_>, _>>()?;
+    let has_reload = r.reload.is_some();
+    let files = r
+        .files
+        .into_iter()
+        .enumerate()
+        .map(|(i, file)| file_spec(&r.name, i, file, has_reload))
+        .collect::<Result<Vec<_>, _>>()?;
     for (i, file) in files.iter().enumerate() {
         if files[..i].iter().any(|o| o.path == file.path) {
             return Err(SpecError::new(format!("{p}.files[{i}].path"), format!("duplicate file path {:?}", file.path)));
@@ -246,6 +290,7 @@ fn role(r: RawRole) -> Result<RoleSpec, SpecError> {
         stop: r.stop,
         stop_grace,
         start_timeout,
+        start_settle,
         resources,
         health,
         init: r.init,
@@ -335,8 +380,9 @@ fn health(p: &str, raw: RawHealth, ports: &[String]) -> Result<HealthCheck, Spec
     }
 }
 
-fn file_spec(role: &str, i: usize, raw: RawFile) -> Result<FileSpec, SpecError> {
+fn file_spec(role: &str, i: usize, raw: RawFile, has_reload: bool) -> Result<FileSpec, SpecError> {
     let p = format!("roles.{role}.files[{i}]");
+    let change = change_mode(&p, raw.change_mode.as_deref(), raw.change_signal.as_deref(), has_reload)?;
     checks::check_file_path(&raw.path).map_err(|m| SpecError::new(format!("{p}.path"), m))?;
     let mode = raw.mode.unwrap_or(DEFAULT_FILE_MODE);
     if mode > 0o777 {
@@ -346,5 +392,38 @@ fn file_spec(role: &str, i: usize, raw: RawFile) -> Result<FileSpec, SpecError> 
         ));
     }
     render::compile(&render::file_field(role, i), &raw.template)?;
-    Ok(FileSpec { path: raw.path, template: raw.template, mode })
+    Ok(FileSpec { path: raw.path, template: raw.template, mode, change })
+}
+
+/// A file's change mode; absent: `reload` when the role has a reload hook,
+/// else `restart`.
+fn change_mode(p: &str, mode: Option<&str>, signal: Option<&str>, has_reload: bool) -> Result<ChangeMode, SpecError> {
+    let field = format!("{p}.change_mode");
+    if signal.is_some() && mode != Some("signal") {
+        return Err(SpecError::new(format!("{p}.change_signal"), "only with change_mode = \"signal\""));
+    }
+    match mode {
+        None if has_reload => Ok(ChangeMode::Reload),
+        None | Some("restart") => Ok(ChangeMode::Restart),
+        Some("reload") if has_reload => Ok(ChangeMode::Reload),
+        Some("reload") => Err(SpecError::new(field, "\"reload\" needs the role's reload hook")),
+        Some("noop") => Ok(ChangeMode::Noop),
+        Some("signal") => {
+            let sfield = format!("{p}.change_signal");
+            let name = signal.ok_or_else(|| {
+                SpecError::new(&sfield, "change_mode = \"signal\" needs change_signal, e.g. \"SIGHUP\"")
+            })?;
+            let upper = name.to_ascii_uppercase();
+            let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+            let sig: nix::sys::signal::Signal =
+                full.parse().map_err(|_| SpecError::new(&sfield, format!("{name:?} is not a signal name")))?;
+            if matches!(sig, nix::sys::signal::Signal::SIGKILL | nix::sys::signal::Signal::SIGSTOP) {
+                return Err(SpecError::new(sfield, format!("{name} cannot be caught; use change_mode = \"restart\"")));
+            }
+            Ok(ChangeMode::Signal(sig as i32))
+        }
+        Some(other) => {
+            Err(SpecError::new(field, format!("{other:?} is not one of \"restart\", \"reload\", \"signal\", \"noop\"")))
+        }
+    }
 }

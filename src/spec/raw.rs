@@ -71,6 +71,10 @@ pub struct RawFile {
     pub path: String,
     pub template: String,
     pub mode: Option<u32>,
+    /// `restart`, `reload`, `signal` or `noop` (Nomad's template `change_mode`).
+    pub change_mode: Option<String>,
+    /// With `change_mode = "signal"`: e.g. `SIGHUP`.
+    pub change_signal: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -88,6 +92,8 @@ pub struct RawRole {
     pub stop: Option<Vec<String>>,
     pub stop_grace: Option<String>,
     pub start_timeout: Option<String>,
+    /// A foreground process that exits within this is a failed start.
+    pub start_settle: Option<String>,
     pub resources: Option<RawResources>,
     pub health: Option<RawHealth>,
     pub init: Option<Vec<String>>,

@@ -74,50 +74,66 @@ pub struct InstanceCtx {
 impl RenderContext {
     /// The context as a template value.
     pub fn to_value(&self) -> Value {
-        let component = map([("name", s(&self.component.name)), ("version", s(&self.component.version))]);
-        let roles: BTreeMap<String, Value> = self
-            .cluster
-            .roles
-            .iter()
-            .map(|(name, role)| {
-                let mut members: Vec<&MemberCtx> = role.members.iter().collect();
-                members.sort_by_key(|m| m.ordinal);
-                let members: Value = members
-                    .into_iter()
-                    .map(|m| {
-                        map([
-                            ("id", s(&m.id)),
-                            ("ordinal", Value::from(m.ordinal)),
-                            ("host", s(&m.host)),
-                            ("node", s(&m.node)),
-                            ("ports", ports(&m.ports)),
-                        ])
-                    })
-                    .collect();
-                (name.clone(), map([("count", Value::from(role.count)), ("members", members)]))
-            })
-            .collect();
-        let config: BTreeMap<String, Value> =
-            self.cluster.config.iter().map(|(k, v)| (k.clone(), json_value(v))).collect();
-        let cluster = map([
-            ("name", s(&self.cluster.name)),
-            ("id", s(&self.cluster.id)),
-            ("config", Value::from_object(config)),
-            ("roles", Value::from_object(roles)),
-        ]);
-        let i = &self.instance;
-        let instance = map([
-            ("id", s(&i.id)),
-            ("ordinal", Value::from(i.ordinal)),
-            ("role", s(&i.role)),
-            ("host", s(&i.host)),
-            ("node", s(&i.node)),
-            ("ports", ports(&i.ports)),
-            ("dir", s(&i.dir)),
-            ("data_dir", s(&i.data_dir)),
-        ]);
-        map([("component", component), ("cluster", cluster), ("instance", instance)])
+        context_value(component_value(&self.component), cluster_value(&self.cluster), instance_value(&self.instance))
     }
+}
+
+/// `component` as a template value.
+pub fn component_value(c: &ComponentCtx) -> Value {
+    map([("name", s(&c.name)), ("version", s(&c.version))])
+}
+
+/// `cluster` as a template value: built once per rendering pass and shared
+/// (template values are reference-counted), so rendering N members costs N
+/// instance values, not N copies of the member list.
+pub fn cluster_value(c: &ClusterCtx) -> Value {
+    let roles: BTreeMap<String, Value> = c
+        .roles
+        .iter()
+        .map(|(name, role)| {
+            let mut members: Vec<&MemberCtx> = role.members.iter().collect();
+            members.sort_by_key(|m| m.ordinal);
+            let members: Value = members
+                .into_iter()
+                .map(|m| {
+                    map([
+                        ("id", s(&m.id)),
+                        ("ordinal", Value::from(m.ordinal)),
+                        ("host", s(&m.host)),
+                        ("node", s(&m.node)),
+                        ("ports", ports(&m.ports)),
+                    ])
+                })
+                .collect();
+            (name.clone(), map([("count", Value::from(role.count)), ("members", members)]))
+        })
+        .collect();
+    let config: BTreeMap<String, Value> = c.config.iter().map(|(k, v)| (k.clone(), json_value(v))).collect();
+    map([
+        ("name", s(&c.name)),
+        ("id", s(&c.id)),
+        ("config", Value::from_object(config)),
+        ("roles", Value::from_object(roles)),
+    ])
+}
+
+/// `instance` as a template value.
+pub fn instance_value(i: &InstanceCtx) -> Value {
+    map([
+        ("id", s(&i.id)),
+        ("ordinal", Value::from(i.ordinal)),
+        ("role", s(&i.role)),
+        ("host", s(&i.host)),
+        ("node", s(&i.node)),
+        ("ports", ports(&i.ports)),
+        ("dir", s(&i.dir)),
+        ("data_dir", s(&i.data_dir)),
+    ])
+}
+
+/// The whole context from its three parts.
+pub fn context_value(component: Value, cluster: Value, instance: Value) -> Value {
+    map([("component", component), ("cluster", cluster), ("instance", instance)])
 }
 
 fn s(v: &str) -> Value {
@@ -217,13 +233,17 @@ fn render_one(env: &Environment<'static>, field: &str, source: &str, ctx: &Value
 
 /// Renders every file of `role` for the instance described by `ctx`, in file order.
 pub fn render_files(role: &RoleSpec, ctx: &RenderContext) -> Result<Vec<RenderedFile>, SpecError> {
+    render_files_with(role, &ctx.to_value())
+}
+
+/// [`render_files`] from a context already made a template value.
+pub fn render_files_with(role: &RoleSpec, value: &Value) -> Result<Vec<RenderedFile>, SpecError> {
     let env = environment();
-    let value = ctx.to_value();
     role.files
         .iter()
         .enumerate()
         .map(|(i, file)| {
-            let contents = render_one(&env, &file_field(&role.name, i), &file.template, &value)?;
+            let contents = render_one(&env, &file_field(&role.name, i), &file.template, value)?;
             Ok(RenderedFile { path: file.path.clone(), contents: contents.into_bytes(), mode: file.mode })
         })
         .collect()
@@ -232,12 +252,16 @@ pub fn render_files(role: &RoleSpec, ctx: &RenderContext) -> Result<Vec<Rendered
 /// Renders the environment of `role` for the instance described by `ctx`,
 /// sorted by variable name.
 pub fn render_env(role: &RoleSpec, ctx: &RenderContext) -> Result<Vec<(String, String)>, SpecError> {
+    render_env_with(role, &ctx.to_value())
+}
+
+/// [`render_env`] from a context already made a template value.
+pub fn render_env_with(role: &RoleSpec, value: &Value) -> Result<Vec<(String, String)>, SpecError> {
     let env = environment();
-    let value = ctx.to_value();
     role.env
         .iter()
         .map(|(key, template)| {
-            let rendered = render_one(&env, &env_field(&role.name, key), template, &value)?;
+            let rendered = render_one(&env, &env_field(&role.name, key), template, value)?;
             if rendered.contains('\0') {
                 return Err(SpecError::new(env_field(&role.name, key), "rendered value contains NUL"));
             }

@@ -181,7 +181,7 @@ fn roles_are_required_named_and_unique() {
 fn count_rules() {
     role_rejects("count = { min = 0, max = 0 }", "roles.web.count.max", "at least 1");
     role_rejects("count = { min = 3, max = 2 }", "roles.web.count.min", "must not exceed");
-    role_rejects("count = { max = 1001 }", "roles.web.count.max", "at most 1000");
+    role_rejects("count = { max = 10001 }", "roles.web.count.max", "at most 10000");
     role_rejects("count = { min = 2, max = 2, odd = true }", "roles.web.count.odd", "no odd number");
     role_rejects("count = { min = -1 }", "roles.web.count.min", "invalid value");
     let spec = ComponentSpec::parse(&minimal("count = { min = 2, max = 3, odd = true }")).unwrap();

@@ -37,7 +37,7 @@ impl AgentStore {
     /// Opens (creating if needed) the agent database in `dir` and starts its writer.
     pub fn open(dir: &Path) -> Result<AgentStore, StorageError> {
         let db = db::open(dir, &agent_cf::ALL, agent_cf::META)?;
-        let writer = StoreWriter::start(db.clone())?;
+        let writer = StoreWriter::start(db.clone(), super::writer::DEFAULT_QUEUE)?;
         Ok(AgentStore { db, writer })
     }
 

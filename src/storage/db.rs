@@ -14,10 +14,16 @@ use serde::de::DeserializeOwned;
 use super::keys::SCHEMA_VERSION_KEY;
 use super::{StorageError, codec};
 
-/// The schema version this release writes and reads. 2: instance records
-/// carry what was applied, operations their plan, process specs health and
-/// limits. Version 1 was never released; it is refused, not migrated.
+/// The agent's schema version (the master has its own,
+/// `master_store::MASTER_SCHEMA_VERSION`). 2: instance records carry process
+/// specs with health and limits. Version 1 was never released; it is
+/// refused, not migrated.
 pub const SCHEMA_VERSION: u32 = 2;
+
+/// Memtables of all column families together stay under this, so the
+/// store's memory is bounded whatever the write rate (flushes happen
+/// earlier instead).
+const WRITE_BUFFER_TOTAL: usize = 32 * 1024 * 1024;
 
 fn cf_options() -> Options {
     let mut opts = Options::default();
@@ -29,14 +35,48 @@ fn cf_options() -> Options {
 /// Opens (creating if needed) the database at `dir` with exactly `cfs`, and
 /// checks or initializes `meta/schema_version` (`meta` must be in `cfs`).
 pub fn open(dir: &Path, cfs: &[&str], meta_cf: &'static str) -> Result<Arc<DB>, StorageError> {
+    open_migrating(dir, cfs, meta_cf, SCHEMA_VERSION, |_, found| {
+        Err(StorageError::SchemaTooOld { found, supported: SCHEMA_VERSION })
+    })
+}
+
+/// Like [`open`] for schema `version`; a store of an older version is
+/// handed to `migrate` (which rewrites it, in one synced batch that also
+/// sets the new version) before anything else reads it.
+pub fn open_migrating(
+    dir: &Path,
+    cfs: &[&str],
+    meta_cf: &'static str,
+    version: u32,
+    migrate: impl FnOnce(&DB, u32) -> Result<(), StorageError>,
+) -> Result<Arc<DB>, StorageError> {
     let mut opts = cf_options();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
+    opts.set_db_write_buffer_size(WRITE_BUFFER_TOTAL);
     let descriptors = cfs.iter().map(|name| ColumnFamilyDescriptor::new(*name, cf_options()));
     let db = DB::open_cf_descriptors(&opts, dir, descriptors)
         .map_err(|source| StorageError::Open { path: dir.to_path_buf(), source })?;
-    check_schema(&db, meta_cf, SCHEMA_VERSION)?;
+    match check_schema(&db, meta_cf, version) {
+        Err(StorageError::SchemaTooOld { found, .. }) => {
+            tracing::info!(from = found, to = version, path = %dir.display(), "migrating the store's schema");
+            migrate(&db, found)?;
+        }
+        other => other?,
+    }
     Ok(Arc::new(db))
+}
+
+/// Writes `version` as the schema version into `batch`.
+pub fn put_schema_version(
+    db: &DB,
+    batch: &mut rocksdb::WriteBatch,
+    meta_cf: &'static str,
+    version: u32,
+) -> Result<(), StorageError> {
+    let meta = db.cf_handle(meta_cf).ok_or(StorageError::UnknownColumnFamily { cf: meta_cf })?;
+    batch.put_cf(meta, SCHEMA_VERSION_KEY, codec::encode(&version)?);
+    Ok(())
 }
 
 /// Refuses a database whose schema is not `supported` (a newer release's,

@@ -38,6 +38,10 @@ pub enum StorageError {
     /// journal keeps the last state before the shutdown began.
     #[error("the master is shutting down; nothing more is written")]
     Frozen,
+    /// The writer's queue is full: the request is refused before anything
+    /// of it is written (the API answers `503 overloaded` with `Retry-After`).
+    #[error("the store is overloaded (its write queue is full); retry shortly")]
+    Overloaded,
     /// The writer thread could not be started.
     #[error("cannot start the storage writer thread")]
     WriterSpawn(#[source] std::io::Error),
@@ -65,7 +69,12 @@ impl StorageError {
 
 impl From<StorageError> for crate::error::Error {
     fn from(e: StorageError) -> Self {
-        crate::error::Error::internal(e)
+        match e {
+            StorageError::Overloaded => crate::error::Error::overloaded(e.to_string()),
+            // Shutting down: the next master answers (503 with Retry-After).
+            StorageError::Frozen => crate::error::Error::unavailable(e.to_string()),
+            e => crate::error::Error::internal(e),
+        }
     }
 }
 

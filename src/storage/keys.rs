@@ -3,7 +3,13 @@
 //! Keys are chosen so that the iteration order RocksDB gives for free is the
 //! order callers want:
 //!
-//! - clusters, operations: the 16 uuid bytes;
+//! - clusters, operations, operation plans: the 16 uuid bytes;
+//! - operation results: the operation's 16 bytes then the step index as a
+//!   big-endian u16, so one operation's results are one key range;
+//! - the operation indexes: creation time (unix nanoseconds, big-endian
+//!   u64) then the operation id, globally (`ops_by_time`) and behind the
+//!   cluster id (`cluster_ops`), so both list newest first by iterating
+//!   backwards, whatever the id's own order;
 //! - instances (master): the cluster id's 16 bytes then the instance id, so
 //!   one cluster's instances are one key prefix;
 //! - nodes: the node id; packages: `name \0 version` (neither may contain
@@ -15,10 +21,11 @@
 //! The builders are pure: they encode a record into a [`WriteOp`] and hand
 //! it back, for the caller to commit with others in one atomic request.
 
-use crate::ids::{ClusterId, InstanceId};
+use crate::ids::{ClusterId, InstanceId, OperationId};
 use crate::storage::agent_records::{AgentInstanceRecord, Tombstone};
 use crate::storage::records::{
-    ClusterRecord, EventRecord, InstanceRecord, LeftoverRecord, NodeRecord, OperationRecord, PackageRecord,
+    ClusterRecord, EventRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord, OperationRecord,
+    PackageRecord, Resumable,
 };
 use crate::storage::{StorageError, WriteOp, codec};
 
@@ -33,7 +40,28 @@ pub mod master_cf {
     pub const META: &str = "meta";
     /// Instances a force delete left on an unreachable agent (key: instance id).
     pub const LEFTOVERS: &str = "leftovers";
-    pub const ALL: [&str; 8] = [CLUSTERS, INSTANCES, NODES, PACKAGES, OPERATIONS, EVENTS, META, LEFTOVERS];
+    /// Per-step instance results of operations.
+    pub const OP_RESULTS: &str = "op_results";
+    /// The plans of operations that have not ended (key: operation id).
+    pub const OP_PLANS: &str = "op_plans";
+    /// Every operation by creation time (value: its cluster id).
+    pub const OPS_BY_TIME: &str = "ops_by_time";
+    /// Every operation of a cluster by creation time (empty values).
+    pub const CLUSTER_OPS: &str = "cluster_ops";
+    pub const ALL: [&str; 12] = [
+        CLUSTERS,
+        INSTANCES,
+        NODES,
+        PACKAGES,
+        OPERATIONS,
+        EVENTS,
+        META,
+        LEFTOVERS,
+        OP_RESULTS,
+        OP_PLANS,
+        OPS_BY_TIME,
+        CLUSTER_OPS,
+    ];
 }
 
 /// The agent database's column families.
@@ -68,6 +96,49 @@ pub fn package_key(name: &str, version: &str) -> Vec<u8> {
     key.push(0);
     key.extend_from_slice(version.as_bytes());
     key
+}
+
+pub fn operation_key(id: &OperationId) -> Vec<u8> {
+    id.0.as_bytes().to_vec()
+}
+
+/// The key of one step's results.
+pub fn step_results_key(op: &OperationId, step: usize) -> Vec<u8> {
+    let mut key = operation_key(op);
+    key.extend_from_slice(&u16::try_from(step).unwrap_or(u16::MAX).to_be_bytes());
+    key
+}
+
+/// Unix nanoseconds, clamped to u64 (good until 2554), for time-ordered keys.
+pub fn nanos(t: time::OffsetDateTime) -> u64 {
+    u64::try_from(t.unix_timestamp_nanos().max(0)).unwrap_or(u64::MAX)
+}
+
+/// `ops_by_time` key of an operation: nanos then id.
+pub fn op_time_key(created: u64, op: &OperationId) -> Vec<u8> {
+    let mut key = created.to_be_bytes().to_vec();
+    key.extend_from_slice(op.0.as_bytes());
+    key
+}
+
+/// `cluster_ops` key: the cluster, then nanos and id.
+pub fn cluster_op_key(cluster: &ClusterId, created: u64, op: &OperationId) -> Vec<u8> {
+    let mut key = cluster_key(cluster);
+    key.extend_from_slice(&op_time_key(created, op));
+    key
+}
+
+/// The operation id at the end of an `ops_by_time` or `cluster_ops` key.
+pub fn op_of_index_key(key: &[u8]) -> Option<OperationId> {
+    let tail = key.get(key.len().checked_sub(16)?..)?;
+    uuid::Uuid::from_slice(tail).ok().map(OperationId)
+}
+
+/// The creation nanos inside an `ops_by_time` key (its first 8 bytes) or a
+/// `cluster_ops` key (bytes 16..24).
+pub fn nanos_of_index_key(key: &[u8], cluster_scoped: bool) -> Option<u64> {
+    let at = if cluster_scoped { 16 } else { 0 };
+    key.get(at..at + 8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_be_bytes)
 }
 
 pub fn event_key(seq: u64) -> Vec<u8> {
@@ -113,8 +184,66 @@ impl WriteOp {
         WriteOp::Delete { cf: master_cf::PACKAGES, key: package_key(name, version) }
     }
 
+    /// The operation's header: status, steps (without their results).
     pub fn put_operation(r: &OperationRecord) -> Result<WriteOp, StorageError> {
-        put(master_cf::OPERATIONS, r.id.0.as_bytes().to_vec(), r)
+        put(master_cf::OPERATIONS, operation_key(&r.id), r)
+    }
+
+    /// A new operation: its header, its plan, and both index entries.
+    pub fn new_operation(r: &OperationRecord) -> Result<Vec<WriteOp>, StorageError> {
+        let created = nanos(r.created_at);
+        let mut ops = vec![
+            WriteOp::put_operation(r)?,
+            WriteOp::Put {
+                cf: master_cf::OPS_BY_TIME,
+                key: op_time_key(created, &r.id),
+                value: r.cluster_id.0.as_bytes().to_vec(),
+            },
+            WriteOp::Put {
+                cf: master_cf::CLUSTER_OPS,
+                key: cluster_op_key(&r.cluster_id, created, &r.id),
+                value: vec![],
+            },
+        ];
+        if let Some(plan) = &r.resume {
+            ops.push(WriteOp::put_op_plan(&r.id, plan)?);
+        }
+        Ok(ops)
+    }
+
+    pub fn put_step_results(
+        op: &OperationId,
+        step: usize,
+        results: &[InstanceResult],
+    ) -> Result<WriteOp, StorageError> {
+        put(master_cf::OP_RESULTS, step_results_key(op, step), &results)
+    }
+
+    pub fn put_op_plan(op: &OperationId, plan: &Resumable) -> Result<WriteOp, StorageError> {
+        put(master_cf::OP_PLANS, operation_key(op), plan)
+    }
+
+    pub fn delete_op_plan(op: &OperationId) -> WriteOp {
+        WriteOp::Delete { cf: master_cf::OP_PLANS, key: operation_key(op) }
+    }
+
+    /// Everything of an operation: header, plan, results, index entries.
+    pub fn delete_operation(op: &OperationId, cluster: &ClusterId, created: u64) -> Vec<WriteOp> {
+        vec![
+            WriteOp::Delete { cf: master_cf::OPERATIONS, key: operation_key(op) },
+            WriteOp::delete_op_plan(op),
+            WriteOp::DeleteRange {
+                cf: master_cf::OP_RESULTS,
+                from: step_results_key(op, 0),
+                to: {
+                    let mut k = operation_key(op);
+                    k.extend_from_slice(&[0xff, 0xff, 0xff]);
+                    k
+                },
+            },
+            WriteOp::Delete { cf: master_cf::OPS_BY_TIME, key: op_time_key(created, op) },
+            WriteOp::Delete { cf: master_cf::CLUSTER_OPS, key: cluster_op_key(cluster, created, op) },
+        ]
     }
 
     pub fn put_event(r: &EventRecord) -> Result<WriteOp, StorageError> {
@@ -170,6 +299,20 @@ mod tests {
         let kb = instance_key(&b, &InstanceId::new("web-server-1-abcdef"));
         assert!(ka.starts_with(&cluster_instances_prefix(&a)));
         assert!(!kb.starts_with(&cluster_instances_prefix(&a)));
+    }
+
+    #[test]
+    fn operation_index_keys_sort_by_time_and_give_back_the_id() {
+        let c = ClusterId::random();
+        let (a, b) = (OperationId::random(), OperationId::random());
+        // b was made later but its id may sort anywhere: time decides.
+        let ka = cluster_op_key(&c, 200, &a);
+        let kb = cluster_op_key(&c, 100, &b);
+        assert!(kb < ka);
+        assert_eq!(op_of_index_key(&ka), Some(a));
+        assert_eq!(nanos_of_index_key(&ka, true), Some(200));
+        assert_eq!(nanos_of_index_key(&op_time_key(7, &b), false), Some(7));
+        assert!(step_results_key(&a, 2) < step_results_key(&a, 10));
     }
 
     #[test]

@@ -1,24 +1,35 @@
-//! The master's RocksDB store: opening it, loading everything at boot, and
-//! reading the event log. Writes go through [`StoreWriter`] with the typed
-//! builders in [`super::keys`] (`WriteOp::put_cluster`, ...).
+//! The master's RocksDB store: the single-node engine behind
+//! [`MetaStore`] (opening it, migrating an older schema, reads by key and
+//! range, the group-commit writer and its change feed), and loading what
+//! the master needs at boot.
 //!
-//! At boot the master loads every record into its actors and read model
-//! (`load_all`); after that the actors own the state and the store is only
-//! written, except for `events_after`, which pages through the event log.
+//! At boot the master loads the live records (clusters, instances, nodes,
+//! packages, leftovers) and the operations that had not ended, with their
+//! plans. Ended operations stay on disk only: they are read on demand
+//! (`GET /operations`), so memory does not grow with history.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use rocksdb::{DB, Direction, IteratorMode};
 
 use super::db;
 use super::keys::{event_key, event_seq, master_cf};
+use super::meta::{self, MetaStore, Scan};
 use super::records::{
     ClusterRecord, EventRecord, InstanceRecord, LeftoverRecord, NodeRecord, OperationRecord, PackageRecord,
 };
-use super::{StorageError, StoreWriter};
+use super::writer::{Committed, DEFAULT_QUEUE};
+use super::{StorageError, StoreWriter, WriteOp};
 
-/// Everything the master persisted, as loaded at boot.
+/// The master's schema. 3: operations stored as a header, per-step results
+/// and a plan kept only while they run, with time indexes; nodes say
+/// whether they are simulated. A version 2 store is migrated at open.
+pub const MASTER_SCHEMA_VERSION: u32 = 3;
+
+/// Everything the master loads at boot.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MasterSnapshot {
     pub clusters: Vec<ClusterRecord>,
@@ -27,7 +38,7 @@ pub struct MasterSnapshot {
     pub nodes: Vec<NodeRecord>,
     /// Sorted by name, then version bytes.
     pub packages: Vec<PackageRecord>,
-    /// Sorted by `created_at`, oldest first.
+    /// Operations that had not ended, with their results and plans; oldest first.
     pub operations: Vec<OperationRecord>,
     /// The highest event sequence number stored, 0 when there is none.
     pub last_event_seq: u64,
@@ -50,8 +61,23 @@ impl std::fmt::Debug for MasterStore {
 impl MasterStore {
     /// Opens (creating if needed) the master database in `dir` and starts its writer.
     pub fn open(dir: &Path) -> Result<MasterStore, StorageError> {
-        let db = db::open(dir, &master_cf::ALL, master_cf::META)?;
-        let writer = StoreWriter::start(db.clone())?;
+        MasterStore::open_with(dir, DEFAULT_QUEUE)
+    }
+
+    /// Like [`open`](Self::open) with a writer queue of `queue` requests.
+    pub fn open_with(dir: &Path, queue: usize) -> Result<MasterStore, StorageError> {
+        let db =
+            db::open_migrating(
+                dir,
+                &master_cf::ALL,
+                master_cf::META,
+                MASTER_SCHEMA_VERSION,
+                |db, found| match found {
+                    2 => super::migrate::master_2_to_3(db),
+                    _ => Err(StorageError::SchemaTooOld { found, supported: MASTER_SCHEMA_VERSION }),
+                },
+            )?;
+        let writer = StoreWriter::start(db.clone(), queue)?;
         Ok(MasterStore { db, writer })
     }
 
@@ -60,23 +86,34 @@ impl MasterStore {
         &self.writer
     }
 
-    /// Reads every record (blocking; meant for boot, via `spawn_blocking`).
+    /// Reads what the master starts from (blocking; meant for boot, via `spawn_blocking`).
     pub fn load_all(&self) -> Result<MasterSnapshot, StorageError> {
-        let mut operations: Vec<OperationRecord> = db::load_cf(&self.db, master_cf::OPERATIONS)?;
-        operations.sort_by_key(|o| o.created_at);
+        let mut operations = Vec::new();
+        for (key, _) in self.scan(master_cf::OP_PLANS, &Scan::default(), usize::MAX)? {
+            let Some(id) = uuid::Uuid::from_slice(&key).ok().map(crate::ids::OperationId) else { continue };
+            if let Some(mut op) = meta::operation(self, &id)? {
+                op.resume = meta::plan(self, &id)?;
+                operations.push(op);
+            }
+        }
+        operations.sort_by_key(|o: &OperationRecord| o.created_at);
         Ok(MasterSnapshot {
-            clusters: db::load_cf(&self.db, master_cf::CLUSTERS)?,
-            instances: db::load_cf(&self.db, master_cf::INSTANCES)?,
-            nodes: db::load_cf(&self.db, master_cf::NODES)?,
-            packages: db::load_cf(&self.db, master_cf::PACKAGES)?,
+            clusters: meta::load(self, master_cf::CLUSTERS)?,
+            instances: meta::load(self, master_cf::INSTANCES)?,
+            nodes: meta::load(self, master_cf::NODES)?,
+            packages: meta::load(self, master_cf::PACKAGES)?,
             operations,
             last_event_seq: self.last_event_seq()?,
-            leftovers: db::load_cf(&self.db, master_cf::LEFTOVERS)?,
+            leftovers: meta::load(self, master_cf::LEFTOVERS)?,
         })
     }
 
     fn events_cf(&self) -> Result<&rocksdb::ColumnFamily, StorageError> {
-        self.db.cf_handle(master_cf::EVENTS).ok_or(StorageError::UnknownColumnFamily { cf: master_cf::EVENTS })
+        self.cf(master_cf::EVENTS)
+    }
+
+    fn cf(&self, cf: &'static str) -> Result<&rocksdb::ColumnFamily, StorageError> {
+        self.db.cf_handle(cf).ok_or(StorageError::UnknownColumnFamily { cf })
     }
 
     fn last_event_seq(&self) -> Result<u64, StorageError> {
@@ -108,11 +145,87 @@ impl MasterStore {
     }
 }
 
+impl MetaStore for MasterStore {
+    fn commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'static, Result<(), StorageError>> {
+        let w = self.writer.clone();
+        async move { w.commit(ops).await }.boxed()
+    }
+
+    fn try_commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'static, Result<(), StorageError>> {
+        let w = self.writer.clone();
+        async move { w.try_commit(ops).await }.boxed()
+    }
+
+    fn get(&self, cf: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.db.get_cf(self.cf(cf)?, key).map_err(StorageError::Rocks)
+    }
+
+    fn scan(&self, cf: &'static str, scan: &Scan, limit: usize) -> Result<meta::Pairs, StorageError> {
+        let handle = self.cf(cf)?;
+        // Backwards from the end of the prefix: the first key past it is
+        // the prefix with its last byte incremented (carrying); with no
+        // such key (all 0xff, or no prefix) the very end.
+        let end = successor(&scan.prefix);
+        let mode = match (&scan.from, scan.reverse) {
+            (Some(from), false) => IteratorMode::From(from, Direction::Forward),
+            (Some(from), true) => IteratorMode::From(from, Direction::Reverse),
+            (None, false) => IteratorMode::From(&scan.prefix, Direction::Forward),
+            (None, true) => match &end {
+                Some(e) => IteratorMode::From(e, Direction::Reverse),
+                None => IteratorMode::End,
+            },
+        };
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(handle, mode) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item.map_err(StorageError::Rocks)?;
+            if !k.starts_with(&scan.prefix) {
+                // Seeking backwards from the successor may land on it.
+                if scan.reverse && end.as_deref() == Some(&k[..]) {
+                    continue;
+                }
+                break;
+            }
+            out.push((k.into_vec(), v.into_vec()));
+        }
+        Ok(out)
+    }
+
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<Committed>> {
+        self.writer.subscribe()
+    }
+
+    fn freeze(&self) {
+        self.writer.freeze()
+    }
+
+    fn stats(&self) -> meta::StoreStats {
+        meta::StoreStats {
+            batches: self.writer.batches_written(),
+            commits: self.writer.commits_written(),
+            queued: self.writer.queued(),
+        }
+    }
+}
+
+/// The smallest key greater than every key starting with `prefix`.
+fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut v = prefix.to_vec();
+    while let Some(last) = v.pop() {
+        if last < 0xff {
+            v.push(last + 1);
+            return Some(v);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::storage::WriteOp;
-    use crate::storage::db::SCHEMA_VERSION;
     use crate::storage::keys::SCHEMA_VERSION_KEY;
     use crate::storage::testdata as td;
 
@@ -130,7 +243,12 @@ mod tests {
             let store = MasterStore::open(dir.path()).unwrap();
             let mut writes = vec![WriteOp::put_cluster(&c1).unwrap(), WriteOp::put_cluster(&c2).unwrap()];
             writes.extend(instances.iter().map(|r| WriteOp::put_instance(r).unwrap()));
-            writes.extend(ops.iter().map(|r| WriteOp::put_operation(r).unwrap()));
+            for op in &ops {
+                writes.extend(WriteOp::new_operation(op).unwrap());
+                for (i, step) in op.steps.iter().enumerate() {
+                    writes.push(WriteOp::put_step_results(&op.id, i, &step.results).unwrap());
+                }
+            }
             writes.extend(nodes.iter().map(|r| WriteOp::put_node(r).unwrap()));
             writes.extend(packages.iter().map(|r| WriteOp::put_package(r).unwrap()));
             writes.push(WriteOp::put_event(&td::event(1)).unwrap());
@@ -155,6 +273,55 @@ mod tests {
         assert_eq!(snap.nodes, nodes);
         assert_eq!(snap.packages, packages);
         assert_eq!(snap.last_event_seq, 256);
+    }
+
+    #[tokio::test]
+    async fn operations_are_paged_newest_first_per_cluster_and_deleted_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MasterStore::open(dir.path()).unwrap();
+        let (c1, c2) = (td::cluster("web"), td::cluster("db"));
+        let at = |m: i64| td::T0 + time::Duration::minutes(m);
+        // Created out of id order: the time index decides.
+        let ones: Vec<_> = (0..5).rev().map(|i| td::operation(&c1, at(i * 2))).collect();
+        let twos: Vec<_> = (0..2).map(|i| td::operation(&c2, at(i * 2 + 1))).collect();
+        let mut writes = Vec::new();
+        for op in ones.iter().chain(&twos) {
+            writes.extend(WriteOp::new_operation(op).unwrap());
+            writes.push(WriteOp::put_step_results(&op.id, 0, &op.steps[0].results).unwrap());
+        }
+        store.writer().commit(writes).await.unwrap();
+        let ids = |v: Vec<OperationRecord>| v.into_iter().map(|o| o.id).collect::<Vec<_>>();
+        // ones[0] is the newest (8 min), ones[4] the oldest (0 min).
+        let all = ids(meta::operations_page(&store, None, None, 3).unwrap());
+        assert_eq!(all, vec![ones[0].id, ones[1].id, ones[2].id]);
+        let rest = ids(meta::operations_page(&store, None, Some(&ones[2].id), 10).unwrap());
+        assert_eq!(rest, vec![twos[1].id, ones[3].id, twos[0].id, ones[4].id]);
+        let p1 = ids(meta::operations_page(&store, Some(&c1.id), None, 2).unwrap());
+        assert_eq!(p1, vec![ones[0].id, ones[1].id]);
+        let p2 = ids(meta::operations_page(&store, Some(&c1.id), Some(&ones[1].id), 2).unwrap());
+        assert_eq!(p2, vec![ones[2].id, ones[3].id]);
+        let p3 = ids(meta::operations_page(&store, Some(&c1.id), Some(&ones[3].id), 2).unwrap());
+        assert_eq!(p3, vec![ones[4].id]);
+        assert!(meta::operations_page(&store, Some(&c2.id), Some(&twos[0].id), 5).unwrap().is_empty());
+        // A page has no step results; one operation read by id has them.
+        let page = meta::operations_page(&store, None, None, 1).unwrap();
+        assert!(page[0].steps[0].results.is_empty());
+        assert_eq!(meta::operation(&store, &ones[0].id).unwrap().unwrap().steps[0].results, ones[0].steps[0].results);
+
+        let oldest = &ones[4];
+        let listed = meta::cluster_operations(&store, &c1.id).unwrap();
+        assert_eq!(listed.first().map(|(_, id)| *id), Some(oldest.id), "oldest first");
+        store
+            .writer()
+            .commit(WriteOp::delete_operation(&oldest.id, &c1.id, crate::storage::keys::nanos(oldest.created_at)))
+            .await
+            .unwrap();
+        assert!(meta::operation(&store, &oldest.id).unwrap().is_none());
+        assert!(meta::plan(&store, &oldest.id).unwrap().is_none());
+        assert_eq!(meta::cluster_operations(&store, &c1.id).unwrap().len(), 4);
+        assert!(meta::operations_page(&store, Some(&c1.id), Some(&ones[3].id), 2).unwrap().is_empty());
+        let raw = store.scan(master_cf::OP_RESULTS, &Scan::default(), 100).unwrap();
+        assert_eq!(raw.len(), 6, "the deleted operation's results are gone, the others' kept");
     }
 
     #[tokio::test]
@@ -224,21 +391,21 @@ mod tests {
             let db =
                 DB::open_cf_for_read_only(&rocksdb::Options::default(), dir.path(), master_cf::ALL, false).unwrap();
             let raw = db.get_cf(db.cf_handle(master_cf::META).unwrap(), SCHEMA_VERSION_KEY).unwrap().unwrap();
-            assert_eq!(crate::storage::codec::decode::<u32>(&raw).unwrap(), SCHEMA_VERSION);
+            assert_eq!(crate::storage::codec::decode::<u32>(&raw).unwrap(), MASTER_SCHEMA_VERSION);
         }
-        set_schema_version(dir.path(), SCHEMA_VERSION + 1);
+        set_schema_version(dir.path(), MASTER_SCHEMA_VERSION + 1);
         match MasterStore::open(dir.path()) {
             Err(StorageError::SchemaTooNew { found, supported }) => {
-                assert_eq!((found, supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+                assert_eq!((found, supported), (MASTER_SCHEMA_VERSION + 1, MASTER_SCHEMA_VERSION));
             }
             other => panic!("expected SchemaTooNew, got {other:?}"),
         }
-        set_schema_version(dir.path(), SCHEMA_VERSION - 1);
+        set_schema_version(dir.path(), MASTER_SCHEMA_VERSION - 2);
         match MasterStore::open(dir.path()) {
             Err(e @ StorageError::SchemaTooOld { .. }) => assert!(e.to_string().contains("start afresh"), "{e}"),
             other => panic!("expected SchemaTooOld, got {other:?}"),
         }
-        set_schema_version(dir.path(), SCHEMA_VERSION);
+        set_schema_version(dir.path(), MASTER_SCHEMA_VERSION);
         MasterStore::open(dir.path()).unwrap();
     }
 

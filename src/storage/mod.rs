@@ -6,11 +6,13 @@
 //! | module | owns |
 //! |---|---|
 //! | [`records`], [`agent_records`] | the persisted record types |
+//! | [`plan`] | an operation's plan (steps, actions, undo), journaled with it |
 //! | [`codec`] | bincode encoding, the only place it is used for storage |
 //! | [`keys`] | column family names, key layouts, the typed `WriteOp` builders |
 //! | [`writer`] | the group-commit writer thread |
 //! | [`db`] | opening a database and checking its schema version |
-//! | [`master_store`], [`agent_store`] | the two stores: open, load at boot |
+//! | [`meta`] | `MetaStore`, the narrow interface the master uses (writes, key and range reads, change feed), and typed reads over it |
+//! | [`master_store`], [`agent_store`] | the two stores: open (and migrate), load at boot |
 //! | [`serde_time`] | serde helpers for time fields bincode can decode |
 //! | [`blobs`] | package tarballs as files named by sha256 |
 //! | [`error`] | `StorageError` |
@@ -22,15 +24,19 @@ pub mod db;
 pub mod error;
 pub mod keys;
 pub mod master_store;
+pub mod meta;
+mod migrate;
+pub mod plan;
 pub mod records;
 pub mod serde_time;
 pub mod writer;
 
 #[cfg(test)]
-mod testdata;
+pub(crate) mod testdata;
 
 pub use agent_store::{AgentSnapshot, AgentStore};
 pub use blobs::BlobStore;
 pub use error::StorageError;
 pub use master_store::{MasterSnapshot, MasterStore};
+pub use meta::MetaStore;
 pub use writer::{StoreWriter, WriteOp};

@@ -183,8 +183,30 @@ pub enum PendingRestart {
     No,
     /// Files changed: the role's `reload` hook will do, else a restart.
     Reload,
-    /// The environment changed: only a restart applies it.
+    /// The environment (or a file whose change mode is restart) changed:
+    /// only a restart applies it.
     Restart,
+    /// A file whose change mode is `signal` changed: this signal to the
+    /// main process applies it. (Last: older records decode unchanged.)
+    Signal(i32),
+}
+
+impl PendingRestart {
+    /// How much the owed action does: a heavier one also applies what a
+    /// lighter one would (so owed actions combine by taking the heaviest).
+    pub fn weight(self) -> u8 {
+        match self {
+            PendingRestart::No => 0,
+            PendingRestart::Signal(_) => 1,
+            PendingRestart::Reload => 2,
+            PendingRestart::Restart => 3,
+        }
+    }
+
+    /// The heavier of the two.
+    pub fn max(self, other: PendingRestart) -> PendingRestart {
+        if other.weight() > self.weight() { other } else { self }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,6 +231,8 @@ pub struct NodeRecord {
     pub instance_root: String,
     #[serde(with = "time::serde::rfc3339")]
     pub registered_at: OffsetDateTime,
+    /// A simulated agent (`flotilla bench`), as its `Hello` said.
+    pub simulated: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -302,6 +326,9 @@ pub struct StepRecord {
     pub name: String,
     pub status: StepStatus,
     pub error: Option<String>,
+    /// Stored apart from the operation (`op_results`, one key per step), so
+    /// journaling a step writes that step's results, never all of them.
+    #[serde(skip)]
     pub results: Vec<InstanceResult>,
 }
 
@@ -322,8 +349,10 @@ pub struct OperationRecord {
     #[serde(with = "crate::storage::serde_time::rfc3339_option")]
     pub ended_at: Option<OffsetDateTime>,
     /// What a master needs to go on with the operation after a restart:
-    /// journaled with it, so an interrupted operation is resumed from its
-    /// first unfinished step (or its unwinding finished), never left hanging.
+    /// stored beside it (`op_plans`) while it runs, so an interrupted
+    /// operation is resumed from its first unfinished step (or its
+    /// unwinding finished), never left hanging; removed when it ends.
+    #[serde(skip)]
     pub resume: Option<Resumable>,
 }
 
@@ -331,7 +360,7 @@ pub struct OperationRecord {
 /// elsewhere (the instances it will create).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Resumable {
-    pub plan: crate::operations::Plan,
+    pub plan: crate::storage::plan::Plan,
     pub pending: Vec<InstanceRecord>,
     pub on_success: Option<ClusterStatus>,
     pub force: bool,

@@ -73,6 +73,7 @@ pub fn node(id: &str) -> NodeRecord {
         agent_version: "0.1.0".into(),
         instance_root: "/var/lib/flotilla/instances".into(),
         registered_at: T0,
+        simulated: false,
     }
 }
 

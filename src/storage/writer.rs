@@ -18,6 +18,19 @@
 //! applied atomically, so a request is either entirely durable or not at all.
 //! If the batch write fails, every caller in it gets the error.
 //!
+//! The queue is bounded (`queue` requests): [`StoreWriter::commit`] waits
+//! for room, so internal writes slow down instead of growing memory, and
+//! [`StoreWriter::try_commit`] refuses at once with
+//! [`StorageError::Overloaded`], which the API answers `503 overloaded`
+//! with a `Retry-After` (a new request is refused before anything of it is
+//! acknowledged, never dropped after).
+//!
+//! The change feed ([`StoreWriter::subscribe`]): every durable batch is
+//! announced, in order, with a sequence number, to whoever subscribed (a
+//! replica, a cache, the event stream). Nothing is built while nobody
+//! listens. A subscriber that falls behind the feed's buffer learns it
+//! (`Lagged`) and must re-read the store.
+//!
 //! Lifetime: the thread ends when the last `StoreWriter` clone is dropped;
 //! that drop waits for the thread (at most the batch in flight), so the
 //! thread's handle on the database is released before the drop returns and
@@ -25,11 +38,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use rocksdb::{DB, WriteBatch, WriteOptions};
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::StorageError;
 
@@ -37,16 +49,41 @@ use super::StorageError;
 /// (`WriteOp::put_cluster`, `AgentStore::put_instance`, ...), not by hand.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteOp {
-    Put { cf: &'static str, key: Vec<u8>, value: Vec<u8> },
-    Delete { cf: &'static str, key: Vec<u8> },
+    Put {
+        cf: &'static str,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        cf: &'static str,
+        key: Vec<u8>,
+    },
+    /// Deletes every key in `from..to`.
+    DeleteRange {
+        cf: &'static str,
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
 }
 
 impl WriteOp {
-    fn cf(&self) -> &'static str {
+    pub fn cf(&self) -> &'static str {
         match self {
-            WriteOp::Put { cf, .. } | WriteOp::Delete { cf, .. } => cf,
+            WriteOp::Put { cf, .. } | WriteOp::Delete { cf, .. } | WriteOp::DeleteRange { cf, .. } => cf,
         }
     }
+}
+
+/// The default bound of the writer's queue, in requests.
+pub const DEFAULT_QUEUE: usize = 8192;
+
+/// One durable batch, as the change feed announces it.
+#[derive(Debug, Clone)]
+pub struct Committed {
+    /// 1, 2, 3, ... in the order the batches became durable.
+    pub seq: u64,
+    /// Every op of the batch, in the order it was applied.
+    pub ops: Vec<WriteOp>,
 }
 
 struct Request {
@@ -63,6 +100,7 @@ struct Stats {
 struct Inner {
     /// `None` only while dropping: taking it closes the queue.
     tx: Option<mpsc::Sender<Request>>,
+    feed: broadcast::Sender<Arc<Committed>>,
     /// Set by [`StoreWriter::freeze`].
     frozen: std::sync::atomic::AtomicBool,
     thread: Option<JoinHandle<()>>,
@@ -98,30 +136,58 @@ impl std::fmt::Debug for StoreWriter {
 }
 
 impl StoreWriter {
-    /// Starts the writer thread for `db`.
-    pub(crate) fn start(db: Arc<DB>) -> Result<StoreWriter, StorageError> {
-        let (tx, rx) = mpsc::channel();
+    /// Starts the writer thread for `db`, with a queue of `queue` requests.
+    pub(crate) fn start(db: Arc<DB>, queue: usize) -> Result<StoreWriter, StorageError> {
+        let (tx, mut rx) = mpsc::channel(queue.max(1));
+        let (feed, _) = broadcast::channel(1024);
         let stats = Arc::new(Stats::default());
         let thread_stats = stats.clone();
+        let thread_feed = feed.clone();
         let handle = std::thread::Builder::new()
             .name("flotilla-storage-writer".into())
-            .spawn(move || run(&db, &rx, &thread_stats))
+            .spawn(move || run(&db, &mut rx, &thread_stats, &thread_feed))
             .map_err(StorageError::WriterSpawn)?;
         Ok(StoreWriter {
-            inner: Arc::new(Inner { tx: Some(tx), frozen: Default::default(), thread: Some(handle), stats }),
+            inner: Arc::new(Inner { tx: Some(tx), feed, frozen: Default::default(), thread: Some(handle), stats }),
         })
     }
 
     /// Applies `ops` atomically and returns once they are durable (synced).
+    /// Waits for room when the queue is full.
     ///
-    /// Dropping the returned future after it started does not cancel the
-    /// write: the request is already queued and will be applied.
+    /// Once queued, dropping the returned future does not cancel the write:
+    /// it will be applied.
     pub async fn commit(&self, ops: Vec<WriteOp>) -> Result<(), StorageError> {
         if ops.is_empty() {
             return Ok(());
         }
-        let reply = self.enqueue(ops)?;
+        self.check_frozen()?;
+        let (reply, rx) = oneshot::channel();
+        let tx = self.inner.tx.as_ref().ok_or(StorageError::WriterGone)?;
+        tx.send(Request { ops, reply }).await.map_err(|_| StorageError::WriterGone)?;
+        rx.await.map_err(|_| StorageError::WriterGone)?
+    }
+
+    /// Like [`commit`](Self::commit), but refuses at once with
+    /// [`StorageError::Overloaded`] when the queue is full: for a new
+    /// request from a client, which is better told to retry than queued
+    /// without bound.
+    pub async fn try_commit(&self, ops: Vec<WriteOp>) -> Result<(), StorageError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let reply = self.try_enqueue(ops)?;
         reply.await.map_err(|_| StorageError::WriterGone)?
+    }
+
+    /// Subscribes to the change feed: every batch made durable from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Committed>> {
+        self.inner.feed.subscribe()
+    }
+
+    /// Requests queued and not yet taken by the writer thread.
+    pub fn queued(&self) -> usize {
+        self.inner.tx.as_ref().map(|t| t.max_capacity() - t.capacity()).unwrap_or(0)
     }
 
     /// [`commit`](Self::commit) for code that is not on an async runtime
@@ -131,8 +197,11 @@ impl StoreWriter {
         if ops.is_empty() {
             return Ok(());
         }
-        let reply = self.enqueue(ops)?;
-        reply.blocking_recv().map_err(|_| StorageError::WriterGone)?
+        self.check_frozen()?;
+        let (reply, rx) = oneshot::channel();
+        let tx = self.inner.tx.as_ref().ok_or(StorageError::WriterGone)?;
+        tx.blocking_send(Request { ops, reply }).map_err(|_| StorageError::WriterGone)?;
+        rx.blocking_recv().map_err(|_| StorageError::WriterGone)?
     }
 
     /// Refuses every later write (`StorageError::Frozen`); writes already
@@ -145,13 +214,21 @@ impl StoreWriter {
         self.inner.frozen.store(true, Ordering::SeqCst);
     }
 
-    fn enqueue(&self, ops: Vec<WriteOp>) -> Result<oneshot::Receiver<Result<(), StorageError>>, StorageError> {
+    fn check_frozen(&self) -> Result<(), StorageError> {
         if self.inner.frozen.load(Ordering::SeqCst) {
             return Err(StorageError::Frozen);
         }
+        Ok(())
+    }
+
+    fn try_enqueue(&self, ops: Vec<WriteOp>) -> Result<oneshot::Receiver<Result<(), StorageError>>, StorageError> {
+        self.check_frozen()?;
         let (reply, rx) = oneshot::channel();
         let tx = self.inner.tx.as_ref().ok_or(StorageError::WriterGone)?;
-        tx.send(Request { ops, reply }).map_err(|_| StorageError::WriterGone)?;
+        tx.try_send(Request { ops, reply }).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => StorageError::Overloaded,
+            mpsc::error::TrySendError::Closed(_) => StorageError::WriterGone,
+        })?;
         Ok(rx)
     }
 
@@ -166,19 +243,33 @@ impl StoreWriter {
     }
 }
 
+/// The most requests one batch takes, so a huge backlog is written (and
+/// answered) in steps rather than as one giant batch.
+const MAX_BATCH_REQUESTS: usize = 4096;
+
 /// The writer thread's loop; returns when every sender is gone.
-fn run(db: &DB, rx: &mpsc::Receiver<Request>, stats: &Stats) {
+fn run(db: &DB, rx: &mut mpsc::Receiver<Request>, stats: &Stats, feed: &broadcast::Sender<Arc<Committed>>) {
     let mut sync = WriteOptions::default();
     sync.set_sync(true);
-    while let Ok(first) = rx.recv() {
+    let mut seq = 0u64;
+    while let Some(first) = rx.blocking_recv() {
         // Everything queued while the previous batch was being synced rides
         // in this one: that is the whole point of group commit.
         let mut pending = vec![first];
-        pending.extend(rx.try_iter());
-
+        while pending.len() < MAX_BATCH_REQUESTS {
+            match rx.try_recv() {
+                Ok(r) => pending.push(r),
+                Err(_) => break,
+            }
+        }
+        let listening = feed.receiver_count() > 0;
+        let mut announced = Vec::new();
         let mut batch = WriteBatch::default();
         let mut waiting = Vec::with_capacity(pending.len());
         for req in pending {
+            if listening {
+                announced.extend(req.ops.iter().cloned());
+            }
             match add_request(db, &mut batch, req.ops) {
                 Ok(()) => waiting.push(req.reply),
                 // A receiver that is gone means the caller stopped waiting;
@@ -193,6 +284,10 @@ fn run(db: &DB, rx: &mpsc::Receiver<Request>, stats: &Stats) {
             Ok(()) => {
                 stats.batches.fetch_add(1, Ordering::Relaxed);
                 stats.commits.fetch_add(waiting.len() as u64, Ordering::Relaxed);
+                seq += 1;
+                if listening {
+                    let _ = feed.send(Arc::new(Committed { seq, ops: announced }));
+                }
                 for reply in waiting {
                     let _ = reply.send(Ok(()));
                 }
@@ -220,6 +315,7 @@ fn add_request(db: &DB, batch: &mut WriteBatch, ops: Vec<WriteOp>) -> Result<(),
         match op {
             WriteOp::Put { key, value, .. } => batch.put_cf(handle, key, value),
             WriteOp::Delete { key, .. } => batch.delete_cf(handle, key),
+            WriteOp::DeleteRange { from, to, .. } => batch.delete_range_cf(handle, from, to),
         }
     }
     Ok(())
@@ -234,7 +330,7 @@ mod tests {
 
     fn open(dir: &std::path::Path) -> (Arc<DB>, StoreWriter) {
         let db = db::open(dir, &CFS, "meta").unwrap();
-        let writer = StoreWriter::start(db.clone()).unwrap();
+        let writer = StoreWriter::start(db.clone(), DEFAULT_QUEUE).unwrap();
         (db, writer)
     }
 
@@ -287,7 +383,7 @@ mod tests {
         drop(open(dir.path()));
         // A read-only database refuses every write: a real RocksDB failure.
         let ro = DB::open_cf_for_read_only(&rocksdb::Options::default(), dir.path(), CFS, false).unwrap();
-        let writer = StoreWriter::start(Arc::new(ro)).unwrap();
+        let writer = StoreWriter::start(Arc::new(ro), DEFAULT_QUEUE).unwrap();
         let results = futures::future::join_all((0..20).map(|i| writer.commit(vec![put(&format!("k{i}"))]))).await;
         for r in results {
             assert!(matches!(r, Err(StorageError::Rocks(_))), "{r:?}");
@@ -318,5 +414,59 @@ mod tests {
         // The writer thread held the last handle; the lock must be free now.
         let (db, _writer) = open(dir.path());
         assert!(get(&db, "x").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_try_commit_and_loses_nothing_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = db::open(dir.path(), &CFS, "meta").unwrap();
+        let writer = StoreWriter::start(db.clone(), 1).unwrap();
+        // Many at once against a queue of one: some are refused, none of
+        // the accepted ones is lost.
+        let results = futures::future::join_all((0..200).map(|i| {
+            let w = writer.clone();
+            async move { (i, w.try_commit(vec![put(&format!("k{i}"))]).await) }
+        }))
+        .await;
+        let refused = results.iter().filter(|(_, r)| matches!(r, Err(StorageError::Overloaded))).count();
+        assert!(refused > 0, "a queue of one took 200 concurrent requests");
+        for (i, r) in &results {
+            match r {
+                Ok(()) => assert!(get(&db, &format!("k{i}")).is_some(), "acknowledged k{i} is missing"),
+                Err(StorageError::Overloaded) => {
+                    assert!(get(&db, &format!("k{i}")).is_none(), "refused k{i} was written")
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        // `commit` waits for room instead.
+        let all = futures::future::join_all((0..50).map(|i| writer.commit(vec![put(&format!("w{i}"))]))).await;
+        assert!(all.iter().all(|r| r.is_ok()));
+    }
+
+    #[tokio::test]
+    async fn the_change_feed_announces_durable_batches_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_db, writer) = open(dir.path());
+        writer.commit(vec![put("before")]).await.unwrap();
+        let mut feed = writer.subscribe();
+        writer.commit(vec![put("a")]).await.unwrap();
+        writer.commit(vec![WriteOp::DeleteRange { cf: "data", from: b"a".to_vec(), to: b"b".to_vec() }]).await.unwrap();
+        let first = feed.recv().await.unwrap();
+        let second = feed.recv().await.unwrap();
+        assert_eq!(first.ops, vec![put("a")]);
+        assert!(second.seq > first.seq);
+        assert!(matches!(second.ops[0], WriteOp::DeleteRange { .. }));
+    }
+
+    #[tokio::test]
+    async fn delete_range_removes_exactly_the_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, writer) = open(dir.path());
+        writer.commit(vec![put("a1"), put("a2"), put("b1")]).await.unwrap();
+        writer.commit(vec![WriteOp::DeleteRange { cf: "data", from: b"a".to_vec(), to: b"b".to_vec() }]).await.unwrap();
+        assert_eq!(get(&db, "a1"), None);
+        assert_eq!(get(&db, "a2"), None);
+        assert!(get(&db, "b1").is_some());
     }
 }

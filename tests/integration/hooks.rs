@@ -97,8 +97,11 @@ async fn hooks_run_in_the_lifecycle_and_veto_where_they_may() {
     let late = &role_instances(&created, "late")[0];
     let order0_done = first.iter().map(|i| stamp(i, "init_done_at")).max().unwrap();
     assert!(stamp(late, "init_started_at") > order0_done, "late's init ran before the order-0 inits ended");
+    // The list has no per-instance results; the operation itself has them.
     let (_, ops) = env.get("/operations?cluster=hk").await;
-    let create = &ops["operations"][0];
+    let create_id = ops["operations"][0]["id"].as_str().unwrap().to_string();
+    let (_, create) = env.get(&format!("/operations/{create_id}")).await;
+    let create = &create["operation"];
     let init = create["steps"].as_array().unwrap().iter().find(|s| s["name"] == "init").expect("an init step");
     for r in init["results"].as_array().unwrap().iter().filter(|r| r["instance"].as_str().unwrap().contains("-node-")) {
         assert_eq!((r["exit_code"].as_i64(), r["stdout_tail"].as_str()), (Some(0), Some("ran init")), "{r:#}");

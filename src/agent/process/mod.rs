@@ -59,6 +59,10 @@ pub struct StartRequest<'a> {
     pub run_as: &'a RunAs,
     /// The process the agent last started, if it recorded one.
     pub current: Option<&'a PidIdentity>,
+    /// A foreground process that exits within this is a failed start; one
+    /// that exits later is a crash (reported after the fact). Zero: answer
+    /// at once.
+    pub settle: std::time::Duration,
 }
 
 /// What to stop.

@@ -24,9 +24,6 @@ use super::watch::{ExitWatch, StderrLog};
 use super::{ProcessController, ProcessError, StartRequest, Started, Tracked, cgroup, tree};
 use crate::storage::agent_records::PidIdentity;
 
-/// A foreground process that exits this soon after its spawn failed to start.
-const SETTLE: Duration = Duration::from_millis(200);
-
 impl ProcessController {
     /// Starts the instance unless it runs already (`current` alive ->
     /// `already_running: true`). Processes of the instance found running
@@ -165,8 +162,16 @@ impl ProcessController {
         })?;
         let stderr = StderrLog { file: Arc::new(logs.stderr), from: logs.stderr_start };
         let exit = ExitWatch::reap(child, pid, stderr);
-        let settle = SETTLE.min(Duration::from_millis(req.spec.start_timeout_ms.max(1)));
-        if let Ok(info) = tokio::time::timeout(settle, exit.clone().wait()).await {
+        // No fixed wait: the start answers at once unless the role asks for
+        // a settle window; an exit after the answer is a crash, reported by
+        // the exit watcher (and handled by the restart policy).
+        let settle = req.settle.min(Duration::from_millis(req.spec.start_timeout_ms.max(1)));
+        let early = if settle.is_zero() {
+            exit.try_exited()
+        } else {
+            tokio::time::timeout(settle, exit.clone().wait()).await.ok()
+        };
+        if let Some(info) = early {
             return Err(ProcessError::StartFailed {
                 exit_code: info.exit_code,
                 signal: info.signal,

@@ -16,6 +16,9 @@ use crate::protocol::messages::{ProcessSpec, ResourceLimits};
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// One instance directory and a controller; kills whatever the test left.
+/// The settle window the early-exit tests start with.
+const SETTLE: Duration = Duration::from_millis(200);
+
 struct Fixture {
     _tmp: tempfile::TempDir,
     dir: PathBuf,
@@ -51,7 +54,7 @@ impl Fixture {
     }
 
     fn start_req<'a>(&'a self, spec: &'a ProcessSpec, current: Option<&'a PidIdentity>) -> StartRequest<'a> {
-        StartRequest { instance: &self.id, dir: &self.dir, spec, run_as: &self.me, current }
+        StartRequest { instance: &self.id, dir: &self.dir, spec, run_as: &self.me, current, settle: SETTLE }
     }
 
     fn stop_req<'a>(&'a self, spec: &'a ProcessSpec, current: Option<&'a PidIdentity>) -> StopRequest<'a> {

@@ -2,34 +2,37 @@
 //! [`Action`] of a plan reaches instance actors, storage and the read model.
 //!
 //! Commands to several instances run in parallel; each runs to completion in
-//! its own task (see `InstanceHandle::run`), so the runner's watchdog can stop
+//! its own task (see `InstanceActor::run`), so the runner's watchdog can stop
 //! waiting without cancelling a command half-way.
 
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use actix::Addr;
 use time::OffsetDateTime;
 
-use super::Shared;
-use super::cluster::Core;
-use super::instance::{InstanceActor, InstanceCmd, Retire};
+use super::Core;
+use crate::actors::Shared;
+use crate::actors::instance::{ClusterEnv, InstanceActor};
+use crate::actors::supervisor::{ClusterGone, Escalate, Supervisor};
 use crate::ids::InstanceId;
 use crate::operations::runner::Outcome;
 use crate::operations::{Action, OperationContext, StepFailure};
 use crate::spec::ComponentSpec;
 use crate::storage::WriteOp;
+use crate::storage::keys::nanos;
 use crate::storage::records::{
-    ClusterStatus, InstanceResult, LeftoverRecord, OperationKind, OperationRecord, PackageRecord, RECORD_VERSION,
+    ClusterRecord, ClusterStatus, InstanceRecord, InstanceResult, LeftoverRecord, OperationKind, OperationRecord,
+    PackageRecord, RECORD_VERSION,
 };
-
-use super::supervisor::{ClusterGone, Escalate, Supervisor};
-use actix::Addr;
 
 pub(super) struct ClusterOps {
     pub core: Rc<RefCell<Core>>,
+    pub env: Rc<ClusterEnv>,
     pub shared: Shared,
     pub kind: OperationKind,
     /// A force delete: what cannot be removed now is remembered as leftovers.
@@ -40,9 +43,9 @@ pub(super) struct ClusterOps {
 }
 
 /// The cluster's package as its record names it now (an upgrade changes it
-/// mid-operation, and its undo changes it back).
+/// mid-operation, and its undo changes it back). Shared, never copied.
 pub(super) struct CurrentPackage {
-    pub record: PackageRecord,
+    pub record: Arc<PackageRecord>,
     pub spec: Arc<ComponentSpec>,
     pub blob: PathBuf,
 }
@@ -54,18 +57,13 @@ impl ClusterOps {
 
     pub(super) fn current(&self) -> Result<CurrentPackage, String> {
         let pkg = self.core.borrow().record.package.clone();
-        let state = self.shared.read_model.read();
-        let p =
-            state.packages.get(&(pkg.name.clone(), pkg.version.clone())).ok_or(format!("package {pkg} is missing"))?;
+        let p = self.shared.read_model.package(&pkg.name, &pkg.version).ok_or(format!("package {pkg} is missing"))?;
         let blob = self.shared.blobs.path_for(&p.record.sha256).map_err(|e| e.to_string())?;
-        Ok(CurrentPackage { record: p.record.clone(), spec: p.spec.clone(), blob })
+        Ok(CurrentPackage { record: p.record, spec: p.spec, blob })
     }
 
-    /// Persists and publishes the cluster record after `change`.
-    pub async fn save_cluster(
-        &self,
-        change: impl FnOnce(&mut crate::storage::records::ClusterRecord),
-    ) -> Result<(), String> {
+    /// Changes the cluster record, persists it, then publishes it.
+    pub async fn save_cluster(&self, change: impl FnOnce(&mut ClusterRecord)) -> Result<(), String> {
         let snapshot = {
             let mut core = self.core.borrow_mut();
             change(&mut core.record);
@@ -74,68 +72,70 @@ impl ClusterOps {
         };
         let op = WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?;
         self.shared.store.commit(vec![op]).await.map_err(|e| e.to_string())?;
-        self.shared.read_model.write().clusters.insert(snapshot.name.clone(), snapshot);
+        self.env.cell.set_record(snapshot);
         Ok(())
     }
 
     async fn allocate(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
-        let records: Vec<_> = {
+        let records: Vec<InstanceRecord> = {
             let core = self.core.borrow();
             ids.iter()
                 .filter(|id| !core.instances.contains_key(*id))
                 .filter_map(|id| core.pending.get(id).cloned())
                 .collect()
         };
-        let mut ops = Vec::new();
+        let mut ops = Vec::with_capacity(records.len());
         for r in &records {
             ops.push(WriteOp::put_instance(r).map_err(|e| fail(e.to_string()))?);
         }
         if !ops.is_empty() {
             self.shared.store.commit(ops).await.map_err(|e| fail(format!("cannot persist new instances: {e}")))?;
+            self.shared.read_model.count_transitions(records.len() as u64);
         }
-        let mut results = Vec::new();
-        for r in records {
-            let handle = InstanceActor::start(
-                r.clone(),
-                self.shared.links.clone(),
-                self.shared.store.clone(),
-                self.shared.read_model.clone(),
-            );
+        let mut results = Vec::with_capacity(records.len());
+        let mut by_node: std::collections::BTreeMap<_, Vec<_>> = std::collections::BTreeMap::new();
+        let cluster: Arc<str> = Arc::from(self.cluster_name().as_str());
+        let handles: Vec<_> = records.iter().map(|r| InstanceActor::quiet(r.clone(), self.env.clone())).collect();
+        self.env.cell.put_instances(handles.iter().map(|h| h.entry()));
+        for (r, handle) in records.into_iter().zip(handles) {
+            by_node.entry(r.node.clone()).or_default().push((r.id.clone(), cluster.clone()));
             let mut core = self.core.borrow_mut();
             core.pending.remove(&r.id);
             core.instances.insert(r.id.clone(), handle);
             let ports: Vec<String> = r.ports.iter().map(|(k, v)| format!("{k}={v}")).collect();
             results.push(InstanceResult::ok(&r.id, format!("allocated on {} ({})", r.node, ports.join(", "))));
         }
+        for (node, ids) in by_node {
+            if let Some(n) = self.shared.read_model.node(&node) {
+                n.add_instances(&ids);
+            }
+        }
         Ok(results)
     }
 
     async fn forget(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
         let cluster_id = self.core.borrow().record.id;
-        let mut ops = Vec::new();
-        for id in ids {
-            ops.push(WriteOp::delete_instance(&cluster_id, id));
-        }
+        let ops: Vec<WriteOp> = ids.iter().map(|id| WriteOp::delete_instance(&cluster_id, id)).collect();
         self.shared.store.commit(ops).await.map_err(|e| fail(format!("cannot remove instance records: {e}")))?;
-        let mut results = Vec::new();
+        self.shared.read_model.count_transitions(ids.len() as u64);
+        self.env.cell.remove_instances(ids);
+        let leftovers = self.shared.read_model.leftovers();
+        let mut results = Vec::with_capacity(ids.len());
         for id in ids {
-            let handle = self.core.borrow_mut().instances.remove(id);
-            if let Some(h) = handle {
-                h.addr.do_send(Retire);
-            }
-            let (removed, leftover) = {
-                let mut state = self.shared.read_model.write();
-                (state.instances.remove(id), state.leftovers.contains_key(id))
-            };
+            let removed = self.core.borrow_mut().instances.remove(id).map(|h| h.record());
             match removed {
-                // A leftover may still run and hold its ports: they are
-                // released when it is removed from its node.
-                Some(_) if leftover => {
-                    results.push(InstanceResult::ok(id, "forgotten; ports kept until its node removes it"))
-                }
                 Some(r) => {
-                    self.shared.ports.release(&r.node, r.ports.values().copied());
-                    results.push(InstanceResult::ok(id, "forgotten; ports released"));
+                    if let Some(n) = self.shared.read_model.node(&r.node) {
+                        n.remove_instances(std::slice::from_ref(id));
+                    }
+                    // A leftover may still run and hold its ports: they are
+                    // released when it is removed from its node.
+                    if leftovers.contains_key(id) {
+                        results.push(InstanceResult::ok(id, "forgotten; ports kept until its node removes it"));
+                    } else {
+                        self.shared.ports.release(&r.node, r.ports.values().copied());
+                        results.push(InstanceResult::ok(id, "forgotten; ports released"));
+                    }
                 }
                 None => results.push(InstanceResult::ok(id, "already forgotten")),
             }
@@ -144,7 +144,7 @@ impl ClusterOps {
     }
 
     /// Remembers instances a force delete could not remove from their agents.
-    pub(super) async fn remember_leftovers(&self, instances: &[crate::storage::records::InstanceRecord]) {
+    pub(super) async fn remember_leftovers(&self, instances: &[Arc<InstanceRecord>]) {
         let now = OffsetDateTime::now_utc();
         let records: Vec<LeftoverRecord> = instances
             .iter()
@@ -162,11 +162,10 @@ impl ClusterOps {
         match ops {
             Ok(ops) => match self.shared.store.commit(ops).await {
                 Ok(()) => {
-                    let mut state = self.shared.read_model.write();
-                    for r in records {
+                    for r in &records {
                         tracing::warn!(instance = %r.instance, node = %r.node, "left on its node by a force delete; removed when the agent reconnects");
-                        state.leftovers.insert(r.instance.clone(), r);
                     }
+                    self.shared.read_model.put_leftovers(&records);
                 }
                 Err(e) => tracing::error!(error = %e, "cannot record the leftovers of a force delete"),
             },
@@ -177,7 +176,7 @@ impl ClusterOps {
     /// Changes the cluster's definition durably (SetPackage/SetConfig/SetLimits).
     async fn define(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure> {
         if let Action::SetPackage(p) = action
-            && !self.shared.read_model.read().packages.contains_key(&(p.name.clone(), p.version.clone()))
+            && self.shared.read_model.package(&p.name, &p.version).is_none()
         {
             return Err(fail(format!("package {p} is not uploaded")));
         }
@@ -191,6 +190,22 @@ impl ClusterOps {
         .map_err(fail)?;
         Ok(Vec::new())
     }
+
+    /// The writes that delete the oldest ended operations past the
+    /// retention limit, once `op` is counted among the ended ones.
+    fn retention(&self, op: &OperationRecord) -> Vec<WriteOp> {
+        let keep = self.shared.limits.operations_retained.max(1);
+        let mut core = self.core.borrow_mut();
+        let cluster = core.record.id;
+        core.history.push_back((nanos(op.created_at), op.id));
+        let mut writes = Vec::new();
+        while core.history.len() > keep {
+            if let Some((created, id)) = core.history.pop_front() {
+                writes.extend(WriteOp::delete_operation(&id, &cluster, created));
+            }
+        }
+        writes
+    }
 }
 
 pub(super) fn fail(message: String) -> StepFailure {
@@ -202,10 +217,10 @@ impl OperationContext for ClusterOps {
         match action {
             Action::Allocate(ids) => self.allocate(ids).await,
             Action::Forget(ids) => self.forget(ids).await,
-            Action::Install(ids) => self.on_each_checked(ids, |id| self.render_install(id)).await,
-            Action::WriteFiles(ids) => self.on_each_checked(ids, |id| self.render_files(id)).await,
-            Action::Start(ids) => self.on_each_checked(ids, |id| self.start_cmd(id)).await,
-            Action::Stop(ids) => self.on_each_checked(ids, |_| Ok(InstanceCmd::Stop)).await,
+            Action::Install(ids) => self.install(ids).await,
+            Action::WriteFiles(ids) => self.write_files(ids).await,
+            Action::Start(ids) => self.start(ids).await,
+            Action::Stop(ids) => self.on_each_checked(ids, |_| Ok(crate::actors::instance::InstanceCmd::Stop)).await,
             Action::DeleteOnAgent(ids) => self.delete_on_agents(ids).await,
             Action::Hook { hook, ids } => self.hook(*hook, ids).await,
             Action::Reconfigure(r) => self.reconfigure(r).await,
@@ -214,9 +229,14 @@ impl OperationContext for ClusterOps {
         }
     }
 
-    async fn journal(&self, record: &OperationRecord) -> Result<(), String> {
-        let op = WriteOp::put_operation(record).map_err(|e| e.to_string())?;
-        self.shared.store.commit(vec![op]).await.map_err(|e| e.to_string())?;
+    async fn journal(&self, record: &OperationRecord, step: Option<usize>) -> Result<(), String> {
+        let mut ops = vec![WriteOp::put_operation(record).map_err(|e| e.to_string())?];
+        if let Some(i) = step
+            && let Some(s) = record.steps.get(i)
+        {
+            ops.push(WriteOp::put_step_results(&record.id, i, &s.results).map_err(|e| e.to_string())?);
+        }
+        self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
         self.shared.read_model.put_operation(record);
         Ok(())
     }
@@ -224,15 +244,21 @@ impl OperationContext for ClusterOps {
     async fn complete(&self, record: &OperationRecord, outcome: &Outcome) -> Result<(), String> {
         let verb = format!("{:?}", self.kind).to_lowercase();
         let name = self.cluster_name();
+        // An ended operation keeps no plan: nothing will resume it.
+        let mut ended = record.clone();
+        ended.resume = None;
+        let mut end =
+            vec![WriteOp::put_operation(&ended).map_err(|e| e.to_string())?, WriteOp::delete_op_plan(&ended.id)];
         if self.kind == OperationKind::Delete && *outcome == Outcome::Succeeded {
             let cluster_id = self.core.borrow().record.id;
-            let ops =
-                vec![WriteOp::delete_cluster(&cluster_id), WriteOp::put_operation(record).map_err(|e| e.to_string())?];
+            let mut ops = vec![WriteOp::delete_cluster(&cluster_id)];
+            ops.append(&mut end);
             self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
-            self.shared.read_model.write().clusters.remove(&name);
+            self.shared.read_model.remove_cluster(&name);
             // The name is free before anyone can see the delete has ended.
+            self.shared.supervisor.enqueue();
             let _ = self.supervisor.send(ClusterGone { name }).await;
-            self.shared.read_model.put_operation(record);
+            self.shared.read_model.put_operation(&ended);
             return Ok(());
         }
         let (status, description, escalate) = match outcome {
@@ -275,13 +301,13 @@ impl OperationContext for ClusterOps {
             core.record.updated_at = OffsetDateTime::now_utc();
             core.record.clone()
         };
-        // One batch: the cluster's new status and the operation's end are
-        // durable together, and published cluster first, so whoever sees
-        // the operation ended sees the cluster as it left it.
-        let ops = vec![
-            WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?,
-            WriteOp::put_operation(record).map_err(|e| e.to_string())?,
-        ];
+        // One batch: the cluster's new status, the operation's end and the
+        // history past retention, durable together and published cluster
+        // first, so whoever sees the operation ended sees the cluster as it
+        // left it.
+        let mut ops = vec![WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?];
+        ops.append(&mut end);
+        ops.extend(self.retention(&ended));
         // A store frozen by a shutdown refuses the write: clients must not
         // see an end the next master will not (it resumes the operation
         // from its journal). Any other write error is shown as it is.
@@ -289,9 +315,10 @@ impl OperationContext for ClusterOps {
         if let Err(e @ crate::storage::StorageError::Frozen) = &written {
             return Err(e.to_string());
         }
-        self.shared.read_model.write().clusters.insert(name.clone(), snapshot);
-        self.shared.read_model.put_operation(record);
+        self.env.cell.set_record(snapshot);
+        self.shared.read_model.put_operation(&ended);
         if escalate {
+            self.shared.supervisor.enqueue();
             self.supervisor.do_send(Escalate {
                 cluster: name,
                 operation: Some(record.id),
@@ -310,8 +337,11 @@ impl OperationContext for ClusterOps {
         .await
     }
 
+    /// How long a step may go without progress: long enough for the
+    /// slowest single thing it waits for (a stop's grace, a start's health
+    /// wait, a hook, one rolling batch).
     fn deadline(&self, action: &Action) -> Duration {
-        let base = self.shared.timing.step_deadline();
+        let base = self.shared.timing.step_idle();
         let Ok(current) = self.current() else { return base };
         let spec = &current.spec;
         let max = |f: fn(&crate::spec::RoleSpec) -> Duration| spec.roles.iter().map(f).max().unwrap_or_default();
@@ -320,16 +350,19 @@ impl OperationContext for ClusterOps {
         let stop = max(|r| r.stop_grace) * 2;
         let start = max(|r| r.start_timeout);
         let hook = max(|r| r.hook_timeout);
-        let batches = |ids: &[InstanceId], batch: usize| ids.len().div_ceil(batch.max(1)) as u32;
         match action {
             Action::Stop(_) | Action::DeleteOnAgent(_) => base + stop,
             Action::Start(_) => base + start,
-            Action::Hook { .. } => (base + hook) * spec.roles_by_order().len() as u32,
-            // Per batch: a reload (hook + health) or a restart (stop + start).
-            Action::Reconfigure(r) => base + (base + stop + start + hook) * batches(&r.ids, r.batch),
-            // Per batch: stop, install, start.
-            Action::Roll(r) => base + (base * 2 + stop + start) * batches(&r.ids, r.batch),
+            Action::Hook { .. } => base + hook,
+            // A reload (hook + health) or a restart (stop + start).
+            Action::Reconfigure(_) => base + stop + start + hook,
+            // Stop, install, start.
+            Action::Roll(_) => base * 2 + stop + start,
             _ => base,
         }
+    }
+
+    fn progress(&self) -> u64 {
+        self.env.progress.load(Ordering::Relaxed)
     }
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::cluster::{ClusterActor, OpRequest, Prepared, group_by_order};
+use super::{ClusterActor, OpRequest, Prepared, group_by_order};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
@@ -14,8 +14,9 @@ use crate::operations::{self, Rolling};
 use crate::spec::ComponentSpec;
 use crate::storage::records::{ClusterStatus, DesiredState, InstanceRecord, Limits, OperationKind, PackageRef};
 
-/// The most instances a rolling operation touches at once.
-pub const MAX_BATCH: usize = 64;
+/// The most instances a request may ask a rolling operation to touch at
+/// once (`batch`); without one, a quarter of each role (see `steps`).
+pub const MAX_BATCH: usize = crate::spec::model::MAX_COUNT as usize;
 
 impl ClusterActor {
     pub(super) fn prepare(&mut self, req: OpRequest, spec: &ComponentSpec) -> Result<Prepared, Error> {
@@ -28,7 +29,7 @@ impl ClusterActor {
             on_success,
             force: false,
         };
-        let all: Vec<InstanceId> = self.core.borrow().instances.keys().cloned().collect();
+        let all: Vec<InstanceId> = self.core.borrow().members().iter().map(|m| m.id.clone()).collect();
         Ok(match req {
             OpRequest::Create { pending, params } => {
                 let groups = group_by_order(spec, pending.iter());
@@ -80,7 +81,7 @@ impl ClusterActor {
                     pending,
                     ..simple(
                         OperationKind::ScaleOut,
-                        operations::scale::scale_out(&new, self.rolling(&all, 1)),
+                        operations::scale::scale_out(&new, self.rolling(&all, 0)),
                         Some(ClusterStatus::Active),
                     )
                 }
@@ -91,7 +92,7 @@ impl ClusterActor {
                 check_removal(&members, &role, &remove)?;
                 let left = members.iter().filter(|m| m.role == role).count() as u32 - remove.len() as u32;
                 spec.check_count(&role, left)?;
-                let removed = group_by_order(spec, members.iter().filter(|m| remove.contains(&m.id)));
+                let removed = group_by_order(spec, members.iter().map(|m| &**m).filter(|m| remove.contains(&m.id)));
                 let remaining: Vec<InstanceId> =
                     members.iter().filter(|m| !remove.contains(&m.id)).map(|m| m.id.clone()).collect();
                 let ids: Vec<&str> = remove.iter().map(|i| i.as_str()).collect();
@@ -100,7 +101,7 @@ impl ClusterActor {
                     params,
                     ..simple(
                         OperationKind::ScaleIn,
-                        operations::scale::scale_in(&removed, self.rolling(&remaining, 1)),
+                        operations::scale::scale_in(&removed, self.rolling(&remaining, 0)),
                         Some(ClusterStatus::Active),
                     )
                 }
@@ -144,7 +145,7 @@ impl ClusterActor {
                     return Err(Error::spec(format!("roles.{role}"), "the package has no such role"));
                 }
                 check_limits(&limits)?;
-                let members: Vec<InstanceRecord> = self.members().into_iter().filter(|m| m.role == role).collect();
+                let members: Vec<Arc<InstanceRecord>> = self.members().into_iter().filter(|m| m.role == role).collect();
                 self.check_nodes_enforce_limits(&role, members.iter().map(|m| &m.node))?;
                 let old = self.core.borrow().record.roles.get(&role).and_then(|r| r.limits);
                 let ids: Vec<InstanceId> = members.iter().map(|m| m.id.clone()).collect();
@@ -163,27 +164,26 @@ impl ClusterActor {
 
     /// `ids` for a rolling action: those the operator wants running now
     /// must be running when it is done.
+    /// `batch` 0: the default (see `steps`).
     fn rolling(&self, ids: &[InstanceId], batch: usize) -> Rolling {
-        let state = self.shared.read_model.read();
+        let core = self.core.borrow();
         let running = ids
             .iter()
-            .filter(|id| state.instances.get(*id).is_some_and(|i| i.desired == DesiredState::Running))
+            .filter(|id| core.instances.get(*id).is_some_and(|i| i.record().desired == DesiredState::Running))
             .cloned()
             .collect();
         Rolling { ids: ids.to_vec(), batch, running }
     }
 
-    fn members(&self) -> Vec<InstanceRecord> {
-        let name = self.core.borrow().record.name.clone();
-        self.shared.read_model.read().cluster_instances(&name)
+    fn members(&self) -> Vec<Arc<InstanceRecord>> {
+        self.core.borrow().members()
     }
 
     fn upgrade_target(&self, new: &PackageRef) -> Result<Arc<ComponentSpec>, Error> {
-        let state = self.shared.read_model.read();
-        state
-            .packages
-            .get(&(new.name.clone(), new.version.clone()))
-            .map(|p| p.spec.clone())
+        self.shared
+            .read_model
+            .package(&new.name, &new.version)
+            .map(|p| p.spec)
             .ok_or_else(|| Error::not_found("package", new))
     }
 
@@ -194,9 +194,8 @@ impl ClusterActor {
         role: &str,
         nodes: impl Iterator<Item = &'a NodeId>,
     ) -> Result<(), Error> {
-        let state = self.shared.read_model.read();
         let unable: BTreeSet<String> = nodes
-            .filter(|n| !state.nodes.get(*n).is_some_and(|v| v.record.resource_limits))
+            .filter(|n| !self.shared.read_model.node(n).is_some_and(|v| v.record().resource_limits))
             .map(|n| n.to_string())
             .collect();
         if unable.is_empty() {
@@ -226,7 +225,10 @@ impl ClusterActor {
             spec.role(role).ok_or_else(|| Error::spec("role", format!("the package has no role {role:?}")))?;
         let record = self.core.borrow().record.clone();
         let current = self.members().iter().filter(|m| m.role == role).count() as u32;
-        spec.check_count(role, current + add)?;
+        let total = current.checked_add(add).ok_or_else(|| {
+            Error::spec(format!("roles.{role}.count"), format!("adding {add} to {current} overflows"))
+        })?;
+        spec.check_count(role, total)?;
         // New members start before the old ones learn the new membership: in
         // a quorum role, as many new members as old ones would be a majority
         // of the new membership and could elect a leader of their own, with
@@ -240,7 +242,19 @@ impl ClusterActor {
             ));
         }
         let next = record.roles.get(role).map(|r| r.next_ordinal).unwrap_or(1);
-        let pending = super::supervisor::place_instances(&self.shared, &record, role_spec, next, add, nodes)?;
+        let mut in_cluster: std::collections::BTreeMap<NodeId, usize> = std::collections::BTreeMap::new();
+        for m in self.members() {
+            *in_cluster.entry(m.node.clone()).or_default() += 1;
+        }
+        let pending = crate::actors::supervisor::place_instances(
+            &self.shared,
+            &record,
+            role_spec,
+            next,
+            add,
+            nodes,
+            &in_cluster,
+        )?;
         let mut core = self.core.borrow_mut();
         core.record.roles.entry(role.to_string()).or_default().next_ordinal = next + add;
         Ok(pending)
@@ -257,14 +271,15 @@ pub(super) fn require_active(status: ClusterStatus, what: &str) -> Result<(), Er
     Ok(())
 }
 
-fn check_batch(batch: usize) -> Result<usize, Error> {
-    if batch == 0 || batch > MAX_BATCH {
-        return Err(Error::invalid(
-            "invalid_request",
-            format!("batch: must be between 1 and {MAX_BATCH}, got {batch}"),
-        ));
+/// A request's batch: `None` is the default (0: a quarter of each role).
+fn check_batch(batch: Option<usize>) -> Result<usize, Error> {
+    match batch {
+        None => Ok(0),
+        Some(b) if b == 0 || b > MAX_BATCH => {
+            Err(Error::invalid("invalid_request", format!("batch: must be between 1 and {MAX_BATCH}, got {b}")))
+        }
+        Some(b) => Ok(b),
     }
-    Ok(batch)
 }
 
 fn check_limits(l: &Limits) -> Result<(), Error> {
@@ -284,7 +299,7 @@ fn check_limits(l: &Limits) -> Result<(), Error> {
     Ok(())
 }
 
-fn check_removal(members: &[InstanceRecord], role: &str, remove: &[InstanceId]) -> Result<(), Error> {
+fn check_removal(members: &[Arc<InstanceRecord>], role: &str, remove: &[InstanceId]) -> Result<(), Error> {
     if remove.is_empty() {
         return Err(Error::invalid("invalid_request", "remove: list at least one instance"));
     }
@@ -310,7 +325,7 @@ fn check_removal(members: &[InstanceRecord], role: &str, remove: &[InstanceId]) 
 /// An upgrade keeps every instance, its ports and its place: the new
 /// version must have every role the cluster uses, with the same ports, and
 /// accept the current counts.
-fn check_compatible(old: &ComponentSpec, new: &ComponentSpec, members: &[InstanceRecord]) -> Result<(), Error> {
+fn check_compatible(old: &ComponentSpec, new: &ComponentSpec, members: &[Arc<InstanceRecord>]) -> Result<(), Error> {
     if new.component.name != old.component.name {
         return Err(Error::spec(
             "component.name",

@@ -1,25 +1,42 @@
-//! `ClusterActor`: one per cluster. It owns the cluster record and runs the
-//! cluster's operations one at a time; a second mutating request while one
-//! runs answers `409 cluster_busy` naming the running operation.
+//! `ClusterActor`: one per cluster. It owns the cluster record and its
+//! instance actors, and runs the cluster's operations one at a time; a
+//! second mutating request while one runs answers `409 cluster_busy` naming
+//! the running operation.
 //!
-//! A request is validated in the handler (no side effect), then the
-//! operation record and the cluster record are written in one durable batch,
-//! then the caller gets `202` and the operation runs as a future spawned in
-//! the actor's context — so the mailbox stays free for the next request to
-//! be answered (with 409) while a long install runs.
+//! A request is validated in the handler (no side effect, [`prepare`]),
+//! then the operation record and the cluster record are written in one
+//! durable batch, then the caller gets `202` and the operation runs as a
+//! future spawned in the actor's context — so the mailbox stays free for
+//! the next request to be answered (with 409) while a long install runs.
+//!
+//! Cluster actors are spread over the master's arbiters (threads): each
+//! lives on one, with its instance actors, so its state needs no locks and
+//! independent clusters progress in parallel.
+//!
+//! - [`prepare`]: validation of a request into a plan
+//! - [`ops`]: the operation context (journal, end, definition changes)
+//! - [`steps`]: how actions reach instances: in parallel, by role order,
+//!   rolling in batches
+
+mod ops;
+mod prepare;
+mod steps;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use actix::prelude::*;
 use time::OffsetDateTime;
 
+use self::ops::ClusterOps;
 use super::Shared;
-use super::cluster_ops::ClusterOps;
-use super::instance::{InstanceActor, InstanceHandle, Observation, Observe, Retire};
-use super::read_model::ActorStats;
+use super::instance::{ClusterEnv, InstanceActor, InstanceHandle, Observation};
+use super::node_manager::Ack;
+use super::read_model::{ActorStats, ClusterCell};
+use super::registry::ClusterHandle;
 use super::supervisor::{Escalate, Supervisor};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId, OperationId};
@@ -33,13 +50,29 @@ use crate::storage::records::{
     PackageRecord, RECORD_VERSION, Resumable,
 };
 
+pub use prepare::MAX_BATCH;
+
 /// What the actor owns, shared with the running operation's context (both
 /// live on the actor's arbiter thread; borrows never cross an `.await`).
 pub struct Core {
+    /// The durable record (changed only after a write is acknowledged,
+    /// except `operation`, which marks the cluster busy at once).
     pub record: ClusterRecord,
     pub instances: BTreeMap<InstanceId, InstanceHandle>,
     /// Instances decided during validation, created by the `allocate` step.
     pub pending: BTreeMap<InstanceId, InstanceRecord>,
+    /// Ended operations still stored (creation nanos, id), oldest first:
+    /// past the retention limit the oldest are deleted.
+    pub history: VecDeque<(u64, OperationId)>,
+}
+
+impl Core {
+    /// The members' records, by role then ordinal.
+    pub fn members(&self) -> Vec<Arc<InstanceRecord>> {
+        let mut v: Vec<Arc<InstanceRecord>> = self.instances.values().map(|i| i.record()).collect();
+        v.sort_by(|a, b| (a.role.as_str(), a.ordinal).cmp(&(b.role.as_str(), b.ordinal)));
+        v
+    }
 }
 
 /// A mutating request on a cluster.
@@ -65,20 +98,21 @@ pub enum OpRequest {
     Delete {
         force: bool,
     },
-    /// New config values (`PATCH /clusters/{name}/config`).
+    /// New config values (`PATCH /clusters/{name}/config`). `batch`:
+    /// instances changed at once (default: a quarter of each role).
     Reconfigure {
         values: BTreeMap<String, serde_json::Value>,
-        batch: usize,
+        batch: Option<usize>,
     },
     Upgrade {
         version: String,
-        batch: usize,
+        batch: Option<usize>,
     },
     /// Vertical scale (`PATCH /clusters/{name}/roles/{role}`).
     Resize {
         role: String,
         limits: Limits,
-        batch: usize,
+        batch: Option<usize>,
     },
     Instance {
         id: InstanceId,
@@ -90,12 +124,15 @@ pub enum OpRequest {
 #[rtype(result = "Result<OperationRecord, Error>")]
 pub struct RunOperation(pub OpRequest);
 
-/// From the supervisor: what an agent observed about one of our instances.
+/// What an agent observed about one of our instances (a report, routed by
+/// its node manager; the inventory of a reconnect, by the supervisor).
+/// `ack` is sent once the observation is applied and durable.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct InstanceObserved {
     pub instance: InstanceId,
     pub observation: Observation,
+    pub ack: Option<Ack>,
 }
 
 /// From the supervisor, after an escalation: show `Error` with the reason.
@@ -107,13 +144,28 @@ pub struct EnterError {
 }
 
 pub struct ClusterActor {
-    pub(super) core: Rc<RefCell<Core>>,
-    pub(super) shared: Shared,
+    core: Rc<RefCell<Core>>,
+    env: Rc<ClusterEnv>,
+    shared: Shared,
     supervisor: Addr<Supervisor>,
     stats: Arc<ActorStats>,
     /// An operation a master restart interrupted, resumed once started.
     resume: Option<OperationRecord>,
 }
+
+/// What a cluster actor starts from.
+pub struct Start {
+    pub record: ClusterRecord,
+    pub instances: Vec<InstanceRecord>,
+    /// An operation a master restart interrupted.
+    pub resume: Option<OperationRecord>,
+    pub history: VecDeque<(u64, OperationId)>,
+    /// Show the cluster at once (it is durable: boot); a new cluster is
+    /// shown once its create is.
+    pub visible: bool,
+}
+
+static STARTED: AtomicU64 = AtomicU64::new(0);
 
 /// A validated request, ready to run.
 pub(super) struct Prepared {
@@ -128,56 +180,61 @@ pub(super) struct Prepared {
 }
 
 impl ClusterActor {
-    /// Starts the actor with its record and existing instances, and goes on
-    /// with `resume`, the operation that was running when the master stopped.
-    pub fn start(
-        record: ClusterRecord,
-        instances: Vec<InstanceRecord>,
-        resume: Option<OperationRecord>,
-        shared: Shared,
-        supervisor: Addr<Supervisor>,
-    ) -> Addr<ClusterActor> {
-        let stats = ActorStats::new("cluster", record.name.as_str(), Some("supervisor".into()));
-        stats.set_state(format!("{:?}", record.status));
+    /// Starts the actor, on one of the master's arbiters, with its record
+    /// and existing instances; it goes on with `start.resume`.
+    pub fn start(start: Start, shared: Shared, supervisor: Addr<Supervisor>) -> ClusterHandle {
+        let name = start.record.name.clone();
+        let stats = ActorStats::new("cluster", name.as_str(), Some("supervisor".into()));
+        stats.set_state(format!("{:?}", start.record.status));
         shared.read_model.register_actor(&stats);
-        shared.read_model.write().clusters.insert(record.name.clone(), record.clone());
-        let handles = instances
-            .into_iter()
-            .map(|r| {
-                let id = r.id.clone();
-                (id, InstanceActor::start(r, shared.links.clone(), shared.store.clone(), shared.read_model.clone()))
-            })
-            .collect();
-        let core = Rc::new(RefCell::new(Core { record, instances: handles, pending: BTreeMap::new() }));
-        ClusterActor { core, shared, supervisor, stats, resume }.start()
+        let arbiter = shared.arbiter_for(STARTED.fetch_add(1, Ordering::Relaxed));
+        let cell = ClusterCell::new(start.record.clone());
+        let s = stats.clone();
+        let addr = ClusterActor::start_in_arbiter(&arbiter, move |_ctx| {
+            let env = Rc::new(ClusterEnv { shared: shared.clone(), cell: cell.clone(), progress: Arc::default() });
+            let handles: BTreeMap<InstanceId, InstanceHandle> =
+                start.instances.into_iter().map(|r| (r.id.clone(), InstanceActor::quiet(r, env.clone()))).collect();
+            cell.put_instances(handles.values().map(|h| h.entry()));
+            if start.visible {
+                shared.read_model.add_cluster(&name, cell.clone());
+            }
+            let core =
+                Core { record: start.record, instances: handles, pending: BTreeMap::new(), history: start.history };
+            ClusterActor { core: Rc::new(RefCell::new(core)), env, shared, supervisor, stats: s, resume: start.resume }
+        });
+        ClusterHandle { addr, stats }
     }
 
-    pub(super) fn package(&self) -> Result<(PackageRecord, Arc<ComponentSpec>), Error> {
+    pub(super) fn package(&self) -> Result<(Arc<PackageRecord>, Arc<ComponentSpec>), Error> {
         let pkg = self.core.borrow().record.package.clone();
-        let state = self.shared.read_model.read();
-        state
-            .packages
-            .get(&(pkg.name.clone(), pkg.version.clone()))
-            .map(|p| (p.record.clone(), p.spec.clone()))
+        self.shared
+            .read_model
+            .package(&pkg.name, &pkg.version)
+            .map(|p| (p.record, p.spec))
             .ok_or_else(|| Error::internal(std::io::Error::other(format!("package {pkg} of the cluster is missing"))))
     }
 
     /// Instance ids by role order (ascending), optionally only `only`.
     pub(super) fn groups(&self, spec: &ComponentSpec, only: Option<&[InstanceId]>) -> Vec<(i32, Vec<InstanceId>)> {
-        let name = self.core.borrow().record.name.clone();
-        let members = self.shared.read_model.read().cluster_instances(&name);
-        group_by_order(spec, members.iter().filter(|m| only.is_none_or(|o| o.contains(&m.id))))
+        let members = self.core.borrow().members();
+        group_by_order(spec, members.iter().map(|m| &**m).filter(|m| only.is_none_or(|o| o.contains(&m.id))))
+    }
+
+    /// The operation context for `prepared` (or a bare one to save the record).
+    fn ops(&self, prepared: Option<&Prepared>) -> ClusterOps {
+        ClusterOps {
+            core: self.core.clone(),
+            env: self.env.clone(),
+            shared: self.shared.clone(),
+            kind: prepared.map(|p| p.kind).unwrap_or(OperationKind::Start),
+            force: prepared.is_some_and(|p| p.force),
+            on_success: prepared.and_then(|p| p.on_success),
+            supervisor: self.supervisor.clone(),
+        }
     }
 
     fn spawn_operation(&mut self, ctx: &mut Context<Self>, prepared: Prepared, op: OperationRecord) {
-        let ops = ClusterOps {
-            core: self.core.clone(),
-            shared: self.shared.clone(),
-            kind: prepared.kind,
-            force: prepared.force,
-            on_success: prepared.on_success,
-            supervisor: self.supervisor.clone(),
-        };
+        let ops = self.ops(Some(&prepared));
         let plan = prepared.plan;
         let kind = prepared.kind;
         let mut op = op;
@@ -254,11 +311,7 @@ impl Actor for ClusterActor {
         // count as Down), so a resumed step does not fail on a link that is
         // about to come back.
         let mut nodes: BTreeSet<NodeId> = r.pending.iter().map(|p| p.node.clone()).collect();
-        {
-            let state = self.shared.read_model.read();
-            let name = &self.core.borrow().record.name;
-            nodes.extend(state.cluster_instances(name).into_iter().map(|i| i.node));
-        }
+        nodes.extend(self.core.borrow().members().iter().map(|i| i.node.clone()));
         let prepared = Prepared {
             kind: op.kind,
             plan: r.plan,
@@ -272,10 +325,7 @@ impl Actor for ClusterActor {
         let wait = async move {
             let deadline = tokio::time::Instant::now() + patience;
             loop {
-                let connected = {
-                    let s = shared.read_model.read();
-                    nodes.iter().all(|n| s.nodes.get(n).is_some_and(|v| v.connected))
-                };
+                let connected = nodes.iter().all(|n| shared.read_model.node(n).is_some_and(|v| v.live.connected()));
                 if connected || tokio::time::Instant::now() >= deadline {
                     return;
                 }
@@ -286,9 +336,6 @@ impl Actor for ClusterActor {
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        for h in self.core.borrow().instances.values() {
-            h.addr.do_send(Retire);
-        }
         self.shared.read_model.unregister_actor(&self.stats);
     }
 }
@@ -303,8 +350,7 @@ impl Handler<RunOperation> for ClusterActor {
             let kind = self
                 .shared
                 .read_model
-                .read()
-                .operations
+                .running_operations()
                 .get(&running)
                 .map(|o| format!("{:?}", o.kind))
                 .unwrap_or_default();
@@ -323,6 +369,7 @@ impl Handler<RunOperation> for ClusterActor {
                 | OpRequest::Upgrade { .. }
                 | OpRequest::Resize { .. }
         );
+        let is_create = matches!(msg.0, OpRequest::Create { .. });
         let prepared = self.package().and_then(|(_, spec)| self.prepare(msg.0, &spec));
         let prepared = match prepared {
             Ok(p) => p,
@@ -331,18 +378,10 @@ impl Handler<RunOperation> for ClusterActor {
                 if is_change && self.core.borrow().record.status == ClusterStatus::Active {
                     // Sahara: a refused scale leaves the cluster Active, with the reason.
                     let description = format!("request refused, nothing changed: {e}");
-                    let ops = self.shared.clone();
-                    let core = self.core.clone();
+                    let ops = self.ops(None);
                     actix::spawn(async move {
-                        let snapshot = {
-                            let mut c = core.borrow_mut();
-                            c.record.status_description = description;
-                            c.record.clone()
-                        };
-                        if let Ok(op) = WriteOp::put_cluster(&snapshot)
-                            && ops.store.commit(vec![op]).await.is_ok()
-                        {
-                            ops.read_model.write().clusters.insert(snapshot.name.clone(), snapshot);
+                        if let Err(e) = ops.save_cluster(|r| r.status_description = description).await {
+                            tracing::warn!(error = %e, "cannot record why a request was refused");
                         }
                     });
                 }
@@ -382,12 +421,18 @@ impl Handler<RunOperation> for ClusterActor {
         let mut op = op;
         runner::prepare(&mut op, &prepared.plan);
         let cluster = self.core.borrow().record.clone();
-        let writes = WriteOp::put_cluster(&cluster).and_then(|a| WriteOp::put_operation(&op).map(|b| vec![a, b]));
+        let writes = WriteOp::put_cluster(&cluster).and_then(|a| {
+            let mut w = vec![a];
+            w.extend(WriteOp::new_operation(&op)?);
+            Ok(w)
+        });
         let store = self.shared.store.clone();
         Box::pin(
             async move {
                 match writes {
-                    Ok(w) => store.commit(w).await.map_err(Error::from),
+                    // A new request: refused (503) rather than queued when
+                    // the store is overloaded; nothing of it exists then.
+                    Ok(w) => store.try_commit(w).await.map_err(Error::from),
                     Err(e) => Err(Error::from(e)),
                 }
             }
@@ -396,7 +441,11 @@ impl Handler<RunOperation> for ClusterActor {
                 act.stats.end(res.as_ref().err().map(|e| e.to_string()));
                 match res {
                     Ok(()) => {
-                        act.shared.read_model.write().clusters.insert(cluster.name.clone(), cluster);
+                        act.env.cell.set_record(cluster.clone());
+                        if is_create {
+                            // The cluster appears once its create is durable.
+                            act.shared.read_model.add_cluster(&cluster.name, act.env.cell.clone());
+                        }
                         act.shared.read_model.put_operation(&op);
                         act.spawn_operation(ctx, prepared, op.clone());
                         Ok(op)
@@ -420,11 +469,16 @@ impl Handler<InstanceObserved> for ClusterActor {
     type Result = ResponseActFuture<Self, ()>;
 
     fn handle(&mut self, msg: InstanceObserved, _ctx: &mut Context<Self>) -> Self::Result {
+        self.stats.begin("observe");
+        self.stats.end(None);
         let handle = self.core.borrow().instances.get(&msg.instance).cloned();
         let Some(handle) = handle else {
+            // Not (or no longer) ours: nothing to apply.
+            if let Some(a) = msg.ack {
+                a.send();
+            }
             return Box::pin(fut::ready(()));
         };
-        handle.stats.enqueue();
         let description = match &msg.observation {
             Observation::Exited { description, .. } => description.clone(),
             Observation::Restarted { error, .. } => error.clone().unwrap_or_default(),
@@ -432,20 +486,24 @@ impl Handler<InstanceObserved> for ClusterActor {
                 format!("instance {} is not running after its agent reconnected", msg.instance)
             }
         };
-        Box::pin(async move { handle.addr.send(Observe(msg.observation)).await.unwrap_or(false) }.into_actor(self).map(
-            move |failed, act, _| {
-                let (busy, status, name) = {
-                    let c = act.core.borrow();
-                    (c.record.operation.is_some(), c.record.status, c.record.name.clone())
-                };
-                // During an operation the operation reports failures
-                // itself. Otherwise an Active cluster whose member died
-                // is in Error, saying which member, where and why.
-                if failed && !busy && status == ClusterStatus::Active {
-                    act.supervisor.do_send(Escalate { cluster: name, operation: None, description, recorded: false });
-                }
-            },
-        ))
+        let ack = msg.ack;
+        Box::pin(async move { handle.observe(msg.observation).await }.into_actor(self).map(move |failed, act, _| {
+            // Applied and durable (or nothing to change): the agent may forget it.
+            if let Some(a) = ack {
+                a.send();
+            }
+            let (busy, status, name) = {
+                let c = act.core.borrow();
+                (c.record.operation.is_some(), c.record.status, c.record.name.clone())
+            };
+            // During an operation the operation reports failures
+            // itself. Otherwise an Active cluster whose member died
+            // is in Error, saying which member, where and why.
+            if failed && !busy && status == ClusterStatus::Active {
+                act.shared.supervisor.enqueue();
+                act.supervisor.do_send(Escalate { cluster: name, operation: None, description, recorded: false });
+            }
+        }))
     }
 }
 
@@ -453,30 +511,25 @@ impl Handler<EnterError> for ClusterActor {
     type Result = ResponseActFuture<Self, ()>;
 
     fn handle(&mut self, msg: EnterError, _ctx: &mut Context<Self>) -> Self::Result {
+        self.stats.begin("enter error");
+        self.stats.end(None);
         if self.core.borrow().record.operation.is_some() {
             // An operation started meanwhile; its own end decides the status.
             return Box::pin(fut::ready(()));
         }
-        let snapshot = {
-            let mut c = self.core.borrow_mut();
-            c.record.status = ClusterStatus::Error;
-            c.record.status_description = msg.description;
-            c.record.updated_at = OffsetDateTime::now_utc();
-            c.record.clone()
-        };
         self.stats.set_state("Error");
-        let shared = self.shared.clone();
+        let ops = self.ops(None);
         Box::pin(
             async move {
-                match WriteOp::put_cluster(&snapshot) {
-                    Ok(op) => {
-                        if let Err(e) = shared.store.commit(vec![op]).await {
-                            tracing::error!(cluster = %snapshot.name, error = %e, "cannot persist Error status");
-                        }
-                    }
-                    Err(e) => tracing::error!(error = %e, "cannot encode cluster"),
+                let saved = ops
+                    .save_cluster(|r| {
+                        r.status = ClusterStatus::Error;
+                        r.status_description = msg.description;
+                    })
+                    .await;
+                if let Err(e) = saved {
+                    tracing::error!(error = %e, "cannot persist Error status");
                 }
-                shared.read_model.write().clusters.insert(snapshot.name.clone(), snapshot);
             }
             .into_actor(self),
         )
@@ -492,6 +545,8 @@ impl Handler<Shutdown> for ClusterActor {
     type Result = ();
 
     fn handle(&mut self, _msg: Shutdown, ctx: &mut Context<Self>) {
+        self.stats.begin("shutdown");
+        self.stats.end(None);
         ctx.stop();
     }
 }

@@ -1,0 +1,377 @@
+//! How the instance actions of a plan reach the instances: in parallel for
+//! plain actions, by role order for hooks, and batch by batch, health-gated,
+//! for the rolling ones (reconfigure, roll).
+//!
+//! A rolling action's batch is the request's `batch` when it gave one, else
+//! a quarter of the role's members (`max_unavailable` = 25 %, at least one),
+//! and always one at a time in a quorum role (`odd = true`): so a change to
+//! a role of 1,000 takes four rounds, not a thousand, while a ZooKeeper
+//! ensemble never loses two members at once.
+//!
+//! Every command runs to completion in its own task (see
+//! `InstanceActor::run`), so the runner's watchdog can stop waiting without
+//! cancelling a command half-way.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::future::join_all;
+
+use super::ops::{ClusterOps, CurrentPackage, fail};
+use crate::actors::instance::{ChangeRule, InstanceCmd, InstanceHandle, InstanceOutcome};
+use crate::actors::render::RenderBase;
+use crate::ids::InstanceId;
+use crate::operations::{Hook, Rolling, StepFailure};
+use crate::spec::RoleSpec;
+use crate::storage::records::{ClusterRecord, InstanceRecord, InstanceResult, InstanceStatus, PendingRestart};
+
+/// The share of a role a rolling action takes down at once, in percent.
+pub const MAX_UNAVAILABLE_PERCENT: usize = 25;
+
+/// What one rendering pass needs, owned (a [`RenderBase`] borrows it).
+struct Pass {
+    current: CurrentPackage,
+    cluster: ClusterRecord,
+    members: Vec<Arc<InstanceRecord>>,
+}
+
+impl ClusterOps {
+    fn pass(&self) -> Result<Pass, String> {
+        let current = self.current()?;
+        let core = self.core.borrow();
+        Ok(Pass { current, cluster: core.record.clone(), members: core.members() })
+    }
+
+    fn handle(&self, id: &InstanceId) -> Option<InstanceHandle> {
+        self.core.borrow().instances.get(id).cloned()
+    }
+
+    /// Runs `cmd_for(id)` on every instance in parallel; every outcome.
+    async fn on_each(
+        &self,
+        ids: &[InstanceId],
+        cmd_for: impl Fn(&InstanceId) -> Result<InstanceCmd, String>,
+    ) -> Vec<InstanceOutcome> {
+        let mut futures = Vec::with_capacity(ids.len());
+        let mut out = Vec::new();
+        for id in ids {
+            match (self.handle(id), cmd_for(id)) {
+                (Some(h), Ok(cmd)) => futures.push(async move { h.run(cmd).await }),
+                (None, _) => {
+                    out.push(InstanceResult::failed(id, format!("instance {id} is not part of this cluster")).into())
+                }
+                (_, Err(e)) => out.push(InstanceResult::failed(id, e).into()),
+            }
+        }
+        out.extend(join_all(futures).await);
+        out
+    }
+
+    /// [`on_each`](Self::on_each), failing the step when any instance failed.
+    pub(super) async fn on_each_checked(
+        &self,
+        ids: &[InstanceId],
+        cmd_for: impl Fn(&InstanceId) -> Result<InstanceCmd, String>,
+    ) -> Result<Vec<InstanceResult>, StepFailure> {
+        checked(self.on_each(ids, cmd_for).await.into_iter().map(|o| o.result).collect())
+    }
+
+    fn record_of(&self, id: &InstanceId) -> Result<Arc<InstanceRecord>, String> {
+        self.handle(id).map(|h| h.record()).ok_or_else(|| format!("instance {id} has no record"))
+    }
+
+    fn role_of(&self, id: &InstanceId) -> Result<RoleSpec, String> {
+        let inst = self.record_of(id)?;
+        let current = self.current()?;
+        current.spec.role(&inst.role).cloned().ok_or_else(|| format!("role {} is not in the package's spec", inst.role))
+    }
+
+    fn install_cmd(&self, base: &RenderBase, pass: &Pass, id: &InstanceId) -> Result<InstanceCmd, String> {
+        let inst = self.record_of(id)?;
+        let payload = base
+            .install_payload(&inst, &pass.current.record, pass.current.blob.clone())
+            .map_err(|e| format!("rendering {id}: {e}"))?;
+        Ok(InstanceCmd::Install(Box::new(payload)))
+    }
+
+    fn files_cmd(&self, base: &RenderBase, pass: &Pass, id: &InstanceId) -> Result<InstanceCmd, String> {
+        let inst = self.record_of(id)?;
+        let (files, env) = base.files_and_env(&inst).map_err(|e| format!("rendering {id}: {e}"))?;
+        let rule = ChangeRule { spec: pass.current.spec.clone(), role: inst.role.clone() };
+        Ok(InstanceCmd::WriteFiles { files, env, rule })
+    }
+
+    pub(super) async fn install(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
+        let pass = self.pass().map_err(fail)?;
+        let base = RenderBase::new(&pass.current.spec, &pass.cluster, &pass.members, &self.shared.read_model);
+        self.on_each_checked(ids, |id| self.install_cmd(&base, &pass, id)).await
+    }
+
+    pub(super) async fn write_files(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
+        let pass = self.pass().map_err(fail)?;
+        let base = RenderBase::new(&pass.current.spec, &pass.cluster, &pass.members, &self.shared.read_model);
+        self.on_each_checked(ids, |id| self.files_cmd(&base, &pass, id)).await
+    }
+
+    pub(super) async fn start(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
+        let current = self.current().map_err(fail)?;
+        self.on_each_checked(ids, |id| {
+            let inst = self.record_of(id)?;
+            let role = current.spec.role(&inst.role).ok_or_else(|| format!("role {} is not in the spec", inst.role))?;
+            Ok(InstanceCmd::Start { wait: role.start_timeout, settle: role.start_settle })
+        })
+        .await
+    }
+
+    /// Runs `hook` on the instances whose role defines it: equal role order
+    /// in parallel, orders in sequence, stopping at the first failing order.
+    pub(super) async fn hook(&self, hook: Hook, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
+        let current = self.current().map_err(fail)?;
+        let mut results = Vec::new();
+        let mut known = Vec::new();
+        for id in ids {
+            match self.record_of(id) {
+                Ok(inst) => known.push(inst),
+                // Forgotten already (a delete run again): nothing to run it on.
+                Err(_) => results.push(InstanceResult::ok(id, format!("no record; no {} hook to run", hook.name()))),
+            }
+        }
+        for group in current.spec.roles_by_order() {
+            let mut run = Vec::new();
+            for inst in &known {
+                let id = &inst.id;
+                let Some(role) = group.iter().find(|r| r.name == inst.role) else { continue };
+                match hook_argv(role, hook) {
+                    Some(_) => run.push(id.clone()),
+                    None => {
+                        results.push(InstanceResult::ok(id, format!("role {} has no {} hook", role.name, hook.name())))
+                    }
+                }
+            }
+            let outcomes = self
+                .on_each(&run, |id| {
+                    let inst = self.record_of(id)?;
+                    let role =
+                        current.spec.role(&inst.role).ok_or_else(|| format!("role {} not in spec", inst.role))?;
+                    let argv = hook_argv(role, hook).cloned().unwrap_or_default();
+                    Ok(InstanceCmd::RunHook { hook: hook.name(), argv, timeout: role.hook_timeout })
+                })
+                .await;
+            results.extend(outcomes.into_iter().map(|o| o.result));
+            if results.iter().any(|r| !r.ok) {
+                return checked(results);
+            }
+        }
+        Ok(results)
+    }
+
+    /// Splits `ids` into the batches of a rolling action: roles in the
+    /// order of `ids`, each role's instances `batch` at a time (see the
+    /// module doc for the default).
+    fn batches(&self, spec: &crate::spec::ComponentSpec, ids: Vec<InstanceId>, batch: usize) -> Vec<Vec<InstanceId>> {
+        let mut by_role: BTreeMap<(i32, String), Vec<InstanceId>> = BTreeMap::new();
+        let members = self.core.borrow().members();
+        let mut size_of: BTreeMap<String, usize> = BTreeMap::new();
+        for m in &members {
+            *size_of.entry(m.role.clone()).or_default() += 1;
+        }
+        for id in ids {
+            let role = self.record_of(&id).map(|r| r.role.clone()).unwrap_or_default();
+            let order = spec.role(&role).map(|r| r.order).unwrap_or_default();
+            by_role.entry((order, role)).or_default().push(id);
+        }
+        let mut out = Vec::new();
+        for ((_, role), ids) in by_role {
+            let quorum = spec.role(&role).is_some_and(|r| r.count.odd);
+            let n = if quorum {
+                1
+            } else if batch > 0 {
+                batch
+            } else {
+                (size_of.get(&role).copied().unwrap_or(1) * MAX_UNAVAILABLE_PERCENT / 100).max(1)
+            };
+            out.extend(ids.chunks(n).map(|c| c.to_vec()));
+        }
+        out
+    }
+
+    /// Writes the re-rendered files of every instance; then each instance
+    /// that must run and owes something (its files changed while it ran,
+    /// now or in an attempt a master restart interrupted: `pending_restart`
+    /// is durable) or is found stopped (a restart interrupted half-way)
+    /// is signalled, reloaded or restarted as its files' change modes say,
+    /// a batch at a time. The rest are not touched.
+    pub(super) async fn reconfigure(&self, r: &Rolling) -> Result<Vec<InstanceResult>, StepFailure> {
+        let pass = self.pass().map_err(fail)?;
+        let written = {
+            let base = RenderBase::new(&pass.current.spec, &pass.cluster, &pass.members, &self.shared.read_model);
+            self.on_each(&r.ids, |id| self.files_cmd(&base, &pass, id)).await
+        };
+        let results = checked(written.into_iter().map(|o| o.result).collect())?;
+        let owes = |i: &InstanceRecord| i.pending_restart != PendingRestart::No || i.status != InstanceStatus::Running;
+        let todo: Vec<InstanceId> =
+            r.running.iter().filter(|id| self.record_of(id).is_ok_and(|i| owes(&i))).cloned().collect();
+        let mut applied = Vec::new();
+        for chunk in self.batches(&pass.current.spec, todo, r.batch) {
+            let outcomes = join_all(chunk.iter().map(|id| self.apply_change(id))).await;
+            applied.extend(outcomes);
+            if applied.iter().any(|r| !r.ok) {
+                break;
+            }
+        }
+        let mut all = results;
+        all.extend(applied);
+        checked(all)
+    }
+
+    /// What the instance owes for its new files: a signal or a reload (with
+    /// a health check after) when that is all its changed files need and it
+    /// runs; else a restart (stop, start): for a new environment, a file
+    /// whose mode is restart, or an instance not known to run (stop is
+    /// idempotent, and a process the master thinks down, e.g. one that
+    /// failed its health check, may still run).
+    async fn apply_change(&self, id: &InstanceId) -> InstanceResult {
+        let (role, inst) = match (self.role_of(id), self.record_of(id)) {
+            (Ok(r), Ok(i)) => (r, i),
+            (Err(e), _) | (_, Err(e)) => return InstanceResult::failed(id, e),
+        };
+        let Some(handle) = self.handle(id) else {
+            return InstanceResult::failed(id, format!("instance {id} is not part of this cluster"));
+        };
+        let running = inst.status == InstanceStatus::Running;
+        let health = InstanceCmd::CheckHealth { timeout: role.start_timeout };
+        let (steps, how) = match (inst.pending_restart, &role.reload) {
+            (PendingRestart::Reload, Some(argv)) if running => (
+                vec![InstanceCmd::RunHook { hook: "reload", argv: argv.clone(), timeout: role.hook_timeout }, health],
+                "reloaded",
+            ),
+            (PendingRestart::Signal(signal), _) if running => {
+                (vec![InstanceCmd::Signal { signal }, health], "signalled")
+            }
+            _ => (
+                vec![InstanceCmd::Stop, InstanceCmd::Start { wait: role.start_timeout, settle: role.start_settle }],
+                "restarted",
+            ),
+        };
+        in_sequence(&handle, steps, format!("{how} with its new files")).await
+    }
+
+    /// Brings each instance in line with the cluster's package version and
+    /// its role's limits: stop, install, start (if it must run), a batch at
+    /// a time. An instance already in line is skipped, or started if it
+    /// must run and is found stopped (a replace cut short: the undo of a
+    /// failed install, or a step run again after a master restart).
+    pub(super) async fn roll(&self, r: &Rolling) -> Result<Vec<InstanceResult>, StepFailure> {
+        let current = self.current().map_err(fail)?;
+        let mut results = Vec::new();
+        let mut todo = Vec::new();
+        let mut how: BTreeMap<InstanceId, (bool, bool)> = BTreeMap::new();
+        let cluster = self.core.borrow().record.clone();
+        for id in &r.ids {
+            let inst = self.record_of(id).map_err(fail)?;
+            let target = crate::actors::render::target(&current.spec, &cluster, &inst);
+            let must_run = r.running.contains(id);
+            if inst.applied.as_ref() != Some(&target) {
+                todo.push(id.clone());
+                how.insert(id.clone(), (must_run, true));
+            } else if must_run && inst.status != InstanceStatus::Running {
+                todo.push(id.clone());
+                how.insert(id.clone(), (true, false));
+            } else {
+                results
+                    .push(InstanceResult::ok(id, format!("already at {} with these limits", target.package_version)));
+            }
+        }
+        for chunk in self.batches(&current.spec, todo, r.batch) {
+            let outcomes = join_all(chunk.iter().map(|id| {
+                let (run, install) = how.get(id).copied().unwrap_or((false, true));
+                self.replace(id, run, install)
+            }))
+            .await;
+            results.extend(outcomes);
+            if results.iter().any(|r| !r.ok) {
+                break;
+            }
+        }
+        checked(results)
+    }
+
+    /// Stop, install (unless `install` is false: only a start is owed),
+    /// start when it must run.
+    async fn replace(&self, id: &InstanceId, must_run: bool, install: bool) -> InstanceResult {
+        let Some(handle) = self.handle(id) else {
+            return InstanceResult::failed(id, format!("instance {id} is not part of this cluster"));
+        };
+        // Stop first either way: a process the master thinks down may run.
+        let mut steps = vec![InstanceCmd::Stop];
+        if install {
+            let pass = match self.pass() {
+                Ok(p) => p,
+                Err(e) => return InstanceResult::failed(id, e),
+            };
+            let base = RenderBase::new(&pass.current.spec, &pass.cluster, &pass.members, &self.shared.read_model);
+            match self.install_cmd(&base, &pass, id) {
+                Ok(cmd) => steps.push(cmd),
+                Err(e) => return InstanceResult::failed(id, e),
+            }
+        }
+        if must_run {
+            match self.role_of(id) {
+                Ok(role) => steps.push(InstanceCmd::Start { wait: role.start_timeout, settle: role.start_settle }),
+                Err(e) => return InstanceResult::failed(id, e),
+            }
+        }
+        let version = self.core.borrow().record.package.version.clone();
+        let done =
+            if install { format!("replaced by version {version}") } else { "started again (found stopped)".into() };
+        in_sequence(&handle, steps, done).await
+    }
+
+    /// Removes the instances from their agents. Under a force delete, an
+    /// instance that could not be removed is remembered as a leftover of its
+    /// node and removed when the agent reconnects.
+    pub(super) async fn delete_on_agents(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
+        let results: Vec<InstanceResult> =
+            self.on_each(ids, |_| Ok(InstanceCmd::Delete)).await.into_iter().map(|o| o.result).collect();
+        if self.force {
+            let failed: Vec<Arc<InstanceRecord>> =
+                results.iter().filter(|r| !r.ok).filter_map(|r| self.record_of(&r.instance).ok()).collect();
+            if !failed.is_empty() {
+                self.remember_leftovers(&failed).await;
+            }
+        }
+        checked(results)
+    }
+}
+
+/// Runs `steps` on one instance, one after the other, stopping at the first
+/// failure; the result names what happened.
+async fn in_sequence(handle: &InstanceHandle, steps: Vec<InstanceCmd>, done: String) -> InstanceResult {
+    let mut last = None;
+    for cmd in steps {
+        let out = handle.run(cmd).await;
+        if !out.result.ok {
+            return out.result;
+        }
+        last = Some(out.result);
+    }
+    match last {
+        Some(r) => InstanceResult { message: done, ..r },
+        None => InstanceResult::failed(&handle.id(), "nothing to do"),
+    }
+}
+
+fn hook_argv(role: &RoleSpec, hook: Hook) -> Option<&Vec<String>> {
+    match hook {
+        Hook::Init => role.init.as_ref(),
+        Hook::ScaleOut => role.scale_out.as_ref(),
+        Hook::ScaleIn => role.scale_in.as_ref(),
+        Hook::Destroy => role.destroy.as_ref(),
+    }
+}
+
+/// Ok with every result, or a step failure naming every failed instance.
+fn checked(results: Vec<InstanceResult>) -> Result<Vec<InstanceResult>, StepFailure> {
+    let failures: Vec<&str> = results.iter().filter(|r| !r.ok).map(|r| r.message.as_str()).collect();
+    if failures.is_empty() { Ok(results) } else { Err(StepFailure { message: failures.join("; "), results }) }
+}

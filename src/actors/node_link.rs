@@ -1,0 +1,283 @@
+//! [`NodeLink`]: a cheap, cloneable handle for sending requests to one
+//! connected agent and waiting for the replies, and [`NodeLinks`], the
+//! registry of live links by node.
+//!
+//! Every wait has a deadline, so a silent or stuck agent turns into a
+//! failed command instead of a wedged instance actor:
+//!
+//! - putting a frame on the link's bounded queue waits at most
+//!   `send_timeout`; the socket write of each frame too. Past it the agent
+//!   is not reading: the link is **closed** (its connection token is
+//!   cancelled), every request waiting on it fails at once, and the agent
+//!   reconnects when it can;
+//! - a reply waits at most `reply_timeout` (plus the work the request may
+//!   legitimately take on the agent: a start's health wait, a hook's
+//!   timeout);
+//! - an install has no fixed deadline: each chunk must leave within the
+//!   send deadline, so it lasts as long as bytes keep moving (and reports
+//!   each chunk as progress to the step's watchdog).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::ids::{InstanceId, NodeId};
+use crate::protocol::messages::{
+    AgentRequest, AgentResponse, CommandFailure, INSTALL_CHUNK_BYTES, InstallBegin, MasterFrame,
+};
+
+/// Why a command to an agent did not get a good answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NodeError {
+    #[error("node {0} is not connected")]
+    Disconnected(NodeId),
+    #[error("node {node} did not answer {what} within {after:?}")]
+    Timeout { node: NodeId, what: &'static str, after: Duration },
+    #[error("node {node} stopped reading its connection (nothing could be sent for {after:?}); the link was closed")]
+    Stalled { node: NodeId, after: Duration },
+    #[error("{}", .0.message)]
+    Failed(CommandFailure),
+    #[error("unexpected answer from node {node}: {detail}")]
+    Unexpected { node: NodeId, detail: String },
+    #[error("cannot read package for node {node}: {detail}")]
+    Package { node: NodeId, detail: String },
+}
+
+pub(super) type Pending = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<AgentResponse>>>>;
+
+/// The live links, by node. Read on every command without a lock; written
+/// when an agent connects or goes.
+#[derive(Clone, Default)]
+pub struct NodeLinks(Arc<ArcSwap<imbl::HashMap<NodeId, NodeLink>>>);
+
+impl NodeLinks {
+    pub fn get(&self, node: &NodeId) -> Option<NodeLink> {
+        self.0.load().get(node).cloned()
+    }
+
+    /// Registers `link`, returning the one it replaces (a half-open
+    /// connection of the same node, which the caller closes).
+    pub fn replace(&self, link: NodeLink) -> Option<NodeLink> {
+        let mut old = None;
+        self.0.rcu(|cur| {
+            let mut next = imbl::HashMap::clone(cur);
+            old = next.insert(link.node.clone(), link.clone());
+            next
+        });
+        old
+    }
+
+    /// Removes the link of `node` if it is still connection `connection`.
+    pub fn remove_if(&self, node: &NodeId, connection: u64) -> bool {
+        let mut removed = false;
+        self.0.rcu(|cur| {
+            let mut next = imbl::HashMap::clone(cur);
+            removed = next.get(node).is_some_and(|l| l.connection == connection);
+            if removed {
+                next.remove(node);
+            }
+            next
+        });
+        removed
+    }
+}
+
+/// A handle for sending requests to one connected agent.
+#[derive(Clone)]
+pub struct NodeLink {
+    pub node: NodeId,
+    /// Distinguishes this connection from a later one of the same node.
+    pub connection: u64,
+    pub(super) tx: mpsc::Sender<MasterFrame>,
+    pub(super) pending: Pending,
+    next_id: Arc<AtomicU64>,
+    reply_timeout: Duration,
+    send_timeout: Duration,
+    /// Cancelled when the link is closed (by either side, or a stall).
+    pub(super) closed: CancellationToken,
+}
+
+/// Removes a pending entry when the caller stops waiting, whatever the reason.
+struct PendingGuard<'a>(&'a Pending, u64);
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        lock(self.0).remove(&self.1);
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl NodeLink {
+    pub(super) fn new(
+        node: NodeId,
+        connection: u64,
+        tx: mpsc::Sender<MasterFrame>,
+        reply_timeout: Duration,
+        send_timeout: Duration,
+    ) -> NodeLink {
+        NodeLink {
+            node,
+            connection,
+            tx,
+            pending: Pending::default(),
+            next_id: Arc::new(AtomicU64::new(1)),
+            reply_timeout,
+            send_timeout,
+            closed: CancellationToken::new(),
+        }
+    }
+
+    /// Closes the link: the connection ends and every waiting request fails.
+    pub fn close(&self) {
+        self.closed.cancel();
+        lock(&self.pending).clear();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    fn register(&self) -> (u64, mpsc::UnboundedReceiver<AgentResponse>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        lock(&self.pending).insert(id, tx);
+        (id, rx)
+    }
+
+    /// Queues a frame for the socket, waiting at most the send deadline.
+    pub async fn send(&self, frame: MasterFrame) -> Result<(), NodeError> {
+        if self.is_closed() {
+            return Err(NodeError::Disconnected(self.node.clone()));
+        }
+        match self.tx.send_timeout(frame, self.send_timeout).await {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(NodeError::Disconnected(self.node.clone())),
+            Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
+                tracing::warn!(node = %self.node, after = ?self.send_timeout, "agent is not reading; closing its link");
+                self.close();
+                Err(NodeError::Stalled { node: self.node.clone(), after: self.send_timeout })
+            }
+        }
+    }
+
+    /// Queues a frame only if there is room now (acknowledgements: one
+    /// that cannot be sent is made again when the agent sends the report again).
+    pub fn try_send(&self, frame: MasterFrame) -> bool {
+        self.tx.try_send(frame).is_ok()
+    }
+
+    async fn reply_within(
+        &self,
+        rx: &mut mpsc::UnboundedReceiver<AgentResponse>,
+        what: &'static str,
+        after: Duration,
+    ) -> Result<AgentResponse, NodeError> {
+        let closed = self.closed.cancelled();
+        tokio::select! {
+            r = tokio::time::timeout(after, rx.recv()) => match r {
+                Ok(Some(AgentResponse::Failed(f))) => Err(NodeError::Failed(f)),
+                Ok(Some(r)) => Ok(r),
+                Ok(None) => Err(NodeError::Disconnected(self.node.clone())),
+                Err(_) => Err(NodeError::Timeout { node: self.node.clone(), what, after }),
+            },
+            _ = closed => Err(NodeError::Disconnected(self.node.clone())),
+        }
+    }
+
+    /// Sends one request and waits for its reply (bounded by the reply deadline).
+    pub async fn call(&self, body: AgentRequest, what: &'static str) -> Result<AgentResponse, NodeError> {
+        self.call_within(body, what, Duration::ZERO).await
+    }
+
+    /// Like [`call`](Self::call) for a command that may legitimately take
+    /// `work` on the agent (a hook, a health-gated start): the deadline is
+    /// the agent's own limit plus the usual reply deadline.
+    pub async fn call_within(
+        &self,
+        body: AgentRequest,
+        what: &'static str,
+        work: Duration,
+    ) -> Result<AgentResponse, NodeError> {
+        let (request_id, mut rx) = self.register();
+        let _guard = PendingGuard(&self.pending, request_id);
+        self.send(MasterFrame::Request { request_id, body }).await?;
+        self.reply_within(&mut rx, what, self.reply_timeout + work).await
+    }
+
+    /// Installs a package: `InstallBegin`, then (unless the agent holds the
+    /// package already) the tarball in chunks read from `blob`, `InstallEnd`,
+    /// and the agent's `InstallResult`. Chunks are read and sent one at a
+    /// time, so memory stays at one chunk whatever the package size, and the
+    /// bounded frame queue applies TCP backpressure to the reader. Each chunk
+    /// sent adds one to `progress`.
+    pub async fn install(
+        &self,
+        begin: InstallBegin,
+        blob: PathBuf,
+        progress: &AtomicU64,
+    ) -> Result<AgentResponse, NodeError> {
+        let instance = begin.instance.clone();
+        let (request_id, mut rx) = self.register();
+        let _guard = PendingGuard(&self.pending, request_id);
+        self.send(MasterFrame::Request { request_id, body: AgentRequest::InstallBegin(Box::new(begin)) }).await?;
+        match self.reply_within(&mut rx, "InstallBegin", self.reply_timeout).await? {
+            AgentResponse::InstallReady { need_bytes: false } => {}
+            AgentResponse::InstallReady { need_bytes: true } => {
+                self.stream_package(request_id, &instance, &blob, progress).await?;
+            }
+            other => {
+                return Err(NodeError::Unexpected {
+                    node: self.node.clone(),
+                    detail: format!("{other:?} to InstallBegin"),
+                });
+            }
+        }
+        self.reply_within(&mut rx, "InstallEnd", self.reply_timeout).await
+    }
+
+    async fn stream_package(
+        &self,
+        request_id: u64,
+        instance: &InstanceId,
+        blob: &PathBuf,
+        progress: &AtomicU64,
+    ) -> Result<(), NodeError> {
+        let pkg_err = |e: std::io::Error| NodeError::Package {
+            node: self.node.clone(),
+            detail: format!("{}: {e}", blob.display()),
+        };
+        let mut file = tokio::fs::File::open(blob).await.map_err(pkg_err)?;
+        let mut seq = 0u32;
+        loop {
+            let mut buf = vec![0u8; INSTALL_CHUNK_BYTES];
+            let mut filled = 0;
+            while filled < buf.len() {
+                let n = file.read(&mut buf[filled..]).await.map_err(pkg_err)?;
+                if n == 0 {
+                    break;
+                }
+                filled += n;
+            }
+            if filled == 0 {
+                break;
+            }
+            buf.truncate(filled);
+            let body = AgentRequest::InstallData { instance: instance.clone(), seq, bytes: buf };
+            self.send(MasterFrame::Request { request_id, body }).await?;
+            progress.fetch_add(1, Ordering::Relaxed);
+            seq += 1;
+        }
+        let body = AgentRequest::InstallEnd { instance: instance.clone() };
+        self.send(MasterFrame::Request { request_id, body }).await
+    }
+}

@@ -1,0 +1,157 @@
+//! What the master's long-lived actors (supervisor, clusters, node
+//! managers) publish for `GET /actors`, and the bound on their mailboxes.
+//! Instance actors publish lighter counters (`cluster_view::InstanceStats`).
+//!
+//! A mailbox is bounded by counting: a sender reserves a place with
+//! [`ActorStats::try_enqueue`] before it sends, and the actor gives it back
+//! when it takes the message ([`ActorStats::begin`]). A sender that finds
+//! the mailbox full does not send: the API answers `503 overloaded`, an
+//! agent's report stays unacknowledged (and is sent again).
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Counters one actor publishes for `GET /actors`.
+#[derive(Debug, Default)]
+pub struct ActorStats {
+    pub kind: &'static str,
+    pub id: String,
+    pub parent: Option<String>,
+    /// Messages sent through a handle and not yet taken by the actor.
+    pub queued: AtomicI64,
+    pub handled: AtomicU64,
+    /// Unix ms when the oldest waiting message was queued (0: none).
+    oldest_ms: AtomicU64,
+    /// Unix ms when the current message was taken (0: idle).
+    since_ms: AtomicU64,
+    pub state: Mutex<String>,
+    pub current: Mutex<Option<String>>,
+    pub last_error: Mutex<Option<String>>,
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
+impl ActorStats {
+    pub fn new(kind: &'static str, id: impl Into<String>, parent: Option<String>) -> Arc<Self> {
+        Arc::new(ActorStats { kind, id: id.into(), parent, state: Mutex::new("starting".into()), ..Default::default() })
+    }
+
+    /// Called by a handle just before it sends a message.
+    pub fn enqueue(&self) {
+        if self.queued.fetch_add(1, Ordering::Relaxed) <= 0 {
+            self.oldest_ms.store(now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// Reserves a place in a mailbox of `capacity`; false when it is full
+    /// (then nothing may be sent).
+    pub fn try_enqueue(&self, capacity: usize) -> bool {
+        let cap = i64::try_from(capacity).unwrap_or(i64::MAX);
+        let mut cur = self.queued.load(Ordering::Relaxed);
+        loop {
+            if cur >= cap {
+                return false;
+            }
+            match self.queued.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => {
+                    if cur <= 0 {
+                        self.oldest_ms.store(now_ms(), Ordering::Relaxed);
+                    }
+                    return true;
+                }
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Called by the actor when it takes a message; `what` becomes its current work.
+    pub fn begin(&self, what: impl Into<String>) {
+        if self.queued.fetch_sub(1, Ordering::Relaxed) <= 1 {
+            self.oldest_ms.store(0, Ordering::Relaxed);
+        }
+        self.handled.fetch_add(1, Ordering::Relaxed);
+        self.since_ms.store(now_ms(), Ordering::Relaxed);
+        set(&self.current, Some(what.into()));
+    }
+
+    pub fn end(&self, error: Option<String>) {
+        set(&self.current, None);
+        self.since_ms.store(0, Ordering::Relaxed);
+        if error.is_some() {
+            set(&self.last_error, error);
+        }
+    }
+
+    pub fn set_state(&self, s: impl Into<String>) {
+        set(&self.state, s.into());
+    }
+
+    pub fn snapshot(&self) -> ActorInfo {
+        let now = now_ms();
+        let age = |at: u64| (at > 0).then(|| now.saturating_sub(at));
+        ActorInfo {
+            kind: self.kind,
+            id: self.id.clone(),
+            parent: self.parent.clone(),
+            state: get(&self.state),
+            current: get(&self.current),
+            current_ms: age(self.since_ms.load(Ordering::Relaxed)),
+            mailbox: self.queued.load(Ordering::Relaxed).max(0) as u64,
+            oldest_message_ms: age(self.oldest_ms.load(Ordering::Relaxed)),
+            handled: self.handled.load(Ordering::Relaxed),
+            last_error: get(&self.last_error),
+        }
+    }
+}
+
+fn set<T>(m: &Mutex<T>, v: T) {
+    match m.lock() {
+        Ok(mut g) => *g = v,
+        Err(p) => *p.into_inner() = v,
+    }
+}
+
+fn get<T: Clone>(m: &Mutex<T>) -> T {
+    match m.lock() {
+        Ok(g) => g.clone(),
+        Err(p) => p.into_inner().clone(),
+    }
+}
+
+/// One actor as `GET /actors` shows it.
+#[derive(Debug, Clone)]
+pub struct ActorInfo {
+    pub kind: &'static str,
+    pub id: String,
+    pub parent: Option<String>,
+    pub state: String,
+    pub current: Option<String>,
+    /// How long it has been handling `current`.
+    pub current_ms: Option<u64>,
+    pub mailbox: u64,
+    /// How long its oldest waiting message has waited.
+    pub oldest_message_ms: Option<u64>,
+    pub handled: u64,
+    pub last_error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_mailbox_refuses_and_frees_a_place_per_taken_message() {
+        let s = ActorStats::new("cluster", "c", None);
+        assert!(s.try_enqueue(2));
+        assert!(s.try_enqueue(2));
+        assert!(!s.try_enqueue(2), "a third message in a mailbox of two");
+        assert_eq!(s.snapshot().mailbox, 2);
+        assert!(s.snapshot().oldest_message_ms.is_some());
+        s.begin("op");
+        assert!(s.try_enqueue(2));
+        s.end(None);
+        assert_eq!(s.snapshot().handled, 1);
+    }
+}

@@ -1,0 +1,268 @@
+//! The read model: what every GET reads, published by the actors after
+//! every durable change, never through an actor's mailbox.
+//!
+//! Each part is an immutable snapshot behind an `ArcSwap` (clusters and
+//! their instances, nodes and the instances on each, packages, leftovers,
+//! running operations): a reader loads one pointer and holds it as long as
+//! it likes; writers build the next snapshot beside it and swap it in.
+//! Readers never lock against writers, so a long `GET` of a 10,000-instance
+//! cluster cannot stall an actor, and a dashboard cannot slow the master.
+//!
+//! | part | what | written by |
+//! |---|---|---|
+//! | clusters | per cluster: record + instances ([`cluster_view`]) | the cluster's actor |
+//! | nodes | record, link liveness, instances placed there ([`nodes`]) | node managers, cluster actors |
+//! | packages, leftovers | small maps | the package store, the supervisor, cluster actors |
+//! | running operations | full records while they run | cluster actors |
+//! | ended operations | read from the store on demand, paged | — |
+//!
+//! Nothing is published before it is durable: actors publish after their
+//! write is acknowledged.
+
+pub mod actor_stats;
+pub mod cluster_view;
+pub mod nodes;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use imbl::OrdMap;
+use tokio::sync::Notify;
+
+pub use actor_stats::{ActorInfo, ActorStats};
+pub use cluster_view::{ClusterCell, ClusterSnapshot, InstanceEntry, InstanceStats};
+pub use nodes::{NodeEntry, NodeLive};
+
+use crate::ids::{ClusterId, InstanceId, NodeId, OperationId};
+use crate::spec::ComponentSpec;
+use crate::storage::records::{LeftoverRecord, OperationRecord, PackageRecord};
+use crate::storage::{MetaStore, StorageError, meta};
+
+/// A package with its parsed spec.
+#[derive(Debug, Clone)]
+pub struct PackageView {
+    pub record: Arc<PackageRecord>,
+    pub spec: Arc<ComponentSpec>,
+}
+
+/// Counters of the master's work, for `GET /health` and `flotilla bench`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Durable, acknowledged changes of instance records (each commit of a
+    /// record counts once, whatever batch carried it).
+    pub instance_transitions: AtomicU64,
+}
+
+type Map<K, V> = ArcSwap<OrdMap<K, V>>;
+
+/// Everything GETs read.
+pub struct ReadModel {
+    clusters: Map<String, Arc<ClusterCell>>,
+    nodes: Map<NodeId, Arc<NodeEntry>>,
+    packages: Map<(String, String), PackageView>,
+    leftovers: Map<InstanceId, Arc<LeftoverRecord>>,
+    running: Map<OperationId, Arc<OperationRecord>>,
+    actors: Mutex<BTreeMap<String, Arc<ActorStats>>>,
+    store: Arc<dyn MetaStore>,
+    pub counters: Counters,
+    /// Woken whenever an operation record changes (`?wait=` long-polls).
+    pub operation_changed: Notify,
+}
+
+fn empty<K: Ord + Clone, V: Clone>() -> Map<K, V> {
+    ArcSwap::from_pointee(OrdMap::new())
+}
+
+/// Replaces `map` with `f(map)`; retried if another writer swapped first.
+fn rcu<K: Ord + Clone, V: Clone>(map: &Map<K, V>, f: impl Fn(&mut OrdMap<K, V>)) {
+    map.rcu(|cur| {
+        let mut next = OrdMap::clone(cur);
+        f(&mut next);
+        next
+    });
+}
+
+impl ReadModel {
+    pub fn new(store: Arc<dyn MetaStore>) -> Arc<Self> {
+        Arc::new(ReadModel {
+            clusters: empty(),
+            nodes: empty(),
+            packages: empty(),
+            leftovers: empty(),
+            running: empty(),
+            actors: Mutex::default(),
+            store,
+            counters: Counters::default(),
+            operation_changed: Notify::new(),
+        })
+    }
+
+    // ------------------------------------------------------------ clusters
+
+    pub fn clusters(&self) -> Arc<OrdMap<String, Arc<ClusterCell>>> {
+        self.clusters.load_full()
+    }
+
+    pub fn cluster(&self, name: &str) -> Option<Arc<ClusterSnapshot>> {
+        self.clusters.load().get(name).map(|c| c.load())
+    }
+
+    /// Makes a cluster visible (its record is durable).
+    pub fn add_cluster(&self, name: &str, cell: Arc<ClusterCell>) {
+        rcu(&self.clusters, |m| {
+            m.insert(name.to_string(), cell.clone());
+        });
+    }
+
+    pub fn remove_cluster(&self, name: &str) {
+        rcu(&self.clusters, |m| {
+            m.remove(name);
+        });
+    }
+
+    // ------------------------------------------------------------ nodes
+
+    pub fn nodes(&self) -> Arc<OrdMap<NodeId, Arc<NodeEntry>>> {
+        self.nodes.load_full()
+    }
+
+    pub fn node(&self, id: &NodeId) -> Option<Arc<NodeEntry>> {
+        self.nodes.load().get(id).cloned()
+    }
+
+    /// The node's entry, created from `record` if it is new (a first
+    /// registration), else updated with it.
+    pub fn register_node(&self, record: crate::storage::records::NodeRecord) -> Arc<NodeEntry> {
+        if let Some(n) = self.node(&record.id) {
+            n.set_record(record);
+            return n;
+        }
+        let id = record.id.clone();
+        let entry = NodeEntry::new(record);
+        rcu(&self.nodes, |m| {
+            m.entry(id.clone()).or_insert_with(|| entry.clone());
+        });
+        self.node(&id).unwrap_or(entry)
+    }
+
+    // ------------------------------------------------------------ packages
+
+    pub fn packages(&self) -> Arc<OrdMap<(String, String), PackageView>> {
+        self.packages.load_full()
+    }
+
+    pub fn package(&self, name: &str, version: &str) -> Option<PackageView> {
+        self.packages.load().get(&(name.to_string(), version.to_string())).cloned()
+    }
+
+    pub fn put_package(&self, view: PackageView) {
+        let key = (view.record.name.clone(), view.record.package_version.clone());
+        rcu(&self.packages, |m| {
+            m.insert(key.clone(), view.clone());
+        });
+    }
+
+    pub fn remove_package(&self, name: &str, version: &str) -> Option<PackageView> {
+        let key = (name.to_string(), version.to_string());
+        let removed = self.packages.load().get(&key).cloned();
+        rcu(&self.packages, |m| {
+            m.remove(&key);
+        });
+        removed
+    }
+
+    // ------------------------------------------------------------ leftovers
+
+    pub fn leftovers(&self) -> Arc<OrdMap<InstanceId, Arc<LeftoverRecord>>> {
+        self.leftovers.load_full()
+    }
+
+    pub fn put_leftovers(&self, records: &[LeftoverRecord]) {
+        rcu(&self.leftovers, |m| {
+            for r in records {
+                m.insert(r.instance.clone(), Arc::new(r.clone()));
+            }
+        });
+    }
+
+    pub fn remove_leftover(&self, id: &InstanceId) -> Option<Arc<LeftoverRecord>> {
+        let removed = self.leftovers.load().get(id).cloned();
+        rcu(&self.leftovers, |m| {
+            m.remove(id);
+        });
+        removed
+    }
+
+    // ------------------------------------------------------------ operations
+
+    /// Publishes an operation (durable already). One that ended leaves the
+    /// in-memory set: from then on it is read from the store.
+    pub fn put_operation(&self, op: &OperationRecord) {
+        let terminal = op.status.is_terminal();
+        let arc = Arc::new(op.clone());
+        rcu(&self.running, |m| {
+            if terminal {
+                m.remove(&op.id);
+            } else {
+                m.insert(op.id, arc.clone());
+            }
+        });
+        self.operation_changed.notify_waiters();
+    }
+
+    /// Operations that have not ended, with their plans.
+    pub fn running_operations(&self) -> Arc<OrdMap<OperationId, Arc<OperationRecord>>> {
+        self.running.load_full()
+    }
+
+    /// One operation with its step results: from memory while it runs,
+    /// else from the store (blocking: call from a blocking context).
+    pub fn operation(&self, id: &OperationId) -> Result<Option<Arc<OperationRecord>>, StorageError> {
+        if let Some(op) = self.running.load().get(id) {
+            return Ok(Some(op.clone()));
+        }
+        Ok(meta::operation(&*self.store, id)?.map(Arc::new))
+    }
+
+    /// A page of operations, newest first, without step results (blocking).
+    pub fn operations_page(
+        &self,
+        cluster: Option<&ClusterId>,
+        after: Option<&OperationId>,
+        limit: usize,
+    ) -> Result<Vec<OperationRecord>, StorageError> {
+        meta::operations_page(&*self.store, cluster, after, limit)
+    }
+
+    // ------------------------------------------------------------ actors
+
+    pub fn register_actor(&self, stats: &Arc<ActorStats>) {
+        let key = format!("{}/{}", stats.kind, stats.id);
+        self.actors.lock().unwrap_or_else(|p| p.into_inner()).insert(key, stats.clone());
+    }
+
+    pub fn unregister_actor(&self, stats: &ActorStats) {
+        let key = format!("{}/{}", stats.kind, stats.id);
+        let mut actors = self.actors.lock().unwrap_or_else(|p| p.into_inner());
+        // A newer actor of the same id (a reconnected node) keeps its entry.
+        if actors.get(&key).is_some_and(|a| std::ptr::eq(&**a, stats)) {
+            actors.remove(&key);
+        }
+    }
+
+    /// The supervisor, cluster actors and node managers.
+    pub fn actors(&self) -> Vec<ActorInfo> {
+        self.actors.lock().unwrap_or_else(|p| p.into_inner()).values().map(|s| s.snapshot()).collect()
+    }
+
+    /// The store's write statistics, for `GET /health`.
+    pub fn store(&self) -> &Arc<dyn MetaStore> {
+        &self.store
+    }
+
+    pub fn count_transitions(&self, n: u64) {
+        self.counters.instance_transitions.fetch_add(n, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,162 @@
+//! Nodes as readers see them: the registration record, the link's liveness
+//! (atomics the node manager writes on every frame, without any lock and
+//! without touching the rest of the read model) and an index of the
+//! instances placed on the node, so `GET /nodes` and placement never scan
+//! every instance.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use imbl::OrdMap;
+use time::OffsetDateTime;
+
+use crate::ids::InstanceId;
+use crate::storage::records::{NodeRecord, NodeStatus};
+
+/// Liveness of a node's link. Heartbeats write here only.
+#[derive(Debug)]
+pub struct NodeLive {
+    connected: AtomicBool,
+    /// Unix ms of the last frame; `i64::MIN`: never heard from.
+    last_heard_ms: AtomicI64,
+}
+
+impl Default for NodeLive {
+    fn default() -> Self {
+        NodeLive { connected: AtomicBool::new(false), last_heard_ms: AtomicI64::new(i64::MIN) }
+    }
+}
+
+fn unix_ms(t: OffsetDateTime) -> i64 {
+    i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+}
+
+impl NodeLive {
+    /// A frame arrived.
+    pub fn heard(&self) {
+        self.last_heard_ms.store(unix_ms(OffsetDateTime::now_utc()), Ordering::Relaxed);
+    }
+
+    pub fn set_connected(&self, yes: bool) {
+        self.connected.store(yes, Ordering::Relaxed);
+        if yes {
+            self.heard();
+        }
+    }
+
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// How long since the last frame, at `now`; `None`: never.
+    pub fn silence(&self, now: OffsetDateTime) -> Option<Duration> {
+        let at = self.last_heard_ms.load(Ordering::Relaxed);
+        (at != i64::MIN).then(|| Duration::from_millis(u64::try_from(unix_ms(now) - at).unwrap_or(0)))
+    }
+
+    /// Ready while connected and heard from recently; Unknown after
+    /// `unknown_after` of silence (or right after a disconnect); Down after
+    /// `down_after`. Derived at read time, so no timer has to flip it.
+    pub fn status_at(&self, now: OffsetDateTime, unknown_after: Duration, down_after: Duration) -> NodeStatus {
+        let silent = self.silence(now).unwrap_or(Duration::MAX);
+        if self.connected() && silent < unknown_after {
+            NodeStatus::Ready
+        } else if silent < down_after {
+            NodeStatus::Unknown
+        } else {
+            NodeStatus::Down
+        }
+    }
+}
+
+/// One node.
+#[derive(Debug)]
+pub struct NodeEntry {
+    record: ArcSwap<NodeRecord>,
+    pub live: NodeLive,
+    /// Instances placed on this node, with their cluster's name.
+    instances: ArcSwap<OrdMap<InstanceId, Arc<str>>>,
+}
+
+impl NodeEntry {
+    pub fn new(record: NodeRecord) -> Arc<NodeEntry> {
+        Arc::new(NodeEntry {
+            record: ArcSwap::from_pointee(record),
+            live: NodeLive::default(),
+            instances: ArcSwap::from_pointee(OrdMap::new()),
+        })
+    }
+
+    pub fn record(&self) -> Arc<NodeRecord> {
+        self.record.load_full()
+    }
+
+    /// A re-registration (new address, labels, capabilities).
+    pub fn set_record(&self, record: NodeRecord) {
+        self.record.store(Arc::new(record));
+    }
+
+    /// The instances on this node, with their cluster's name.
+    pub fn instances(&self) -> Arc<OrdMap<InstanceId, Arc<str>>> {
+        self.instances.load_full()
+    }
+
+    pub fn instance_count(&self) -> usize {
+        self.instances.load().len()
+    }
+
+    /// Several cluster actors may place on one node at once: read-copy-update.
+    pub fn add_instances(&self, ids: &[(InstanceId, Arc<str>)]) {
+        self.instances.rcu(|cur| {
+            let mut next = OrdMap::clone(cur);
+            for (id, cluster) in ids {
+                next.insert(id.clone(), cluster.clone());
+            }
+            next
+        });
+    }
+
+    pub fn remove_instances(&self, ids: &[InstanceId]) {
+        self.instances.rcu(|cur| {
+            let mut next = OrdMap::clone(cur);
+            for id in ids {
+                next.remove(id);
+            }
+            next
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::testdata as td;
+
+    #[test]
+    fn status_follows_silence_and_connection() {
+        let live = NodeLive::default();
+        let now = OffsetDateTime::now_utc();
+        let (u, d) = (Duration::from_secs(6), Duration::from_secs(30));
+        assert_eq!(live.status_at(now, u, d), NodeStatus::Down, "never heard from");
+        live.set_connected(true);
+        assert_eq!(live.status_at(now, u, d), NodeStatus::Ready);
+        assert_eq!(live.status_at(now + time::Duration::seconds(10), u, d), NodeStatus::Unknown);
+        assert_eq!(live.status_at(now + time::Duration::seconds(40), u, d), NodeStatus::Down);
+        live.set_connected(false);
+        assert_eq!(live.status_at(now, u, d), NodeStatus::Unknown, "just disconnected");
+    }
+
+    #[test]
+    fn the_instance_index_follows_adds_and_removes() {
+        let n = NodeEntry::new(td::node("node-1"));
+        let c: Arc<str> = Arc::from("web");
+        n.add_instances(&[(InstanceId::new("a"), c.clone()), (InstanceId::new("b"), c.clone())]);
+        let held = n.instances();
+        n.remove_instances(&[InstanceId::new("a")]);
+        assert_eq!(held.len(), 2);
+        assert_eq!(n.instance_count(), 1);
+        assert_eq!(n.instances().get(&InstanceId::new("b")).map(|s| &**s), Some("web"));
+    }
+}

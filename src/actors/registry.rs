@@ -1,0 +1,72 @@
+//! The live cluster actors, by cluster name: how the API and the node
+//! managers reach a cluster without going through the supervisor's mailbox.
+//! Read without a lock on every request; written by the supervisor only
+//! (creates, deletes, boot), so a name is taken exactly once.
+
+use std::sync::Arc;
+
+use actix::Addr;
+use arc_swap::ArcSwap;
+
+use super::cluster::ClusterActor;
+use super::read_model::ActorStats;
+use crate::error::Error;
+
+/// A cluster actor's address and its counters (which bound its mailbox).
+#[derive(Clone)]
+pub struct ClusterHandle {
+    pub addr: Addr<ClusterActor>,
+    pub stats: Arc<ActorStats>,
+}
+
+impl ClusterHandle {
+    /// Reserves a place in the actor's mailbox of `capacity`, or answers
+    /// `overloaded` (the API's 503): the message must then not be sent.
+    pub fn reserve(&self, capacity: usize) -> Result<(), Error> {
+        if self.stats.try_enqueue(capacity) {
+            Ok(())
+        } else {
+            Err(Error::overloaded(format!("cluster {} has {capacity} requests waiting; retry shortly", self.stats.id)))
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct Registry(Arc<ArcSwap<imbl::HashMap<Arc<str>, ClusterHandle>>>);
+
+impl Registry {
+    pub fn get(&self, name: &str) -> Option<ClusterHandle> {
+        self.0.load().get(name).cloned()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.load().contains_key(name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.load().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn insert(&self, name: &str, handle: ClusterHandle) {
+        let key: Arc<str> = Arc::from(name);
+        self.0.rcu(|cur| {
+            let mut next = imbl::HashMap::clone(cur);
+            next.insert(key.clone(), handle.clone());
+            next
+        });
+    }
+
+    pub fn remove(&self, name: &str) -> Option<ClusterHandle> {
+        let mut removed = None;
+        self.0.rcu(|cur| {
+            let mut next = imbl::HashMap::clone(cur);
+            removed = next.remove(name);
+            next
+        });
+        removed
+    }
+}

@@ -1,0 +1,140 @@
+//! The load driver's view of the admin API: each call timed, reads and
+//! writes counted apart, `503 overloaded` retried after its `Retry-After`
+//! (and counted: a load test must say how often the master pushed back).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::stats::Samples;
+
+/// A timed API client; cheap to clone.
+#[derive(Clone)]
+pub struct Api {
+    http: reqwest::Client,
+    /// `http://HOST:PORT/api/v1`
+    pub base: String,
+    token: Option<String>,
+    pub reads: Arc<Samples>,
+    pub writes: Arc<Samples>,
+    pub overloaded: Arc<AtomicU64>,
+}
+
+/// A failed call, with what the master said.
+#[derive(Debug, thiserror::Error)]
+#[error("{method} {path}: {detail}")]
+pub struct ApiError {
+    pub method: &'static str,
+    pub path: String,
+    pub status: Option<u16>,
+    pub detail: String,
+}
+
+impl Api {
+    pub fn new(base: &str, token: Option<String>) -> Result<Api, String> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .pool_max_idle_per_host(64)
+            .timeout(Duration::from_secs(180))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Api {
+            http,
+            base: format!("{}/api/v1", base.trim_end_matches('/')),
+            token,
+            reads: Arc::default(),
+            writes: Arc::default(),
+            overloaded: Arc::default(),
+        })
+    }
+
+    async fn call(&self, method: &'static str, path: &str, body: Option<&Value>) -> Result<Value, ApiError> {
+        let url = format!("{}{path}", self.base);
+        let err = |status: Option<u16>, detail: String| ApiError { method, path: path.to_string(), status, detail };
+        loop {
+            let mut req = match method {
+                "GET" => self.http.get(&url),
+                "POST" => self.http.post(&url),
+                "PATCH" => self.http.patch(&url),
+                "PUT" => self.http.put(&url),
+                _ => self.http.delete(&url),
+            };
+            if let Some(t) = &self.token {
+                req = req.bearer_auth(t);
+            }
+            if let Some(b) = body {
+                req = req.json(b);
+            }
+            let started = Instant::now();
+            let resp = req.send().await.map_err(|e| err(None, e.to_string()))?;
+            let status = resp.status();
+            let retry_after =
+                resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+            let text = resp.text().await.map_err(|e| err(Some(status.as_u16()), e.to_string()))?;
+            let took = started.elapsed();
+            // Long polls (`?wait=`) measure the operation, not the API.
+            if !path.contains("wait=") {
+                if method == "GET" { self.reads.add(took) } else { self.writes.add(took) }
+            }
+            if status.as_u16() == 503 && text.contains("overloaded") {
+                self.overloaded.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(retry_after.unwrap_or(1) * 100)).await;
+                continue;
+            }
+            if !status.is_success() {
+                return Err(err(Some(status.as_u16()), text));
+            }
+            return serde_json::from_str(&text).map_err(|e| err(Some(status.as_u16()), format!("{e}: {text}")));
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Result<Value, ApiError> {
+        self.call("GET", path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Result<Value, ApiError> {
+        self.call("POST", path, Some(body)).await
+    }
+
+    pub async fn patch(&self, path: &str, body: &Value) -> Result<Value, ApiError> {
+        self.call("PATCH", path, Some(body)).await
+    }
+
+    /// Uploads a package (not timed: not part of the workload).
+    pub async fn put_package(&self, name: &str, version: &str, bytes: Vec<u8>) -> Result<(), ApiError> {
+        let path = format!("/packages/{name}/{version}");
+        let mut req = self.http.put(format!("{}{path}", self.base)).body(bytes);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|e| ApiError {
+            method: "PUT",
+            path: path.clone(),
+            status: None,
+            detail: e.to_string(),
+        })?;
+        if resp.status().is_success() {
+            return Ok(());
+        }
+        let status = resp.status().as_u16();
+        Err(ApiError { method: "PUT", path, status: Some(status), detail: resp.text().await.unwrap_or_default() })
+    }
+
+    /// Runs a mutating call and waits for its operation to end; returns
+    /// the ended operation and the time from the call to its end.
+    pub async fn run_op(&self, method: &'static str, path: &str, body: &Value) -> Result<(Value, Duration), ApiError> {
+        let started = Instant::now();
+        let accepted = self.call(method, path, Some(body)).await?;
+        let id = accepted["operation"]["id"].as_str().unwrap_or_default().to_string();
+        loop {
+            let op = self.get(&format!("/operations/{id}?wait=60")).await?;
+            let op = op["operation"].clone();
+            let status = op["status"].as_str().unwrap_or_default();
+            if !matches!(status, "Pending" | "Running") {
+                return Ok((op, started.elapsed()));
+            }
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! `flotilla bench`: load tests of the master. Nothing here runs in a
+//! production master or agent.
+//!
+//! - [`sim`]: simulated agents (the real protocol, a fake process layer)
+//! - [`scale`]: the scale workload on simulated agents (default)
+//! - [`real`]: latencies with real agents and real processes (`bench real`)
+//! - [`ceilings`]: the machine's fdatasync and spawn rates, measured in the same run
+//! - [`client`], [`stats`], [`report`]: timed API calls, percentiles, the report
+//! - [`master_proc`]: the master under test, a child process
+//! - [`package`]: the package deployed
+
+pub mod ceilings;
+pub mod client;
+pub mod master_proc;
+pub mod package;
+pub mod real;
+pub mod report;
+pub mod scale;
+pub mod sim;
+pub mod stats;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use self::client::Api;
+use self::master_proc::MasterProc;
+use self::report::{Percentiles, Report};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub mode: Option<BenchMode>,
+    /// Simulated agents, all in this process.
+    #[arg(long, default_value_t = 50)]
+    pub agents: usize,
+    /// Instances to place in all (0: only connect the agents and measure them idle).
+    #[arg(long, default_value_t = 2000)]
+    pub instances: u64,
+    /// Clusters the instances are spread over.
+    #[arg(long, default_value_t = 20)]
+    pub clusters: usize,
+    /// Concurrent API clients, each running one operation at a time.
+    #[arg(long, default_value_t = 20)]
+    pub clients: usize,
+    /// Instances a new cluster starts with.
+    #[arg(long, default_value_t = 10)]
+    pub initial: u32,
+    /// Instances added per scale-out.
+    #[arg(long, default_value_t = 100)]
+    pub step: u32,
+    /// Readers polling the API while the workload runs.
+    #[arg(long, default_value_t = 2)]
+    pub readers: usize,
+    /// Instances crashed one by one to time how fast the API sees it.
+    #[arg(long, default_value_t = 50)]
+    pub crashes: usize,
+    /// How long the simulated install, start and stop take, in ms.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Seconds the idle agents are measured for.
+    #[arg(long, default_value_t = 3)]
+    pub idle_secs: u64,
+    /// Node id prefix of the simulated agents.
+    #[arg(long, default_value = "sim-")]
+    pub prefix: String,
+    /// Drive an existing master instead of starting one (`http://HOST:PORT`).
+    #[arg(long, requires = "agent_addr")]
+    pub api: Option<String>,
+    /// The existing master's agent listener (with `--api`).
+    #[arg(long)]
+    pub agent_addr: Option<SocketAddr>,
+    #[arg(long, env = "FLOTILLA_TOKEN")]
+    pub token: Option<String>,
+    /// Where the master started for the run keeps its data (default: a
+    /// fresh directory under the temp dir, removed at the end).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Master settings for the run, `KEY=VALUE` (e.g. `actor_threads=2`).
+    #[arg(long = "master-set", value_name = "KEY=VALUE")]
+    pub master_set: Vec<String>,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BenchMode {
+    /// The scale workload on simulated agents (the default).
+    Scale,
+    /// Real agents and real processes: API -> Running latencies idle and
+    /// during a large scale-up, real starts per second, a large scale-in,
+    /// and how fast a killed process shows.
+    Real(real::RealArgs),
+}
+
+/// What every workload gets.
+pub struct Setup {
+    pub api: Api,
+    pub master: MasterProc,
+    pub progress: ProgressBar,
+    pub data_dir: PathBuf,
+}
+
+/// Runs the benchmark; the report is printed (and written with `--json`).
+pub async fn run(args: BenchArgs) -> Result<Report, String> {
+    raise_fd_limit();
+    let mut report = Report {
+        agents: args.agents,
+        clusters: args.clusters,
+        clients: args.clients,
+        cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        ..Report::default()
+    };
+    let owned_dir = args.data_dir.is_none();
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("flotilla-bench-{}", std::process::id())));
+    std::fs::create_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let progress = ProgressBar::new(0);
+    progress.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    progress.enable_steady_tick(Duration::from_millis(200));
+
+    progress.set_message("measuring the machine's ceilings");
+    let dir = data_dir.clone();
+    let (sync, spawn) = tokio::task::spawn_blocking(move || {
+        (ceilings::fdatasync_per_s(&dir, Duration::from_secs(1)), ceilings::spawn_per_s(Duration::from_secs(1)))
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    report.fdatasync_per_s = stats::round(sync.map_err(|e| format!("fdatasync probe: {e}"))?);
+    report.spawn_per_s = stats::round(spawn.map_err(|e| format!("spawn probe: {e}"))?);
+
+    let env: Vec<(String, String)> = args
+        .master_set
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (format!("FLOTILLA_MASTER_{}", k.to_ascii_uppercase()), v.to_string()))
+        .collect();
+    let master = match (&args.api, args.agent_addr) {
+        (Some(api), Some(agents)) => MasterProc::attach(api, agents),
+        _ => {
+            progress.set_message("starting the master");
+            MasterProc::spawn(&data_dir.join("master"), &env).await?
+        }
+    };
+    let api = Api::new(&master.api, args.token.clone())?;
+    let mut setup = Setup { api: api.clone(), master, progress: progress.clone(), data_dir: data_dir.clone() };
+    let outcome = match &args.mode {
+        None | Some(BenchMode::Scale) => {
+            report.mode = "scale".into();
+            scale::run(&args, &mut setup, &mut report).await
+        }
+        Some(BenchMode::Real(r)) => {
+            report.mode = "real".into();
+            real::run(r, &mut setup, &mut report).await
+        }
+    };
+    progress.finish_and_clear();
+    let reads = api.reads.summary();
+    let writes = api.writes.summary();
+    report.api.read_ms = Percentiles { p50: reads.p50, p99: reads.p99 };
+    report.api.write_ms = Percentiles { p50: writes.p50, p99: writes.p99 };
+    report.api.reads = reads.count;
+    report.api.writes = writes.count;
+    report.api.overloaded = api.overloaded.load(std::sync::atomic::Ordering::Relaxed);
+    if report.mode == "scale" {
+        report.judge();
+    }
+    setup.master.stop().await;
+    if owned_dir && outcome.is_ok() {
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+    outcome.map_err(|e| format!("{e} (the master's log: {})", data_dir.join("master/master.log").display()))?;
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(report)
+}
+
+/// Many agents need many sockets, on both ends: raise the soft limit on
+/// open files to the hard one (the master started here inherits it).
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}

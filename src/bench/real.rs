@@ -1,0 +1,233 @@
+//! `flotilla bench real`: real agents (child processes, like `flotilla
+//! dev`) running real processes (the bench package's start script forks a
+//! `sleep` and writes a pidfile):
+//!
+//! - API -> Running of one instance (`POST .../instances/{id}/start` until
+//!   the operation succeeded), with the system idle and while another
+//!   cluster scales up by `--instances`;
+//! - real starts per second (a whole stopped cluster started) against the
+//!   spawn ceiling;
+//! - a scale-in of `--instances`;
+//! - `kill -9` of a process until the API shows it.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+use super::Setup;
+use super::client::Api;
+use super::report::Report;
+use super::stats::{Samples, round};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RealArgs {
+    /// Real agents (each on its own loopback address).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Instances of the large scale-up and scale-in.
+    #[arg(long, default_value_t = 1000)]
+    pub instances: u32,
+    /// Single-instance starts timed while idle.
+    #[arg(long, default_value_t = 50)]
+    pub samples: usize,
+}
+
+fn summary_json(s: &Samples) -> Value {
+    let x = s.summary();
+    json!({"count": x.count, "p50": x.p50, "p99": x.p99, "max": x.max})
+}
+
+pub async fn run(args: &RealArgs, setup: &mut Setup, report: &mut Report) -> Result<(), String> {
+    let api = setup.api.clone();
+    let progress = setup.progress.clone();
+    progress.set_message(format!("starting {} real agents", args.nodes));
+    let mut agents = start_agents(args.nodes, &setup.data_dir, &setup.master.agent_addr.to_string())?;
+    let outcome = workload(args, &api, &progress, report).await;
+    progress.set_message("stopping the agents (and their instances)");
+    for c in &agents {
+        if let Some(pid) = c.id() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+        }
+    }
+    for c in agents.iter_mut() {
+        if tokio::time::timeout(Duration::from_secs(120), c.wait()).await.is_err() {
+            let _ = c.kill().await;
+        }
+    }
+    outcome
+}
+
+fn start_agents(n: usize, dir: &Path, master: &str) -> Result<Vec<Child>, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| "nobody".into());
+    let mut out = Vec::new();
+    for i in 1..=n {
+        let log = std::fs::File::create(dir.join(format!("agent-{i}.log"))).map_err(|e| e.to_string())?;
+        let child = Command::new(&exe)
+            .arg("agent")
+            .args(["--node-id", &format!("real-{i}")])
+            .args(["--master", master])
+            .args(["--address", &format!("127.0.0.{}", 10 + i)])
+            .arg("--data-dir")
+            .arg(dir.join(format!("agent-{i}")))
+            .args(["--port-range", "20000-29999"])
+            .args(["--default-run-as", &me])
+            .arg("--stop-instances-on-exit")
+            .env("RUST_LOG", "warn")
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("starting agent {i}: {e}"))?;
+        out.push(child);
+    }
+    Ok(out)
+}
+
+async fn workload(
+    args: &RealArgs,
+    api: &Api,
+    progress: &indicatif::ProgressBar,
+    report: &mut Report,
+) -> Result<(), String> {
+    let e = |e: super::client::ApiError| e.to_string();
+    let started = Instant::now();
+    loop {
+        let v = api.get("/nodes").await.map_err(e)?;
+        let ready = v["nodes"].as_array().map(|a| a.iter().filter(|n| n["status"] == "Ready").count()).unwrap_or(0);
+        if ready >= args.nodes {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(format!("{} real agents did not become Ready within 60 s", args.nodes));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    api.put_package(
+        super::package::NAME,
+        super::package::VERSION,
+        super::package::tarball(args.instances + 10).map_err(|e| e.to_string())?,
+    )
+    .await
+    .map_err(e)?;
+    let create = |name: &str, n: u32| json!({"name": name, "package": {"name": super::package::NAME, "version": super::package::VERSION}, "roles": {"d": {"count": n}}});
+    succeed(api.run_op("POST", "/clusters", &create("probe", 1)).await.map_err(e)?)?;
+    let probe = api.get("/clusters/probe").await.map_err(e)?;
+    let id = probe["instances"][0]["id"].as_str().unwrap_or_default().to_string();
+
+    // Idle: stop, then time the start until Running.
+    progress.set_message("timing single starts (idle)");
+    let idle = Samples::default();
+    for _ in 0..args.samples {
+        idle.add(start_once(api, &id).await?);
+    }
+
+    // During a large scale-up.
+    progress.set_message(format!("timing single starts during a {}-instance scale-up", args.instances));
+    succeed(api.run_op("POST", "/clusters", &create("big", 1)).await.map_err(e)?)?;
+    let scale_started = Instant::now();
+    let api2 = api.clone();
+    let add = args.instances.saturating_sub(1).max(1);
+    let scale =
+        tokio::spawn(
+            async move { api2.run_op("POST", "/clusters/big/scale", &json!({"role": "d", "add": add})).await },
+        );
+    let busy = Samples::default();
+    while !scale.is_finished() {
+        busy.add(start_once(api, &id).await?);
+    }
+    let scaled = scale.await.map_err(|e| e.to_string())?.map_err(e)?;
+    succeed(scaled)?;
+    let scale_secs = scale_started.elapsed().as_secs_f64();
+
+    // Real starts per second: the whole big cluster stopped, then started.
+    progress.set_message("stopping and starting the large cluster");
+    succeed(api.run_op("POST", "/clusters/big/stop", &json!({})).await.map_err(e)?)?;
+    let (op, took) = api.run_op("POST", "/clusters/big/start", &json!({})).await.map_err(e)?;
+    succeed((op, took))?;
+    let starts_per_s = args.instances as f64 / took.as_secs_f64();
+
+    // kill -9 -> visible.
+    progress.set_message("killing processes");
+    let exits = Samples::default();
+    let big = api.get("/clusters/big").await.map_err(e)?;
+    for inst in big["instances"].as_array().into_iter().flatten().take(20) {
+        let (Some(pid), Some(iid)) = (inst["pid"].as_i64(), inst["id"].as_str()) else { continue };
+        let t = Instant::now();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+        loop {
+            let c = api.get("/clusters/big").await.map_err(e)?;
+            let moved =
+                c["instances"].as_array().into_iter().flatten().any(|i| i["id"] == iid && i["pid"] != inst["pid"]);
+            if moved {
+                exits.add(t.elapsed());
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(format!("kill -9 of {iid} was not visible after 10 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    // Let the agents' restarts land before the scale-in.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    progress.set_message(format!("scaling in {} instances", args.instances - 1));
+    let c = api.get("/clusters/big").await.map_err(e)?;
+    let remove: Vec<Value> = c["instances"].as_array().into_iter().flatten().skip(1).map(|i| i["id"].clone()).collect();
+    let removed = remove.len();
+    let (op, scale_in) =
+        api.run_op("POST", "/clusters/big/scale", &json!({"role": "d", "remove": remove})).await.map_err(e)?;
+    succeed((op, scale_in))?;
+
+    let ratio = starts_per_s / report.spawn_per_s.max(1.0);
+    report.instances = args.instances as u64;
+    report.real = Some(json!({
+        "nodes": args.nodes,
+        "start_to_running_idle_ms": summary_json(&idle),
+        "start_to_running_during_scale_up_ms": summary_json(&busy),
+        "scale_up_instances": args.instances,
+        "scale_up_secs": round(scale_secs),
+        "starts_per_s": round(starts_per_s),
+        "starts_per_spawn_ceiling": round(ratio),
+        "scale_in_instances": removed,
+        "scale_in_secs": round(scale_in.as_secs_f64()),
+        "kill_visible_ms": summary_json(&exits),
+    }));
+    let idle_p99 = idle.summary().p99;
+    let busy_p99 = busy.summary().p99;
+    let kill_p99 = exits.summary().p99;
+    for (k, figure, target, met) in [
+        ("B3_start_p99_idle_ms", idle_p99, "<= 30", idle_p99 <= 30.0),
+        ("B3_start_p99_during_scale_up_ms", busy_p99, "<= 1000", busy_p99 <= 1000.0),
+        ("B4_starts_per_spawn_ceiling", round(ratio), ">= 0.30", ratio >= 0.30),
+        ("B4_scale_in_secs", round(scale_in.as_secs_f64()), "<= 1", scale_in.as_secs_f64() <= 1.0),
+        ("B10_kill_visible_p99_ms", kill_p99, "<= 100", kill_p99 <= 100.0),
+    ] {
+        report.targets.insert(k.into(), json!({"figure": figure, "target": target, "met": met}));
+    }
+    Ok(())
+}
+
+/// Stops the instance, then times its start until the operation succeeded.
+async fn start_once(api: &Api, id: &str) -> Result<Duration, String> {
+    let e = |e: super::client::ApiError| e.to_string();
+    succeed(api.run_op("POST", &format!("/clusters/probe/instances/{id}/stop"), &json!({})).await.map_err(e)?)?;
+    let (op, took) =
+        api.run_op("POST", &format!("/clusters/probe/instances/{id}/start"), &json!({})).await.map_err(e)?;
+    succeed((op, took))?;
+    Ok(took)
+}
+
+fn succeed((op, _): (Value, Duration)) -> Result<(), String> {
+    if op["status"] == "Succeeded" {
+        Ok(())
+    } else {
+        Err(format!("operation {} {}: {}", op["kind"], op["status"], op["error"]))
+    }
+}

@@ -1,0 +1,128 @@
+//! What `flotilla bench` reports: a table for people, and with `--json FILE`
+//! the same figures as a document (the keys of issue 7, and more).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::stats::OpSummary;
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ApiFigures {
+    pub read_ms: Percentiles,
+    pub write_ms: Percentiles,
+    pub get_largest_cluster_ms: f64,
+    pub reads: usize,
+    pub writes: usize,
+    /// `503 overloaded` answers (each retried after its Retry-After).
+    pub overloaded: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    pub mode: String,
+    pub agents: usize,
+    pub instances: u64,
+    pub clusters: usize,
+    pub clients: usize,
+    pub cores: usize,
+    pub placements_per_s: f64,
+    pub placement_secs: f64,
+    pub durable_transitions_per_s: f64,
+    /// Synced batches per second the store wrote during placement.
+    pub store_syncs_per_s: f64,
+    pub fdatasync_per_s: f64,
+    pub spawn_per_s: f64,
+    pub master_rss_mb: f64,
+    pub master_cpu_pct: f64,
+    pub master_cpu_ms_per_instance: f64,
+    /// CPU of the master while only heartbeats come in.
+    pub idle_master_cpu_pct: f64,
+    /// The simulator's resident memory per agent.
+    pub sim_rss_per_agent_kb: f64,
+    pub running_in_simulator: u64,
+    pub api: ApiFigures,
+    pub exit_visible_ms: Value,
+    pub operations: BTreeMap<String, OpSummary>,
+    pub failures: usize,
+    /// `flotilla bench real` figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub real: Option<Value>,
+    /// Each target of issue 7 this run can judge: the figure, the target, met or not.
+    pub targets: BTreeMap<String, Value>,
+}
+
+impl Report {
+    /// Judges the figures against the targets (B1, B2, B5, B8, B9, B10, B12).
+    pub fn judge(&mut self) {
+        let mut t = std::mem::take(&mut self.targets);
+        let mut put = |k: &str, figure: f64, target: &str, met: bool| {
+            t.insert(k.to_string(), serde_json::json!({"figure": figure, "target": target, "met": met}));
+        };
+        if self.instances > 0 {
+            put("B1_placements_per_s", self.placements_per_s, ">= 3750", self.placements_per_s >= 3750.0);
+            let ratio =
+                if self.fdatasync_per_s > 0.0 { self.durable_transitions_per_s / self.fdatasync_per_s } else { 0.0 };
+            put("B2_transitions_per_fdatasync", super::stats::round(ratio), ">= 30", ratio >= 30.0);
+            put("B5_write_p99_ms", self.api.write_ms.p99, "<= 25", self.api.write_ms.p99 <= 25.0);
+            put("B5_read_p99_ms", self.api.read_ms.p99, "<= 10", self.api.read_ms.p99 <= 10.0);
+            let per10k = self.master_rss_mb / (self.instances as f64 / 10_000.0);
+            put("B8_rss_mb_per_10k_instances", super::stats::round(per10k), "<= 15", per10k <= 15.0);
+            if let Some(p99) = self.exit_visible_ms["p99"].as_f64() {
+                put("B10_exit_visible_p99_ms", p99, "<= 100", p99 <= 100.0);
+            }
+        }
+        put("B9_idle_master_cpu_pct", self.idle_master_cpu_pct, "<= 5", self.idle_master_cpu_pct <= 5.0);
+        put("B12_sim_kb_per_agent", self.sim_rss_per_agent_kb, "<= 100", self.sim_rss_per_agent_kb <= 100.0);
+        self.targets = t;
+    }
+
+    /// The table printed at the end.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<34} {v}\n"));
+        row("agents (simulated)", self.agents.to_string());
+        row("instances placed", self.instances.to_string());
+        row("placed per second", format!("{} ({} s)", self.placements_per_s, self.placement_secs));
+        row("durable transitions per second", self.durable_transitions_per_s.to_string());
+        row("store syncs per second", self.store_syncs_per_s.to_string());
+        row("fdatasync ceiling (one writer)", format!("{}/s", self.fdatasync_per_s));
+        row("spawn ceiling (/bin/true)", format!("{}/s", self.spawn_per_s));
+        row("master RSS", format!("{} MiB", self.master_rss_mb));
+        row("master CPU", format!("{} % ({} ms per instance)", self.master_cpu_pct, self.master_cpu_ms_per_instance));
+        row("master CPU with idle agents", format!("{} %", self.idle_master_cpu_pct));
+        row("simulator memory per agent", format!("{} KiB", self.sim_rss_per_agent_kb));
+        row(
+            "API read p50 / p99",
+            format!("{} / {} ms ({} reads)", self.api.read_ms.p50, self.api.read_ms.p99, self.api.reads),
+        );
+        row(
+            "API write p50 / p99",
+            format!("{} / {} ms ({} writes)", self.api.write_ms.p50, self.api.write_ms.p99, self.api.writes),
+        );
+        row("GET of the largest cluster", format!("{} ms", self.api.get_largest_cluster_ms));
+        row("503 overloaded (retried)", self.api.overloaded.to_string());
+        row(
+            "exit -> visible p50 / p99",
+            format!("{} / {} ms", self.exit_visible_ms["p50"], self.exit_visible_ms["p99"]),
+        );
+        for (k, o) in &self.operations {
+            row(
+                &format!("op {k}"),
+                format!("{} x, p50 {} ms, p99 {} ms, max {} ms", o.count, o.p50_ms, o.p99_ms, o.max_ms),
+            );
+        }
+        for (k, v) in &self.targets {
+            let mark = if v["met"] == true { "met" } else { "MISSED" };
+            row(k, format!("{} (target {}) {mark}", v["figure"], v["target"].as_str().unwrap_or_default()));
+        }
+        s
+    }
+}

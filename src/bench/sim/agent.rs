@@ -1,0 +1,392 @@
+//! One simulated agent: dials the master, speaks the real protocol through
+//! `src/protocol/` (handshake, codec, frames) and the real agent's writer
+//! loop and outbox (heartbeats, reports resent until acknowledged), and
+//! answers every request from a fake process layer ([`super::state`]) after
+//! a configured latency. Install bytes are really received and checked
+//! (size and sha256) but not kept.
+//!
+//! Faults for tests and load runs: a crash of an instance (an exit report,
+//! then a restart by the "agent"), a slow reader (stops reading its
+//! socket), a frozen link (stops reading and writing: a half-open
+//! connection), and a dropped connection (it reconnects).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+use super::state::{SimState, failure};
+use crate::agent::connection::{MAX_REQUESTS_IN_FLIGHT, REPLY_QUEUE, dial, next_connection, write_frames};
+use crate::agent::outbox::Outbox;
+use crate::ids::{InstanceId, NodeId};
+use crate::protocol::codec::{AgentCodec, ProtocolError};
+use crate::protocol::handshake::agent_handshake;
+use crate::protocol::messages::{
+    AgentEvent, AgentFrame, AgentRequest, AgentResponse, FailureKind, Hello, InstallBegin, MasterFrame,
+    PROTOCOL_VERSION,
+};
+
+/// How long the fake processes take.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Latency {
+    pub install: Duration,
+    pub start: Duration,
+    pub stop: Duration,
+    /// Hooks, health checks, file writes, signals, deletes.
+    pub other: Duration,
+    /// After a crash, the "agent" restarts the instance after this.
+    pub restart: Duration,
+}
+
+/// Switches a test or a load run flips to inject faults.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Stop reading the socket (a slow reader).
+    pub stalled: AtomicBool,
+    /// Stop reading and writing, heartbeats too, but keep the socket open
+    /// (a half-open connection, as after a network partition).
+    pub frozen: AtomicBool,
+    /// Wakes the session after a switch flipped back.
+    pub resumed: Notify,
+    /// Drops the current connection (the agent reconnects).
+    pub kick: Notify,
+    /// The writer parked by a frozen link.
+    writer: futures::task::AtomicWaker,
+}
+
+/// The socket's write half behind the `frozen` switch: while frozen every
+/// write waits (the socket stays open, nothing is sent, not even a FIN).
+struct Gate<W> {
+    inner: W,
+    agent: Arc<SimAgent>,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Gate<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.agent.faults.frozen.load(Ordering::Relaxed) {
+            self.agent.faults.writer.register(cx.waker());
+            if self.agent.faults.frozen.load(Ordering::Relaxed) {
+                return std::task::Poll::Pending;
+            }
+        }
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// An install whose bytes are arriving.
+struct Incoming {
+    begin: InstallBegin,
+    hasher: Sha256,
+    size: u64,
+}
+
+pub struct SimAgent {
+    pub node: NodeId,
+    pub address: String,
+    pub port_range: (u16, u16),
+    pub latency: Latency,
+    pub state: Mutex<SimState>,
+    pub outbox: Arc<Outbox>,
+    pub faults: Faults,
+    pub connected: AtomicBool,
+}
+
+fn lock(m: &Mutex<SimState>) -> std::sync::MutexGuard<'_, SimState> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl SimAgent {
+    pub fn new(node: NodeId, address: String, port_range: (u16, u16), latency: Latency) -> Arc<SimAgent> {
+        Arc::new(SimAgent {
+            node,
+            address,
+            port_range,
+            latency,
+            state: Mutex::default(),
+            outbox: Arc::default(),
+            faults: Faults::default(),
+            connected: AtomicBool::new(false),
+        })
+    }
+
+    /// Dials the master until `shutdown`, serving each connection.
+    pub async fn serve(self: Arc<Self>, master: SocketAddr, mut shutdown: watch::Receiver<bool>) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            if let Ok(stream) = dial(master, &self.address).await {
+                backoff = Duration::from_millis(50);
+                let r = tokio::select! {
+                    r = self.session(stream) => r,
+                    _ = shutdown.changed() => return,
+                };
+                self.connected.store(false, Ordering::Relaxed);
+                if let Err(e) = r {
+                    tracing::debug!(node = %self.node, error = %e, "simulated agent's connection ended");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = shutdown.changed() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn session(self: &Arc<Self>, stream: tokio::net::TcpStream) -> Result<(), ProtocolError> {
+        stream.set_nodelay(true).map_err(ProtocolError::Io)?;
+        let mut framed = tokio_util::codec::Framed::new(stream, AgentCodec::default());
+        let hello = Hello {
+            protocol_version: PROTOCOL_VERSION,
+            node_id: self.node.clone(),
+            address: self.address.clone(),
+            instance_root: format!("/sim/{}/instances", self.node),
+            port_range: self.port_range,
+            labels: [("simulated".to_string(), "true".to_string())].into_iter().collect(),
+            agent_version: format!("{}-sim", env!("CARGO_PKG_VERSION")),
+            cgroups: false,
+            resource_limits: true,
+            inventory: lock(&self.state).inventory(),
+            simulated: true,
+        };
+        let welcome = agent_handshake(&mut framed, hello, Duration::from_secs(30)).await?;
+        self.connected.store(true, Ordering::Relaxed);
+        let parts = framed.into_parts();
+        let (read_half, write_half) = parts.io.into_split();
+        let mut reader = FramedRead::new(read_half, AgentCodec::default());
+        reader.read_buffer_mut().extend_from_slice(&parts.read_buf);
+        let (tx, rx) = mpsc::channel::<AgentFrame>(REPLY_QUEUE);
+        let beat = Duration::from_millis(welcome.heartbeat_interval_ms.max(100));
+        let writer = FramedWrite::new(Gate { inner: write_half, agent: self.clone() }, AgentCodec::default());
+        let mut write_task = tokio::spawn(write_frames(writer, rx, self.outbox.clone(), next_connection(), beat));
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
+        let mut incoming: HashMap<u64, Incoming> = HashMap::new();
+        let result = loop {
+            while self.faults.stalled.load(Ordering::Relaxed) || self.faults.frozen.load(Ordering::Relaxed) {
+                tokio::select! {
+                    _ = self.faults.resumed.notified() => {}
+                    _ = self.faults.kick.notified() => return Ok(()),
+                }
+            }
+            let frame = tokio::select! {
+                f = reader.next() => f,
+                w = &mut write_task => break match w {
+                    Ok(r) => r,
+                    Err(e) => Err(ProtocolError::Unexpected(format!("writer task: {e}"))),
+                },
+                _ = self.faults.kick.notified() => break Ok(()),
+            };
+            let frame = match frame {
+                None => break Ok(()),
+                Some(Err(e)) => break Err(e),
+                Some(Ok(f)) => f,
+            };
+            match frame {
+                MasterFrame::Request { request_id, body } => {
+                    self.handle(&tx, &slots, &mut incoming, request_id, body).await;
+                    // A package chunk leaves a large buffer behind; with a
+                    // thousand agents in one process, give it back.
+                    if reader.read_buffer().is_empty() && reader.read_buffer().capacity() > 64 * 1024 {
+                        *reader.read_buffer_mut() = bytes::BytesMut::new();
+                    }
+                }
+                MasterFrame::Ack { seq } => self.outbox.ack(seq),
+                MasterFrame::Welcome(_) | MasterFrame::Refused { .. } => {
+                    break Err(ProtocolError::Unexpected("handshake frame after the handshake".into()));
+                }
+            }
+        };
+        write_task.abort();
+        result
+    }
+
+    /// Replies after `delay`, in a task (bounded by `slots`), with what
+    /// `work` does to the state then.
+    async fn later(
+        self: &Arc<Self>,
+        tx: &mpsc::Sender<AgentFrame>,
+        slots: &Arc<tokio::sync::Semaphore>,
+        request_id: u64,
+        delay: Duration,
+        work: impl FnOnce(&mut SimState) -> AgentResponse + Send + 'static,
+    ) {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let me = self.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let body = work(&mut lock(&me.state));
+            let _ = tx.send(AgentFrame::Response { request_id, body }).await;
+        });
+    }
+
+    async fn reply(tx: &mpsc::Sender<AgentFrame>, request_id: u64, body: AgentResponse) {
+        let _ = tx.send(AgentFrame::Response { request_id, body }).await;
+    }
+
+    async fn handle(
+        self: &Arc<Self>,
+        tx: &mpsc::Sender<AgentFrame>,
+        slots: &Arc<tokio::sync::Semaphore>,
+        incoming: &mut HashMap<u64, Incoming>,
+        request_id: u64,
+        body: AgentRequest,
+    ) {
+        let l = self.latency;
+        match body {
+            AgentRequest::InstallBegin(begin) => {
+                let begin = *begin;
+                let need = lock(&self.state).install_begin(&begin);
+                match need {
+                    Err(resp) => Self::reply(tx, request_id, resp).await,
+                    Ok(true) => {
+                        incoming.insert(request_id, Incoming { begin, hasher: Sha256::new(), size: 0 });
+                        Self::reply(tx, request_id, AgentResponse::InstallReady { need_bytes: true }).await;
+                    }
+                    Ok(false) => {
+                        // Queued before the completion task exists: the
+                        // order of one request's replies is kept.
+                        Self::reply(tx, request_id, AgentResponse::InstallReady { need_bytes: false }).await;
+                        self.later(tx, slots, request_id, l.install, move |s| s.install_complete(&begin)).await;
+                    }
+                }
+            }
+            AgentRequest::InstallData { bytes, .. } => {
+                let Some(inc) = incoming.get_mut(&request_id) else {
+                    return Self::reply(
+                        tx,
+                        request_id,
+                        failure(FailureKind::BadRequest, "InstallData without InstallBegin"),
+                    )
+                    .await;
+                };
+                inc.size += bytes.len() as u64;
+                inc.hasher.update(&bytes);
+                if inc.size > inc.begin.package_size {
+                    incoming.remove(&request_id);
+                    Self::reply(tx, request_id, failure(FailureKind::Install, "more package bytes than announced"))
+                        .await;
+                }
+            }
+            AgentRequest::InstallEnd { .. } => {
+                let Some(inc) = incoming.remove(&request_id) else { return };
+                let sha = hex::encode(inc.hasher.finalize());
+                if sha != inc.begin.package_sha256 || inc.size != inc.begin.package_size {
+                    let m = format!(
+                        "package is {} bytes with sha256 {sha}; announced {} bytes with {}",
+                        inc.size, inc.begin.package_size, inc.begin.package_sha256
+                    );
+                    return Self::reply(tx, request_id, failure(FailureKind::Install, m)).await;
+                }
+                let begin = inc.begin;
+                self.later(tx, slots, request_id, l.install, move |s| s.install_complete(&begin)).await;
+            }
+            AgentRequest::WriteFiles { instance, generation, files, env } => {
+                self.later(tx, slots, request_id, l.other, move |s| s.write_files(&instance, generation, &files, env))
+                    .await
+            }
+            AgentRequest::Start { instance, generation, .. } => {
+                self.later(tx, slots, request_id, l.start, move |s| s.start(&instance, generation)).await
+            }
+            AgentRequest::Stop { instance, generation } => {
+                self.later(tx, slots, request_id, l.stop, move |s| s.stop(&instance, generation)).await
+            }
+            AgentRequest::Delete { instance, generation } => {
+                self.later(tx, slots, request_id, l.other, move |s| s.delete(&instance, generation)).await
+            }
+            AgentRequest::RunHook { instance, generation, .. } => {
+                self.later(tx, slots, request_id, l.other, move |s| s.check(&instance, Some(generation), true)).await
+            }
+            AgentRequest::CheckHealth { instance, .. } => {
+                self.later(tx, slots, request_id, l.other, move |s| s.check(&instance, None, false)).await
+            }
+            AgentRequest::Signal { instance, generation, .. } => {
+                self.later(tx, slots, request_id, l.other, move |s| s.signal(&instance, generation)).await
+            }
+            AgentRequest::Ping => Self::reply(tx, request_id, AgentResponse::Pong).await,
+        }
+    }
+
+    /// Kills an instance's fake process: reports the exit (kept until
+    /// acknowledged), and, with `restart`, starts it again after the
+    /// restart latency and reports that. False when it was not running.
+    pub fn crash(self: &Arc<Self>, instance: &InstanceId, restart: bool) -> bool {
+        let Some(pid) = lock(&self.state).crash(instance) else { return false };
+        let delay = self.latency.restart.max(Duration::from_millis(1));
+        self.outbox.push(AgentEvent::ProcessExited {
+            instance: instance.clone(),
+            pid,
+            exit_code: None,
+            signal: Some(9),
+            stderr_tail: "killed by the simulator".into(),
+            restart_in_ms: restart.then_some(delay.as_millis() as u64),
+        });
+        if restart {
+            let me = self.clone();
+            let id = instance.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let started = {
+                    let mut s = lock(&me.state);
+                    let generation =
+                        s.instances.get(&id).filter(|i| i.desired_running && i.pid.is_none()).map(|i| i.generation);
+                    generation.map(|g| s.start(&id, g))
+                };
+                if let Some(AgentResponse::Started { pid, .. }) = started {
+                    me.outbox.push(AgentEvent::ProcessRestarted { instance: id, pid: Some(pid), error: None });
+                }
+            });
+        }
+        true
+    }
+
+    /// Flips a fault switch and wakes the session.
+    pub fn set_stalled(&self, yes: bool) {
+        self.faults.stalled.store(yes, Ordering::Relaxed);
+        self.faults.resumed.notify_waiters();
+    }
+
+    pub fn set_frozen(&self, yes: bool) {
+        self.faults.frozen.store(yes, Ordering::Relaxed);
+        self.faults.resumed.notify_waiters();
+        self.faults.writer.wake();
+    }
+
+    /// Drops the current connection; the agent dials again.
+    pub fn disconnect(&self) {
+        self.faults.kick.notify_waiters();
+    }
+
+    pub fn running(&self) -> usize {
+        lock(&self.state).running()
+    }
+}

@@ -1,0 +1,103 @@
+//! Simulated agents, **for load tests only**: many agents in one process,
+//! each a real TCP connection speaking the real protocol (the same
+//! `src/protocol/` code, the same writer loop and report outbox as the real
+//! agent), with a fake process layer instead of real processes. Each says
+//! `simulated: true` in its `Hello`, and `GET /nodes` shows it.
+//!
+//! - [`state`]: what an agent holds and how each request changes it
+//! - [`agent`]: one agent's connection, latencies and fault switches
+//!
+//! The protocol battery (`tests/integration/protocol_battery.rs`) runs the
+//! same checks against a real agent and a simulated one, so they cannot drift.
+
+pub mod agent;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+pub use agent::{Latency, SimAgent};
+
+use crate::ids::{InstanceId, NodeId};
+
+/// How to build a fleet.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// The master's agent listener.
+    pub master: SocketAddr,
+    pub agents: usize,
+    /// Node ids are `<prefix><n>`, n from 1.
+    pub prefix: String,
+    pub port_range: (u16, u16),
+    pub latency: Latency,
+}
+
+/// Many simulated agents in this process.
+pub struct Fleet {
+    pub agents: Vec<Arc<SimAgent>>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// The loopback address of simulated agent `i` (0-based): 127.100.x.y, so
+/// every agent dials from its own address (ephemeral ports are per address).
+pub fn address(i: usize) -> String {
+    format!("127.{}.{}.{}", 100 + i / 62_500, (i / 250) % 250, i % 250 + 1)
+}
+
+impl Fleet {
+    /// Starts the agents; each dials the master and keeps reconnecting.
+    pub fn start(cfg: &FleetConfig) -> Fleet {
+        let (stop, rx) = watch::channel(false);
+        let mut agents = Vec::with_capacity(cfg.agents);
+        let mut tasks = Vec::with_capacity(cfg.agents);
+        for i in 0..cfg.agents {
+            let node = NodeId::new(format!("{}{}", cfg.prefix, i + 1));
+            let agent = SimAgent::new(node, address(i), cfg.port_range, cfg.latency);
+            tasks.push(tokio::spawn(agent.clone().serve(cfg.master, rx.clone())));
+            agents.push(agent);
+        }
+        Fleet { agents, stop, tasks }
+    }
+
+    /// How many are connected now.
+    pub fn connected(&self) -> usize {
+        self.agents.iter().filter(|a| a.connected.load(std::sync::atomic::Ordering::Relaxed)).count()
+    }
+
+    /// How many fake processes run, over all agents.
+    pub fn running(&self) -> usize {
+        self.agents.iter().map(|a| a.running()).sum()
+    }
+
+    pub fn agent(&self, node: &str) -> Option<&Arc<SimAgent>> {
+        self.agents.iter().find(|a| a.node.as_str() == node)
+    }
+
+    /// Crashes `instance` wherever it runs; see [`SimAgent::crash`].
+    pub fn crash(&self, instance: &InstanceId, restart: bool) -> bool {
+        self.agents.iter().any(|a| a.crash(instance, restart))
+    }
+
+    /// Disconnects every agent and waits for their tasks.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_distinct_loopback_ips() {
+        let all: std::collections::HashSet<String> = (0..20_000).map(address).collect();
+        assert_eq!(all.len(), 20_000);
+        assert!(all.iter().all(|a| a.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())));
+    }
+}

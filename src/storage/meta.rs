@@ -1,0 +1,153 @@
+//! [`MetaStore`]: the one narrow interface between the master and its
+//! durable state — batched atomic writes, reads by key and by key range,
+//! and a change feed — and the typed reads the master builds on it.
+//!
+//! Everything above storage (actors, the read model, boot) sees only this
+//! trait, so a replicated engine (openraft over RocksDB, or etcd) can take
+//! the place of the single-node RocksDB store ([`super::MasterStore`])
+//! without touching them: it needs the same ordering (a write is
+//! acknowledged once durable, and visible to reads from then on), the same
+//! key order (byte-wise), and a feed of what it applied.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokio::sync::broadcast;
+
+use super::keys::{self, master_cf};
+use super::records::{InstanceResult, OperationRecord, Resumable};
+use super::writer::Committed;
+use super::{StorageError, WriteOp, db};
+use crate::ids::{ClusterId, OperationId};
+
+/// Which keys a scan visits: those starting with `prefix`, from `from`
+/// (inclusive; `None`: the first, or with `reverse` the last, of the
+/// prefix), in byte order or backwards.
+#[derive(Debug, Clone, Default)]
+pub struct Scan {
+    pub prefix: Vec<u8>,
+    pub from: Option<Vec<u8>>,
+    pub reverse: bool,
+}
+
+/// Key-value pairs as a scan returns them.
+pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The master's durable state. See the module doc for what an engine owes.
+pub trait MetaStore: Send + Sync + 'static {
+    /// Applies `ops` atomically; resolves once they are durable. Waits for
+    /// room when the engine's queue is full.
+    fn commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'static, Result<(), StorageError>>;
+    /// Like [`commit`](Self::commit), but refuses at once with
+    /// [`StorageError::Overloaded`] when the queue is full.
+    fn try_commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'static, Result<(), StorageError>>;
+    /// One value (blocking: call from `spawn_blocking` or boot code).
+    fn get(&self, cf: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
+    /// Up to `limit` pairs of a key range (blocking).
+    fn scan(&self, cf: &'static str, scan: &Scan, limit: usize) -> Result<Pairs, StorageError>;
+    /// Every batch made durable from now on, in order.
+    fn subscribe(&self) -> broadcast::Receiver<Arc<Committed>>;
+    /// Refuses every later write (shutdown); writes already queued land.
+    fn freeze(&self);
+    /// What the engine has written, and what waits.
+    fn stats(&self) -> StoreStats;
+}
+
+/// Write statistics of a store.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct StoreStats {
+    /// Durable batches (one sync each).
+    pub batches: u64,
+    /// Acknowledged commits (several ride in one batch).
+    pub commits: u64,
+    /// Commits waiting in the queue.
+    pub queued: usize,
+}
+
+/// Decodes every value of `cf` (boot).
+pub fn load<T: serde::de::DeserializeOwned>(store: &dyn MetaStore, cf: &'static str) -> Result<Vec<T>, StorageError> {
+    store.scan(cf, &Scan::default(), usize::MAX)?.iter().map(|(k, v)| db::decode_value(cf, k, v)).collect()
+}
+
+/// One operation with its step results (blocking).
+pub fn operation(store: &dyn MetaStore, id: &OperationId) -> Result<Option<OperationRecord>, StorageError> {
+    let key = keys::operation_key(id);
+    let Some(raw) = store.get(master_cf::OPERATIONS, &key)? else {
+        return Ok(None);
+    };
+    let mut op: OperationRecord = db::decode_value(master_cf::OPERATIONS, &key, &raw)?;
+    for (k, v) in store.scan(master_cf::OP_RESULTS, &Scan { prefix: key, ..Scan::default() }, usize::MAX)? {
+        let Some(step) = k.get(16..18).map(|b| u16::from_be_bytes([b[0], b[1]]) as usize) else { continue };
+        let results: Vec<InstanceResult> = db::decode_value(master_cf::OP_RESULTS, &k, &v)?;
+        if let Some(s) = op.steps.get_mut(step) {
+            s.results = results;
+        }
+    }
+    Ok(Some(op))
+}
+
+/// The plan of an operation that has not ended (boot).
+pub fn plan(store: &dyn MetaStore, id: &OperationId) -> Result<Option<Resumable>, StorageError> {
+    let key = keys::operation_key(id);
+    store.get(master_cf::OP_PLANS, &key)?.map(|raw| db::decode_value(master_cf::OP_PLANS, &key, &raw)).transpose()
+}
+
+/// A page of operations, newest first, without step results: those of
+/// `cluster` (or all), older than the operation `after` (a cursor from the
+/// previous page), at most `limit`.
+pub fn operations_page(
+    store: &dyn MetaStore,
+    cluster: Option<&ClusterId>,
+    after: Option<&OperationId>,
+    limit: usize,
+) -> Result<Vec<OperationRecord>, StorageError> {
+    let (cf, prefix) = match cluster {
+        Some(c) => (master_cf::CLUSTER_OPS, keys::cluster_key(c)),
+        None => (master_cf::OPS_BY_TIME, Vec::new()),
+    };
+    let mut from = None;
+    let mut skip = None;
+    if let Some(after) = after {
+        let Some(op) = header(store, after)? else {
+            return Ok(Vec::new());
+        };
+        let created = keys::nanos(op.created_at);
+        from = Some(match cluster {
+            Some(c) => keys::cluster_op_key(c, created, after),
+            None => keys::op_time_key(created, after),
+        });
+        skip = Some(*after);
+    }
+    let scan = Scan { prefix, from, reverse: true };
+    let mut out = Vec::with_capacity(limit.min(1000));
+    // One more than asked: the cursor itself comes first.
+    for (k, _) in store.scan(cf, &scan, limit.saturating_add(1))? {
+        let Some(id) = keys::op_of_index_key(&k) else { continue };
+        if Some(id) == skip {
+            continue;
+        }
+        if out.len() == limit {
+            break;
+        }
+        if let Some(op) = header(store, &id)? {
+            out.push(op);
+        }
+    }
+    Ok(out)
+}
+
+/// The ids and creation times of a cluster's operations, oldest first (boot:
+/// what retention counts).
+pub fn cluster_operations(store: &dyn MetaStore, cluster: &ClusterId) -> Result<Vec<(u64, OperationId)>, StorageError> {
+    let scan = Scan { prefix: keys::cluster_key(cluster), ..Scan::default() };
+    Ok(store
+        .scan(master_cf::CLUSTER_OPS, &scan, usize::MAX)?
+        .iter()
+        .filter_map(|(k, _)| Some((keys::nanos_of_index_key(k, true)?, keys::op_of_index_key(k)?)))
+        .collect())
+}
+
+fn header(store: &dyn MetaStore, id: &OperationId) -> Result<Option<OperationRecord>, StorageError> {
+    let key = keys::operation_key(id);
+    store.get(master_cf::OPERATIONS, &key)?.map(|raw| db::decode_value(master_cf::OPERATIONS, &key, &raw)).transpose()
+}

@@ -1,0 +1,216 @@
+//! Schema migrations of the master's store, run once at open, each in one
+//! synced batch that also writes the new version: a crash midway leaves the
+//! old schema whole, and the next start migrates again.
+//!
+//! The old record shapes live here, frozen, so the current ones can evolve.
+
+use rocksdb::{DB, IteratorMode, WriteBatch, WriteOptions};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use super::keys::master_cf;
+use super::records::{
+    InstanceResult, NodeRecord, OperationKind, OperationRecord, OperationStatus, Resumable, StepRecord, StepStatus,
+};
+use super::{StorageError, codec, db};
+use crate::ids::{ClusterId, NodeId, OperationId};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct NodeRecordV2 {
+    version: u32,
+    id: NodeId,
+    address: String,
+    port_range: (u16, u16),
+    labels: std::collections::BTreeMap<String, String>,
+    cgroups: bool,
+    resource_limits: bool,
+    agent_version: String,
+    instance_root: String,
+    #[serde(with = "time::serde::rfc3339")]
+    registered_at: OffsetDateTime,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StepRecordV2 {
+    name: String,
+    status: StepStatus,
+    error: Option<String>,
+    results: Vec<InstanceResult>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OperationRecordV2 {
+    version: u32,
+    id: OperationId,
+    cluster_id: ClusterId,
+    cluster: String,
+    kind: OperationKind,
+    params: String,
+    status: OperationStatus,
+    steps: Vec<StepRecordV2>,
+    error: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    created_at: OffsetDateTime,
+    #[serde(with = "crate::storage::serde_time::rfc3339_option")]
+    ended_at: Option<OffsetDateTime>,
+    resume: Option<Resumable>,
+}
+
+fn cf<'a>(db: &'a DB, name: &'static str) -> Result<&'a rocksdb::ColumnFamily, StorageError> {
+    db.cf_handle(name).ok_or(StorageError::UnknownColumnFamily { cf: name })
+}
+
+/// 2 -> 3: operations split into header, per-step results, plan (only while
+/// running) and time indexes; nodes gain `simulated`.
+pub fn master_2_to_3(db: &DB) -> Result<(), StorageError> {
+    let mut batch = WriteBatch::default();
+    let nodes = cf(db, master_cf::NODES)?;
+    for item in db.iterator_cf(nodes, IteratorMode::Start) {
+        let (k, v) = item.map_err(StorageError::Rocks)?;
+        let old: NodeRecordV2 = db::decode_value(master_cf::NODES, &k, &v)?;
+        let new = NodeRecord {
+            version: 3,
+            id: old.id,
+            address: old.address,
+            port_range: old.port_range,
+            labels: old.labels,
+            cgroups: old.cgroups,
+            resource_limits: old.resource_limits,
+            agent_version: old.agent_version,
+            instance_root: old.instance_root,
+            registered_at: old.registered_at,
+            simulated: false,
+        };
+        batch.put_cf(nodes, &k, codec::encode(&new)?);
+    }
+    let ops = cf(db, master_cf::OPERATIONS)?;
+    let mut converted = Vec::new();
+    for item in db.iterator_cf(ops, IteratorMode::Start) {
+        let (k, v) = item.map_err(StorageError::Rocks)?;
+        let old: OperationRecordV2 = db::decode_value(master_cf::OPERATIONS, &k, &v)?;
+        converted.push(old);
+    }
+    for old in converted {
+        let results: Vec<Vec<InstanceResult>> = old.steps.iter().map(|s| s.results.clone()).collect();
+        let new = OperationRecord {
+            version: 3,
+            id: old.id,
+            cluster_id: old.cluster_id,
+            cluster: old.cluster,
+            kind: old.kind,
+            params: old.params,
+            status: old.status,
+            steps: old
+                .steps
+                .into_iter()
+                .map(|s| StepRecord { name: s.name, status: s.status, error: s.error, results: Vec::new() })
+                .collect(),
+            error: old.error,
+            created_at: old.created_at,
+            ended_at: old.ended_at,
+            // An ended operation's plan is not kept (schema 3 drops it).
+            resume: old.resume.filter(|_| !old.status.is_terminal()),
+        };
+        let mut writes = super::WriteOp::new_operation(&new)?;
+        for (i, r) in results.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+            writes.push(super::WriteOp::put_step_results(&new.id, i, r)?);
+        }
+        for w in writes {
+            match w {
+                super::WriteOp::Put { cf: name, key, value } => batch.put_cf(cf(db, name)?, key, value),
+                other => {
+                    return Err(StorageError::Codec(format!("migration produced an unexpected write {other:?}")));
+                }
+            }
+        }
+    }
+    db::put_schema_version(db, &mut batch, master_cf::META, 3)?;
+    let mut sync = WriteOptions::default();
+    sync.set_sync(true);
+    db.write_opt(batch, &sync).map_err(StorageError::Rocks)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::MasterStore;
+    use crate::storage::keys;
+    use crate::storage::meta;
+
+    fn v2_op(status: OperationStatus, with_plan: bool) -> OperationRecordV2 {
+        let now = OffsetDateTime::now_utc();
+        OperationRecordV2 {
+            version: 2,
+            id: OperationId::random(),
+            cluster_id: ClusterId::random(),
+            cluster: "web".into(),
+            kind: OperationKind::ScaleOut,
+            params: "{}".into(),
+            status,
+            steps: vec![StepRecordV2 {
+                name: "install".into(),
+                status: StepStatus::Done,
+                error: None,
+                results: vec![InstanceResult::ok(&crate::ids::InstanceId::new("web-a-1-abcdef"), "installed")],
+            }],
+            error: None,
+            created_at: now,
+            ended_at: None,
+            resume: with_plan.then(|| Resumable {
+                plan: Default::default(),
+                pending: vec![],
+                on_success: None,
+                force: false,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_version_2_store_is_migrated_and_keeps_its_operations() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ended, running) = (v2_op(OperationStatus::Succeeded, true), v2_op(OperationStatus::Running, true));
+        {
+            // A schema-2 store, written the way the previous release did.
+            let mut opts = rocksdb::Options::default();
+            opts.create_if_missing(true);
+            opts.create_missing_column_families(true);
+            let db = DB::open_cf(&opts, dir.path(), master_cf::ALL).unwrap();
+            for op in [&ended, &running] {
+                db.put_cf(cf(&db, master_cf::OPERATIONS).unwrap(), op.id.0.as_bytes(), codec::encode(op).unwrap())
+                    .unwrap();
+            }
+            let node = NodeRecordV2 {
+                version: 2,
+                id: NodeId::new("node-1"),
+                address: "127.0.0.1".into(),
+                port_range: (20000, 20100),
+                labels: Default::default(),
+                cgroups: false,
+                resource_limits: false,
+                agent_version: "0".into(),
+                instance_root: "/x".into(),
+                registered_at: OffsetDateTime::now_utc(),
+            };
+            db.put_cf(cf(&db, master_cf::NODES).unwrap(), b"node-1", codec::encode(&node).unwrap()).unwrap();
+            db.put_cf(cf(&db, master_cf::META).unwrap(), keys::SCHEMA_VERSION_KEY, codec::encode(&2u32).unwrap())
+                .unwrap();
+        }
+        let store = MasterStore::open(dir.path()).unwrap();
+        let snap = store.load_all().unwrap();
+        assert_eq!(snap.nodes.len(), 1);
+        assert!(!snap.nodes[0].simulated);
+        // Only the running one is loaded (with its plan); both can be read.
+        assert_eq!(snap.operations.len(), 1);
+        assert_eq!(snap.operations[0].id, running.id);
+        assert!(snap.operations[0].resume.is_some());
+        let got = meta::operation(&store, &ended.id).unwrap().unwrap();
+        assert_eq!(got.steps[0].results[0].message, "installed");
+        assert!(meta::plan(&store, &ended.id).unwrap().is_none(), "an ended operation keeps no plan");
+        let page = meta::operations_page(&store, None, None, 10).unwrap();
+        assert_eq!(page.len(), 2);
+        drop(store);
+        // Opening again does not migrate twice.
+        MasterStore::open(dir.path()).unwrap();
+    }
+}
