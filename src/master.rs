@@ -119,6 +119,7 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         limits,
         supervisor: ActorStats::new("supervisor", "supervisor", None),
         arbiters: Arc::new(arbiters.clone()),
+        chunk_budget: Arc::new(tokio::sync::Semaphore::new(crate::actors::node_link::CHUNK_BUDGET)),
     };
     for l in &snapshot.leftovers {
         shared.ports.reserve(&l.node, l.ports.iter().copied());

@@ -58,6 +58,8 @@ pub struct Shared {
     pub supervisor: Arc<read_model::ActorStats>,
     /// The threads cluster actors and node managers are spread over.
     pub arbiters: Arc<Vec<ArbiterHandle>>,
+    /// Package chunks queued for all agents' sockets at once (`node_link`).
+    pub chunk_budget: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {

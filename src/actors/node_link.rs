@@ -16,6 +16,10 @@
 //! - an install has no fixed deadline: each chunk must leave within the
 //!   send deadline, so it lasts as long as bytes keep moving (and reports
 //!   each chunk as progress to the step's watchdog).
+//!
+//! Package chunks (1 MiB each) hold a permit of a budget shared by every
+//! link until the socket took them, so a thousand agents installing at once
+//! cost the budget in memory, not a thousand queues of chunks.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -51,6 +55,13 @@ pub enum NodeError {
 }
 
 pub(super) type Pending = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<AgentResponse>>>>;
+
+/// A frame on its way to the socket, with the chunk-budget permit it holds
+/// until it is written.
+pub(super) type Outgoing = (MasterFrame, Option<tokio::sync::OwnedSemaphorePermit>);
+
+/// Package chunks queued for sockets at once, over all links (MiB).
+pub const CHUNK_BUDGET: usize = 64;
 
 /// The live links, by node. Read on every command without a lock; written
 /// when an agent connects or goes.
@@ -95,7 +106,9 @@ pub struct NodeLink {
     pub node: NodeId,
     /// Distinguishes this connection from a later one of the same node.
     pub connection: u64,
-    pub(super) tx: mpsc::Sender<MasterFrame>,
+    pub(super) tx: mpsc::Sender<Outgoing>,
+    /// Shared by every link: see [`CHUNK_BUDGET`].
+    chunks: Arc<tokio::sync::Semaphore>,
     pub(super) pending: Pending,
     next_id: Arc<AtomicU64>,
     reply_timeout: Duration,
@@ -121,7 +134,8 @@ impl NodeLink {
     pub(super) fn new(
         node: NodeId,
         connection: u64,
-        tx: mpsc::Sender<MasterFrame>,
+        tx: mpsc::Sender<Outgoing>,
+        chunks: Arc<tokio::sync::Semaphore>,
         reply_timeout: Duration,
         send_timeout: Duration,
     ) -> NodeLink {
@@ -129,6 +143,7 @@ impl NodeLink {
             node,
             connection,
             tx,
+            chunks,
             pending: Pending::default(),
             next_id: Arc::new(AtomicU64::new(1)),
             reply_timeout,
@@ -156,10 +171,18 @@ impl NodeLink {
 
     /// Queues a frame for the socket, waiting at most the send deadline.
     pub async fn send(&self, frame: MasterFrame) -> Result<(), NodeError> {
+        self.send_with(frame, None).await
+    }
+
+    async fn send_with(
+        &self,
+        frame: MasterFrame,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<(), NodeError> {
         if self.is_closed() {
             return Err(NodeError::Disconnected(self.node.clone()));
         }
-        match self.tx.send_timeout(frame, self.send_timeout).await {
+        match self.tx.send_timeout((frame, permit), self.send_timeout).await {
             Ok(()) => Ok(()),
             Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(NodeError::Disconnected(self.node.clone())),
             Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
@@ -173,7 +196,7 @@ impl NodeLink {
     /// Queues a frame only if there is room now (acknowledgements: one
     /// that cannot be sent is made again when the agent sends the report again).
     pub fn try_send(&self, frame: MasterFrame) -> bool {
-        self.tx.try_send(frame).is_ok()
+        self.tx.try_send((frame, None)).is_ok()
     }
 
     async fn reply_within(
@@ -272,8 +295,16 @@ impl NodeLink {
                 break;
             }
             buf.truncate(filled);
+            // Waiting for the budget is waiting for other links' sockets:
+            // bytes are moving, so it is not a stall of this agent.
+            let permit = self
+                .chunks
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| NodeError::Disconnected(self.node.clone()))?;
             let body = AgentRequest::InstallData { instance: instance.clone(), seq, bytes: buf };
-            self.send(MasterFrame::Request { request_id, body }).await?;
+            self.send_with(MasterFrame::Request { request_id, body }, Some(permit)).await?;
             progress.fetch_add(1, Ordering::Relaxed);
             seq += 1;
         }

@@ -24,7 +24,7 @@ use tokio_util::codec::FramedWrite;
 use super::Shared;
 use super::cluster::InstanceObserved;
 use super::instance::Observation;
-use super::node_link::{NodeLink, lock};
+use super::node_link::{NodeLink, Outgoing, lock};
 use super::read_model::{ActorStats, NodeEntry};
 use crate::ids::{InstanceId, NodeId};
 use crate::protocol::codec::{MasterCodec, ProtocolError};
@@ -73,9 +73,16 @@ impl NodeManagerActor {
         shared: Shared,
     ) -> NodeLink {
         let connection = CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel::<MasterFrame>(LINK_QUEUE);
+        let (tx, rx) = mpsc::channel::<Outgoing>(LINK_QUEUE);
         let timing = shared.timing;
-        let link = NodeLink::new(node.clone(), connection, tx, timing.agent_reply_timeout, timing.agent_send_timeout);
+        let link = NodeLink::new(
+            node.clone(),
+            connection,
+            tx,
+            shared.chunk_budget.clone(),
+            timing.agent_reply_timeout,
+            timing.agent_send_timeout,
+        );
         if let Some(old) = shared.links.replace(link.clone()) {
             tracing::warn!(%node, "the node connected again; closing its previous (half-open) connection");
             old.close();
@@ -171,12 +178,12 @@ pub fn exit_description(
 /// deadline means the agent stopped reading: the link is closed.
 async fn write_frames(
     mut writer: FramedWrite<OwnedWriteHalf, MasterCodec>,
-    mut rx: mpsc::Receiver<MasterFrame>,
+    mut rx: mpsc::Receiver<Outgoing>,
     link: NodeLink,
     deadline: Duration,
 ) {
     loop {
-        let frame = tokio::select! {
+        let (frame, _permit) = tokio::select! {
             f = rx.recv() => match f {
                 Some(f) => f,
                 None => break,
@@ -184,7 +191,13 @@ async fn write_frames(
             _ = link.closed.cancelled() => break,
         };
         match tokio::time::timeout(deadline, writer.send(frame)).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => {
+                // A package chunk leaves a 1 MiB buffer behind: with a
+                // thousand links, give it back.
+                if writer.write_buffer().capacity() > 64 * 1024 {
+                    *writer.write_buffer_mut() = bytes::BytesMut::new();
+                }
+            }
             Ok(Err(e)) => {
                 tracing::warn!(node = %link.node, error = %e, "agent connection write failed");
                 break;

@@ -178,6 +178,10 @@ async fn session(
         match frame {
             MasterFrame::Request { request_id, body } => {
                 handle(node, &tx, &slots, &mut installs, request_id, body).await;
+                // A package chunk leaves a 1 MiB buffer behind; give it back.
+                if reader.read_buffer().is_empty() && reader.read_buffer().capacity() > 64 * 1024 {
+                    *reader.read_buffer_mut() = bytes::BytesMut::new();
+                }
             }
             MasterFrame::Ack { seq } => node.outbox.ack(seq),
             MasterFrame::Welcome(_) | MasterFrame::Refused { .. } => {

@@ -288,7 +288,7 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
 async fn wait_ready(api: &Api, n: usize, prefix: &str) -> Result<(), String> {
     let started = Instant::now();
     loop {
-        if let Ok(v) = api.get("/nodes").await {
+        if let Ok(v) = api.get("/nodes?limit=10000").await {
             let ready = v["nodes"]
                 .as_array()
                 .map(|a| {

@@ -84,29 +84,44 @@ pub async fn actors(state: web::Data<AppState>, q: web::Query<ActorsQuery>) -> H
     HttpResponse::Ok().json(json!({ "actors": out, "instance_actors": instance_total }))
 }
 
-fn node_dtos(state: &AppState, filter: Option<&NodeId>) -> Vec<NodeDto> {
+fn node_dto(state: &AppState, n: &crate::actors::read_model::NodeEntry, with_instances: bool) -> NodeDto {
     let now = OffsetDateTime::now_utc();
     let t = state.shared.timing;
+    let status = n.live.status_at(now, t.node_unknown_after, t.node_down_after);
+    NodeDto::build(n, status, now, with_instances)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodesQuery {
+    /// At most this many (default 1000, at most 10000).
+    limit: Option<usize>,
+    /// The last node id of the previous page.
+    after: Option<String>,
+}
+
+/// `GET /nodes`: by id, a page at a time (`next` is the cursor), each with
+/// its status, heartbeat age and instance count.
+pub async fn list_nodes(state: web::Data<AppState>, q: web::Query<NodesQuery>) -> HttpResponse {
+    let limit = q.limit.unwrap_or(1000).clamp(1, 10_000);
     let nodes = state.shared.read_model.nodes();
-    let dto = |n: &crate::actors::read_model::NodeEntry| {
-        let status = n.live.status_at(now, t.node_unknown_after, t.node_down_after);
-        NodeDto::build(n, status, now, filter.is_some())
+    let page: Vec<NodeDto> = match &q.after {
+        Some(after) => nodes
+            .range((std::ops::Bound::Excluded(NodeId::new(after.clone())), std::ops::Bound::Unbounded))
+            .take(limit)
+            .map(|(_, n)| node_dto(&state, n, false))
+            .collect(),
+        None => nodes.values().take(limit).map(|n| node_dto(&state, n, false)).collect(),
     };
-    match filter {
-        Some(id) => nodes.get(id).map(|n| dto(n)).into_iter().collect(),
-        None => nodes.values().map(|n| dto(n)).collect(),
-    }
+    let next = (page.len() == limit).then(|| page.last().map(|n| n.id.clone())).flatten();
+    HttpResponse::Ok().json(json!({ "nodes": page, "total": nodes.len(), "next": next }))
 }
 
-pub async fn list_nodes(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(json!({ "nodes": node_dtos(&state, None) }))
-}
-
+/// `GET /nodes/{id}`: one node, with the ids of its instances.
 pub async fn get_node(state: web::Data<AppState>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = NodeId::new(path.into_inner());
-    let mut v = node_dtos(&state, Some(&id));
-    match v.pop() {
-        Some(n) => Ok(HttpResponse::Ok().json(n)),
+    match state.shared.read_model.node(&id) {
+        Some(n) => Ok(HttpResponse::Ok().json(node_dto(&state, &n, true))),
         None => Err(ApiError(Error::not_found("node", id))),
     }
 }

@@ -16,11 +16,9 @@ use futures::future::BoxFuture;
 use rocksdb::{DB, Direction, IteratorMode};
 
 use super::db;
-use super::keys::{event_key, event_seq, master_cf};
+use super::keys::{event_key, master_cf};
 use super::meta::{self, MetaStore, Scan};
-use super::records::{
-    ClusterRecord, EventRecord, InstanceRecord, LeftoverRecord, NodeRecord, OperationRecord, PackageRecord,
-};
+use super::records::EventRecord;
 use super::writer::{Committed, DEFAULT_QUEUE};
 use super::{StorageError, StoreWriter, WriteOp};
 
@@ -29,21 +27,7 @@ use super::{StorageError, StoreWriter, WriteOp};
 /// whether they are simulated. A version 2 store is migrated at open.
 pub const MASTER_SCHEMA_VERSION: u32 = 3;
 
-/// Everything the master loads at boot.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct MasterSnapshot {
-    pub clusters: Vec<ClusterRecord>,
-    /// Grouped by cluster (key order), not sorted further.
-    pub instances: Vec<InstanceRecord>,
-    pub nodes: Vec<NodeRecord>,
-    /// Sorted by name, then version bytes.
-    pub packages: Vec<PackageRecord>,
-    /// Operations that had not ended, with their results and plans; oldest first.
-    pub operations: Vec<OperationRecord>,
-    /// The highest event sequence number stored, 0 when there is none.
-    pub last_event_seq: u64,
-    pub leftovers: Vec<LeftoverRecord>,
-}
+pub use super::meta::MasterSnapshot;
 
 /// The master's database and its writer; cheap to clone.
 #[derive(Clone)]
@@ -86,26 +70,10 @@ impl MasterStore {
         &self.writer
     }
 
-    /// Reads what the master starts from (blocking; meant for boot, via `spawn_blocking`).
+    /// Reads what the master starts from (blocking; meant for boot, via
+    /// `spawn_blocking`). See [`meta::load_boot`].
     pub fn load_all(&self) -> Result<MasterSnapshot, StorageError> {
-        let mut operations = Vec::new();
-        for (key, _) in self.scan(master_cf::OP_PLANS, &Scan::default(), usize::MAX)? {
-            let Some(id) = uuid::Uuid::from_slice(&key).ok().map(crate::ids::OperationId) else { continue };
-            if let Some(mut op) = meta::operation(self, &id)? {
-                op.resume = meta::plan(self, &id)?;
-                operations.push(op);
-            }
-        }
-        operations.sort_by_key(|o: &OperationRecord| o.created_at);
-        Ok(MasterSnapshot {
-            clusters: meta::load(self, master_cf::CLUSTERS)?,
-            instances: meta::load(self, master_cf::INSTANCES)?,
-            nodes: meta::load(self, master_cf::NODES)?,
-            packages: meta::load(self, master_cf::PACKAGES)?,
-            operations,
-            last_event_seq: self.last_event_seq()?,
-            leftovers: meta::load(self, master_cf::LEFTOVERS)?,
-        })
+        meta::load_boot(self)
     }
 
     fn events_cf(&self) -> Result<&rocksdb::ColumnFamily, StorageError> {
@@ -114,19 +82,6 @@ impl MasterStore {
 
     fn cf(&self, cf: &'static str) -> Result<&rocksdb::ColumnFamily, StorageError> {
         self.db.cf_handle(cf).ok_or(StorageError::UnknownColumnFamily { cf })
-    }
-
-    fn last_event_seq(&self) -> Result<u64, StorageError> {
-        let mut iter = self.db.iterator_cf(self.events_cf()?, IteratorMode::End);
-        match iter.next() {
-            None => Ok(0),
-            Some(item) => {
-                let (key, _) = item.map_err(StorageError::Rocks)?;
-                event_seq(&key).ok_or_else(|| {
-                    StorageError::Codec(format!("events: key {} is not a sequence number", hex::encode(&key)))
-                })
-            }
-        }
     }
 
     /// Up to `limit` events with a sequence number above `seq`, in order (blocking).
@@ -226,6 +181,7 @@ fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
     use crate::storage::WriteOp;
+    use crate::storage::records::OperationRecord;
     use crate::storage::keys::SCHEMA_VERSION_KEY;
     use crate::storage::testdata as td;
 

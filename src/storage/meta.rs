@@ -15,7 +15,10 @@ use futures::future::BoxFuture;
 use tokio::sync::broadcast;
 
 use super::keys::{self, master_cf};
-use super::records::{InstanceResult, OperationRecord, Resumable};
+use super::records::{
+    ClusterRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord, OperationRecord, PackageRecord,
+    Resumable,
+};
 use super::writer::Committed;
 use super::{StorageError, WriteOp, db};
 use crate::ids::{ClusterId, OperationId};
@@ -62,6 +65,53 @@ pub struct StoreStats {
     pub commits: u64,
     /// Commits waiting in the queue.
     pub queued: usize,
+}
+
+/// Everything the master loads at boot.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MasterSnapshot {
+    pub clusters: Vec<ClusterRecord>,
+    /// Grouped by cluster (key order), not sorted further.
+    pub instances: Vec<InstanceRecord>,
+    pub nodes: Vec<NodeRecord>,
+    /// Sorted by name, then version bytes.
+    pub packages: Vec<PackageRecord>,
+    /// Operations that had not ended, with their results and plans; oldest first.
+    pub operations: Vec<OperationRecord>,
+    /// The highest event sequence number stored, 0 when there is none.
+    pub last_event_seq: u64,
+    pub leftovers: Vec<LeftoverRecord>,
+}
+
+/// Reads what the master starts from: the live records, and the
+/// operations that had not ended (those with a plan), with their results
+/// and plans. Ended operations stay in the store (blocking).
+pub fn load_boot(store: &dyn MetaStore) -> Result<MasterSnapshot, StorageError> {
+    let mut operations = Vec::new();
+    for (key, _) in store.scan(master_cf::OP_PLANS, &Scan::default(), usize::MAX)? {
+        let Some(id) = uuid::Uuid::from_slice(&key).ok().map(OperationId) else { continue };
+        if let Some(mut op) = operation(store, &id)? {
+            op.resume = plan(store, &id)?;
+            operations.push(op);
+        }
+    }
+    operations.sort_by_key(|o: &OperationRecord| o.created_at);
+    let last = store.scan(master_cf::EVENTS, &Scan { reverse: true, ..Scan::default() }, 1)?;
+    let last_event_seq = match last.first() {
+        None => 0,
+        Some((k, _)) => keys::event_seq(k).ok_or_else(|| {
+            StorageError::Codec(format!("events: key {} is not a sequence number", hex::encode(k)))
+        })?,
+    };
+    Ok(MasterSnapshot {
+        clusters: load(store, master_cf::CLUSTERS)?,
+        instances: load(store, master_cf::INSTANCES)?,
+        nodes: load(store, master_cf::NODES)?,
+        packages: load(store, master_cf::PACKAGES)?,
+        operations,
+        last_event_seq,
+        leftovers: load(store, master_cf::LEFTOVERS)?,
+    })
 }
 
 /// Decodes every value of `cf` (boot).
