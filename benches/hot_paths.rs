@@ -3,8 +3,6 @@
 //! (every package byte crosses it). Run with `cargo bench --bench hot_paths`;
 //! figures go in BENCHMARKS.md.
 
-use std::collections::BTreeMap;
-
 use bytes::BytesMut;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use flotilla::ids::{ClusterId, InstanceId, NodeId};
@@ -25,7 +23,7 @@ fn instance(n: u32) -> InstanceRecord {
         ordinal: n,
         node: NodeId::new("node-1"),
         host: "127.0.0.11".into(),
-        ports: BTreeMap::from([("client".to_string(), 20000u16)]),
+        ports: [("client".to_string(), 20000u16)].into_iter().collect(),
         status: InstanceStatus::Running,
         desired: DesiredState::Running,
         pid: Some(4242),

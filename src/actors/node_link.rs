@@ -280,9 +280,16 @@ impl NodeLink {
             detail: format!("{}: {e}", blob.display()),
         };
         let mut file = tokio::fs::File::open(blob).await.map_err(pkg_err)?;
+        let mut left = file.metadata().await.map_err(pkg_err)?.len();
         let mut seq = 0u32;
-        loop {
-            let mut buf = vec![0u8; INSTALL_CHUNK_BYTES];
+        while left > 0 {
+            // The budget first, then the buffer: memory is held only for
+            // chunks that may be queued. Waiting for it is waiting for other
+            // links' sockets: bytes are moving, so it is not a stall.
+            let permit =
+                self.chunks.clone().acquire_owned().await.map_err(|_| NodeError::Disconnected(self.node.clone()))?;
+            // Sized to what is left: a 4 KiB package costs 4 KiB, not a MiB.
+            let mut buf = vec![0u8; INSTALL_CHUNK_BYTES.min(usize::try_from(left).unwrap_or(usize::MAX))];
             let mut filled = 0;
             while filled < buf.len() {
                 let n = file.read(&mut buf[filled..]).await.map_err(pkg_err)?;
@@ -295,14 +302,7 @@ impl NodeLink {
                 break;
             }
             buf.truncate(filled);
-            // Waiting for the budget is waiting for other links' sockets:
-            // bytes are moving, so it is not a stall of this agent.
-            let permit = self
-                .chunks
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| NodeError::Disconnected(self.node.clone()))?;
+            left = left.saturating_sub(filled as u64);
             let body = AgentRequest::InstallData { instance: instance.clone(), seq, bytes: buf };
             self.send_with(MasterFrame::Request { request_id, body }, Some(permit)).await?;
             progress.fetch_add(1, Ordering::Relaxed);

@@ -57,7 +57,7 @@ impl<'a> RenderBase<'a> {
                 ordinal: m.ordinal,
                 host: m.host.clone(),
                 node: m.node.to_string(),
-                ports: m.ports.clone(),
+                ports: m.ports.to_map(),
             });
             if !roots.contains_key(m.node.as_str()) {
                 let root = read_model.node(&m.node).map(|n| n.record().instance_root.clone()).unwrap_or_default();
@@ -91,7 +91,7 @@ impl<'a> RenderBase<'a> {
             role: inst.role.clone(),
             host: inst.host.clone(),
             node: inst.node.to_string(),
-            ports: inst.ports.clone(),
+            ports: inst.ports.to_map(),
             data_dir: format!("{dir}/data"),
             dir,
         });

@@ -120,7 +120,7 @@ impl From<&InstanceRecord> for InstanceDto {
             ordinal: r.ordinal,
             node: r.node.to_string(),
             host: r.host.clone(),
-            ports: r.ports.clone(),
+            ports: r.ports.to_map(),
             status: r.status,
             pid: r.pid,
             dir: r.dir.clone(),

@@ -181,8 +181,8 @@ fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
     use crate::storage::WriteOp;
-    use crate::storage::records::OperationRecord;
     use crate::storage::keys::SCHEMA_VERSION_KEY;
+    use crate::storage::records::OperationRecord;
     use crate::storage::testdata as td;
 
     #[tokio::test]

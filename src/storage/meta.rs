@@ -99,9 +99,8 @@ pub fn load_boot(store: &dyn MetaStore) -> Result<MasterSnapshot, StorageError> 
     let last = store.scan(master_cf::EVENTS, &Scan { reverse: true, ..Scan::default() }, 1)?;
     let last_event_seq = match last.first() {
         None => 0,
-        Some((k, _)) => keys::event_seq(k).ok_or_else(|| {
-            StorageError::Codec(format!("events: key {} is not a sequence number", hex::encode(k)))
-        })?,
+        Some((k, _)) => keys::event_seq(k)
+            .ok_or_else(|| StorageError::Codec(format!("events: key {} is not a sequence number", hex::encode(k))))?,
     };
     Ok(MasterSnapshot {
         clusters: load(store, master_cf::CLUSTERS)?,
