@@ -22,6 +22,7 @@ mod integration {
     mod lifecycle;
     mod master_restart;
     mod order;
+    mod protocol_battery;
     mod resize;
     mod rolling;
     mod scale;

@@ -20,9 +20,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, Chain};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::mpsc;
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::codec::{Framed, FramedRead, FramedWrite};
 
 use super::installer::{self, StreamingExtractor};
 use super::node::{Node, failure};
@@ -130,7 +132,7 @@ async fn session(
     handshake_timeout: Duration,
 ) -> Result<(), ProtocolError> {
     stream.set_nodelay(true).map_err(ProtocolError::Io)?;
-    let mut framed = tokio_util::codec::Framed::new(stream, AgentCodec::default());
+    let mut framed = Framed::new(stream, AgentCodec::default());
     let hello = Hello {
         protocol_version: PROTOCOL_VERSION,
         node_id: identity.node_id.clone(),
@@ -146,10 +148,7 @@ async fn session(
     };
     let welcome = agent_handshake(&mut framed, hello, handshake_timeout).await?;
     tracing::info!(node = %identity.node_id, "connected to master");
-    let parts = framed.into_parts();
-    let (read_half, write_half) = parts.io.into_split();
-    let mut reader = FramedRead::new(read_half, AgentCodec::default());
-    reader.read_buffer_mut().extend_from_slice(&parts.read_buf);
+    let (mut reader, write_half) = split_after_handshake(framed);
     let writer = FramedWrite::new(write_half, AgentCodec::default());
 
     let (tx, rx) = mpsc::channel::<AgentFrame>(REPLY_QUEUE);
@@ -194,6 +193,24 @@ async fn session(
         p.extractor.abort().await;
     }
     result
+}
+
+/// The read side of a link after the handshake: the bytes the handshake
+/// already read past `Welcome`, then the socket.
+pub(crate) type LinkReader = FramedRead<Chain<std::io::Cursor<bytes::BytesMut>, OwnedReadHalf>, AgentCodec>;
+
+/// Splits the handshake's connection into a frame reader and the raw write
+/// half. Whatever the handshake read past `Welcome` (a master may send its
+/// first request right behind it, in the same segment) is replayed in front
+/// of the socket. Not pushed into a new `FramedRead`'s buffer: `FramedRead`
+/// reads its socket before decoding bytes it did not read itself, so such a
+/// request would sit undecoded until the master sent something else, while
+/// the master waits for its answer. Shared with the simulated agent.
+pub(crate) fn split_after_handshake(framed: Framed<TcpStream, AgentCodec>) -> (LinkReader, OwnedWriteHalf) {
+    let parts = framed.into_parts();
+    let (read_half, write_half) = parts.io.into_split();
+    let early = std::io::Cursor::new(parts.read_buf);
+    (FramedRead::new(early.chain(read_half), AgentCodec::default()), write_half)
 }
 
 /// Owns the socket's write half: heartbeats, then reports (their own
@@ -406,5 +423,57 @@ fn request_kind(r: &AgentRequest) -> &'static str {
         AgentRequest::CheckHealth { .. } => "check-health",
         AgentRequest::Signal { .. } => "signal",
         AgentRequest::Ping => "ping",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use tokio::io::AsyncWriteExt;
+    use tokio_util::codec::Encoder;
+
+    use super::*;
+    use crate::protocol::codec::MasterCodec;
+    use crate::protocol::messages::Welcome;
+
+    /// A request the master sends right behind `Welcome`, in the same
+    /// segment, is read although the master sends nothing after it.
+    #[tokio::test]
+    async fn a_request_sent_with_the_welcome_is_not_left_in_the_buffer() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let master = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut framed = Framed::new(stream, MasterCodec::new());
+            assert!(matches!(framed.next().await, Some(Ok(AgentFrame::Hello(_)))));
+            let mut bytes = bytes::BytesMut::new();
+            let welcome = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 1000 };
+            let mut codec = MasterCodec::new();
+            codec.encode(MasterFrame::Welcome(welcome), &mut bytes).unwrap();
+            codec.encode(MasterFrame::Request { request_id: 7, body: AgentRequest::Ping }, &mut bytes).unwrap();
+            framed.get_mut().write_all(&bytes).await.unwrap();
+            framed // kept open, silent
+        });
+        let mut framed = Framed::new(TcpStream::connect(addr).await.unwrap(), AgentCodec::default());
+        let hello = Hello {
+            protocol_version: PROTOCOL_VERSION,
+            node_id: crate::ids::NodeId::new("n1"),
+            address: "127.0.0.1".into(),
+            instance_root: "/tmp/x".into(),
+            port_range: (20000, 20010),
+            labels: BTreeMap::new(),
+            agent_version: "test".into(),
+            cgroups: false,
+            resource_limits: false,
+            inventory: vec![],
+            simulated: false,
+        };
+        agent_handshake(&mut framed, hello, Duration::from_secs(5)).await.unwrap();
+        let _master = master.await.unwrap();
+        let (mut reader, _writer) = split_after_handshake(framed);
+        let first = tokio::time::timeout(Duration::from_secs(2), reader.next()).await;
+        let first = first.expect("the request that came with the Welcome was not decoded");
+        assert_eq!(first.unwrap().unwrap(), MasterFrame::Request { request_id: 7, body: AgentRequest::Ping });
     }
 }

@@ -3,6 +3,7 @@
 //! readers to check the real processes.
 
 pub mod env;
+pub mod fake_master;
 pub mod http;
 pub mod package;
 pub mod procfs;

@@ -19,10 +19,12 @@ use std::time::Duration;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, mpsc, watch};
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::codec::FramedWrite;
 
 use super::state::{SimState, failure};
-use crate::agent::connection::{MAX_REQUESTS_IN_FLIGHT, REPLY_QUEUE, dial, next_connection, write_frames};
+use crate::agent::connection::{
+    MAX_REQUESTS_IN_FLIGHT, REPLY_QUEUE, dial, next_connection, split_after_handshake, write_frames,
+};
 use crate::agent::outbox::Outbox;
 use crate::ids::{InstanceId, NodeId};
 use crate::protocol::codec::{AgentCodec, ProtocolError};
@@ -177,10 +179,7 @@ impl SimAgent {
         };
         let welcome = agent_handshake(&mut framed, hello, Duration::from_secs(30)).await?;
         self.connected.store(true, Ordering::Relaxed);
-        let parts = framed.into_parts();
-        let (read_half, write_half) = parts.io.into_split();
-        let mut reader = FramedRead::new(read_half, AgentCodec::default());
-        reader.read_buffer_mut().extend_from_slice(&parts.read_buf);
+        let (mut reader, write_half) = split_after_handshake(framed);
         let (tx, rx) = mpsc::channel::<AgentFrame>(REPLY_QUEUE);
         let beat = Duration::from_millis(welcome.heartbeat_interval_ms.max(100));
         let writer = FramedWrite::new(Gate { inner: write_half, agent: self.clone() }, AgentCodec::default());

@@ -20,8 +20,9 @@ pub struct SimInstance {
     pub desired_running: bool,
     /// A fake pid while "running".
     pub pid: Option<u32>,
-    /// Path -> sha256 of the last written contents.
-    pub files: BTreeMap<String, [u8; 32]>,
+    /// Path -> the last written file: sha256 of its contents and its mode
+    /// (the 0o777 bits the real agent applies); either changing is a change.
+    pub files: BTreeMap<String, ([u8; 32], u32)>,
     pub env: Vec<(String, String)>,
 }
 
@@ -55,8 +56,9 @@ fn not_installed(id: &InstanceId) -> AgentResponse {
     failure(FailureKind::UnknownInstance, format!("instance {id} is not installed on this node"))
 }
 
-fn digest(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
+/// What the real agent compares to decide whether a file changed.
+fn written(f: &RenderedFile) -> ([u8; 32], u32) {
+    (Sha256::digest(&f.contents).into(), f.mode & 0o777)
 }
 
 impl SimState {
@@ -93,7 +95,7 @@ impl SimState {
             return stale(&b.instance, b.generation, i.generation);
         }
         self.packages.insert(b.package_sha256.clone());
-        let files = b.files.iter().map(|f| (f.path.clone(), digest(&f.contents))).collect();
+        let files = b.files.iter().map(|f| (f.path.clone(), written(f))).collect();
         self.instances.insert(
             b.instance.clone(),
             SimInstance {
@@ -121,7 +123,7 @@ impl SimState {
         i.generation = generation;
         let mut changed = Vec::new();
         for f in files {
-            let d = digest(&f.contents);
+            let d = written(f);
             if i.files.get(&f.path) != Some(&d) {
                 changed.push(f.path.clone());
                 i.files.insert(f.path.clone(), d);
