@@ -9,7 +9,7 @@ use actix::{Actor, Arbiter, ArbiterHandle};
 use actix_web::{App, HttpServer};
 use time::OffsetDateTime;
 use tokio::net::TcpListener;
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::codec::FramedWrite;
 
 use crate::actors::node_link::NodeLinks;
 use crate::actors::node_manager::NodeManagerActor;
@@ -252,10 +252,7 @@ async fn admit(
         _ => shared.read_model.register_node(record),
     };
     tracing::info!(%node, %peer, instances = hello.inventory.len(), simulated = hello.simulated, "agent registered");
-    let parts = framed.into_parts();
-    let (read_half, write_half) = parts.io.into_split();
-    let mut reader = FramedRead::new(read_half, MasterCodec::default());
-    reader.read_buffer_mut().extend_from_slice(&parts.read_buf);
+    let (reader, write_half) = crate::protocol::handshake::split_after_handshake(framed);
     let writer = FramedWrite::new(write_half, MasterCodec::default());
     let reports = hello.inventory;
     NodeManagerActor::start_for(node.clone(), reader, writer, entry, shared.clone());

@@ -20,11 +20,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
-use tokio::io::{AsyncReadExt, Chain};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::mpsc;
-use tokio_util::codec::{Framed, FramedRead, FramedWrite};
+use tokio_util::codec::{Framed, FramedWrite};
 
 use super::installer::{self, StreamingExtractor};
 use super::node::{Node, failure};
@@ -195,22 +194,13 @@ async fn session(
     result
 }
 
-/// The read side of a link after the handshake: the bytes the handshake
-/// already read past `Welcome`, then the socket.
-pub(crate) type LinkReader = FramedRead<Chain<std::io::Cursor<bytes::BytesMut>, OwnedReadHalf>, AgentCodec>;
+/// The agent's read side of a link (see [`split_after_handshake`]).
+pub(crate) type LinkReader = crate::protocol::handshake::LinkReader<AgentCodec>;
 
-/// Splits the handshake's connection into a frame reader and the raw write
-/// half. Whatever the handshake read past `Welcome` (a master may send its
-/// first request right behind it, in the same segment) is replayed in front
-/// of the socket. Not pushed into a new `FramedRead`'s buffer: `FramedRead`
-/// reads its socket before decoding bytes it did not read itself, so such a
-/// request would sit undecoded until the master sent something else, while
-/// the master waits for its answer. Shared with the simulated agent.
+/// [`crate::protocol::handshake::split_after_handshake`] for the agent's
+/// codec; shared with the simulated agent.
 pub(crate) fn split_after_handshake(framed: Framed<TcpStream, AgentCodec>) -> (LinkReader, OwnedWriteHalf) {
-    let parts = framed.into_parts();
-    let (read_half, write_half) = parts.io.into_split();
-    let early = std::io::Cursor::new(parts.read_buf);
-    (FramedRead::new(early.chain(read_half), AgentCodec::default()), write_half)
+    crate::protocol::handshake::split_after_handshake(framed)
 }
 
 /// Owns the socket's write half: heartbeats, then reports (their own

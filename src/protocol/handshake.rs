@@ -14,6 +14,29 @@ use tokio::time::{Instant, timeout_at};
 use tokio_util::codec::Framed;
 
 use super::codec::{AgentCodec, MasterCodec, ProtocolError};
+
+/// The read side of a link after the handshake: the bytes the handshake
+/// already read, then the socket.
+pub type LinkReader<C> = tokio_util::codec::FramedRead<
+    tokio::io::Chain<std::io::Cursor<bytes::BytesMut>, tokio::net::tcp::OwnedReadHalf>,
+    C,
+>;
+
+/// Splits a connection whose handshake is done into a frame reader and the
+/// raw write half. Whatever the handshake read past its last frame (the
+/// peer may send its next frame right behind it, in the same segment) is
+/// replayed in front of the socket. Not pushed into a new `FramedRead`'s
+/// buffer: `FramedRead` reads its socket before decoding bytes it did not
+/// read itself, so such a frame would sit undecoded until the peer sent
+/// something else, while the peer waits for an answer.
+pub fn split_after_handshake<C: Default>(
+    framed: Framed<tokio::net::TcpStream, C>,
+) -> (LinkReader<C>, tokio::net::tcp::OwnedWriteHalf) {
+    let parts = framed.into_parts();
+    let (read_half, write_half) = parts.io.into_split();
+    let early = std::io::Cursor::new(parts.read_buf);
+    (tokio_util::codec::FramedRead::new(tokio::io::AsyncReadExt::chain(early, read_half), C::default()), write_half)
+}
 use super::messages::{AgentFrame, Hello, MasterFrame, Welcome};
 
 /// Agent side: sends `hello`, waits for the master's answer within `timeout`.
