@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::protocol::messages::{HealthProbe, ProcessSpec, RenderedFile, ResourceLimits};
 use crate::spec::render::{
     ClusterCtx, ComponentCtx, InstanceCtx, MemberCtx, RoleCtx, cluster_value, component_value, context_value,
-    instance_value, render_env_with, render_files_with,
+    instance_value,
 };
 use crate::spec::{ComponentSpec, HealthCheck, RoleSpec};
 use crate::storage::records::{Applied, ClusterRecord, InstanceRecord, Limits, PackageRecord};
@@ -108,7 +108,8 @@ impl<'a> RenderBase<'a> {
     pub fn files_and_env(&self, inst: &InstanceRecord) -> Result<(Vec<RenderedFile>, Env), Error> {
         let role = self.role(inst)?;
         let ctx = self.context(inst);
-        Ok((render_files_with(role, &ctx)?, render_env_with(role, &ctx)?))
+        let t = &self.spec.templates;
+        Ok((t.render_files(role, &ctx)?, t.render_env(role, &ctx)?))
     }
 
     /// The full install payload of one instance: process spec with rendered env, files.

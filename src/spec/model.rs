@@ -35,6 +35,8 @@ pub struct ComponentSpec {
     pub config: BTreeMap<String, ConfigParam>,
     /// In file order.
     pub roles: Vec<RoleSpec>,
+    /// Every template, compiled once.
+    pub templates: render::Templates,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,10 +162,12 @@ impl ComponentSpec {
             }
             roles.push(role(r)?);
         }
+        let templates = render::Templates::compile(&roles)?;
         Ok(ComponentSpec {
             component: ComponentInfo { name: raw.component.name, version: raw.component.version },
             config,
             roles,
+            templates,
         })
     }
 

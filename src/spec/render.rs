@@ -231,19 +231,90 @@ fn render_one(env: &Environment<'static>, field: &str, source: &str, ctx: &Value
     Ok(out)
 }
 
-/// Renders every file of `role` for the instance described by `ctx`, in file order.
-pub fn render_files(role: &RoleSpec, ctx: &RenderContext) -> Result<Vec<RenderedFile>, SpecError> {
-    render_files_with(role, &ctx.to_value())
+/// Every template of a spec, compiled once when the spec is parsed: a
+/// render then costs the render, not a parse of the template (the master
+/// renders each of 100,000 instances).
+#[derive(Clone)]
+pub struct Templates(std::sync::Arc<Environment<'static>>);
+
+impl std::fmt::Debug for Templates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Templates")
+    }
 }
 
-/// [`render_files`] from a context already made a template value.
-pub fn render_files_with(role: &RoleSpec, value: &Value) -> Result<Vec<RenderedFile>, SpecError> {
+/// Compiled from the spec's own text: two specs are equal by that text.
+impl PartialEq for Templates {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Templates {
+    /// Compiles every file and environment template of `roles`.
+    pub fn compile(roles: &[RoleSpec]) -> Result<Templates, SpecError> {
+        let mut env = environment();
+        for role in roles {
+            for (i, file) in role.files.iter().enumerate() {
+                let field = file_field(&role.name, i);
+                env.add_template_owned(field.clone(), file.template.clone()).map_err(|e| template_error(&field, &e))?;
+            }
+            for (key, template) in &role.env {
+                let field = env_field(&role.name, key);
+                env.add_template_owned(field.clone(), template.clone()).map_err(|e| template_error(&field, &e))?;
+            }
+        }
+        Ok(Templates(std::sync::Arc::new(env)))
+    }
+
+    fn render(&self, field: &str, value: &Value) -> Result<String, SpecError> {
+        let out = self.0.get_template(field).and_then(|t| t.render(value)).map_err(|e| template_error(field, &e))?;
+        if out.len() > MAX_RENDERED_BYTES {
+            return Err(SpecError::new(
+                field,
+                format!("renders to {} bytes, over the limit of {MAX_RENDERED_BYTES}", out.len()),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Renders every file of `role` for the context `value`, in file order.
+    pub fn render_files(&self, role: &RoleSpec, value: &Value) -> Result<Vec<RenderedFile>, SpecError> {
+        role.files
+            .iter()
+            .enumerate()
+            .map(|(i, file)| {
+                let contents = self.render(&file_field(&role.name, i), value)?;
+                Ok(RenderedFile { path: file.path.clone(), contents: contents.into_bytes(), mode: file.mode })
+            })
+            .collect()
+    }
+
+    /// Renders the environment of `role` for the context `value`, sorted by
+    /// variable name.
+    pub fn render_env(&self, role: &RoleSpec, value: &Value) -> Result<Vec<(String, String)>, SpecError> {
+        role.env
+            .iter()
+            .map(|(key, _)| {
+                let rendered = self.render(&env_field(&role.name, key), value)?;
+                if rendered.contains('\0') {
+                    return Err(SpecError::new(env_field(&role.name, key), "rendered value contains NUL"));
+                }
+                Ok((key.clone(), rendered))
+            })
+            .collect()
+    }
+}
+
+/// Renders every file of `role` for the instance described by `ctx`, in file order.
+pub fn render_files(role: &RoleSpec, ctx: &RenderContext) -> Result<Vec<RenderedFile>, SpecError> {
     let env = environment();
+    let value = ctx.to_value();
     role.files
         .iter()
         .enumerate()
         .map(|(i, file)| {
-            let contents = render_one(&env, &file_field(&role.name, i), &file.template, value)?;
+            let contents = render_one(&env, &file_field(&role.name, i), &file.template, &value)?;
             Ok(RenderedFile { path: file.path.clone(), contents: contents.into_bytes(), mode: file.mode })
         })
         .collect()
@@ -252,16 +323,12 @@ pub fn render_files_with(role: &RoleSpec, value: &Value) -> Result<Vec<RenderedF
 /// Renders the environment of `role` for the instance described by `ctx`,
 /// sorted by variable name.
 pub fn render_env(role: &RoleSpec, ctx: &RenderContext) -> Result<Vec<(String, String)>, SpecError> {
-    render_env_with(role, &ctx.to_value())
-}
-
-/// [`render_env`] from a context already made a template value.
-pub fn render_env_with(role: &RoleSpec, value: &Value) -> Result<Vec<(String, String)>, SpecError> {
     let env = environment();
+    let value = ctx.to_value();
     role.env
         .iter()
         .map(|(key, template)| {
-            let rendered = render_one(&env, &env_field(&role.name, key), template, value)?;
+            let rendered = render_one(&env, &env_field(&role.name, key), template, &value)?;
             if rendered.contains('\0') {
                 return Err(SpecError::new(env_field(&role.name, key), "rendered value contains NUL"));
             }
