@@ -11,6 +11,7 @@
 mod common;
 
 mod integration {
+    mod agent_faults;
     mod bad_inputs;
     mod busy;
     mod crash;
