@@ -23,6 +23,7 @@ mod integration {
     mod lifecycle;
     mod master_restart;
     mod order;
+    mod overload;
     mod resize;
     mod rolling;
     mod scale;
