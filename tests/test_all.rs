@@ -13,6 +13,7 @@ mod common;
 mod integration {
     mod agent_faults;
     mod bad_inputs;
+    mod big_scale;
     mod busy;
     mod crash;
     mod daemon;
@@ -25,6 +26,7 @@ mod integration {
     mod order;
     mod overload;
     mod resize;
+    mod retention;
     mod rolling;
     mod scale;
     mod upgrade;
