@@ -11,7 +11,9 @@
 mod common;
 
 mod integration {
+    mod agent_faults;
     mod bad_inputs;
+    mod big_scale;
     mod busy;
     mod crash;
     mod daemon;
@@ -22,8 +24,10 @@ mod integration {
     mod lifecycle;
     mod master_restart;
     mod order;
+    mod overload;
     mod protocol_battery;
     mod resize;
+    mod retention;
     mod rolling;
     mod scale;
     mod upgrade;

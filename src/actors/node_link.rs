@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -115,6 +115,10 @@ pub struct NodeLink {
     send_timeout: Duration,
     /// Cancelled when the link is closed (by either side, or a stall).
     pub(super) closed: CancellationToken,
+    /// Set when the link was closed because the agent stopped reading, so
+    /// every request the close fails says so (and names the node) instead
+    /// of a bare "not connected", which hid why an install failed.
+    stalled: Arc<AtomicBool>,
 }
 
 /// Removes a pending entry when the caller stops waiting, whatever the reason.
@@ -149,6 +153,7 @@ impl NodeLink {
             reply_timeout,
             send_timeout,
             closed: CancellationToken::new(),
+            stalled: Arc::default(),
         }
     }
 
@@ -156,6 +161,21 @@ impl NodeLink {
     pub fn close(&self) {
         self.closed.cancel();
         lock(&self.pending).clear();
+    }
+
+    /// Closes the link because the agent stopped reading it.
+    pub(super) fn close_stalled(&self) {
+        self.stalled.store(true, Ordering::SeqCst);
+        self.close();
+    }
+
+    /// The error of a request the link's close failed.
+    fn closed_error(&self) -> NodeError {
+        if self.stalled.load(Ordering::SeqCst) {
+            NodeError::Stalled { node: self.node.clone(), after: self.send_timeout }
+        } else {
+            NodeError::Disconnected(self.node.clone())
+        }
     }
 
     pub fn is_closed(&self) -> bool {
@@ -180,15 +200,15 @@ impl NodeLink {
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Result<(), NodeError> {
         if self.is_closed() {
-            return Err(NodeError::Disconnected(self.node.clone()));
+            return Err(self.closed_error());
         }
         match self.tx.send_timeout((frame, permit), self.send_timeout).await {
             Ok(()) => Ok(()),
-            Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(NodeError::Disconnected(self.node.clone())),
+            Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(self.closed_error()),
             Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
                 tracing::warn!(node = %self.node, after = ?self.send_timeout, "agent is not reading; closing its link");
-                self.close();
-                Err(NodeError::Stalled { node: self.node.clone(), after: self.send_timeout })
+                self.close_stalled();
+                Err(self.closed_error())
             }
         }
     }
@@ -210,10 +230,10 @@ impl NodeLink {
             r = tokio::time::timeout(after, rx.recv()) => match r {
                 Ok(Some(AgentResponse::Failed(f))) => Err(NodeError::Failed(f)),
                 Ok(Some(r)) => Ok(r),
-                Ok(None) => Err(NodeError::Disconnected(self.node.clone())),
+                Ok(None) => Err(self.closed_error()),
                 Err(_) => Err(NodeError::Timeout { node: self.node.clone(), what, after }),
             },
-            _ = closed => Err(NodeError::Disconnected(self.node.clone())),
+            _ = closed => Err(self.closed_error()),
         }
     }
 

@@ -4,6 +4,15 @@
 //! frame), and routes the agent's reports of process exits straight to the
 //! instance's cluster actor, acknowledging each once it is applied.
 //!
+//! A report whose cluster's mailbox is full is held here, in arrival
+//! order, and offered again every few milliseconds (not only when the agent
+//! sends it again, 3 s later: a burst of a thousand crashes would take
+//! minutes to show). The reports of one instance are applied in the order
+//! the agent made them: one held (or dropped) keeps every later report of
+//! its instance behind it. Without that, a restart report could be applied
+//! (a no-op: the exit it follows was not seen yet) and acknowledged before
+//! its exit report, which then left the instance `Starting` for good.
+//!
 //! Requests are sent through a [`NodeLink`] (see `node_link`), so a long
 //! install never occupies this actor's mailbox and many instance actors
 //! talk to one agent concurrently. The socket's write half belongs to a
@@ -11,6 +20,7 @@
 //! gets its link closed, which stops this actor and fails every waiting
 //! request at once.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -33,6 +43,20 @@ use crate::protocol::messages::{AgentEvent, AgentFrame, MasterFrame};
 /// Frames waiting for the socket, per link.
 const LINK_QUEUE: usize = 64;
 
+/// Reports one connection holds for clusters whose mailbox is full; past
+/// it a report is dropped unacknowledged (the agent sends it again).
+const HELD_MAX: usize = 4096;
+
+/// How often held reports are offered to their clusters again.
+const RETRY_HELD: Duration = Duration::from_millis(20);
+
+/// A report waiting for room in its cluster's mailbox.
+struct Held {
+    instance: InstanceId,
+    observation: Observation,
+    ack: Option<Ack>,
+}
+
 /// The actor owning one agent connection's read side.
 pub struct NodeManagerActor {
     node: NodeId,
@@ -40,6 +64,17 @@ pub struct NodeManagerActor {
     entry: Arc<NodeEntry>,
     shared: Shared,
     stats: Arc<ActorStats>,
+    /// Reports held for room, in arrival order.
+    held: VecDeque<Held>,
+    /// Held reports per instance: a later report of one waits behind them.
+    held_of: HashMap<InstanceId, usize>,
+    /// Sequence numbers held (a resend of one is not held twice).
+    held_seqs: HashSet<u64>,
+    /// Instances with a report dropped (no room to hold it), by the
+    /// earliest such sequence number: their later reports are dropped too
+    /// until the agent sends that one again (it resends in order).
+    dropped: HashMap<InstanceId, u64>,
+    retry_scheduled: bool,
 }
 
 static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
@@ -95,7 +130,18 @@ impl NodeManagerActor {
         let l = link.clone();
         NodeManagerActor::start_in_arbiter(&arbiter, move |ctx| {
             ctx.add_stream(reader);
-            NodeManagerActor { node, link: l, entry, shared, stats }
+            NodeManagerActor {
+                node,
+                link: l,
+                entry,
+                shared,
+                stats,
+                held: VecDeque::new(),
+                held_of: HashMap::new(),
+                held_seqs: HashSet::new(),
+                dropped: HashMap::new(),
+                retry_scheduled: false,
+            }
         });
         link
     }
@@ -103,25 +149,112 @@ impl NodeManagerActor {
     /// Sends an observation to the instance's cluster actor, with the ack
     /// to send once it is applied. An instance the master does not know is
     /// acknowledged at once (there is nothing to apply); a cluster whose
-    /// mailbox is full gets nothing, and the agent sends the report again.
-    fn route(&self, instance: InstanceId, observation: Observation, ack: Option<Ack>) {
-        let cluster = self.entry.instances().get(&instance).cloned();
+    /// mailbox is full gives it back, to hold.
+    fn deliver(&self, held: Held) -> Option<Held> {
+        let cluster = self.entry.instances().get(&held.instance).cloned();
         let handle = cluster.and_then(|c| self.shared.registry.get(&c));
         let Some(handle) = handle else {
-            tracing::debug!(%instance, node = %self.node, "report about an instance the master does not know");
-            if let Some(a) = ack {
+            tracing::debug!(instance = %held.instance, node = %self.node, "report about an instance the master does not know");
+            if let Some(a) = held.ack {
                 a.send();
             }
-            return;
+            return None;
         };
         if !handle.stats.try_enqueue(self.shared.limits.cluster_mailbox) {
-            tracing::debug!(%instance, "cluster mailbox full; the agent will send the report again");
-            return;
+            return Some(held);
         }
-        handle.addr.do_send(InstanceObserved { instance, observation, ack });
+        handle.addr.do_send(InstanceObserved { instance: held.instance, observation: held.observation, ack: held.ack });
+        None
     }
 
-    fn report(&self, event: AgentEvent, ack: Option<Ack>) {
+    /// Routes a report in order with the other reports of its instance:
+    /// delivered now when nothing of its instance waits and its cluster
+    /// has room, else held (or, past [`HELD_MAX`], dropped unacknowledged).
+    fn route(&mut self, instance: InstanceId, observation: Observation, ack: Option<Ack>, ctx: &mut Context<Self>) {
+        let seq = ack.as_ref().map(|a| a.seq);
+        if let (Some(s), Some(&first)) = (seq, self.dropped.get(&instance)) {
+            if s > first {
+                // An earlier report of this instance was dropped: this one
+                // comes again after it.
+                return;
+            }
+            if s == first {
+                self.dropped.remove(&instance);
+            }
+        }
+        if seq.is_some_and(|s| self.held_seqs.contains(&s)) {
+            return;
+        }
+        let report = Held { instance, observation, ack };
+        let report = if self.held_of.contains_key(&report.instance) {
+            report
+        } else {
+            match self.deliver(report) {
+                None => return,
+                Some(r) => r,
+            }
+        };
+        self.hold(report, ctx);
+    }
+
+    fn hold(&mut self, report: Held, ctx: &mut Context<Self>) {
+        let seq = report.ack.as_ref().map(|a| a.seq);
+        if self.held.len() >= HELD_MAX {
+            tracing::debug!(instance = %report.instance, "cluster mailbox full and too many reports held; the agent will send it again");
+            if let Some(s) = seq {
+                self.dropped.entry(report.instance).or_insert(s);
+            }
+            return;
+        }
+        if let Some(s) = seq {
+            self.held_seqs.insert(s);
+        }
+        *self.held_of.entry(report.instance.clone()).or_default() += 1;
+        self.held.push_back(report);
+        if !self.retry_scheduled {
+            self.retry_scheduled = true;
+            ctx.run_later(RETRY_HELD, |act, ctx| act.retry_held(ctx));
+        }
+    }
+
+    /// Offers every held report to its cluster again, in order; one that
+    /// still finds no room keeps its instance's later reports held.
+    fn retry_held(&mut self, ctx: &mut Context<Self>) {
+        self.retry_scheduled = false;
+        let mut stuck: HashSet<InstanceId> = HashSet::new();
+        for _ in 0..self.held.len() {
+            let Some(report) = self.held.pop_front() else { break };
+            if stuck.contains(&report.instance) {
+                self.held.push_back(report);
+                continue;
+            }
+            let instance = report.instance.clone();
+            let seq = report.ack.as_ref().map(|a| a.seq);
+            match self.deliver(report) {
+                None => {
+                    if let Some(s) = seq {
+                        self.held_seqs.remove(&s);
+                    }
+                    if let Some(n) = self.held_of.get_mut(&instance) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.held_of.remove(&instance);
+                        }
+                    }
+                }
+                Some(report) => {
+                    stuck.insert(instance);
+                    self.held.push_back(report);
+                }
+            }
+        }
+        if !self.held.is_empty() {
+            self.retry_scheduled = true;
+            ctx.run_later(RETRY_HELD, |act, ctx| act.retry_held(ctx));
+        }
+    }
+
+    fn report(&mut self, event: AgentEvent, ack: Option<Ack>, ctx: &mut Context<Self>) {
         match event {
             AgentEvent::Heartbeat => {
                 if let Some(a) = ack {
@@ -138,12 +271,12 @@ impl NodeManagerActor {
                     restart_in_ms.map(Duration::from_millis),
                 );
                 let observation = Observation::Exited { pid, description, restarting: restart_in_ms.is_some() };
-                self.route(instance, observation, ack);
+                self.route(instance, observation, ack, ctx);
             }
             AgentEvent::ProcessRestarted { instance, pid, error } => {
                 let error =
                     error.map(|e| format!("instance {instance} on node {} could not be restarted: {e}", self.node));
-                self.route(instance, Observation::Restarted { pid, error }, ack);
+                self.route(instance, Observation::Restarted { pid, error }, ack, ctx);
             }
         }
     }
@@ -204,6 +337,7 @@ async fn write_frames(
             }
             Err(_) => {
                 tracing::warn!(node = %link.node, after = ?deadline, "agent is not reading (a write timed out); closing its link");
+                link.close_stalled();
                 break;
             }
         }
@@ -250,10 +384,10 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
                     None => tracing::debug!(node = %self.node, request_id, "reply to a request nobody waits for"),
                 }
             }
-            Ok(AgentFrame::Event(event)) => self.report(event, None),
+            Ok(AgentFrame::Event(event)) => self.report(event, None, ctx),
             Ok(AgentFrame::Report { seq, event }) => {
                 let ack = Ack { link: self.link.clone(), seq };
-                self.report(event, Some(ack));
+                self.report(event, Some(ack), ctx);
             }
             Ok(AgentFrame::Refused { reason }) => {
                 tracing::error!(node = %self.node, %reason, "agent refused the connection");

@@ -294,8 +294,8 @@ impl Templates {
     /// variable name.
     pub fn render_env(&self, role: &RoleSpec, value: &Value) -> Result<Vec<(String, String)>, SpecError> {
         role.env
-            .iter()
-            .map(|(key, _)| {
+            .keys()
+            .map(|key| {
                 let rendered = self.render(&env_field(&role.name, key), value)?;
                 if rendered.contains('\0') {
                     return Err(SpecError::new(env_field(&role.name, key), "rendered value contains NUL"));

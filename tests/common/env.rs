@@ -2,18 +2,25 @@
 //! processes (the binary cargo built for this test run) in a temp dir, with
 //! their logs in files, torn down in the right order when the env is dropped.
 //!
+//! [`TestEnv::start_sim`] starts the same real master with N simulated agents
+//! instead ([`flotilla::bench::sim::Fleet`], in the test process: the real
+//! protocol over real TCP, a fake process layer), for tests of the master
+//! under load and under agent faults (a slow reader, a half-open link).
+//!
 //! Tests run as parallel threads of one process, so every env gets its own
 //! loopback IPs (127.0.K.11/12/13) and its own block of 200 instance ports;
 //! K and the block come from a per-process counter mixed with the pid, so two
 //! test processes on one machine are unlikely to collide either.
 
 use std::fs::{File, OpenOptions};
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use flotilla::bench::sim::{Fleet, FleetConfig, Latency};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -25,7 +32,10 @@ pub const AGENTS: usize = 3;
 
 static NEXT_SLOT: AtomicU32 = AtomicU32::new(0);
 
-/// A master and three agents, ready (every node `Ready`) once `start` returns.
+/// The node id prefix of simulated agents (`sim-1`, `sim-2`, ...).
+pub const SIM_PREFIX: &str = "sim-";
+
+/// A master and its agents, ready (every node `Ready`) once `start` returns.
 pub struct TestEnv {
     pub name: String,
     /// `http://127.0.0.1:PORT/api/v1`
@@ -46,6 +56,10 @@ pub struct TestEnv {
     master_env: Vec<(String, String)>,
     /// Extra command-line flags per agent (index 1..=3).
     agent_flags: Vec<(usize, String)>,
+    /// How many nodes `wait_ready` waits for.
+    nodes: usize,
+    /// The simulated agents of [`TestEnv::start_sim`] (none with real agents).
+    pub fleet: Option<Fleet>,
 }
 
 impl TestEnv {
@@ -67,6 +81,54 @@ impl TestEnv {
     }
 
     async fn start_full(name: &str, master_env: &[(&str, &str)], agent_flags: &[(usize, &str)]) -> TestEnv {
+        let mut env = TestEnv::new(name, master_env, agent_flags, AGENTS).await;
+        for i in 1..=AGENTS {
+            let agent = env.spawn_agent(i);
+            env.agents.push(agent);
+        }
+        env.wait_ready().await;
+        env
+    }
+
+    /// A real master with `agents` simulated agents (`sim-1`...) in this
+    /// process, no latency; ready once every node is `Ready`.
+    pub async fn start_sim(name: &str, master_env: &[(&str, &str)], agents: usize) -> TestEnv {
+        TestEnv::start_sim_with(name, master_env, agents, Latency::default()).await
+    }
+
+    /// Like [`TestEnv::start_sim`], with the fake processes' latencies.
+    pub async fn start_sim_with(name: &str, master_env: &[(&str, &str)], agents: usize, latency: Latency) -> TestEnv {
+        let mut env = TestEnv::new(name, master_env, &[], agents).await;
+        env.fleet = Some(Fleet::start(&env.fleet_config(agents, latency)));
+        env.wait_ready().await;
+        env
+    }
+
+    /// How a fleet of `agents` simulated agents dials this env's master;
+    /// another fleet with the same prefix has the same node ids.
+    pub fn fleet_config(&self, agents: usize, latency: Latency) -> FleetConfig {
+        FleetConfig {
+            master: self.agent_socket(),
+            agents,
+            prefix: SIM_PREFIX.into(),
+            // Simulated instances bind nothing: a wide range costs nothing.
+            port_range: (20000, 60000),
+            latency,
+        }
+    }
+
+    /// The master's agent listener.
+    pub fn agent_socket(&self) -> SocketAddr {
+        self.agent_addr.parse().expect("agent address")
+    }
+
+    /// The simulated agents; panics for an env of real agents.
+    pub fn fleet(&self) -> &Fleet {
+        self.fleet.as_ref().expect("an env of simulated agents (TestEnv::start_sim)")
+    }
+
+    /// The temp dir, master started and listening, no agent yet.
+    async fn new(name: &str, master_env: &[(&str, &str)], agent_flags: &[(usize, &str)], nodes: usize) -> TestEnv {
         let slot = NEXT_SLOT.fetch_add(1, Ordering::SeqCst).wrapping_add(std::process::id().wrapping_mul(37));
         let k = slot % 250 + 1;
         let low = 20000 + (slot % 200) as u16 * 200;
@@ -90,14 +152,11 @@ impl TestEnv {
             agent_addr: "127.0.0.1:0".into(),
             master_env: master_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             agent_flags: agent_flags.iter().map(|(i, f)| (*i, f.to_string())).collect(),
+            nodes,
+            fleet: None,
         };
         env.master = Some(env.spawn_master());
         env.wait_endpoints().await;
-        for i in 1..=AGENTS {
-            let agent = env.spawn_agent(i);
-            env.agents.push(agent);
-        }
-        env.wait_ready().await;
         env
     }
 
@@ -224,7 +283,7 @@ impl TestEnv {
     /// Every instance directory on every agent.
     pub fn agent_instance_dirs(&self) -> Vec<std::path::PathBuf> {
         let mut out = Vec::new();
-        for i in 1..=AGENTS {
+        for i in 1..=self.agents.len() {
             if let Ok(rd) = std::fs::read_dir(self.root_path.join(format!("agent-{i}/instances"))) {
                 out.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
             }
@@ -235,6 +294,7 @@ impl TestEnv {
 
     /// Waits until `GET /nodes` shows every agent connected and Ready.
     pub async fn wait_ready(&self) {
+        let n = self.nodes;
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut last = Value::Null;
         while Instant::now() < deadline {
@@ -245,14 +305,14 @@ impl TestEnv {
                     .as_array()
                     .map(|a| a.iter().filter(|n| n["status"] == "Ready" && n["connected"] == true).count())
                     .unwrap_or(0);
-                if ready == AGENTS {
+                if ready == n {
                     return;
                 }
                 last = v;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("{AGENTS} nodes not Ready within 30 s; last GET /nodes: {last:#}\n{}", self.log_tails());
+        panic!("{n} nodes not Ready within 30 s; last GET /nodes: {last:#}\n{}", self.log_tails());
     }
 
     /// The last lines of the master's and agents' logs, and of every
@@ -265,11 +325,11 @@ impl TestEnv {
     pub fn log_tails(&self) -> String {
         let mut out = String::new();
         let mut files = vec![self.root_path.join("master.log")];
-        files.extend((1..=AGENTS).map(|i| self.root_path.join(format!("agent-{i}.log"))));
+        files.extend((1..=self.agents.len()).map(|i| self.root_path.join(format!("agent-{i}.log"))));
         for f in files {
             out.push_str(&tail(&f, 60));
         }
-        for i in 1..=AGENTS {
+        for i in 1..=self.agents.len() {
             let instances = self.root_path.join(format!("agent-{i}/instances"));
             let Ok(dirs) = std::fs::read_dir(&instances) else { continue };
             for d in dirs.flatten() {
@@ -317,6 +377,8 @@ impl Drop for TestEnv {
     fn drop(&mut self) {
         let failed = std::thread::panicking();
         let mut problems = Vec::new();
+        // Simulated agents stop dialing once their fleet is gone.
+        drop(self.fleet.take());
         for a in &self.agents {
             signal(a, Signal::SIGTERM);
         }

@@ -22,6 +22,33 @@ impl TestEnv {
         (status, body)
     }
 
+    /// POST with the answer's headers too (for `Retry-After`).
+    pub async fn post_full(&self, path: &str, body: Value) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let what = format!("POST {path}");
+        let req = self.client.post(format!("{}{path}", self.api)).json(&body);
+        let resp = req.send().await.unwrap_or_else(|e| panic!("{what}: request failed: {e}"));
+        let (status, headers) = (resp.status(), resp.headers().clone());
+        let text = resp.text().await.unwrap_or_else(|e| panic!("{what}: reading the body failed: {e}"));
+        (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// Polls `check` every 100 ms for up to `secs` seconds until it answers
+    /// `Ok`; else panics with `what`, the last `Err` (the state it saw) and
+    /// the tails of the logs.
+    pub async fn until<T>(&self, secs: u64, what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let last = match check().await {
+                Ok(v) => return v,
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                panic!("{what}: not within {secs} s; last seen: {last}\n{}", self.log_tails());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn get(&self, path: &str) -> (StatusCode, Value) {
         self.send(self.client.get(format!("{}{path}", self.api)), &format!("GET {path}")).await
     }

@@ -1,6 +1,6 @@
 //! The integration-test harness: [`TestEnv`] (a real master and three real
-//! agents), admin API helpers, an in-memory package builder, and `/proc`
-//! readers to check the real processes.
+//! agents, or simulated ones), admin API helpers, an in-memory package
+//! builder, and `/proc` readers to check the real processes.
 
 pub mod env;
 pub mod fake_master;
@@ -8,6 +8,7 @@ pub mod http;
 pub mod package;
 pub mod procfs;
 pub mod scripts;
+pub mod sim;
 pub mod zk;
 
 pub use env::TestEnv;

@@ -76,3 +76,16 @@ pub async fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// Every live process started for an instance, by the instance id in its
+/// `FLOTILLA_INSTANCE` environment variable: one pass over `/proc`.
+pub fn pids_by_instance() -> std::collections::BTreeMap<String, Vec<u32>> {
+    let mut out: std::collections::BTreeMap<String, Vec<u32>> = Default::default();
+    for pid in all_pids().into_iter().filter(|p| pid_alive(*p)) {
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if let Some(id) = env.split(|b| *b == 0).find_map(|e| e.strip_prefix(b"FLOTILLA_INSTANCE=")) {
+            out.entry(String::from_utf8_lossy(id).into_owned()).or_default().push(pid);
+        }
+    }
+    out
+}

@@ -6,7 +6,8 @@
 //! [`ActorStats::try_enqueue`] before it sends, and the actor gives it back
 //! when it takes the message ([`ActorStats::begin`]). A sender that finds
 //! the mailbox full does not send: the API answers `503 overloaded`, an
-//! agent's report stays unacknowledged (and is sent again).
+//! agent's report waits in its node manager (past that one's bound, it
+//! stays unacknowledged and the agent sends it again).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

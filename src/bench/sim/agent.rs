@@ -7,8 +7,9 @@
 //!
 //! Faults for tests and load runs: a crash of an instance (an exit report,
 //! then a restart by the "agent"), a slow reader (stops reading its
-//! socket), a frozen link (stops reading and writing: a half-open
-//! connection), and a dropped connection (it reconnects).
+//! socket, at once or once an install's bytes start coming), a frozen link
+//! (stops reading and writing: a half-open connection), and a dropped
+//! connection (it reconnects).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -51,10 +52,15 @@ pub struct Latency {
 pub struct Faults {
     /// Stop reading the socket (a slow reader).
     pub stalled: AtomicBool,
+    /// Set `stalled` right after asking for the bytes of the next install
+    /// (an agent whose disk hangs mid-install): the package's chunks pile
+    /// up in the socket, which a stall before the install cannot show (the
+    /// master waits for the answer to `InstallBegin` before any chunk).
+    pub stall_on_install: AtomicBool,
     /// Stop reading and writing, heartbeats too, but keep the socket open
     /// (a half-open connection, as after a network partition).
     pub frozen: AtomicBool,
-    /// Wakes the session after a switch flipped back.
+    /// Wakes the session after a switch flipped (either way).
     pub resumed: Notify,
     /// Drops the current connection (the agent reconnects).
     pub kick: Notify,
@@ -200,6 +206,12 @@ impl SimAgent {
                     Err(e) => Err(ProtocolError::Unexpected(format!("writer task: {e}"))),
                 },
                 _ = self.faults.kick.notified() => break Ok(()),
+                // A switch flipped (stalled, frozen): it applies at once, not
+                // after one more frame (reading is cancel-safe: a frame
+                // half-read stays in the reader's buffer). Without this an
+                // idle agent frozen while waiting would still read the
+                // master's close and dial again: no half-open link at all.
+                _ = self.faults.resumed.notified() => continue,
             };
             let frame = match frame {
                 None => break Ok(()),
@@ -270,6 +282,9 @@ impl SimAgent {
                     Ok(true) => {
                         incoming.insert(request_id, Incoming { begin, hasher: Sha256::new(), size: 0 });
                         Self::reply(tx, request_id, AgentResponse::InstallReady { need_bytes: true }).await;
+                        if self.faults.stall_on_install.swap(false, Ordering::Relaxed) {
+                            self.faults.stalled.store(true, Ordering::Relaxed);
+                        }
                     }
                     Ok(false) => {
                         // Queued before the completion task exists: the
@@ -372,6 +387,12 @@ impl SimAgent {
     pub fn set_stalled(&self, yes: bool) {
         self.faults.stalled.store(yes, Ordering::Relaxed);
         self.faults.resumed.notify_waiters();
+    }
+
+    /// Stops reading once the next install's bytes are asked for; see
+    /// [`Faults::stall_on_install`]. `set_stalled(false)` resumes.
+    pub fn stall_at_next_install(&self) {
+        self.faults.stall_on_install.store(true, Ordering::Relaxed);
     }
 
     pub fn set_frozen(&self, yes: bool) {

@@ -1,0 +1,151 @@
+//! Agents that misbehave on the wire, simulated in the test process: one
+//! that stops reading its socket in the middle of an install (its
+//! operation must end, saying so, instead of hanging), and one whose
+//! connection went half-open while it dialed again (the new connection
+//! must take over, the old one be closed).
+
+use std::io::Read;
+use std::sync::Arc;
+use std::time::Instant;
+
+use flotilla::bench::sim::{Latency, SimAgent, address};
+use flotilla::ids::InstanceId;
+use serde_json::{Value, json};
+
+use crate::common::sim::{self, CLOSE_WAIT, ESTABLISHED, tcp_to};
+use crate::common::{TestEnv, all_instances, id_of};
+
+/// `n` bytes from the kernel's random source: a package gzip cannot shrink.
+fn random_bytes(n: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n as usize);
+    std::fs::File::open("/dev/urandom").expect("/dev/urandom").take(n).read_to_end(&mut out).expect("read random");
+    out
+}
+
+/// Whether the node is connected and Ready, as `GET /nodes/{id}` says.
+fn ready(node: &Value) -> bool {
+    node["connected"] == true && node["status"] == "Ready"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_stops_reading_mid_install_fails_the_operation_and_is_dropped() {
+    let env = TestEnv::start_sim("stall", &[("FLOTILLA_MASTER_AGENT_SEND_TIMEOUT", "1s")], 1).await;
+    let agent = env.fleet().agents[0].clone();
+    env.upload(&sim::package("big", "1.0.0", 3)).await;
+    let body = json!({"name": "st", "package": {"name": "big", "version": "1.0.0"}, "roles": {"d": {"count": 1}}});
+    env.create_active(body).await;
+    // Version 2 carries 24 MiB of incompressible bytes: more than the
+    // socket buffers on both sides hold, so its chunks must block.
+    let v2 = sim::package("big", "2.0.0", 3).file("lib/blob.bin", 0o644, random_bytes(24 << 20));
+    let sha = env.upload(&v2).await["sha256"].as_str().expect("sha256").to_string();
+
+    agent.stall_at_next_install();
+    let started = Instant::now();
+    let (status, resp) = env.post("/clusters/st/upgrade", json!({"version": "2.0.0"})).await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{resp:#}");
+    let id = resp["operation"]["id"].as_str().unwrap().to_string();
+    let op = env
+        .until(30, "the upgrade to a stalled agent ends", async || {
+            let (_, body) = env.get(&format!("/operations/{id}?wait=5")).await;
+            let op = &body["operation"];
+            if ["Failed", "RolledBack"].iter().any(|s| op["status"] == *s) {
+                Ok(op.clone())
+            } else {
+                Err(format!("{op:#}"))
+            }
+        })
+        .await;
+    let took = started.elapsed();
+    assert!(agent.faults.stalled.load(std::sync::atomic::Ordering::Relaxed), "the agent never stalled");
+    let error = op["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("sim-1") && error.contains("stopped reading"),
+        "the operation's error does not say that node sim-1 stopped reading: {op:#}"
+    );
+    env.until(10, "GET /nodes shows sim-1 not connected", async || {
+        let n = env.node("sim-1").await;
+        if n["connected"] == false { Ok(()) } else { Err(format!("{n:#}")) }
+    })
+    .await;
+
+    // Reading again, the agent finds its connection closed and dials again.
+    agent.set_stalled(false);
+    env.until(30, "sim-1 connected and Ready again", async || {
+        let n = env.node("sim-1").await;
+        if ready(&n) { Ok(()) } else { Err(format!("{n:#}")) }
+    })
+    .await;
+    // The cluster works again, and the package now crosses the new link.
+    let c = env.cluster("st").await;
+    if c["status"] != "Active" {
+        env.run_ok("/clusters/st/start", None).await;
+    }
+    let c = env.cluster("st").await;
+    if c["package"]["version"] == "2.0.0" {
+        env.run_ok("/clusters/st/restart", None).await;
+    } else {
+        env.run_ok("/clusters/st/upgrade", Some(json!({"version": "2.0.0"}))).await;
+    }
+    let c = env.cluster("st").await;
+    assert_eq!((&c["status"], &c["package"]["version"]), (&json!("Active"), &json!("2.0.0")), "{c:#}");
+    assert!(all_instances(&c).iter().all(|i| i["status"] == "Running"), "{c:#}");
+    assert!(agent.state.lock().unwrap().packages.contains(&sha), "the agent never received version 2 in full");
+    eprintln!("stall: the stalled upgrade ended {} after {took:?}: {error}", op["status"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_dials_again_replaces_its_half_open_connection() {
+    let env = TestEnv::start_sim("halfopen", &[], 1).await;
+    let old = env.fleet().agents[0].clone();
+    env.upload(&sim::package("svc", "1.0.0", 5)).await;
+    let body = json!({"name": "ho", "package": {"name": "svc", "version": "1.0.0"}, "roles": {"d": {"count": 3}}});
+    let before = all_instances(&env.create_active(body).await);
+    let port = env.agent_socket().port();
+    let conns = tcp_to(port);
+    let [(old_port, ESTABLISHED)] = conns[..] else { panic!("one connection from the agent expected: {conns:?}") };
+
+    // The link goes half-open: the old connection neither reads nor
+    // writes, and stays open. The same agent (same node id, same state)
+    // dials again, as after a network partition.
+    old.set_frozen(true);
+    let new = SimAgent::new(old.node.clone(), address(0), old.port_range, Latency::default());
+    {
+        let held = old.state.lock().unwrap();
+        let mut s = new.state.lock().unwrap();
+        s.instances = held.instances.clone();
+        s.packages = held.packages.clone();
+    }
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(Arc::clone(&new).serve(env.agent_socket(), stop_rx));
+
+    env.until(15, "the new connection accepted, the old one closed by the master", async || {
+        let n = env.node("sim-1").await;
+        let conns = tcp_to(port);
+        let old_closed = conns.iter().any(|&(p, s)| p == old_port && s == CLOSE_WAIT);
+        let new_open = conns.iter().any(|&(p, s)| p != old_port && s == ESTABLISHED);
+        if ready(&n) && new.connected.load(std::sync::atomic::Ordering::Relaxed) && old_closed && new_open {
+            Ok(())
+        } else {
+            Err(format!("node {n:#}; sockets to the master (local port, state): {conns:?}, old port {old_port}"))
+        }
+    })
+    .await;
+    assert!(before.iter().all(|i| i["status"] == "Running"), "{before:#?}");
+    let c = env.cluster("ho").await;
+    assert_eq!(c["status"], "Active", "the reconnect changed the cluster: {c:#}");
+
+    // A new operation reaches the instances through the new connection only.
+    let generation = |a: &SimAgent, id: &str| a.state.lock().unwrap().instances[&InstanceId::new(id)].generation;
+    let old_gens: Vec<u64> = before.iter().map(|i| generation(&old, &id_of(i))).collect();
+    env.run_ok("/clusters/ho/restart", None).await;
+    let after = all_instances(&env.cluster("ho").await);
+    for (i, old_gen) in after.iter().zip(old_gens) {
+        let id = id_of(i);
+        let held = new.state.lock().unwrap().instances[&InstanceId::new(&id)].clone();
+        assert_eq!(i["status"], "Running", "{i:#}");
+        assert_eq!(i["pid"].as_u64(), held.pid.map(u64::from), "{id}: the API's pid is not the new agent's");
+        assert_eq!(i["generation"].as_u64(), Some(held.generation), "{id}: the new agent did not get the restart");
+        assert!(held.generation > old_gen, "{id}: the restart did not reach the new agent");
+        assert_eq!(generation(&old, &id), old_gen, "{id}: the half-open connection got a command");
+    }
+}
