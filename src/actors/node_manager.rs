@@ -315,15 +315,39 @@ async fn write_frames(
     link: NodeLink,
     deadline: Duration,
 ) {
+    let mut permits = Vec::new();
     loop {
-        let (frame, _permit) = tokio::select! {
+        let (frame, permit) = tokio::select! {
             f = rx.recv() => match f {
                 Some(f) => f,
                 None => break,
             },
             _ = link.closed.cancelled() => break,
         };
-        match tokio::time::timeout(deadline, writer.send(frame)).await {
+        permits.extend(permit);
+        // Every frame already queued goes out in the same write: under load
+        // one syscall carries many commands, not one each.
+        let mut batch = vec![frame];
+        while batch.len() < 64 {
+            match rx.try_recv() {
+                Ok((f, p)) => {
+                    permits.extend(p);
+                    batch.push(f);
+                }
+                Err(_) => break,
+            }
+        }
+        let write = async {
+            for f in batch {
+                writer.feed(f).await?;
+            }
+            writer.flush().await
+        };
+        let written = tokio::time::timeout(deadline, write).await;
+        // The chunks are in the socket (or the link is going): their
+        // budget goes back.
+        permits.clear();
+        match written {
             Ok(Ok(())) => {
                 // A package chunk leaves a 1 MiB buffer behind: with a
                 // thousand links, give it back.

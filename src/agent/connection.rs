@@ -223,7 +223,17 @@ pub(crate) async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(
             _ = outbox.added.notified() => reports(&outbox, connection),
             _ = resend.tick() => reports(&outbox, connection),
             r = replies.recv() => match r {
-                Some(f) => vec![f],
+                Some(f) => {
+                    // Every reply already queued goes out in the same write.
+                    let mut v = vec![f];
+                    while v.len() < 64 {
+                        match replies.try_recv() {
+                            Ok(f) => v.push(f),
+                            Err(_) => break,
+                        }
+                    }
+                    v
+                }
                 None => return Ok(()),
             },
         };

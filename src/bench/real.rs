@@ -61,11 +61,16 @@ pub async fn run(args: &RealArgs, setup: &mut Setup, report: &mut Report) -> Res
 
 fn start_agents(n: usize, dir: &Path, master: &str) -> Result<Vec<Child>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
-        .ok()
-        .flatten()
-        .map(|u| u.name)
-        .unwrap_or_else(|| "nobody".into());
+    // As root, instances run as `nobody` (never root); else as whoever runs the bench.
+    let me = if nix::unistd::geteuid().is_root() {
+        "nobody".to_string()
+    } else {
+        nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .unwrap_or_else(|| "nobody".into())
+    };
     let mut out = Vec::new();
     for i in 1..=n {
         let log = std::fs::File::create(dir.join(format!("agent-{i}.log"))).map_err(|e| e.to_string())?;

@@ -88,6 +88,26 @@ impl Report {
     pub fn table(&self) -> String {
         let mut s = String::new();
         let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<34} {v}\n"));
+        if let Some(real) = &self.real {
+            let pct = |v: &Value| format!("p50 {} ms, p99 {} ms ({} samples)", v["p50"], v["p99"], v["count"]);
+            row("real agents", real["nodes"].to_string());
+            row("spawn ceiling (/bin/true)", format!("{}/s", self.spawn_per_s));
+            row("API -> Running, idle", pct(&real["start_to_running_idle_ms"]));
+            row("API -> Running, during scale-up", pct(&real["start_to_running_during_scale_up_ms"]));
+            row("scale-up", format!("{} instances in {} s", real["scale_up_instances"], real["scale_up_secs"]));
+            row(
+                "real starts per second",
+                format!("{} ({} of the spawn ceiling)", real["starts_per_s"], real["starts_per_spawn_ceiling"]),
+            );
+            row("scale-in", format!("{} instances in {} s", real["scale_in_instances"], real["scale_in_secs"]));
+            row("kill -9 -> visible", pct(&real["kill_visible_ms"]));
+            row("API read p50 / p99", format!("{} / {} ms", self.api.read_ms.p50, self.api.read_ms.p99));
+            for (k, v) in &self.targets {
+                let mark = if v["met"] == true { "met" } else { "MISSED" };
+                row(k, format!("{} (target {}) {mark}", v["figure"], v["target"].as_str().unwrap_or_default()));
+            }
+            return s;
+        }
         row("agents (simulated)", self.agents.to_string());
         row("instances placed", self.instances.to_string());
         row("placed per second", format!("{} ({} s)", self.placements_per_s, self.placement_secs));
