@@ -70,6 +70,19 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
     .map_err(|e| MasterError::Storage(crate::storage::StorageError::Codec(e.to_string())))?
     .map_err(MasterError::Storage)?;
 
+    // Instances of a cluster that is gone (a delete a crash cut short
+    // between its steps) are not the master's to run: not indexed, their
+    // ports not held. Left in the store for the operator to see, not deleted.
+    let mut snapshot = snapshot;
+    let clusters: std::collections::HashSet<_> = snapshot.clusters.iter().map(|c| c.id).collect();
+    let before = snapshot.instances.len();
+    snapshot.instances.retain(|i| clusters.contains(&i.cluster_id));
+    if snapshot.instances.len() < before {
+        tracing::warn!(
+            orphans = before - snapshot.instances.len(),
+            "instance records of clusters that no longer exist; ignored"
+        );
+    }
     let store: Arc<dyn MetaStore> = Arc::new(store);
     let read_model = ReadModel::new(store.clone());
     for p in snapshot.packages {
@@ -124,9 +137,17 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
     for l in &snapshot.leftovers {
         shared.ports.reserve(&l.node, l.ports.iter().copied());
     }
-    let boot =
-        Boot { clusters: snapshot.clusters, instances: snapshot.instances, operations: snapshot.operations, history };
+    let (started, booted) = tokio::sync::oneshot::channel();
+    let boot = Boot {
+        clusters: snapshot.clusters,
+        instances: snapshot.instances,
+        operations: snapshot.operations,
+        history,
+        started: Some(started),
+    };
     let supervisor = Supervisor::new(shared.clone(), boot).start();
+    // Agents are admitted once every cluster actor runs (see `Boot::started`).
+    let _ = booted.await;
 
     let agent_listener = TcpListener::bind(&cfg.agent_addr)
         .await
@@ -256,7 +277,7 @@ async fn admit(
     let writer = FramedWrite::new(write_half, MasterCodec::default());
     let reports = hello.inventory;
     NodeManagerActor::start_for(node.clone(), reader, writer, entry, shared.clone());
-    shared.supervisor.enqueue();
-    supervisor.do_send(crate::actors::supervisor::NodeInventory { node, reports });
+    let slot = crate::actors::read_model::Reservation::counted(&shared.supervisor);
+    supervisor.do_send(crate::actors::supervisor::NodeInventory { node, reports, slot });
     Ok(())
 }

@@ -155,6 +155,10 @@ pub struct InstanceActor {
     /// is not sent: a scale-out does not rewrite every member whose files
     /// do not depend on the membership.
     written: std::cell::Cell<Option<[u8; 32]>>,
+    /// Forgotten by its cluster (its record deleted): work still queued in
+    /// its mailbox (a command the watchdog abandoned, an observation) must
+    /// not write the record back.
+    forgotten: std::cell::Cell<bool>,
     /// The mailbox: one message at a time, in arrival order.
     mailbox: tokio::sync::Mutex<()>,
     stats: Arc<InstanceStats>,
@@ -203,6 +207,7 @@ impl InstanceActor {
         let actor = Rc::new(InstanceActor {
             record: RefCell::new(Arc::new(record)),
             written: Default::default(),
+            forgotten: Default::default(),
             mailbox: tokio::sync::Mutex::new(()),
             stats: Arc::default(),
             env,
@@ -216,10 +221,18 @@ impl InstanceActor {
         Rc::new(InstanceActor {
             record: RefCell::new(Arc::new(record)),
             written: Default::default(),
+            forgotten: Default::default(),
             mailbox: tokio::sync::Mutex::new(()),
             stats: Arc::default(),
             env,
         })
+    }
+
+    /// Marks it forgotten (before its record's delete is queued, so no
+    /// write of it can be queued after); `false` undoes that when the
+    /// delete failed.
+    pub fn set_forgotten(&self, yes: bool) {
+        self.forgotten.set(yes);
     }
 
     pub fn record(&self) -> Arc<InstanceRecord> {
@@ -256,10 +269,12 @@ impl InstanceActor {
         out.unwrap_or_else(|e| InstanceResult::failed(&self.id(), e).into())
     }
 
-    /// Applies an observation; answers whether the instance newly failed.
-    pub async fn observe(self: &Rc<Self>, observation: Observation) -> bool {
+    /// Applies an observation; answers whether the instance newly failed,
+    /// or `None` when it could not be applied (its record could not be
+    /// written): then it must not be acknowledged to the agent.
+    pub async fn observe(self: &Rc<Self>, observation: Observation) -> Option<bool> {
         let me = self.clone();
-        self.in_turn("observe", async move { me.apply(observation).await }).await.unwrap_or(false)
+        self.in_turn("observe", async move { me.apply(observation).await }).await.ok().flatten()
     }
 
     /// Queues `work` behind the instance's earlier messages, in its own task.
@@ -283,6 +298,9 @@ impl InstanceActor {
     /// Applies `change` to a copy of the record, persists it, then makes
     /// it the record and publishes it.
     async fn save(&self, change: impl FnOnce(&mut InstanceRecord)) -> Result<(), String> {
+        if self.forgotten.get() {
+            return Err(format!("instance {} was forgotten by its cluster; nothing is recorded", self.id()));
+        }
         let mut next = InstanceRecord::clone(&self.record.borrow());
         change(&mut next);
         if next == **self.record.borrow() {
@@ -314,8 +332,8 @@ impl InstanceActor {
         {
             return InstanceResult::ok(&id, "files unchanged; nothing sent").into();
         }
-        if digest.is_some() {
-            // Unknown until the agent answers.
+        if digest.is_some() || matches!(cmd, InstanceCmd::Delete) {
+            // Unknown until the agent answers (and gone with a delete).
             self.written.set(None);
         }
         let verb = cmd.verb();
@@ -556,8 +574,8 @@ impl InstanceActor {
 
 impl InstanceActor {
     /// What an observation means for the record, applied durably; answers
-    /// whether the instance newly failed.
-    async fn apply(&self, observation: Observation) -> bool {
+    /// whether the instance newly failed (`None`: not applied).
+    async fn apply(&self, observation: Observation) -> Option<bool> {
         let (status, desired, pid, node) = {
             let r = self.record.borrow();
             (r.status, r.desired, r.pid, r.node.clone())
@@ -601,9 +619,13 @@ impl InstanceActor {
             _ => None,
         };
         let Some((status, pid, error)) = change else {
-            return false;
+            return Some(false);
         };
         let failed = matches!(status, InstanceStatus::Failed | InstanceStatus::Lost);
+        if status == InstanceStatus::Lost {
+            // Its node no longer holds it: nothing of its files is known.
+            self.written.set(None);
+        }
         let saved = self
             .save(|r| {
                 r.status = status;
@@ -613,9 +635,14 @@ impl InstanceActor {
                 }
             })
             .await;
-        if let Err(e) = &saved {
-            tracing::error!(instance = %self.id(), error = %e, "cannot record an observation");
+        match saved {
+            Ok(()) => Some(failed),
+            // Forgotten meanwhile: nothing to record, nothing owed.
+            Err(_) if self.forgotten.get() => Some(false),
+            Err(e) => {
+                tracing::error!(instance = %self.id(), error = %e, "cannot record an observation");
+                None
+            }
         }
-        failed && saved.is_ok()
     }
 }

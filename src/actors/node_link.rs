@@ -58,10 +58,28 @@ pub(super) type Pending = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<AgentResp
 
 /// A frame on its way to the socket, with the chunk-budget permit it holds
 /// until it is written.
-pub(super) type Outgoing = (MasterFrame, Option<tokio::sync::OwnedSemaphorePermit>);
+pub(super) type Outgoing = (MasterFrame, Option<ChunkPermit>);
 
 /// Package chunks queued for sockets at once, over all links (MiB).
 pub const CHUNK_BUDGET: usize = 64;
+
+/// Package chunks queued for one link's socket at once: a slow agent can
+/// hold this much of the budget, never all of it.
+pub const LINK_CHUNKS: usize = 4;
+
+/// Requests in flight on one link at once, below what an agent takes
+/// (`agent::connection::MAX_REQUESTS_IN_FLIGHT`): an agent whose requests
+/// are all busy (long starts, hooks) stops reading its socket, and the
+/// master would take that for a stall and close the link. Past this,
+/// commands wait on the master for their turn.
+pub const LINK_REQUESTS: usize = 512;
+
+/// A chunk's place in its link's share and in the budget, given back when
+/// the socket took it.
+pub struct ChunkPermit {
+    _link: tokio::sync::OwnedSemaphorePermit,
+    _budget: tokio::sync::OwnedSemaphorePermit,
+}
 
 /// The live links, by node. Read on every command without a lock; written
 /// when an agent connects or goes.
@@ -109,6 +127,10 @@ pub struct NodeLink {
     pub(super) tx: mpsc::Sender<Outgoing>,
     /// Shared by every link: see [`CHUNK_BUDGET`].
     chunks: Arc<tokio::sync::Semaphore>,
+    /// This link's share of it: see [`LINK_CHUNKS`].
+    link_chunks: Arc<tokio::sync::Semaphore>,
+    /// Requests in flight on this link: see [`LINK_REQUESTS`].
+    requests: Arc<tokio::sync::Semaphore>,
     pub(super) pending: Pending,
     next_id: Arc<AtomicU64>,
     reply_timeout: Duration,
@@ -148,6 +170,8 @@ impl NodeLink {
             connection,
             tx,
             chunks,
+            link_chunks: Arc::new(tokio::sync::Semaphore::new(LINK_CHUNKS)),
+            requests: Arc::new(tokio::sync::Semaphore::new(LINK_REQUESTS)),
             pending: Pending::default(),
             next_id: Arc::new(AtomicU64::new(1)),
             reply_timeout,
@@ -189,16 +213,31 @@ impl NodeLink {
         (id, rx)
     }
 
+    /// A place for one package chunk: this link's share first (a slow
+    /// agent waits on its own), then the budget shared by all links. Waiting
+    /// for the budget is waiting for other links' sockets, not a stall of
+    /// this one: each second of it counts as progress for the step watchdog.
+    async fn chunk_permit(&self, progress: &AtomicU64) -> Result<ChunkPermit, NodeError> {
+        let gone = |_| self.closed_error();
+        let link = self.link_chunks.clone().acquire_owned().await.map_err(gone)?;
+        let budget = loop {
+            match tokio::time::timeout(Duration::from_secs(1), self.chunks.clone().acquire_owned()).await {
+                Ok(p) => break p.map_err(gone)?,
+                Err(_) if self.is_closed() => return Err(self.closed_error()),
+                Err(_) => {
+                    progress.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        };
+        Ok(ChunkPermit { _link: link, _budget: budget })
+    }
+
     /// Queues a frame for the socket, waiting at most the send deadline.
     pub async fn send(&self, frame: MasterFrame) -> Result<(), NodeError> {
         self.send_with(frame, None).await
     }
 
-    async fn send_with(
-        &self,
-        frame: MasterFrame,
-        permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    ) -> Result<(), NodeError> {
+    async fn send_with(&self, frame: MasterFrame, permit: Option<ChunkPermit>) -> Result<(), NodeError> {
         if self.is_closed() {
             return Err(self.closed_error());
         }
@@ -251,10 +290,16 @@ impl NodeLink {
         what: &'static str,
         work: Duration,
     ) -> Result<AgentResponse, NodeError> {
+        let _turn = self.turn().await?;
         let (request_id, mut rx) = self.register();
         let _guard = PendingGuard(&self.pending, request_id);
         self.send(MasterFrame::Request { request_id, body }).await?;
         self.reply_within(&mut rx, what, self.reply_timeout + work).await
+    }
+
+    /// A place among the link's requests in flight (see [`LINK_REQUESTS`]).
+    async fn turn(&self) -> Result<tokio::sync::OwnedSemaphorePermit, NodeError> {
+        self.requests.clone().acquire_owned().await.map_err(|_| self.closed_error())
     }
 
     /// Installs a package: `InstallBegin`, then (unless the agent holds the
@@ -270,6 +315,7 @@ impl NodeLink {
         progress: &AtomicU64,
     ) -> Result<AgentResponse, NodeError> {
         let instance = begin.instance.clone();
+        let _turn = self.turn().await?;
         let (request_id, mut rx) = self.register();
         let _guard = PendingGuard(&self.pending, request_id);
         self.send(MasterFrame::Request { request_id, body: AgentRequest::InstallBegin(Box::new(begin)) }).await?;
@@ -304,10 +350,8 @@ impl NodeLink {
         let mut seq = 0u32;
         while left > 0 {
             // The budget first, then the buffer: memory is held only for
-            // chunks that may be queued. Waiting for it is waiting for other
-            // links' sockets: bytes are moving, so it is not a stall.
-            let permit =
-                self.chunks.clone().acquire_owned().await.map_err(|_| NodeError::Disconnected(self.node.clone()))?;
+            // chunks that may be queued.
+            let permit = self.chunk_permit(progress).await?;
             // Sized to what is left: a 4 KiB package costs 4 KiB, not a MiB.
             let mut buf = vec![0u8; INSTALL_CHUNK_BYTES.min(usize::try_from(left).unwrap_or(usize::MAX))];
             let mut filled = 0;

@@ -35,7 +35,7 @@ use super::Shared;
 use super::cluster::InstanceObserved;
 use super::instance::Observation;
 use super::node_link::{NodeLink, Outgoing, lock};
-use super::read_model::{ActorStats, NodeEntry};
+use super::read_model::{ActorStats, NodeEntry, Reservation};
 use crate::ids::{InstanceId, NodeId};
 use crate::protocol::codec::{MasterCodec, ProtocolError};
 use crate::protocol::messages::{AgentEvent, AgentFrame, MasterFrame};
@@ -75,6 +75,8 @@ pub struct NodeManagerActor {
     /// until the agent sends that one again (it resends in order).
     dropped: HashMap<InstanceId, u64>,
     retry_scheduled: bool,
+    /// Reports routed and not yet acknowledged (see [`Ack`]).
+    inflight: Arc<std::sync::Mutex<HashSet<u64>>>,
 }
 
 static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
@@ -83,16 +85,35 @@ static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
 pub struct Ack {
     link: NodeLink,
     seq: u64,
+    /// The connection's reports routed and not yet acknowledged: one the
+    /// agent sends again meanwhile is not routed twice. Left on drop.
+    inflight: Arc<std::sync::Mutex<HashSet<u64>>>,
 }
 
 impl Ack {
-    /// Tells the agent the report is applied and durable. If the link's
-    /// queue is full the ack is dropped: the agent sends the report again,
-    /// and applying it again changes nothing.
+    fn new(link: NodeLink, seq: u64, inflight: Arc<std::sync::Mutex<HashSet<u64>>>) -> Ack {
+        lock(&inflight).insert(seq);
+        Ack { link, seq, inflight }
+    }
+
+    /// Tells the agent the report is applied and durable. When the link's
+    /// queue is full the ack waits for room in a task of its own (at most
+    /// the link's send deadline): a lost ack would make the agent send the
+    /// report again after later ones of the same instance were applied.
     pub fn send(self) {
-        if !self.link.try_send(MasterFrame::Ack { seq: self.seq }) {
-            tracing::debug!(node = %self.link.node, seq = self.seq, "ack not sent (queue full); the agent will resend");
+        let frame = MasterFrame::Ack { seq: self.seq };
+        if !self.link.try_send(frame.clone()) {
+            let link = self.link.clone();
+            actix::spawn(async move {
+                let _ = link.send(frame).await;
+            });
         }
+    }
+}
+
+impl Drop for Ack {
+    fn drop(&mut self) {
+        lock(&self.inflight).remove(&self.seq);
     }
 }
 
@@ -125,7 +146,7 @@ impl NodeManagerActor {
         actix::spawn(write_frames(writer, rx, link.clone(), timing.agent_send_timeout));
         let stats = ActorStats::new("node_manager", node.as_str(), Some("supervisor".into()));
         shared.read_model.register_actor(&stats);
-        entry.live.set_connected(true);
+        entry.live.connect(connection);
         let arbiter = shared.arbiter_for(connection);
         let l = link.clone();
         NodeManagerActor::start_in_arbiter(&arbiter, move |ctx| {
@@ -141,6 +162,7 @@ impl NodeManagerActor {
                 held_seqs: HashSet::new(),
                 dropped: HashMap::new(),
                 retry_scheduled: false,
+                inflight: Arc::default(),
             }
         });
         link
@@ -160,10 +182,15 @@ impl NodeManagerActor {
             }
             return None;
         };
-        if !handle.stats.try_enqueue(self.shared.limits.cluster_mailbox) {
+        let Some(slot) = Reservation::within(&handle.stats, self.shared.limits.cluster_mailbox) else {
             return Some(held);
-        }
-        handle.addr.do_send(InstanceObserved { instance: held.instance, observation: held.observation, ack: held.ack });
+        };
+        handle.addr.do_send(InstanceObserved {
+            instance: held.instance,
+            observation: held.observation,
+            ack: held.ack,
+            slot,
+        });
         None
     }
 
@@ -384,9 +411,8 @@ impl Actor for NodeManagerActor {
         // Fail every waiting request at once (their senders drop), instead of
         // letting them run into the reply deadline.
         self.link.close();
-        if self.shared.links.remove_if(&self.node, self.link.connection) {
-            self.entry.live.set_connected(false);
-        }
+        self.shared.links.remove_if(&self.node, self.link.connection);
+        self.entry.live.disconnect(self.link.connection);
         self.shared.read_model.unregister_actor(&self.stats);
         tracing::warn!(node = %self.node, "agent disconnected");
     }
@@ -410,7 +436,12 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
             }
             Ok(AgentFrame::Event(event)) => self.report(event, None, ctx),
             Ok(AgentFrame::Report { seq, event }) => {
-                let ack = Ack { link: self.link.clone(), seq };
+                if lock(&self.inflight).contains(&seq) {
+                    // Sent again while the first copy is being applied: its
+                    // ack is on its way.
+                    return;
+                }
+                let ack = Ack::new(self.link.clone(), seq, self.inflight.clone());
                 self.report(event, Some(ack), ctx);
             }
             Ok(AgentFrame::Refused { reason }) => {

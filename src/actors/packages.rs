@@ -171,6 +171,7 @@ impl Packages {
 pub struct DeletePackage {
     pub name: String,
     pub version: String,
+    pub slot: super::read_model::Reservation,
 }
 
 impl Handler<DeletePackage> for Supervisor {
@@ -178,13 +179,14 @@ impl Handler<DeletePackage> for Supervisor {
 
     fn handle(&mut self, msg: DeletePackage, _ctx: &mut Context<Self>) -> Self::Result {
         let shared = self.shared().clone();
-        let stats = self.stats();
-        stats.begin("delete package");
-        stats.end(None);
+        let DeletePackage { name, version, slot } = msg;
+        slot.begin("delete package");
+        self.stats().end(None);
+        let msg = (name, version);
         // A cluster uses its package; a running operation uses every
         // version its plan may switch to (an upgrade's undo goes back to the
         // old one, which must still be there).
-        let is_it = |p: &crate::storage::records::PackageRef| p.name == msg.name && p.version == msg.version;
+        let is_it = |p: &crate::storage::records::PackageRef| p.name == msg.0 && p.version == msg.1;
         let running = shared.read_model.running_operations();
         let users: Vec<String> = shared
             .read_model
@@ -208,20 +210,17 @@ impl Handler<DeletePackage> for Supervisor {
         if !users.is_empty() {
             return Box::pin(futures::future::ready(Err(Error::conflict(
                 "package_in_use",
-                format!("package {}/{} is used by clusters: {}", msg.name, msg.version, users.join(", ")),
+                format!("package {}/{} is used by clusters: {}", msg.0, msg.1, users.join(", ")),
             ))));
         }
         // Removed from the read model first: a create that runs after this
         // handler no longer finds the package.
-        let Some(pkg) = shared.read_model.remove_package(&msg.name, &msg.version) else {
-            return Box::pin(futures::future::ready(Err(Error::not_found(
-                "package",
-                format!("{}/{}", msg.name, msg.version),
-            ))));
+        let Some(pkg) = shared.read_model.remove_package(&msg.0, &msg.1) else {
+            return Box::pin(futures::future::ready(Err(Error::not_found("package", format!("{}/{}", msg.0, msg.1)))));
         };
         let blob_in_use = shared.read_model.packages().values().any(|o| o.record.sha256 == pkg.record.sha256);
         Box::pin(async move {
-            let op = WriteOp::delete_package(&msg.name, &msg.version);
+            let op = WriteOp::delete_package(&msg.0, &msg.1);
             if let Err(e) = shared.store.commit(vec![op]).await {
                 shared.read_model.put_package(pkg);
                 return Err(Error::from(e));

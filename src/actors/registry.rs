@@ -9,7 +9,7 @@ use actix::Addr;
 use arc_swap::ArcSwap;
 
 use super::cluster::ClusterActor;
-use super::read_model::ActorStats;
+use super::read_model::{ActorStats, Reservation};
 use crate::error::Error;
 
 /// A cluster actor's address and its counters (which bound its mailbox).
@@ -22,12 +22,10 @@ pub struct ClusterHandle {
 impl ClusterHandle {
     /// Reserves a place in the actor's mailbox of `capacity`, or answers
     /// `overloaded` (the API's 503): the message must then not be sent.
-    pub fn reserve(&self, capacity: usize) -> Result<(), Error> {
-        if self.stats.try_enqueue(capacity) {
-            Ok(())
-        } else {
-            Err(Error::overloaded(format!("cluster {} has {capacity} requests waiting; retry shortly", self.stats.id)))
-        }
+    pub fn reserve(&self, capacity: usize) -> Result<Reservation, Error> {
+        Reservation::within(&self.stats, capacity).ok_or_else(|| {
+            Error::overloaded(format!("cluster {} has {capacity} requests waiting; retry shortly", self.stats.id))
+        })
     }
 }
 

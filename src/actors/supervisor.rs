@@ -20,7 +20,7 @@ use super::Shared;
 use super::cluster::{ClusterActor, EnterError, InstanceObserved, OpRequest, RunOperation, Shutdown, Start};
 use super::instance::Observation;
 use super::placement::Candidate;
-use super::read_model::ActorStats;
+use super::read_model::{ActorStats, Reservation};
 use crate::error::Error;
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId, validate_name};
 use crate::spec::RoleSpec;
@@ -45,7 +45,10 @@ pub struct RoleRequest {
     pub nodes: Option<Vec<NodeId>>,
 }
 
-impl Message for CreateCluster {
+/// [`CreateCluster`] with its place in the supervisor's mailbox.
+pub struct Create(pub CreateCluster, pub Reservation);
+
+impl Message for Create {
     type Result = Result<OperationRecord, Error>;
 }
 
@@ -54,6 +57,7 @@ impl Message for CreateCluster {
 #[rtype(result = "()")]
 pub struct ClusterGone {
     pub name: String,
+    pub slot: Reservation,
 }
 
 /// A failure a cluster could not handle itself.
@@ -66,6 +70,7 @@ pub struct Escalate {
     /// True when the cluster actor already recorded `Error` (an operation's
     /// end writes the cluster's status and the operation in one batch).
     pub recorded: bool,
+    pub slot: Reservation,
 }
 
 pub struct Supervisor {
@@ -82,6 +87,10 @@ pub struct Boot {
     pub operations: Vec<OperationRecord>,
     /// Each cluster's ended operations still stored, oldest first.
     pub history: HashMap<ClusterId, VecDeque<(u64, OperationId)>>,
+    /// Told once every cluster actor runs (and the registry is full): the
+    /// master admits agents only then, so no report of theirs finds a
+    /// cluster missing (and is acknowledged as unknown).
+    pub started: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Supervisor {
@@ -160,6 +169,7 @@ impl Actor for Supervisor {
             }
             clusters.push((c, resume));
         }
+        let mut started = boot.started;
         let start_all = move |act: &mut Supervisor, ctx: &mut Context<Supervisor>| {
             for (c, resume) in clusters {
                 let instances = by_cluster.remove(&c.id).unwrap_or_default();
@@ -168,6 +178,9 @@ impl Actor for Supervisor {
                 let start = Start { record: c, instances, resume, history, visible: true };
                 let handle = ClusterActor::start(start, act.shared.clone(), ctx.address());
                 act.shared.registry.insert(&name, handle);
+            }
+            if let Some(tx) = started.take() {
+                let _ = tx.send(());
             }
         };
         if writes.is_empty() {
@@ -351,11 +364,12 @@ impl Supervisor {
     }
 }
 
-impl Handler<CreateCluster> for Supervisor {
+impl Handler<Create> for Supervisor {
     type Result = ResponseActFuture<Self, Result<OperationRecord, Error>>;
 
-    fn handle(&mut self, req: CreateCluster, ctx: &mut Context<Self>) -> Self::Result {
-        self.stats.begin("create cluster");
+    fn handle(&mut self, msg: Create, ctx: &mut Context<Self>) -> Self::Result {
+        let Create(req, slot) = msg;
+        slot.begin("create cluster");
         let (record, pending) = match self.validate_create(&req) {
             Ok(v) => v,
             Err(e) => {
@@ -372,21 +386,19 @@ impl Handler<CreateCluster> for Supervisor {
         let handle = ClusterActor::start(start, self.shared.clone(), ctx.address());
         self.shared.registry.insert(&name, handle.clone());
         self.stats.end(None);
-        handle.stats.enqueue();
-        Box::pin(
-            async move { handle.addr.send(RunOperation(OpRequest::Create { pending, params })).await }
-                .into_actor(self)
-                .map(move |res, act, _| {
-                    let res = res.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))));
-                    if res.is_err()
-                        && let Some(h) = act.shared.registry.remove(&name)
-                    {
-                        h.stats.enqueue();
-                        h.addr.do_send(Shutdown);
-                    }
-                    res
-                }),
-        )
+        let slot = Reservation::counted(&handle.stats);
+        // Sent now, not when the future is first polled: the create is the
+        // actor's first message.
+        let sent = handle.addr.send(RunOperation(OpRequest::Create { pending, params }, slot));
+        Box::pin(async move { sent.await }.into_actor(self).map(move |res, act, _| {
+            let res = res.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))));
+            if res.is_err()
+                && let Some(h) = act.shared.registry.remove(&name)
+            {
+                h.addr.do_send(Shutdown(Reservation::counted(&h.stats)));
+            }
+            res
+        }))
     }
 }
 
@@ -394,9 +406,10 @@ impl Handler<ClusterGone> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, msg: ClusterGone, _ctx: &mut Context<Self>) {
-        self.stats.begin("cluster gone");
-        self.shared.registry.remove(&msg.name);
-        tracing::info!(cluster = %msg.name, "cluster deleted");
+        let ClusterGone { name, slot } = msg;
+        slot.begin("cluster gone");
+        self.shared.registry.remove(&name);
+        tracing::info!(cluster = %name, "cluster deleted");
         self.stats.end(None);
     }
 }
@@ -405,15 +418,16 @@ impl Handler<Escalate> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, msg: Escalate, _ctx: &mut Context<Self>) {
-        self.stats.begin("escalate");
-        tracing::error!(cluster = %msg.cluster, operation = ?msg.operation, reason = %msg.description, "cluster failed");
-        self.stats.end(Some(format!("{}: {}", msg.cluster, msg.description)));
-        if msg.recorded {
+        let Escalate { cluster, operation, description, recorded, slot } = msg;
+        slot.begin("escalate");
+        tracing::error!(%cluster, ?operation, reason = %description, "cluster failed");
+        self.stats.end(Some(format!("{cluster}: {description}")));
+        if recorded {
             return;
         }
-        if let Some(h) = self.shared.registry.get(&msg.cluster) {
-            h.stats.enqueue();
-            h.addr.do_send(EnterError { description: msg.description, operation: msg.operation });
+        if let Some(h) = self.shared.registry.get(&cluster) {
+            let slot = Reservation::counted(&h.stats);
+            h.addr.do_send(EnterError { description, operation, slot });
         }
     }
 }
@@ -447,6 +461,7 @@ async fn forget_leftover(shared: &Shared, instance: &InstanceId) {
 pub struct NodeInventory {
     pub node: NodeId,
     pub reports: Vec<crate::protocol::messages::InstanceReport>,
+    pub slot: Reservation,
 }
 
 impl Handler<NodeInventory> for Supervisor {
@@ -457,10 +472,12 @@ impl Handler<NodeInventory> for Supervisor {
     /// marks it Lost or Failed (and its Active cluster Error). Instances the
     /// agent holds but the master does not know are reported in the log.
     fn handle(&mut self, msg: NodeInventory, _ctx: &mut Context<Self>) {
-        self.stats.begin("inventory");
-        let ours = self.shared.read_model.node(&msg.node).map(|n| n.instances()).unwrap_or_default();
+        let NodeInventory { node, reports, slot } = msg;
+        slot.begin("inventory");
+        let msg = (node, reports);
+        let ours = self.shared.read_model.node(&msg.0).map(|n| n.instances()).unwrap_or_default();
         let reports: HashMap<&InstanceId, &crate::protocol::messages::InstanceReport> =
-            msg.reports.iter().map(|r| (&r.instance, r)).collect();
+            msg.1.iter().map(|r| (&r.instance, r)).collect();
         for (id, cluster) in ours.iter() {
             let report = reports.get(id);
             let observation = Observation::Inventory {
@@ -471,30 +488,30 @@ impl Handler<NodeInventory> for Supervisor {
             if let Some(h) = self.shared.registry.get(cluster) {
                 // Not bounded by the mailbox: one message per instance of a
                 // node that just connected, and they must all arrive.
-                h.stats.enqueue();
-                h.addr.do_send(InstanceObserved { instance: id.clone(), observation, ack: None });
+                let slot = Reservation::counted(&h.stats);
+                h.addr.do_send(InstanceObserved { instance: id.clone(), observation, ack: None, slot });
             }
         }
         // Leftovers the agent no longer holds (it finished the delete itself,
         // e.g. from its tombstone after a restart): nothing left to remove.
         let leftovers = self.shared.read_model.leftovers();
-        for l in leftovers.values().filter(|l| l.node == msg.node && !reports.contains_key(&l.instance)) {
+        for l in leftovers.values().filter(|l| l.node == msg.0 && !reports.contains_key(&l.instance)) {
             let shared = self.shared.clone();
             let id = l.instance.clone();
             actix::spawn(async move { forget_leftover(&shared, &id).await });
         }
-        for r in &msg.reports {
+        for r in &msg.1 {
             if ours.contains_key(&r.instance) {
                 continue;
             }
-            if leftovers.get(&r.instance).is_some_and(|l| l.node == msg.node) {
+            if leftovers.get(&r.instance).is_some_and(|l| l.node == msg.0) {
                 // A force delete could not remove it then; finish the job now.
-                actix::spawn(remove_leftover(self.shared.clone(), msg.node.clone(), r.instance.clone(), r.generation));
+                actix::spawn(remove_leftover(self.shared.clone(), msg.0.clone(), r.instance.clone(), r.generation));
             } else {
                 // Not ours and not known to be garbage: never delete what we
                 // cannot prove is ours (a master restored from an old backup
                 // must not wipe newer instances).
-                tracing::warn!(node = %msg.node, instance = %r.instance, running = r.running, "agent holds an instance the master does not know; left alone");
+                tracing::warn!(node = %msg.0, instance = %r.instance, running = r.running, "agent holds an instance the master does not know; left alone");
             }
         }
         self.stats.end(None);

@@ -12,8 +12,9 @@ use super::dto::{
 };
 use super::error::ApiError;
 use crate::actors::cluster::{OpRequest, RunOperation};
+use crate::actors::read_model::Reservation;
 use crate::actors::registry::ClusterHandle;
-use crate::actors::supervisor::{CreateCluster, RoleRequest};
+use crate::actors::supervisor::{Create, CreateCluster, RoleRequest};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
@@ -28,15 +29,15 @@ fn mailbox(e: actix::MailboxError) -> ApiError {
 }
 
 /// The cluster's actor, with a place reserved in its mailbox.
-fn cluster_actor(state: &AppState, name: &str) -> Result<ClusterHandle, ApiError> {
+fn cluster_actor(state: &AppState, name: &str) -> Result<(ClusterHandle, Reservation), ApiError> {
     let handle = state.shared.registry.get(name).ok_or_else(|| ApiError(Error::not_found("cluster", name)))?;
-    handle.reserve(state.shared.limits.cluster_mailbox)?;
-    Ok(handle)
+    let slot = handle.reserve(state.shared.limits.cluster_mailbox)?;
+    Ok((handle, slot))
 }
 
 async fn run(state: &AppState, name: &str, req: OpRequest) -> Result<HttpResponse, ApiError> {
-    let handle = cluster_actor(state, name)?;
-    let op = handle.addr.send(RunOperation(req)).await.map_err(mailbox)??;
+    let (handle, slot) = cluster_actor(state, name)?;
+    let op = handle.addr.send(RunOperation(req, slot)).await.map_err(mailbox)??;
     Ok(accepted(&op))
 }
 
@@ -55,8 +56,8 @@ pub async fn create(state: web::Data<AppState>, body: web::Json<CreateClusterBod
         roles,
         config: b.config,
     };
-    state.reserve_supervisor()?;
-    let op = state.supervisor.send(req).await.map_err(mailbox)??;
+    let slot = state.reserve_supervisor()?;
+    let op = state.supervisor.send(Create(req, slot)).await.map_err(mailbox)??;
     Ok(accepted(&op))
 }
 

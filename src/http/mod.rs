@@ -34,12 +34,9 @@ pub struct AppState {
 
 impl AppState {
     /// Reserves a place in the supervisor's mailbox, or `503 overloaded`.
-    pub fn reserve_supervisor(&self) -> Result<(), Error> {
-        if self.shared.supervisor.try_enqueue(self.shared.limits.cluster_mailbox) {
-            Ok(())
-        } else {
-            Err(Error::overloaded("the supervisor has too many requests waiting; retry shortly"))
-        }
+    pub fn reserve_supervisor(&self) -> Result<crate::actors::read_model::Reservation, Error> {
+        crate::actors::read_model::Reservation::within(&self.shared.supervisor, self.shared.limits.cluster_mailbox)
+            .ok_or_else(|| Error::overloaded("the supervisor has too many requests waiting; retry shortly"))
     }
 }
 

@@ -52,10 +52,10 @@ pub async fn get(state: web::Data<AppState>, path: web::Path<(String, String)>) 
 
 pub async fn delete(state: web::Data<AppState>, path: web::Path<(String, String)>) -> Result<HttpResponse, ApiError> {
     let (name, version) = path.into_inner();
-    state.reserve_supervisor()?;
+    let slot = state.reserve_supervisor()?;
     state
         .supervisor
-        .send(DeletePackage { name, version })
+        .send(DeletePackage { name, version, slot })
         .await
         .map_err(|e| Error::unavailable(format!("supervisor: {e}")))??;
     Ok(HttpResponse::NoContent().finish())

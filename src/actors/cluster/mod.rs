@@ -35,7 +35,7 @@ use self::ops::ClusterOps;
 use super::Shared;
 use super::instance::{ClusterEnv, InstanceActor, InstanceHandle, Observation};
 use super::node_manager::Ack;
-use super::read_model::{ActorStats, ClusterCell};
+use super::read_model::{ActorStats, ClusterCell, Reservation};
 use super::registry::ClusterHandle;
 use super::supervisor::{Escalate, Supervisor};
 use crate::error::Error;
@@ -120,9 +120,10 @@ pub enum OpRequest {
     },
 }
 
+/// A request to run an operation, with its place in the mailbox.
 #[derive(Message)]
 #[rtype(result = "Result<OperationRecord, Error>")]
-pub struct RunOperation(pub OpRequest);
+pub struct RunOperation(pub OpRequest, pub Reservation);
 
 /// What an agent observed about one of our instances (a report, routed by
 /// its node manager; the inventory of a reconnect, by the supervisor).
@@ -133,6 +134,7 @@ pub struct InstanceObserved {
     pub instance: InstanceId,
     pub observation: Observation,
     pub ack: Option<Ack>,
+    pub slot: Reservation,
 }
 
 /// From the supervisor, after an escalation: show `Error` with the reason.
@@ -141,6 +143,7 @@ pub struct InstanceObserved {
 pub struct EnterError {
     pub description: String,
     pub operation: Option<OperationId>,
+    pub slot: Reservation,
 }
 
 pub struct ClusterActor {
@@ -151,6 +154,9 @@ pub struct ClusterActor {
     stats: Arc<ActorStats>,
     /// An operation a master restart interrupted, resumed once started.
     resume: Option<OperationRecord>,
+    /// Its create is not durable yet (or failed): it takes nothing else, so
+    /// no operation can be recorded for a cluster that does not exist.
+    creating: bool,
 }
 
 /// What a cluster actor starts from.
@@ -200,7 +206,15 @@ impl ClusterActor {
             }
             let core =
                 Core { record: start.record, instances: handles, pending: BTreeMap::new(), history: start.history };
-            ClusterActor { core: Rc::new(RefCell::new(core)), env, shared, supervisor, stats: s, resume: start.resume }
+            ClusterActor {
+                core: Rc::new(RefCell::new(core)),
+                env,
+                shared,
+                supervisor,
+                stats: s,
+                resume: start.resume,
+                creating: !start.visible,
+            }
         });
         ClusterHandle { addr, stats }
     }
@@ -341,10 +355,20 @@ impl Actor for ClusterActor {
 }
 
 impl Handler<RunOperation> for ClusterActor {
-    type Result = ResponseActFuture<Self, Result<OperationRecord, Error>>;
+    // Atomic: no other message is handled until the new operation (or a
+    // refusal's note) is durable, so two writes of the cluster record never
+    // cross (a stale one landing last could drop the busy mark).
+    type Result = AtomicResponse<Self, Result<OperationRecord, Error>>;
 
     fn handle(&mut self, msg: RunOperation, _ctx: &mut Context<Self>) -> Self::Result {
-        self.stats.begin(format!("{:?}", msg.0).split([' ', '{', '(']).next().unwrap_or("op").to_string());
+        let RunOperation(req, slot) = msg;
+        slot.begin(format!("{req:?}").split([' ', '{', '(']).next().unwrap_or("op").to_string());
+        let is_create = matches!(req, OpRequest::Create { .. });
+        if self.creating && !is_create {
+            let name = self.core.borrow().record.name.clone();
+            self.stats.end(None);
+            return AtomicResponse::new(Box::pin(fut::ready(Err(Error::not_found("cluster", name)))));
+        }
         let busy = self.core.borrow().record.operation;
         if let Some(running) = busy {
             let kind = self
@@ -356,36 +380,47 @@ impl Handler<RunOperation> for ClusterActor {
                 .unwrap_or_default();
             let name = self.core.borrow().record.name.clone();
             self.stats.end(None);
-            return Box::pin(fut::ready(Err(Error::conflict(
+            return AtomicResponse::new(Box::pin(fut::ready(Err(Error::conflict(
                 "cluster_busy",
                 format!("cluster {name} is busy with operation {running} ({kind}); retry when it has ended"),
-            ))));
+            )))));
         }
         let is_change = matches!(
-            msg.0,
+            req,
             OpRequest::ScaleOut { .. }
                 | OpRequest::ScaleIn { .. }
                 | OpRequest::Reconfigure { .. }
                 | OpRequest::Upgrade { .. }
                 | OpRequest::Resize { .. }
         );
-        let is_create = matches!(msg.0, OpRequest::Create { .. });
-        let prepared = self.package().and_then(|(_, spec)| self.prepare(msg.0, &spec));
+        // A create whose validation fails here gives its placements back.
+        let placed: Vec<InstanceRecord> = match &req {
+            OpRequest::Create { pending, .. } => pending.clone(),
+            _ => Vec::new(),
+        };
+        let prepared = self.package().and_then(|(_, spec)| self.prepare(req, &spec));
         let prepared = match prepared {
             Ok(p) => p,
             Err(e) => {
                 self.stats.end(Some(e.to_string()));
+                for p in &placed {
+                    self.shared.ports.release(&p.node, p.ports.values().copied());
+                }
                 if is_change && self.core.borrow().record.status == ClusterStatus::Active {
                     // Sahara: a refused scale leaves the cluster Active, with the reason.
                     let description = format!("request refused, nothing changed: {e}");
                     let ops = self.ops(None);
-                    actix::spawn(async move {
-                        if let Err(e) = ops.save_cluster(|r| r.status_description = description).await {
-                            tracing::warn!(error = %e, "cannot record why a request was refused");
+                    return AtomicResponse::new(Box::pin(
+                        async move {
+                            if let Err(w) = ops.save_cluster(|r| r.status_description = description).await {
+                                tracing::warn!(error = %w, "cannot record why a request was refused");
+                            }
+                            Err(e)
                         }
-                    });
+                        .into_actor(self),
+                    ));
                 }
-                return Box::pin(fut::ready(Err(e)));
+                return AtomicResponse::new(Box::pin(fut::ready(Err(e))));
             }
         };
         let now = OffsetDateTime::now_utc();
@@ -427,7 +462,7 @@ impl Handler<RunOperation> for ClusterActor {
             Ok(w)
         });
         let store = self.shared.store.clone();
-        Box::pin(
+        AtomicResponse::new(Box::pin(
             async move {
                 match writes {
                     // A new request: refused (503) rather than queued when
@@ -445,6 +480,7 @@ impl Handler<RunOperation> for ClusterActor {
                         if is_create {
                             // The cluster appears once its create is durable.
                             act.shared.read_model.add_cluster(&cluster.name, act.env.cell.clone());
+                            act.creating = false;
                         }
                         act.shared.read_model.put_operation(&op);
                         act.spawn_operation(ctx, prepared, op.clone());
@@ -461,7 +497,7 @@ impl Handler<RunOperation> for ClusterActor {
                     }
                 }
             }),
-        )
+        ))
     }
 }
 
@@ -469,26 +505,28 @@ impl Handler<InstanceObserved> for ClusterActor {
     type Result = ResponseActFuture<Self, ()>;
 
     fn handle(&mut self, msg: InstanceObserved, _ctx: &mut Context<Self>) -> Self::Result {
-        self.stats.begin("observe");
+        let InstanceObserved { instance, observation, ack, slot } = msg;
+        slot.begin("observe");
         self.stats.end(None);
-        let handle = self.core.borrow().instances.get(&msg.instance).cloned();
+        let handle = self.core.borrow().instances.get(&instance).cloned();
         let Some(handle) = handle else {
             // Not (or no longer) ours: nothing to apply.
-            if let Some(a) = msg.ack {
+            if let Some(a) = ack {
                 a.send();
             }
             return Box::pin(fut::ready(()));
         };
-        let description = match &msg.observation {
+        let description = match &observation {
             Observation::Exited { description, .. } => description.clone(),
             Observation::Restarted { error, .. } => error.clone().unwrap_or_default(),
             Observation::Inventory { .. } => {
-                format!("instance {} is not running after its agent reconnected", msg.instance)
+                format!("instance {} is not running after its agent reconnected", instance)
             }
         };
-        let ack = msg.ack;
-        Box::pin(async move { handle.observe(msg.observation).await }.into_actor(self).map(move |failed, act, _| {
-            // Applied and durable (or nothing to change): the agent may forget it.
+        Box::pin(async move { handle.observe(observation).await }.into_actor(self).map(move |applied, act, _| {
+            // Applied and durable (or nothing to change): the agent may
+            // forget it. Not applied: it sends it again.
+            let Some(failed) = applied else { return };
             if let Some(a) = ack {
                 a.send();
             }
@@ -500,8 +538,8 @@ impl Handler<InstanceObserved> for ClusterActor {
             // itself. Otherwise an Active cluster whose member died
             // is in Error, saying which member, where and why.
             if failed && !busy && status == ClusterStatus::Active {
-                act.shared.supervisor.enqueue();
-                act.supervisor.do_send(Escalate { cluster: name, operation: None, description, recorded: false });
+                let slot = Reservation::counted(&act.shared.supervisor);
+                act.supervisor.do_send(Escalate { cluster: name, operation: None, description, recorded: false, slot });
             }
         }))
     }
@@ -511,7 +549,8 @@ impl Handler<EnterError> for ClusterActor {
     type Result = ResponseActFuture<Self, ()>;
 
     fn handle(&mut self, msg: EnterError, _ctx: &mut Context<Self>) -> Self::Result {
-        self.stats.begin("enter error");
+        let EnterError { description, slot, .. } = msg;
+        slot.begin("enter error");
         self.stats.end(None);
         if self.core.borrow().record.operation.is_some() {
             // An operation started meanwhile; its own end decides the status.
@@ -524,7 +563,7 @@ impl Handler<EnterError> for ClusterActor {
                 let saved = ops
                     .save_cluster(|r| {
                         r.status = ClusterStatus::Error;
-                        r.status_description = msg.description;
+                        r.status_description = description;
                     })
                     .await;
                 if let Err(e) = saved {
@@ -539,13 +578,13 @@ impl Handler<EnterError> for ClusterActor {
 /// Stops the actor without touching storage (a create that never became durable).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Shutdown;
+pub struct Shutdown(pub Reservation);
 
 impl Handler<Shutdown> for ClusterActor {
     type Result = ();
 
-    fn handle(&mut self, _msg: Shutdown, ctx: &mut Context<Self>) {
-        self.stats.begin("shutdown");
+    fn handle(&mut self, msg: Shutdown, ctx: &mut Context<Self>) {
+        msg.0.begin("shutdown");
         self.stats.end(None);
         ctx.stop();
     }

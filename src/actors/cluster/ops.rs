@@ -18,6 +18,7 @@ use time::OffsetDateTime;
 use super::Core;
 use crate::actors::Shared;
 use crate::actors::instance::{ClusterEnv, InstanceActor};
+use crate::actors::read_model::Reservation;
 use crate::actors::supervisor::{ClusterGone, Escalate, Supervisor};
 use crate::ids::InstanceId;
 use crate::operations::runner::Outcome;
@@ -62,16 +63,21 @@ impl ClusterOps {
         Ok(CurrentPackage { record: p.record, spec: p.spec, blob })
     }
 
-    /// Changes the cluster record, persists it, then publishes it.
+    /// Changes a copy of the cluster record, persists it, then makes it
+    /// the record and publishes it: a write that fails changes nothing.
+    /// The busy mark (`operation`) is the actor's own and is kept as it is
+    /// then (a request may have taken the cluster meanwhile).
     pub async fn save_cluster(&self, change: impl FnOnce(&mut ClusterRecord)) -> Result<(), String> {
-        let snapshot = {
-            let mut core = self.core.borrow_mut();
-            change(&mut core.record);
-            core.record.updated_at = OffsetDateTime::now_utc();
-            core.record.clone()
-        };
+        let mut snapshot = self.core.borrow().record.clone();
+        change(&mut snapshot);
+        snapshot.updated_at = OffsetDateTime::now_utc();
         let op = WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?;
         self.shared.store.commit(vec![op]).await.map_err(|e| e.to_string())?;
+        {
+            let mut core = self.core.borrow_mut();
+            snapshot.operation = core.record.operation;
+            core.record = snapshot.clone();
+        }
         self.env.cell.set_record(snapshot);
         Ok(())
     }
@@ -116,7 +122,18 @@ impl ClusterOps {
     async fn forget(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
         let cluster_id = self.core.borrow().record.id;
         let ops: Vec<WriteOp> = ids.iter().map(|id| WriteOp::delete_instance(&cluster_id, id)).collect();
-        self.shared.store.commit(ops).await.map_err(|e| fail(format!("cannot remove instance records: {e}")))?;
+        // Before the delete is queued: work still queued on these
+        // instances must not write their records back after it.
+        let handles: Vec<_> = ids.iter().filter_map(|id| self.core.borrow().instances.get(id).cloned()).collect();
+        for h in &handles {
+            h.set_forgotten(true);
+        }
+        if let Err(e) = self.shared.store.commit(ops).await {
+            for h in &handles {
+                h.set_forgotten(false);
+            }
+            return Err(fail(format!("cannot remove instance records: {e}")));
+        }
         self.shared.read_model.count_transitions(ids.len() as u64);
         self.env.cell.remove_instances(ids);
         let leftovers = self.shared.read_model.leftovers();
@@ -192,19 +209,24 @@ impl ClusterOps {
     }
 
     /// The writes that delete the oldest ended operations past the
-    /// retention limit, once `op` is counted among the ended ones.
-    fn retention(&self, op: &OperationRecord) -> Vec<WriteOp> {
+    /// retention limit once `op` is counted among the ended ones, and the
+    /// history that leaves (to keep once the writes are durable).
+    fn retention(
+        &self,
+        op: &OperationRecord,
+    ) -> (Vec<WriteOp>, std::collections::VecDeque<(u64, crate::ids::OperationId)>) {
         let keep = self.shared.limits.operations_retained.max(1);
-        let mut core = self.core.borrow_mut();
+        let core = self.core.borrow();
         let cluster = core.record.id;
-        core.history.push_back((nanos(op.created_at), op.id));
+        let mut history = core.history.clone();
+        history.push_back((nanos(op.created_at), op.id));
         let mut writes = Vec::new();
-        while core.history.len() > keep {
-            if let Some((created, id)) = core.history.pop_front() {
+        while history.len() > keep {
+            if let Some((created, id)) = history.pop_front() {
                 writes.extend(WriteOp::delete_operation(&id, &cluster, created));
             }
         }
-        writes
+        (writes, history)
     }
 }
 
@@ -256,8 +278,8 @@ impl OperationContext for ClusterOps {
             self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
             self.shared.read_model.remove_cluster(&name);
             // The name is free before anyone can see the delete has ended.
-            self.shared.supervisor.enqueue();
-            let _ = self.supervisor.send(ClusterGone { name }).await;
+            let slot = Reservation::counted(&self.shared.supervisor);
+            let _ = self.supervisor.send(ClusterGone { name, slot }).await;
             self.shared.read_model.put_operation(&ended);
             return Ok(());
         }
@@ -286,47 +308,68 @@ impl OperationContext for ClusterOps {
                 (Some(ClusterStatus::Error), format!("{verb} failed at step {step}: {error}{tail}"), true)
             }
         };
-        let snapshot = {
+        // The cluster as the operation leaves it, on a copy: the actor's
+        // record changes (and the cluster stops being busy) only once the
+        // end is durable.
+        let mut snapshot = self.core.borrow().record.clone();
+        if let Some(s) = status {
+            snapshot.status = s;
+        }
+        snapshot.status_description = description.clone();
+        snapshot.operation = None;
+        snapshot.updated_at = OffsetDateTime::now_utc();
+        // One batch: the cluster's new status, the operation's end and the
+        // history past retention, durable together and published cluster
+        // first, so whoever sees the operation ended sees the cluster as it
+        // left it.
+        let (trim, history) = self.retention(&ended);
+        let mut ops = vec![WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?];
+        ops.append(&mut end);
+        ops.extend(trim);
+        // A failed write is tried again; one that still fails (or a store
+        // frozen by a shutdown) leaves the end unpublished and the cluster
+        // busy with the operation: clients never see an end the store does
+        // not hold, and the next master resumes the operation (or ends it)
+        // from its journal.
+        let mut written = self.shared.store.commit(ops.clone()).await;
+        for wait in [1, 2, 4] {
+            match &written {
+                Ok(()) | Err(crate::storage::StorageError::Frozen) => break,
+                Err(e) => {
+                    tracing::error!(operation = %record.id, error = %e, "cannot record the end of an operation; trying again");
+                    tokio::time::sleep(Duration::from_secs(wait)).await;
+                    written = self.shared.store.commit(ops.clone()).await;
+                }
+            }
+        }
+        if let Err(e) = written {
+            return Err(format!(
+                "the end of the operation is not recorded ({e}); the cluster stays busy with it until the master restarts"
+            ));
+        }
+        {
             let mut core = self.core.borrow_mut();
             // Instances placed for this operation that it never created
             // (it failed before its allocate step) give their ports back.
             for p in std::mem::take(&mut core.pending).into_values() {
                 self.shared.ports.release(&p.node, p.ports.values().copied());
             }
-            if let Some(s) = status {
-                core.record.status = s;
-            }
-            core.record.status_description = description.clone();
-            core.record.operation = None;
-            core.record.updated_at = OffsetDateTime::now_utc();
-            core.record.clone()
-        };
-        // One batch: the cluster's new status, the operation's end and the
-        // history past retention, durable together and published cluster
-        // first, so whoever sees the operation ended sees the cluster as it
-        // left it.
-        let mut ops = vec![WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?];
-        ops.append(&mut end);
-        ops.extend(self.retention(&ended));
-        // A store frozen by a shutdown refuses the write: clients must not
-        // see an end the next master will not (it resumes the operation
-        // from its journal). Any other write error is shown as it is.
-        let written = self.shared.store.commit(ops).await;
-        if let Err(e @ crate::storage::StorageError::Frozen) = &written {
-            return Err(e.to_string());
+            core.record = snapshot.clone();
+            core.history = history;
         }
         self.env.cell.set_record(snapshot);
         self.shared.read_model.put_operation(&ended);
         if escalate {
-            self.shared.supervisor.enqueue();
+            let slot = Reservation::counted(&self.shared.supervisor);
             self.supervisor.do_send(Escalate {
+                slot,
                 cluster: name,
                 operation: Some(record.id),
                 description,
                 recorded: true,
             });
         }
-        written.map_err(|e| e.to_string())
+        Ok(())
     }
 
     async fn set_status(&self, status: ClusterStatus, description: &str) -> Result<(), String> {

@@ -2,12 +2,14 @@
 //! managers) publish for `GET /actors`, and the bound on their mailboxes.
 //! Instance actors publish lighter counters (`cluster_view::InstanceStats`).
 //!
-//! A mailbox is bounded by counting: a sender reserves a place with
-//! [`ActorStats::try_enqueue`] before it sends, and the actor gives it back
-//! when it takes the message ([`ActorStats::begin`]). A sender that finds
-//! the mailbox full does not send: the API answers `503 overloaded`, an
-//! agent's report waits in its node manager (past that one's bound, it
-//! stays unacknowledged and the agent sends it again).
+//! A mailbox is bounded by counting: a sender reserves a place (a
+//! [`Reservation`], carried inside the message) before it sends, and the
+//! place is given back when the actor takes the message
+//! ([`Reservation::begin`]) or when the message is dropped unhandled (actix
+//! drops a message whose requester went away: a client that hung up). A
+//! sender that finds the mailbox full does not send: the API answers `503
+//! overloaded`, an agent's report waits in its node manager (past that
+//! one's bound, it stays unacknowledged and the agent sends it again).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -67,11 +69,16 @@ impl ActorStats {
         }
     }
 
-    /// Called by the actor when it takes a message; `what` becomes its current work.
-    pub fn begin(&self, what: impl Into<String>) {
+    /// Gives back a reserved place whose message was never handled.
+    fn release(&self) {
         if self.queued.fetch_sub(1, Ordering::Relaxed) <= 1 {
             self.oldest_ms.store(0, Ordering::Relaxed);
         }
+    }
+
+    /// Called by the actor when it takes a message; `what` becomes its current work.
+    fn begin(&self, what: impl Into<String>) {
+        self.release();
         self.handled.fetch_add(1, Ordering::Relaxed);
         self.since_ms.store(now_ms(), Ordering::Relaxed);
         set(&self.current, Some(what.into()));
@@ -121,6 +128,43 @@ fn get<T: Clone>(m: &Mutex<T>) -> T {
     }
 }
 
+/// A place in an actor's mailbox, carried inside the message that holds
+/// it. Given back exactly once: when the actor takes the message, or when
+/// the message is dropped without being handled.
+#[derive(Debug)]
+pub struct Reservation(Option<Arc<ActorStats>>);
+
+impl Reservation {
+    /// Reserves a place in a mailbox of `capacity`; `None` when it is full
+    /// (then the message must not be sent).
+    pub fn within(stats: &Arc<ActorStats>, capacity: usize) -> Option<Reservation> {
+        stats.try_enqueue(capacity).then(|| Reservation(Some(stats.clone())))
+    }
+
+    /// Counts a message that must be sent whatever the mailbox holds (one
+    /// per instance of an agent that just connected; an escalation).
+    pub fn counted(stats: &Arc<ActorStats>) -> Reservation {
+        stats.enqueue();
+        Reservation(Some(stats.clone()))
+    }
+
+    /// The actor took the message: the place is free, the message counted
+    /// as handled, `what` shown as its current work.
+    pub fn begin(mut self, what: impl Into<String>) {
+        if let Some(s) = self.0.take() {
+            s.begin(what);
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.release();
+        }
+    }
+}
+
 /// One actor as `GET /actors` shows it.
 #[derive(Debug, Clone)]
 pub struct ActorInfo {
@@ -145,14 +189,19 @@ mod tests {
     #[test]
     fn a_full_mailbox_refuses_and_frees_a_place_per_taken_message() {
         let s = ActorStats::new("cluster", "c", None);
-        assert!(s.try_enqueue(2));
-        assert!(s.try_enqueue(2));
-        assert!(!s.try_enqueue(2), "a third message in a mailbox of two");
+        let a = Reservation::within(&s, 2).unwrap();
+        let _b = Reservation::within(&s, 2).unwrap();
+        assert!(Reservation::within(&s, 2).is_none(), "a third message in a mailbox of two");
         assert_eq!(s.snapshot().mailbox, 2);
         assert!(s.snapshot().oldest_message_ms.is_some());
-        s.begin("op");
-        assert!(s.try_enqueue(2));
+        a.begin("op");
+        let c = Reservation::within(&s, 2).unwrap();
         s.end(None);
+        assert_eq!(s.snapshot().handled, 1);
+        // A message dropped unhandled (its requester went away) gives its
+        // place back too, without counting as handled.
+        drop(c);
+        assert_eq!(s.snapshot().mailbox, 1);
         assert_eq!(s.snapshot().handled, 1);
     }
 }

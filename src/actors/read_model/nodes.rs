@@ -5,7 +5,7 @@
 //! every instance.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -18,14 +18,16 @@ use crate::storage::records::{NodeRecord, NodeStatus};
 /// Liveness of a node's link. Heartbeats write here only.
 #[derive(Debug)]
 pub struct NodeLive {
-    connected: AtomicBool,
+    /// The connection that is live (0: none). A connection that closes
+    /// clears only its own number, so a newer one is never marked down.
+    connection: AtomicU64,
     /// Unix ms of the last frame; `i64::MIN`: never heard from.
     last_heard_ms: AtomicI64,
 }
 
 impl Default for NodeLive {
     fn default() -> Self {
-        NodeLive { connected: AtomicBool::new(false), last_heard_ms: AtomicI64::new(i64::MIN) }
+        NodeLive { connection: AtomicU64::new(0), last_heard_ms: AtomicI64::new(i64::MIN) }
     }
 }
 
@@ -39,15 +41,20 @@ impl NodeLive {
         self.last_heard_ms.store(unix_ms(OffsetDateTime::now_utc()), Ordering::Relaxed);
     }
 
-    pub fn set_connected(&self, yes: bool) {
-        self.connected.store(yes, Ordering::Relaxed);
-        if yes {
-            self.heard();
-        }
+    /// Connection `connection` is live now.
+    pub fn connect(&self, connection: u64) {
+        self.connection.store(connection, Ordering::SeqCst);
+        self.heard();
+    }
+
+    /// Connection `connection` closed: the node is disconnected unless a
+    /// newer connection took its place meanwhile.
+    pub fn disconnect(&self, connection: u64) {
+        let _ = self.connection.compare_exchange(connection, 0, Ordering::SeqCst, Ordering::SeqCst);
     }
 
     pub fn connected(&self) -> bool {
-        self.connected.load(Ordering::Relaxed)
+        self.connection.load(Ordering::SeqCst) != 0
     }
 
     /// How long since the last frame, at `now`; `None`: never.
@@ -140,11 +147,15 @@ mod tests {
         let now = OffsetDateTime::now_utc();
         let (u, d) = (Duration::from_secs(6), Duration::from_secs(30));
         assert_eq!(live.status_at(now, u, d), NodeStatus::Down, "never heard from");
-        live.set_connected(true);
+        live.connect(1);
         assert_eq!(live.status_at(now, u, d), NodeStatus::Ready);
         assert_eq!(live.status_at(now + time::Duration::seconds(10), u, d), NodeStatus::Unknown);
         assert_eq!(live.status_at(now + time::Duration::seconds(40), u, d), NodeStatus::Down);
-        live.set_connected(false);
+        // A newer connection is not marked down by the old one closing.
+        live.connect(2);
+        live.disconnect(1);
+        assert!(live.connected());
+        live.disconnect(2);
         assert_eq!(live.status_at(now, u, d), NodeStatus::Unknown, "just disconnected");
     }
 
