@@ -390,7 +390,7 @@ impl Handler<Create> for Supervisor {
         // Sent now, not when the future is first polled: the create is the
         // actor's first message.
         let sent = handle.addr.send(RunOperation(OpRequest::Create { pending, params }, slot));
-        Box::pin(async move { sent.await }.into_actor(self).map(move |res, act, _| {
+        Box::pin(sent.into_actor(self).map(move |res, act, _| {
             let res = res.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))));
             if res.is_err()
                 && let Some(h) = act.shared.registry.remove(&name)
