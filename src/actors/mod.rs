@@ -28,6 +28,8 @@
 pub mod cluster;
 pub mod instance;
 pub mod node_link;
+#[cfg(test)]
+mod node_link_tests;
 pub mod node_manager;
 pub mod packages;
 pub mod placement;

@@ -322,7 +322,7 @@ impl NodeLink {
         match self.reply_within(&mut rx, "InstallBegin", self.reply_timeout).await? {
             AgentResponse::InstallReady { need_bytes: false } => {}
             AgentResponse::InstallReady { need_bytes: true } => {
-                self.stream_package(request_id, &instance, &blob, progress).await?;
+                self.stream_package(request_id, &instance, &blob, progress, &mut rx).await?;
             }
             other => {
                 return Err(NodeError::Unexpected {
@@ -340,6 +340,7 @@ impl NodeLink {
         instance: &InstanceId,
         blob: &PathBuf,
         progress: &AtomicU64,
+        rx: &mut mpsc::UnboundedReceiver<AgentResponse>,
     ) -> Result<(), NodeError> {
         let pkg_err = |e: std::io::Error| NodeError::Package {
             node: self.node.clone(),
@@ -349,6 +350,20 @@ impl NodeLink {
         let mut left = file.metadata().await.map_err(pkg_err)?.len();
         let mut seq = 0u32;
         while left > 0 {
+            // The agent answers mid-stream only to fail the install (a
+            // broken package, a full disk): stop there, instead of sending
+            // every remaining chunk for it to refuse.
+            match rx.try_recv() {
+                Ok(AgentResponse::Failed(f)) => return Err(NodeError::Failed(f)),
+                Ok(other) => {
+                    return Err(NodeError::Unexpected {
+                        node: self.node.clone(),
+                        detail: format!("{other:?} while the package was streaming"),
+                    });
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => return Err(self.closed_error()),
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
             // The budget first, then the buffer: memory is held only for
             // chunks that may be queued.
             let permit = self.chunk_permit(progress).await?;

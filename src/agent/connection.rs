@@ -6,6 +6,9 @@
 //! once. Install frames are the exception: `InstallData` chunks are pushed
 //! into the extractor in arrival order on the read loop itself, which also
 //! gives TCP backpressure when the disk is slower than the network.
+//! Nothing on the read loop waits for an instance's lock (a start waiting
+//! for health or a hook holds it for long): a loop that stops reading gets
+//! its link closed by the master's write deadline.
 //!
 //! Nothing reorders the frames of one request: a reply is queued (awaited)
 //! by whoever makes it, and a request's later replies come from a task
@@ -282,7 +285,8 @@ async fn handle(
     match body {
         AgentRequest::InstallBegin(begin) => {
             let begin = *begin;
-            let run_as = match node.check_install(&begin).await {
+            // Never waits for the instance's lock: see `check_install`.
+            let run_as = match node.check_install(&begin) {
                 Ok(u) => u,
                 Err(resp) => return reply(tx, request_id, resp).await,
             };

@@ -242,8 +242,16 @@ impl Node {
         p.is_file().then_some(p)
     }
 
-    /// Checks an install header before any byte is written.
-    pub async fn check_install(&self, begin: &InstallBegin) -> Result<users::RunAs, AgentResponse> {
+    /// Checks an install header before any byte is written, without
+    /// waiting: it runs on the connection's read loop, and awaiting the
+    /// instance's lock there (held for as long as a health-gated start or
+    /// a hook takes) would stop the agent reading its socket until the
+    /// master's write deadline closes the link, failing every command in
+    /// flight on the node. So the record is looked at only if its lock is
+    /// free now; when it is busy, the checks that need it (generation,
+    /// running) are left to [`Self::complete_install`], which takes the
+    /// lock anyway and makes them all again.
+    pub fn check_install(&self, begin: &InstallBegin) -> Result<users::RunAs, AgentResponse> {
         if !begin.instance.is_safe_path_component() {
             return Err(failure(
                 FailureKind::BadRequest,
@@ -251,22 +259,29 @@ impl Node {
             ));
         }
         let slot = self.slot(&begin.instance);
-        let guard = slot.record.lock().await;
-        if let Some(r) = guard.as_ref() {
-            if begin.generation < r.generation {
-                return Err(stale(&begin.instance, begin.generation, r.generation));
-            }
-            if r.pid.as_ref().is_some_and(|p| self.processes.is_alive(p)) {
-                return Err(failure(
-                    FailureKind::BadRequest,
-                    format!("instance {} is running; stop it before installing", begin.instance),
-                ));
-            }
+        if let Ok(guard) = slot.record.try_lock()
+            && let Some(r) = guard.as_ref()
+        {
+            self.refuse_install(begin, r)?;
         }
-        drop(guard);
         let run_as = self.resolve_run_as(begin.run_as.as_deref())?;
         self.check_reachable(&run_as)?;
         Ok(run_as)
+    }
+
+    /// Why `begin` may not replace the installed `rec`: an older
+    /// generation, or a process still running in the directory.
+    fn refuse_install(&self, begin: &InstallBegin, rec: &AgentInstanceRecord) -> Result<(), AgentResponse> {
+        if begin.generation < rec.generation {
+            return Err(stale(&begin.instance, begin.generation, rec.generation));
+        }
+        if rec.pid.as_ref().is_some_and(|p| self.processes.is_alive(p)) {
+            return Err(failure(
+                FailureKind::BadRequest,
+                format!("instance {} is running; stop it before installing", begin.instance),
+            ));
+        }
+        Ok(())
     }
 
     /// Second half of an install: the package is extracted in `staging`.
@@ -275,11 +290,15 @@ impl Node {
     pub async fn complete_install(&self, begin: InstallBegin, staging: PathBuf, run_as: users::RunAs) -> AgentResponse {
         let slot = self.slot(&begin.instance);
         let mut guard = slot.record.lock().await;
+        // Every check of `check_install` that needs the record, again: it
+        // may have skipped them (the lock was busy), and a command that
+        // held the lock meanwhile may have moved the generation or started
+        // the process.
         if let Some(r) = guard.as_ref()
-            && begin.generation < r.generation
+            && let Err(refused) = self.refuse_install(&begin, r)
         {
             let _ = tokio::fs::remove_dir_all(&staging).await;
-            return stale(&begin.instance, begin.generation, r.generation);
+            return refused;
         }
         let dir = self.instance_dir(&begin.instance);
         let files = begin.files.clone();
@@ -606,4 +625,72 @@ pub(super) fn stale(id: &InstanceId, got: u64, have: u64) -> AgentResponse {
 
 fn hashes(files: &[RenderedFile]) -> BTreeMap<String, String> {
     files.iter().map(|f| (f.path.clone(), file_sha256(&f.contents))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::testkit::{TestNode, spec};
+
+    fn begin(id: &InstanceId, generation: u64) -> InstallBegin {
+        InstallBegin {
+            instance: id.clone(),
+            generation,
+            run_as: None,
+            process: spec(&["sleep", "100"]),
+            files: vec![],
+            package_sha256: "00".repeat(32),
+            package_size: 0,
+        }
+    }
+
+    /// A staging dir as an extraction leaves it.
+    fn staging(t: &TestNode, name: &str) -> PathBuf {
+        let dir = t.node.root.join(format!(".staging-{name}"));
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        std::fs::write(dir.join("bin/x"), "x").unwrap();
+        dir
+    }
+
+    /// `check_install` runs on the read loop: with the instance's lock held
+    /// (a long start or hook) it answers at once and leaves the record's
+    /// checks to `complete_install`, which makes them once it has the lock.
+    #[tokio::test]
+    async fn install_checks_skipped_under_a_busy_lock_are_made_at_completion() {
+        let t = TestNode::new();
+        let me = users::current().name;
+        let id = t.install("busy", &me, spec(&["sleep", "100"]), &[]).await;
+        assert!(matches!(t.node.start(&id, 2).await, AgentResponse::Started { .. }));
+        let running = |r: &AgentResponse| matches!(r, AgentResponse::Failed(f) if f.message.contains("is running"));
+
+        // Lock free: refused at once, stale or running.
+        let r = t.node.check_install(&begin(&id, 3)).map(|_| ()).unwrap_err();
+        assert!(running(&r), "{r:?}");
+        let r = t.node.check_install(&begin(&id, 1)).map(|_| ()).unwrap_err();
+        assert!(matches!(&r, AgentResponse::Failed(f) if f.kind == FailureKind::StaleGeneration), "{r:?}");
+
+        // Lock held: no wait (the call is not async), no refusal yet.
+        let slot = t.node.slot(&id);
+        let held = slot.record.lock().await;
+        let run_as = t.node.check_install(&begin(&id, 3)).expect("deferred while the lock is busy");
+        assert!(t.node.check_install(&begin(&id, 1)).is_ok());
+        drop(held);
+
+        // Completion refuses both, and removes what was extracted.
+        let dir = staging(&t, "running");
+        let r = t.node.complete_install(begin(&id, 3), dir.clone(), run_as.clone()).await;
+        assert!(running(&r), "an install over a running process: {r:?}");
+        assert!(!dir.exists());
+        let dir = staging(&t, "stale");
+        let r = t.node.complete_install(begin(&id, 1), dir.clone(), run_as.clone()).await;
+        assert!(matches!(&r, AgentResponse::Failed(f) if f.kind == FailureKind::StaleGeneration), "{r:?}");
+        assert!(!dir.exists());
+        assert_eq!(t.record(&id).await.generation, 2);
+
+        // Stopped: the install goes through.
+        assert!(matches!(t.node.stop(&id, 4).await, AgentResponse::Stopped { was_running: true }));
+        let r = t.node.complete_install(begin(&id, 5), staging(&t, "ok"), run_as).await;
+        assert_eq!(r, AgentResponse::InstallResult { files_written: 0 });
+        assert!(t.node.instance_dir(&id).join("bin/x").exists());
+    }
 }

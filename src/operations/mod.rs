@@ -44,9 +44,10 @@ pub trait OperationContext {
     /// watchdog stops waiting, it does not cancel work mid-way).
     async fn run_action(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure>;
     /// Makes the record durable and visible (journal), before returning,
-    /// with the results of step `step` (the one that just changed; the
-    /// others' are stored already).
-    async fn journal(&self, record: &OperationRecord, step: Option<usize>) -> Result<(), String>;
+    /// with the results of the steps `steps`: those whose results changed
+    /// since the last journal write that succeeded (the others' are stored
+    /// already). The runner keeps a step here until a write carried it.
+    async fn journal(&self, record: &OperationRecord, steps: &[usize]) -> Result<(), String>;
     /// Shows a cluster status while a step runs.
     async fn set_status(&self, status: ClusterStatus, description: &str) -> Result<(), String>;
     /// Records the operation's end: the final record (status set) made

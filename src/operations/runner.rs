@@ -2,8 +2,11 @@
 //!
 //! The journal is written before each step starts and after it ends, so a
 //! master that dies mid-operation finds on restart which step was running.
-//! Each write carries the operation's header and the results of the step
-//! that changed, never every step's results again.
+//! Each write carries the operation's header and the results of the steps
+//! that changed since the last write that succeeded (normally the one step
+//! that just ended), never every step's results again. A step stays
+//! "unsaved" until a write carried it, so a failed write loses nothing: the
+//! next one that succeeds brings the disk up to date.
 //!
 //! The watchdog fails a step that makes no progress for its deadline
 //! ([`OperationContext::progress`]); a step that keeps moving may take as
@@ -49,7 +52,9 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
         prepare(record, plan);
     }
     record.status = OperationStatus::Running;
-    journal(ctx, record, None).await;
+    // Steps whose results no successful journal write has carried yet.
+    let mut unsaved = Vec::new();
+    journal(ctx, record, &mut unsaved, None).await;
 
     let unwinding = record.steps.iter().rposition(|s| {
         matches!(s.status, StepStatus::Failed | StepStatus::Undoing | StepStatus::Undone | StepStatus::UndoFailed)
@@ -81,12 +86,12 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
             break;
         }
         record.steps[i].status = StepStatus::Running;
-        journal(ctx, record, None).await;
+        journal(ctx, record, &mut unsaved, None).await;
         match run_with_deadline(ctx, &step.action).await {
             Ok(results) => {
                 record.steps[i].status = StepStatus::Done;
                 record.steps[i].results = results;
-                journal(ctx, record, Some(i)).await;
+                journal(ctx, record, &mut unsaved, Some(i)).await;
             }
             Err(f) if step.best_effort => {
                 // Recorded, not fatal: the step is done as far as it could be.
@@ -94,13 +99,13 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
                 record.steps[i].status = StepStatus::Done;
                 record.steps[i].error = Some(format!("best effort, not all done: {}", f.message));
                 record.steps[i].results = f.results;
-                journal(ctx, record, Some(i)).await;
+                journal(ctx, record, &mut unsaved, Some(i)).await;
             }
             Err(f) => {
                 record.steps[i].status = StepStatus::Failed;
                 record.steps[i].error = Some(f.message.clone());
                 record.steps[i].results = f.results;
-                journal(ctx, record, Some(i)).await;
+                journal(ctx, record, &mut unsaved, Some(i)).await;
                 failure = Some((i, f.message));
                 break;
             }
@@ -108,6 +113,7 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
     }
 
     let Some((failed_at, error)) = failure else {
+        flush(ctx, record, &mut unsaved).await;
         finish(record, OperationStatus::Succeeded, None);
         complete(ctx, record, Outcome::Succeeded).await;
         return Outcome::Succeeded;
@@ -128,7 +134,7 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
             continue;
         }
         record.steps[i].status = StepStatus::Undoing;
-        journal(ctx, record, None).await;
+        journal(ctx, record, &mut unsaved, None).await;
         record.steps[i].status = StepStatus::Undone;
         for undo in &plan.steps[i].undo {
             if let Err(f) = run_with_deadline(ctx, undo).await {
@@ -140,8 +146,9 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
                 // Go on: undo as much as can be undone, and say what was not.
             }
         }
-        journal(ctx, record, Some(i)).await;
+        journal(ctx, record, &mut unsaved, Some(i)).await;
     }
+    flush(ctx, record, &mut unsaved).await;
     let step = plan.steps[failed_at].name.clone();
     // RolledBack only when every step that ran (the failed one included)
     // was put back; anything less is Failed, however much was undone.
@@ -195,12 +202,37 @@ fn finish(record: &mut OperationRecord, status: OperationStatus, error: Option<S
     record.ended_at = Some(OffsetDateTime::now_utc());
 }
 
-async fn journal<C: OperationContext>(ctx: &C, record: &OperationRecord, step: Option<usize>) {
+/// Journals `record` with the results of `step` (the one that just
+/// changed, if any) and of every step in `unsaved`.
+async fn journal<C: OperationContext>(
+    ctx: &C,
+    record: &OperationRecord,
+    unsaved: &mut Vec<usize>,
+    step: Option<usize>,
+) {
+    if let Some(i) = step
+        && !unsaved.contains(&i)
+    {
+        unsaved.push(i);
+        unsaved.sort_unstable();
+    }
     // A journal write that fails leaves the in-memory record ahead of the
     // disk; the operation goes on (its effects are real) and the error is
-    // logged. The next successful journal write catches the disk up.
-    if let Err(e) = ctx.journal(record, step).await {
-        tracing::error!(operation = %record.id, error = %e, "cannot journal operation");
+    // logged. The steps it would have written stay in `unsaved`, so the
+    // next successful write carries their results too: a write carries
+    // only the steps named, and one that named only its own step left the
+    // results of a step whose write had failed lost for good.
+    match ctx.journal(record, unsaved).await {
+        Ok(()) => unsaved.clear(),
+        Err(e) => tracing::error!(operation = %record.id, error = %e, "cannot journal operation"),
+    }
+}
+
+/// Before the end is recorded (which writes the header only): results
+/// still unsaved after a failed write get one more try.
+async fn flush<C: OperationContext>(ctx: &C, record: &OperationRecord, unsaved: &mut Vec<usize>) {
+    if !unsaved.is_empty() {
+        journal(ctx, record, unsaved, None).await;
     }
 }
 
@@ -225,6 +257,11 @@ mod tests {
         fail: RefCell<Vec<String>>,
         statuses: RefCell<Vec<ClusterStatus>>,
         journaled: RefCell<usize>,
+        /// Journal writes (counted from 0) that fail.
+        fail_journal: RefCell<Vec<usize>>,
+        journal_calls: RefCell<usize>,
+        /// The steps each successful journal write carried, in order.
+        saved: RefCell<Vec<Vec<usize>>>,
         hang: RefCell<Option<String>>,
         /// Progress made while hanging (a slow step that still advances).
         moves: RefCell<u64>,
@@ -259,8 +296,14 @@ mod tests {
             }
             Ok(vec![])
         }
-        async fn journal(&self, _r: &OperationRecord, _step: Option<usize>) -> Result<(), String> {
+        async fn journal(&self, _r: &OperationRecord, steps: &[usize]) -> Result<(), String> {
+            let n = *self.journal_calls.borrow();
+            *self.journal_calls.borrow_mut() += 1;
+            if self.fail_journal.borrow().contains(&n) {
+                return Err(format!("journal write {n} failed"));
+            }
             *self.journaled.borrow_mut() += 1;
+            self.saved.borrow_mut().push(steps.to_vec());
             Ok(())
         }
         async fn complete(&self, _r: &OperationRecord, _o: &Outcome) -> Result<(), String> {
@@ -411,6 +454,38 @@ mod tests {
         assert!(matches!(&out, Outcome::Failed { step, rolled_back: true, .. } if step == "start-1"), "{out:?}");
         assert_eq!(*ctx.log.borrow(), vec!["Stop:a", "DeleteOnAgent:a"]);
         assert_eq!(r.status, OperationStatus::RolledBack);
+    }
+
+    /// Journal writes of `plan()`: 0 the start, then per step k: 2k+1
+    /// running, 2k+2 done (with its results).
+    #[tokio::test]
+    async fn a_failed_journal_write_leaves_its_results_to_the_next_one() {
+        // Step 0's write fails: the next write (step 1 running) carries it.
+        let ctx = Fake::default();
+        ctx.fail_journal.borrow_mut().push(2);
+        let mut r = record();
+        assert_eq!(run(&ctx, &mut r, &plan()).await, Outcome::Succeeded);
+        let saved = ctx.saved.borrow().clone();
+        assert_eq!(saved, vec![vec![], vec![], vec![0], vec![1], vec![], vec![2]], "{saved:?}");
+
+        // Two writes in a row fail, the last of them the last step's: the
+        // write before the end carries both steps' results.
+        let ctx = Fake::default();
+        ctx.fail_journal.borrow_mut().extend([4, 5, 6]);
+        let mut r = record();
+        assert_eq!(run(&ctx, &mut r, &plan()).await, Outcome::Succeeded);
+        let saved = ctx.saved.borrow().clone();
+        assert_eq!(saved, vec![vec![], vec![], vec![0], vec![], vec![1, 2]], "{saved:?}");
+
+        // While unwinding too: the failed step's write fails, its undo's
+        // write carries it along.
+        let ctx = Fake::default();
+        ctx.fail.borrow_mut().push("Start:b".into());
+        ctx.fail_journal.borrow_mut().push(6);
+        let mut r = record();
+        assert!(matches!(run(&ctx, &mut r, &plan()).await, Outcome::Failed { .. }));
+        let carried: Vec<usize> = ctx.saved.borrow().iter().flatten().copied().collect();
+        assert!(carried.contains(&2), "step 2's results were never written: {:?}", ctx.saved.borrow());
     }
 
     #[tokio::test]

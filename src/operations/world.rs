@@ -185,7 +185,7 @@ impl OperationContext for World {
         self.apply(action, ids).map_err(fail)?;
         Ok(ids.iter().map(|i| InstanceResult::ok(i, "done")).collect())
     }
-    async fn journal(&self, _r: &OperationRecord, _step: Option<usize>) -> Result<(), String> {
+    async fn journal(&self, _r: &OperationRecord, _steps: &[usize]) -> Result<(), String> {
         Ok(())
     }
     async fn set_status(&self, _s: ClusterStatus, _d: &str) -> Result<(), String> {

@@ -59,6 +59,12 @@ pub enum StorageError {
     /// short prefix so a hostile name is never echoed whole.
     #[error("invalid sha256 {value:?}: expected 64 lowercase hex characters")]
     InvalidSha256 { value: String },
+    /// A page of operations was asked for after an operation that is gone
+    /// (retention deleted it since the previous page), so the cursor marks
+    /// no place: the client starts paging again from the first page. An
+    /// empty page instead would read as "no more operations".
+    #[error("paging cursor {0} names an operation that no longer exists; start again without after")]
+    CursorGone(String),
 }
 
 impl StorageError {
@@ -73,6 +79,8 @@ impl From<StorageError> for crate::error::Error {
             StorageError::Overloaded => crate::error::Error::overloaded(e.to_string()),
             // Shutting down: the next master answers (503 with Retry-After).
             StorageError::Frozen => crate::error::Error::unavailable(e.to_string()),
+            // 404 not_found naming the cursor (see the variant).
+            StorageError::CursorGone(id) => crate::error::Error::not_found("paging cursor", id),
             e => crate::error::Error::internal(e),
         }
     }

@@ -276,6 +276,10 @@ mod tests {
         assert!(meta::plan(&store, &oldest.id).unwrap().is_none());
         assert_eq!(meta::cluster_operations(&store, &c1.id).unwrap().len(), 4);
         assert!(meta::operations_page(&store, Some(&c1.id), Some(&ones[3].id), 2).unwrap().is_empty());
+        for cluster in [None, Some(&c1.id)] {
+            let gone = meta::operations_page(&store, cluster, Some(&oldest.id), 2);
+            assert!(matches!(&gone, Err(StorageError::CursorGone(id)) if *id == oldest.id.to_string()), "{gone:?}");
+        }
         let raw = store.scan(master_cf::OP_RESULTS, &Scan::default(), 100).unwrap();
         assert_eq!(raw.len(), 6, "the deleted operation's results are gone, the others' kept");
     }

@@ -143,7 +143,8 @@ pub fn plan(store: &dyn MetaStore, id: &OperationId) -> Result<Option<Resumable>
 
 /// A page of operations, newest first, without step results: those of
 /// `cluster` (or all), older than the operation `after` (a cursor from the
-/// previous page), at most `limit`.
+/// previous page), at most `limit`. A cursor naming an operation that is
+/// gone (deleted by retention since) is [`StorageError::CursorGone`].
 pub fn operations_page(
     store: &dyn MetaStore,
     cluster: Option<&ClusterId>,
@@ -158,7 +159,8 @@ pub fn operations_page(
     let mut skip = None;
     if let Some(after) = after {
         let Some(op) = header(store, after)? else {
-            return Ok(Vec::new());
+            // Its creation time, where the page starts, went with it.
+            return Err(StorageError::CursorGone(after.to_string()));
         };
         let created = keys::nanos(op.created_at);
         from = Some(match cluster {

@@ -297,6 +297,43 @@ async fn battery(kind: Kind) {
         }
     }
 
+    // 3b. An install of an instance whose lock a long request holds (a hook
+    // here; a start waiting for health alike) does not stop the agent
+    // reading its link: a Ping sent after it is answered while the hook
+    // still runs. (The master closes a link it cannot write to for 10 s.)
+    let busy = &cached[0];
+    let hook_rid = m
+        .request(AgentRequest::RunHook {
+            instance: busy.clone(),
+            generation: 1,
+            hook: "reload".into(),
+            argv: vec!["sleep".into(), "4".into()],
+            timeout_ms: 10_000,
+        })
+        .await;
+    // Time for the hook's task to take the lock before the install comes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = begin(busy, 2, vec![file("conf/app.conf", busy.as_str())], &pkg.sha256, size);
+    let install_rid = m.request(AgentRequest::InstallBegin(Box::new(b))).await;
+    let ping_sent = Instant::now();
+    let ping_rid = m.request(AgentRequest::Ping).await;
+    let mut answers: Vec<(u64, AgentResponse)> = Vec::new();
+    while !answers.iter().any(|(r, _)| *r == ping_rid) {
+        answers.push(m.next_response(Instant::now() + WAIT).await);
+    }
+    let waited = ping_sent.elapsed();
+    if waited > Duration::from_secs(2) {
+        m.fail(format!("Ping behind an install of {busy}, whose hook holds it, took {waited:?}: the read loop waited"));
+    }
+    while answers.iter().filter(|(r, _)| *r == hook_rid || *r == install_rid).count() < 3 {
+        answers.push(m.next_response(Instant::now() + WAIT).await);
+    }
+    let of = |rid: u64| answers.iter().filter(|(r, _)| *r == rid).map(|(_, b)| b.clone()).collect::<Vec<_>>();
+    if !matches!(of(hook_rid).as_slice(), [AgentResponse::HookDone { exit_code: 0, .. }]) {
+        m.fail(format!("the long hook of {busy}: {:?}", of(hook_rid)));
+    }
+    assert_eq!(of(install_rid), expected.to_vec(), "install of {busy} while its hook ran");
+
     // 4. A wrong sha256 or size of a new package fails the install at its end.
     let pkg2 = package("2.0.0");
     let size2 = pkg2.bytes.len() as u64;

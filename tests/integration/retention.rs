@@ -1,6 +1,7 @@
 //! The operation journal keeps `operations_retained` ended operations per
 //! cluster, newest first; older ones are gone (404), and `GET /operations`
-//! pages through what is kept without repeats or gaps.
+//! pages through what is kept without repeats or gaps; a cursor deleted
+//! since its page is a 404, not a silent end.
 
 use std::collections::BTreeSet;
 
@@ -88,4 +89,20 @@ async fn ended_operations_past_the_retention_are_gone_and_the_rest_pages_cleanly
     assert_eq!(cursor, None, "paging did not end");
     assert_eq!(paged, ids(&all), "pages of two differ from the whole list");
     assert_eq!(paged.iter().collect::<BTreeSet<_>>().len(), paged.len(), "a page repeats an operation");
+
+    // A cursor whose operation retention deleted since its page is an
+    // explicit 404 naming it, not an empty page that reads as the end.
+    let (first, next) = page(&env, "cluster=ra&limit=2").await;
+    let cursor = next.expect("three kept, two a page: there is a next page");
+    assert_eq!(cursor, ids(&first)[1]);
+    for _ in 0..2 {
+        env.run_ok("/clusters/ra/restart", None).await;
+    }
+    for query in [format!("cluster=ra&limit=2&after={cursor}"), format!("limit=2&after={cursor}")] {
+        let (status, body) = env.get(&format!("/operations?{query}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "GET /operations?{query} after its cursor was deleted: {body:#}");
+        assert_eq!(body["error"]["code"], "not_found", "{body:#}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(&cursor), "the error names the cursor {cursor}: {body:#}");
+    }
 }

@@ -251,12 +251,14 @@ impl OperationContext for ClusterOps {
         }
     }
 
-    async fn journal(&self, record: &OperationRecord, step: Option<usize>) -> Result<(), String> {
+    async fn journal(&self, record: &OperationRecord, steps: &[usize]) -> Result<(), String> {
         let mut ops = vec![WriteOp::put_operation(record).map_err(|e| e.to_string())?];
-        if let Some(i) = step
-            && let Some(s) = record.steps.get(i)
-        {
-            ops.push(WriteOp::put_step_results(&record.id, i, &s.results).map_err(|e| e.to_string())?);
+        // Every step not yet written, not only the last: a failed write
+        // left the earlier ones to this one.
+        for &i in steps {
+            if let Some(s) = record.steps.get(i) {
+                ops.push(WriteOp::put_step_results(&record.id, i, &s.results).map_err(|e| e.to_string())?);
+            }
         }
         self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
         self.shared.read_model.put_operation(record);

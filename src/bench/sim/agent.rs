@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,8 +62,15 @@ pub struct Faults {
     pub frozen: AtomicBool,
     /// Wakes the session after a switch flipped (either way).
     pub resumed: Notify,
-    /// Drops the current connection (the agent reconnects).
+    /// Wakes the session after a [`SimAgent::disconnect`].
     pub kick: Notify,
+    /// Counts [`SimAgent::disconnect`] calls. A session ends once it sees
+    /// the count move past what it was when the session began, however
+    /// busy it was when the kick came: `Notify::notify_waiters` keeps no
+    /// permit, so a kick while the session was not waiting (in the
+    /// handshake, in a request's handling) was lost, and the session hung
+    /// on where the test expected a reconnect.
+    kicks: AtomicU64,
     /// The writer parked by a frozen link.
     writer: futures::task::AtomicWaker,
 }
@@ -168,6 +175,8 @@ impl SimAgent {
     }
 
     async fn session(self: &Arc<Self>, stream: tokio::net::TcpStream) -> Result<(), ProtocolError> {
+        // Kicks from here on end this connection (see `Faults::kicks`).
+        let kicks = self.faults.kicks.load(Ordering::SeqCst);
         stream.set_nodelay(true).map_err(ProtocolError::Io)?;
         let mut framed = tokio_util::codec::Framed::new(stream, AgentCodec::default());
         let hello = Hello {
@@ -193,11 +202,23 @@ impl SimAgent {
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
         let mut incoming: HashMap<u64, Incoming> = HashMap::new();
         let result = loop {
-            while self.faults.stalled.load(Ordering::Relaxed) || self.faults.frozen.load(Ordering::Relaxed) {
+            // Registered for the wake-ups before the switches are looked
+            // at: a flip or a kick between the look and the wait would
+            // otherwise be missed, and the session would sleep through it.
+            let resumed = self.faults.resumed.notified();
+            let kicked = self.faults.kick.notified();
+            tokio::pin!(resumed, kicked);
+            resumed.as_mut().enable();
+            kicked.as_mut().enable();
+            if self.faults.kicks.load(Ordering::SeqCst) != kicks {
+                break Ok(());
+            }
+            if self.faults.stalled.load(Ordering::SeqCst) || self.faults.frozen.load(Ordering::SeqCst) {
                 tokio::select! {
-                    _ = self.faults.resumed.notified() => {}
-                    _ = self.faults.kick.notified() => return Ok(()),
+                    _ = resumed => {}
+                    _ = kicked => {}
                 }
+                continue;
             }
             let frame = tokio::select! {
                 f = reader.next() => f,
@@ -205,13 +226,13 @@ impl SimAgent {
                     Ok(r) => r,
                     Err(e) => Err(ProtocolError::Unexpected(format!("writer task: {e}"))),
                 },
-                _ = self.faults.kick.notified() => break Ok(()),
+                _ = kicked => continue,
                 // A switch flipped (stalled, frozen): it applies at once, not
                 // after one more frame (reading is cancel-safe: a frame
                 // half-read stays in the reader's buffer). Without this an
                 // idle agent frozen while waiting would still read the
                 // master's close and dial again: no half-open link at all.
-                _ = self.faults.resumed.notified() => continue,
+                _ = resumed => continue,
             };
             let frame = match frame {
                 None => break Ok(()),
@@ -385,7 +406,7 @@ impl SimAgent {
 
     /// Flips a fault switch and wakes the session.
     pub fn set_stalled(&self, yes: bool) {
-        self.faults.stalled.store(yes, Ordering::Relaxed);
+        self.faults.stalled.store(yes, Ordering::SeqCst);
         self.faults.resumed.notify_waiters();
     }
 
@@ -396,17 +417,55 @@ impl SimAgent {
     }
 
     pub fn set_frozen(&self, yes: bool) {
-        self.faults.frozen.store(yes, Ordering::Relaxed);
+        self.faults.frozen.store(yes, Ordering::SeqCst);
         self.faults.resumed.notify_waiters();
         self.faults.writer.wake();
     }
 
     /// Drops the current connection; the agent dials again.
     pub fn disconnect(&self) {
+        // Counted first, so a session that is not waiting now sees it when
+        // it next looks (see `Faults::kicks`).
+        self.faults.kicks.fetch_add(1, Ordering::SeqCst);
         self.faults.kick.notify_waiters();
     }
 
     pub fn running(&self) -> usize {
         lock(&self.state).running()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::SinkExt;
+    use tokio_util::codec::Framed;
+
+    use super::*;
+    use crate::protocol::codec::MasterCodec;
+    use crate::protocol::messages::Welcome;
+
+    /// A kick while the session is not waiting for one (here: in the
+    /// handshake) still drops that connection; it used to be lost, and the
+    /// session went on as if no kick had come.
+    #[tokio::test]
+    async fn a_kick_during_the_handshake_is_not_lost() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let agent = SimAgent::new(NodeId::new("kick"), "127.0.0.1".into(), (20000, 20010), Latency::default());
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(agent.clone().serve(listener.local_addr().unwrap(), rx));
+        let wait = Duration::from_secs(5);
+        let (stream, _) = tokio::time::timeout(wait, listener.accept()).await.unwrap().unwrap();
+        let mut framed = Framed::new(stream, MasterCodec::new());
+        let hello = tokio::time::timeout(wait, framed.next()).await.unwrap().unwrap().unwrap();
+        assert!(matches!(hello, AgentFrame::Hello(_)), "{hello:?}");
+        agent.disconnect();
+        let welcome = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 100 };
+        framed.send(MasterFrame::Welcome(welcome)).await.unwrap();
+        // The connection ends (heartbeats may come first), and the agent dials again.
+        let ended = tokio::time::timeout(wait, async { while let Some(Ok(_)) = framed.next().await {} }).await;
+        assert!(ended.is_ok(), "the kicked connection is still open after {wait:?}");
+        assert!(tokio::time::timeout(wait, listener.accept()).await.is_ok(), "the agent did not dial again");
+        let _ = stop.send(true);
+        task.await.unwrap();
     }
 }

@@ -73,6 +73,13 @@ impl SimState {
         if !b.instance.is_safe_path_component() {
             return Err(failure(FailureKind::BadRequest, format!("instance id {:?} is not a safe name", b.instance)));
         }
+        self.refuse_install(b)?;
+        Ok(!self.packages.contains(&b.package_sha256))
+    }
+
+    /// Why `b` may not replace what is installed: an older generation, or
+    /// a process still running.
+    fn refuse_install(&self, b: &InstallBegin) -> Result<(), AgentResponse> {
         if let Some(i) = self.instances.get(&b.instance) {
             if b.generation < i.generation {
                 return Err(stale(&b.instance, b.generation, i.generation));
@@ -84,15 +91,15 @@ impl SimState {
                 ));
             }
         }
-        Ok(!self.packages.contains(&b.package_sha256))
+        Ok(())
     }
 
     /// The package is in place: record the instance (installed, stopped).
+    /// Checked again, as the real agent does: a start may have come in
+    /// between.
     pub fn install_complete(&mut self, b: &InstallBegin) -> AgentResponse {
-        if let Some(i) = self.instances.get(&b.instance)
-            && b.generation < i.generation
-        {
-            return stale(&b.instance, b.generation, i.generation);
+        if let Err(refused) = self.refuse_install(b) {
+            return refused;
         }
         self.packages.insert(b.package_sha256.clone());
         let files = b.files.iter().map(|f| (f.path.clone(), written(f))).collect();
