@@ -464,7 +464,14 @@ mod tests {
             .await;
         assert!(matches!(t.node.start(&id, 2).await, AgentResponse::Started { .. }));
         assert_eq!(t.node.check_health(&id, 1000).await, AgentResponse::Healthy);
+        // Closed, but still held: a socket bound to the port without
+        // listening refuses connections, and no other test can take the
+        // port meanwhile (a released port could be bound by one, and the
+        // check would pass).
         drop(listener);
+        let holder = tokio::net::TcpSocket::new_v4().unwrap();
+        holder.set_reuseaddr(true).unwrap();
+        holder.bind(std::net::SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
         // A failing check runs for its whole timeout; meanwhile the
         // instance's other commands are not blocked.
         let node = t.node.clone();

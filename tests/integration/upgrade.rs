@@ -22,6 +22,9 @@ ports = ["main"]
 start = ["bin/start.sh"]
 stop_grace = "2s"
 start_timeout = "5s"
+# The health check (data/version is there) passes on data an older version
+# left: a start that dies at once is caught by this window, not by it.
+start_settle = "300ms"
 init = ["bin/init.sh"]
 health = {{ cmd = ["bin/health.sh"] }}
 
