@@ -183,9 +183,9 @@ impl Handler<DeletePackage> for Supervisor {
         slot.begin("delete package");
         self.stats().end(None);
         let msg = (name, version);
-        // A cluster uses its package; a running operation uses every
-        // version its plan may switch to (an upgrade's undo goes back to the
-        // old one, which must still be there).
+        // A cluster uses its package; a running upgrade of a cluster of
+        // this component may switch to, or back to (its undo), any version
+        // of it, so none goes while one runs.
         let is_it = |p: &crate::storage::records::PackageRef| p.name == msg.0 && p.version == msg.1;
         let running = shared.read_model.running_operations();
         let users: Vec<String> = shared
@@ -195,15 +195,11 @@ impl Handler<DeletePackage> for Supervisor {
             .map(|c| c.load())
             .filter(|c| {
                 is_it(&c.record.package)
-                    || c.record.operation.and_then(|id| running.get(&id)).and_then(|o| o.resume.as_ref()).is_some_and(
-                        |r| {
-                            r.plan
-                                .steps
-                                .iter()
-                                .flat_map(|s| std::iter::once(&s.action).chain(&s.undo))
-                                .any(|a| matches!(a, crate::operations::Action::SetPackage(p) if is_it(p)))
-                        },
-                    )
+                    || (c.record.package.name == msg.0
+                        && c.record
+                            .operation
+                            .and_then(|id| running.get(&id))
+                            .is_some_and(|o| o.kind == crate::storage::records::OperationKind::Upgrade))
             })
             .map(|c| c.record.name.clone())
             .collect();

@@ -37,6 +37,9 @@ impl Api {
         let http = reqwest::Client::builder()
             .no_proxy()
             .pool_max_idle_per_host(64)
+            // Below the server's keep-alive (5 s): a pooled connection the
+            // server is closing must not be picked for a request.
+            .pool_idle_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(180))
             .build()
             .map_err(|e| e.to_string())?;

@@ -171,6 +171,20 @@ impl ClusterDto {
     }
 }
 
+/// Every instance status, in `InstanceStatus as usize` order.
+const ALL_STATUSES: [InstanceStatus; 10] = [
+    InstanceStatus::Pending,
+    InstanceStatus::Installing,
+    InstanceStatus::Installed,
+    InstanceStatus::Starting,
+    InstanceStatus::Running,
+    InstanceStatus::Stopping,
+    InstanceStatus::Stopped,
+    InstanceStatus::Failed,
+    InstanceStatus::Lost,
+    InstanceStatus::Deleting,
+];
+
 /// A cluster in `GET /clusters`: no instance list, counts instead.
 #[derive(Debug, Serialize)]
 pub struct ClusterSummaryDto {
@@ -191,11 +205,14 @@ impl ClusterSummaryDto {
     pub fn build(snap: &ClusterSnapshot) -> Self {
         let c = &snap.record;
         let mut roles: BTreeMap<String, RoleDto> = c.roles.keys().map(|r| (r.clone(), RoleDto { count: 0 })).collect();
-        let mut by_status: BTreeMap<String, u32> = BTreeMap::new();
-        for i in snap.instances.values() {
-            roles.entry(i.record.role.clone()).or_insert(RoleDto { count: 0 }).count += 1;
-            *by_status.entry(format!("{:?}", i.record.status)).or_default() += 1;
+        for (role, n) in &snap.counts.roles {
+            roles.entry(role.clone()).or_insert(RoleDto { count: 0 }).count = *n;
         }
+        let by_status: BTreeMap<String, u32> = ALL_STATUSES
+            .iter()
+            .filter(|s| snap.counts.statuses[**s as usize] > 0)
+            .map(|s| (format!("{s:?}"), snap.counts.statuses[*s as usize]))
+            .collect();
         ClusterSummaryDto {
             name: c.name.clone(),
             id: c.id.to_string(),
@@ -353,6 +370,18 @@ impl From<&PackageView> for PackageDto {
             size: p.record.size,
             roles: p.spec.roles.iter().map(|r| r.name.clone()).collect(),
             uploaded_at: p.record.uploaded_at,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_is_counted_at_its_own_index() {
+        for (i, s) in ALL_STATUSES.iter().enumerate() {
+            assert_eq!(*s as usize, i, "{s:?}");
         }
     }
 }

@@ -186,16 +186,18 @@ pub async fn get_operation(
         let notified = rm.operation_changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let op = match rm.running_operations().get(&id) {
-            Some(op) => Some(op.clone()),
-            None => {
-                let r = rm.clone();
-                web::block(move || r.operation(&id))
-                    .await
-                    .map_err(|e| Error::unavailable(format!("reading the operation: {e}")))?
-                    .map_err(Error::from)?
-            }
-        };
+        // While it runs, wait on the in-memory header; answer from the
+        // store, which has every journaled step's results.
+        let running = rm.running_operations().get(&id).is_some_and(|o| !o.status.is_terminal());
+        if running && tokio::time::Instant::now() < deadline {
+            let _ = tokio::time::timeout_at(deadline, notified).await;
+            continue;
+        }
+        let r = rm.clone();
+        let op = web::block(move || r.operation(&id))
+            .await
+            .map_err(|e| Error::unavailable(format!("reading the operation: {e}")))?
+            .map_err(Error::from)?;
         let Some(op) = op else {
             return Err(ApiError(Error::not_found("operation", id)));
         };

@@ -427,6 +427,25 @@ pub struct Resumable {
 }
 
 impl OperationRecord {
+    /// A copy without the steps, the params or the plan (the parts that
+    /// grow with the operation), for the caller to fill.
+    pub fn clone_header(&self) -> OperationRecord {
+        OperationRecord {
+            version: self.version,
+            id: self.id,
+            cluster_id: self.cluster_id,
+            cluster: self.cluster.clone(),
+            kind: self.kind,
+            params: String::new(),
+            status: self.status,
+            steps: Vec::new(),
+            error: self.error.clone(),
+            created_at: self.created_at,
+            ended_at: self.ended_at,
+            resume: None,
+        }
+    }
+
     /// (done, total) steps.
     pub fn progress(&self) -> (usize, usize) {
         let done = self.steps.iter().filter(|s| s.status == StepStatus::Done).count();

@@ -90,6 +90,29 @@ pub struct InstanceEntry {
 pub struct ClusterSnapshot {
     pub record: Arc<ClusterRecord>,
     pub instances: OrdMap<InstanceId, InstanceEntry>,
+    /// Kept with every change, so a summary (`GET /clusters`) costs the
+    /// number of roles, not of instances.
+    pub counts: Counts,
+}
+
+/// Instances by role and by status.
+#[derive(Debug, Clone, Default)]
+pub struct Counts {
+    pub roles: std::collections::BTreeMap<String, u32>,
+    /// Indexed by `InstanceStatus as usize`.
+    pub statuses: [u32; 10],
+}
+
+impl Counts {
+    fn add(&mut self, r: &InstanceRecord, sign: i64) {
+        let role = self.roles.entry(r.role.clone()).or_default();
+        *role = (*role as i64 + sign).max(0) as u32;
+        if *role == 0 {
+            self.roles.remove(&r.role);
+        }
+        let st = &mut self.statuses[r.status as usize];
+        *st = (*st as i64 + sign).max(0) as u32;
+    }
 }
 
 impl ClusterSnapshot {
@@ -110,7 +133,11 @@ pub struct ClusterCell {
 impl ClusterCell {
     pub fn new(record: ClusterRecord) -> Arc<ClusterCell> {
         Arc::new(ClusterCell {
-            snap: ArcSwap::from_pointee(ClusterSnapshot { record: Arc::new(record), instances: OrdMap::new() }),
+            snap: ArcSwap::from_pointee(ClusterSnapshot {
+                record: Arc::new(record),
+                instances: OrdMap::new(),
+                counts: Counts::default(),
+            }),
         })
     }
 
@@ -132,16 +159,17 @@ impl ClusterCell {
 
     /// Publishes one instance (after it is durable).
     pub fn put_instance(&self, entry: InstanceEntry) {
-        self.update(|s| {
-            s.instances.insert(entry.record.id.clone(), entry);
-        });
+        self.put_instances(std::iter::once(entry));
     }
 
     /// Publishes many instances at once (a whole step's records).
     pub fn put_instances(&self, entries: impl IntoIterator<Item = InstanceEntry>) {
         self.update(|s| {
             for e in entries {
-                s.instances.insert(e.record.id.clone(), e);
+                s.counts.add(&e.record, 1);
+                if let Some(old) = s.instances.insert(e.record.id.clone(), e) {
+                    s.counts.add(&old.record, -1);
+                }
             }
         });
     }
@@ -149,7 +177,9 @@ impl ClusterCell {
     pub fn remove_instances(&self, ids: &[InstanceId]) {
         self.update(|s| {
             for id in ids {
-                s.instances.remove(id);
+                if let Some(old) = s.instances.remove(id) {
+                    s.counts.add(&old.record, -1);
+                }
             }
         });
     }
@@ -174,6 +204,15 @@ mod tests {
         assert_eq!(after.instances.len(), 3);
         let ordinals: Vec<u32> = after.sorted_instances().iter().map(|e| e.record.ordinal).collect();
         assert_eq!(ordinals, vec![2, 3, 4]);
+        // The counts follow every change.
+        assert_eq!(after.counts.roles.values().sum::<u32>(), 3);
+        assert_eq!(after.counts.statuses.iter().sum::<u32>(), 3);
+        let mut failed = InstanceRecord::clone(&after.sorted_instances()[0].record);
+        failed.status = crate::storage::records::InstanceStatus::Failed;
+        cell.put_instance(InstanceEntry { record: Arc::new(failed), stats: Arc::default() });
+        let counts = cell.load().counts.clone();
+        assert_eq!(counts.statuses[crate::storage::records::InstanceStatus::Failed as usize], 1);
+        assert_eq!(counts.statuses.iter().sum::<u32>(), 3);
     }
 
     #[test]

@@ -197,11 +197,28 @@ impl ReadModel {
 
     // ------------------------------------------------------------ operations
 
-    /// Publishes an operation (durable already). One that ended leaves the
-    /// in-memory set: from then on it is read from the store.
+    /// Publishes an operation (durable already). Only its header (status,
+    /// steps without their results, no plan): results are read from the
+    /// store, so a journal write of a 10,000-instance step does not copy
+    /// every result into memory again. One that ended leaves the in-memory
+    /// set: from then on it is read from the store.
     pub fn put_operation(&self, op: &OperationRecord) {
         let terminal = op.status.is_terminal();
-        let arc = Arc::new(op.clone());
+        let arc = Arc::new(OperationRecord {
+            steps: op
+                .steps
+                .iter()
+                .map(|s| crate::storage::records::StepRecord {
+                    name: s.name.clone(),
+                    status: s.status,
+                    error: s.error.clone(),
+                    results: Vec::new(),
+                })
+                .collect(),
+            resume: None,
+            params: op.params.clone(),
+            ..OperationRecord::clone_header(op)
+        });
         rcu(&self.running, |m| {
             if terminal {
                 m.remove(&op.id);
@@ -212,17 +229,14 @@ impl ReadModel {
         self.operation_changed.notify_waiters();
     }
 
-    /// Operations that have not ended, with their plans.
+    /// Operations that have not ended: their headers (no step results, no plan).
     pub fn running_operations(&self) -> Arc<OrdMap<OperationId, Arc<OperationRecord>>> {
         self.running.load_full()
     }
 
-    /// One operation with its step results: from memory while it runs,
-    /// else from the store (blocking: call from a blocking context).
+    /// One operation with its step results, as durable (blocking: call from
+    /// a blocking context).
     pub fn operation(&self, id: &OperationId) -> Result<Option<Arc<OperationRecord>>, StorageError> {
-        if let Some(op) = self.running.load().get(id) {
-            return Ok(Some(op.clone()));
-        }
         Ok(meta::operation(&*self.store, id)?.map(Arc::new))
     }
 
