@@ -3,6 +3,12 @@
 
 use std::path::PathBuf;
 
+/// mimalloc, not glibc's malloc: under load the master spent a quarter of
+/// its CPU in glibc's allocator, and its per-thread arenas held freed
+/// memory (BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use flotilla::config::{AgentConfig, LogFormat, MasterConfig};
