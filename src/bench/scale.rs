@@ -56,8 +56,9 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
     if let Some((_, cpu0)) = master.usage() {
         let t0 = Instant::now();
         tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
-        if let Some((_, cpu1)) = master.usage() {
+        if let Some((rss, cpu1)) = master.usage() {
             report.idle_master_cpu_pct = round((cpu1 - cpu0) / t0.elapsed().as_secs_f64() * 100.0);
+            report.master_rss_idle_mb = round(rss);
         }
     }
     if args.instances == 0 {
