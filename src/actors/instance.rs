@@ -254,17 +254,23 @@ impl InstanceActor {
     pub async fn run(self: &Rc<Self>, cmd: InstanceCmd) -> InstanceOutcome {
         let me = self.clone();
         let verb = cmd.verb();
+        // Boxed: the command's whole state machine (a package stream, a
+        // reply wait) lives on the heap only while it runs, and the future
+        // a step holds for each queued command stays small.
         let out = self
-            .in_turn(verb, async move {
-                // One span per instance command, inside the operation's span.
-                let span = tracing::info_span!("instance", id = %me.id(), verb);
-                let out = tracing::Instrument::instrument(me.execute(cmd), span).await;
-                if !out.result.ok {
-                    tracing::warn!(error = %out.result.message, "instance command failed");
-                }
-                me.env.progress.fetch_add(1, Ordering::Relaxed);
-                out
-            })
+            .in_turn(
+                verb,
+                Box::pin(async move {
+                    // One span per instance command, inside the operation's span.
+                    let span = tracing::info_span!("instance", id = %me.id(), verb);
+                    let out = tracing::Instrument::instrument(me.execute(cmd), span).await;
+                    if !out.result.ok {
+                        tracing::warn!(error = %out.result.message, "instance command failed");
+                    }
+                    me.env.progress.fetch_add(1, Ordering::Relaxed);
+                    out
+                }),
+            )
             .await;
         out.unwrap_or_else(|e| InstanceResult::failed(&self.id(), e).into())
     }

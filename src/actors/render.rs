@@ -49,9 +49,18 @@ impl<'a> RenderBase<'a> {
         let mut roles: BTreeMap<String, RoleCtx> =
             spec.roles.iter().map(|r| (r.name.clone(), RoleCtx { count: 0, members: Vec::new() })).collect();
         let mut roots = BTreeMap::new();
+        let lists = spec.templates.uses_members();
         for m in members {
             let role = roles.entry(m.role.clone()).or_insert_with(|| RoleCtx { count: 0, members: Vec::new() });
             role.count += 1;
+            if !lists {
+                // No template reads the member list: only the counts.
+                if !roots.contains_key(m.node.as_str()) {
+                    let root = read_model.node(&m.node).map(|n| n.record().instance_root.clone()).unwrap_or_default();
+                    roots.insert(m.node.to_string(), root);
+                }
+                continue;
+            }
             role.members.push(MemberCtx {
                 id: m.id.to_string(),
                 ordinal: m.ordinal,

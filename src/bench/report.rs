@@ -117,7 +117,10 @@ impl Report {
         row("store syncs per second", self.store_syncs_per_s.to_string());
         row("fdatasync ceiling (one writer)", format!("{}/s", self.fdatasync_per_s));
         row("spawn ceiling (/bin/true)", format!("{}/s", self.spawn_per_s));
-        row("master RSS", format!("{} MiB ({} MiB with the agents alone)", self.master_rss_mb, self.master_rss_idle_mb));
+        row(
+            "master RSS",
+            format!("{} MiB ({} MiB with the agents alone)", self.master_rss_mb, self.master_rss_idle_mb),
+        );
         row("master CPU", format!("{} % ({} ms per instance)", self.master_cpu_pct, self.master_cpu_ms_per_instance));
         row("master CPU with idle agents", format!("{} %", self.idle_master_cpu_pct));
         row("simulator memory per agent", format!("{} KiB", self.sim_rss_per_agent_kb));

@@ -235,7 +235,7 @@ fn render_one(env: &Environment<'static>, field: &str, source: &str, ctx: &Value
 /// render then costs the render, not a parse of the template (the master
 /// renders each of 100,000 instances).
 #[derive(Clone)]
-pub struct Templates(std::sync::Arc<Environment<'static>>);
+pub struct Templates(std::sync::Arc<Environment<'static>>, bool);
 
 impl std::fmt::Debug for Templates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -264,7 +264,18 @@ impl Templates {
                 env.add_template_owned(field.clone(), template.clone()).map_err(|e| template_error(&field, &e))?;
             }
         }
-        Ok(Templates(std::sync::Arc::new(env)))
+        // Whether any template reads the member lists (`cluster.roles`, or
+        // `cluster` as a whole): when none does, the master renders a
+        // thousand members without building their list each time.
+        let uses_members = env.templates().any(|(_, t)| {
+            t.undeclared_variables(true).iter().any(|v| v == "cluster" || v.starts_with("cluster.roles"))
+        });
+        Ok(Templates(std::sync::Arc::new(env), uses_members))
+    }
+
+    /// Whether some template reads the member lists (see [`Templates::compile`]).
+    pub fn uses_members(&self) -> bool {
+        self.1
     }
 
     fn render(&self, field: &str, value: &Value) -> Result<String, SpecError> {

@@ -408,3 +408,15 @@ fn check_count_rules() {
     check("observer", 2, "roles.observer.count", "above the maximum 1");
     check("worker", 1, "roles.worker", "unknown role");
 }
+
+#[test]
+fn templates_know_whether_they_read_the_member_lists() {
+    let with = ComponentSpec::parse(ZOOKEEPER).unwrap();
+    assert!(with.templates.uses_members(), "zoo.cfg lists the members");
+    let without = ComponentSpec::parse(&ZOOKEEPER.replace(
+        "{% for m in cluster.roles.server.members %}server.{{ m.ordinal }}={{ m.host }}:{{ m.ports.peer }}:{{ m.ports.election }}\n{% endfor %}",
+        "",
+    ))
+    .unwrap();
+    assert!(!without.templates.uses_members(), "{:?}", without.roles[0].files);
+}

@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use futures::StreamExt;
 use futures::future::join_all;
 
 use super::ops::{ClusterOps, CurrentPackage, fail};
@@ -27,6 +28,12 @@ use crate::storage::records::{ClusterRecord, InstanceRecord, InstanceResult, Ins
 
 /// The share of a role a rolling action takes down at once, in percent.
 pub const MAX_UNAVAILABLE_PERCENT: usize = 25;
+
+/// Commands of one step in flight at once. A step over 10,000 instances
+/// still sends them all, but holds at most this many commands (and their
+/// rendered files) in memory at a time; more would only queue behind the
+/// links' own limits.
+pub const STEP_CONCURRENCY: usize = 256;
 
 /// What one rendering pass needs, owned (a [`RenderBase`] borrows it).
 struct Pass {
@@ -46,25 +53,28 @@ impl ClusterOps {
         self.core.borrow().instances.get(id).cloned()
     }
 
-    /// Runs `cmd_for(id)` on every instance in parallel; every outcome.
+    /// Runs `cmd_for(id)` on every instance, [`STEP_CONCURRENCY`] at a
+    /// time (each command is made, rendered files and all, only when its
+    /// turn comes); every outcome, in the order of `ids`.
     async fn on_each(
         &self,
         ids: &[InstanceId],
         cmd_for: impl Fn(&InstanceId) -> Result<InstanceCmd, String>,
     ) -> Vec<InstanceOutcome> {
-        let mut futures = Vec::with_capacity(ids.len());
-        let mut out = Vec::new();
-        for id in ids {
-            match (self.handle(id), cmd_for(id)) {
-                (Some(h), Ok(cmd)) => futures.push(async move { h.run(cmd).await }),
-                (None, _) => {
-                    out.push(InstanceResult::failed(id, format!("instance {id} is not part of this cluster")).into())
+        let cmd_for = &cmd_for;
+        futures::stream::iter(ids)
+            .map(|id| async move {
+                match (self.handle(id), cmd_for(id)) {
+                    (Some(h), Ok(cmd)) => h.run(cmd).await,
+                    (None, _) => {
+                        InstanceResult::failed(id, format!("instance {id} is not part of this cluster")).into()
+                    }
+                    (_, Err(e)) => InstanceResult::failed(id, e).into(),
                 }
-                (_, Err(e)) => out.push(InstanceResult::failed(id, e).into()),
-            }
-        }
-        out.extend(join_all(futures).await);
-        out
+            })
+            .buffered(STEP_CONCURRENCY)
+            .collect()
+            .await
     }
 
     /// [`on_each`](Self::on_each), failing the step when any instance failed.
