@@ -57,6 +57,10 @@ pub struct BenchArgs {
     /// Instances crashed one by one to time how fast the API sees it.
     #[arg(long, default_value_t = 50)]
     pub crashes: usize,
+    /// Only place the instances (no crash, restart, reconfigure or
+    /// scale-in), and leave them: for measuring a master at rest.
+    #[arg(long)]
+    pub place_only: bool,
     /// How long the simulated install, start and stop take, in ms.
     #[arg(long, default_value_t = 0)]
     pub latency_ms: u64,

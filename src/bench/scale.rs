@@ -176,6 +176,22 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
     largest.sort_by(|a, b| a.total_cmp(b));
     report.api.get_largest_cluster_ms = round(largest[largest.len() / 2]);
 
+    // At rest: the memory the placed instances keep, once the allocator
+    // has given back what the placement's transients used.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    if let Some((rss, _)) = master.usage() {
+        report.master_rss_rest_mb = round(rss);
+    }
+    if args.place_only {
+        stop_readers.store(true, Ordering::Relaxed);
+        for r in readers {
+            let _ = r.await;
+        }
+        report.operations = ops.summaries();
+        fleet.stop().await;
+        return Ok(());
+    }
+
     // A crash: how long until the API shows it.
     progress.set_message("crashing instances");
     let exits = Samples::default();
