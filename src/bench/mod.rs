@@ -4,6 +4,8 @@
 //! - [`sim`]: simulated agents (the real protocol, a fake process layer)
 //! - [`scale`]: the scale workload on simulated agents (default)
 //! - [`real`]: latencies with real agents and real processes (`bench real`)
+//! - [`linearity`]: the cost of an instance at 1/10 of `--instances` and at
+//!   all of them, each on a fresh master (`bench linearity`)
 //! - [`ceilings`]: the machine's fdatasync and spawn rates, measured in the same run
 //! - [`client`], [`stats`], [`report`]: timed API calls, percentiles, the report
 //! - [`master_proc`]: the master under test, a child process
@@ -11,6 +13,7 @@
 
 pub mod ceilings;
 pub mod client;
+pub mod linearity;
 pub mod master_proc;
 pub mod package;
 pub mod real;
@@ -98,6 +101,9 @@ pub enum BenchMode {
     /// during a large scale-up, real starts per second, a large scale-in,
     /// and how fast a killed process shows.
     Real(real::RealArgs),
+    /// Places a tenth of `--instances`, then all of them, each on a fresh
+    /// master, and compares what one instance costs (CPU, memory, time).
+    Linearity,
 }
 
 /// What every workload gets.
@@ -141,19 +147,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
     report.fdatasync_per_s = stats::round(sync.map_err(|e| format!("fdatasync probe: {e}"))?);
     report.spawn_per_s = stats::round(spawn.map_err(|e| format!("spawn probe: {e}"))?);
 
-    let env: Vec<(String, String)> = args
-        .master_set
-        .iter()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (format!("FLOTILLA_MASTER_{}", k.to_ascii_uppercase()), v.to_string()))
-        .collect();
-    let master = match (&args.api, args.agent_addr) {
-        (Some(api), Some(agents)) => MasterProc::attach(api, agents),
-        _ => {
-            progress.set_message("starting the master");
-            MasterProc::spawn(&data_dir.join("master"), &env).await?
-        }
-    };
+    let master = start_master(&args, &data_dir.join("master"), &progress).await?;
     let api = Api::new(&master.api, args.token.clone())?;
     let mut setup = Setup { api: api.clone(), master, progress: progress.clone(), data_dir: data_dir.clone() };
     let outcome = match &args.mode {
@@ -164,6 +158,10 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
         Some(BenchMode::Real(r)) => {
             report.mode = "real".into();
             real::run(r, &mut setup, &mut report).await
+        }
+        Some(BenchMode::Linearity) => {
+            report.mode = "linearity".into();
+            linearity::run(&args, &mut setup, &mut report).await
         }
     };
     progress.finish_and_clear();
@@ -187,6 +185,28 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
         std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(report)
+}
+
+/// The master under test: `--api` if given, else a fresh child in `dir`
+/// with the `--master-set` settings.
+pub async fn start_master(
+    args: &BenchArgs,
+    dir: &std::path::Path,
+    progress: &ProgressBar,
+) -> Result<MasterProc, String> {
+    let env: Vec<(String, String)> = args
+        .master_set
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (format!("FLOTILLA_MASTER_{}", k.to_ascii_uppercase()), v.to_string()))
+        .collect();
+    match (&args.api, args.agent_addr) {
+        (Some(api), Some(agents)) => Ok(MasterProc::attach(api, agents)),
+        _ => {
+            progress.set_message("starting the master");
+            MasterProc::spawn(dir, &env).await
+        }
+    }
 }
 
 /// Many agents need many sockets, on both ends: raise the soft limit on

@@ -160,8 +160,11 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
     report.durable_transitions_per_s = round(transitions as f64 / place_secs);
     let batches = health1["store"]["batches"].as_u64().unwrap_or(0) - health0["store"]["batches"].as_u64().unwrap_or(0);
     report.store_syncs_per_s = round(batches as f64 / place_secs);
-    if let Some((rss, _)) = master.usage() {
+    if let Some((rss, cpu)) = master.usage() {
         report.master_rss_mb = round(rss);
+        if let Some(c0) = cpu_start {
+            report.place_cpu_ms_per_instance = round((cpu - c0) * 1000.0 / instances.max(1) as f64);
+        }
     }
     report.running_in_simulator = fleet.running() as u64;
 

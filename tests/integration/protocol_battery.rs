@@ -124,6 +124,30 @@ impl Subject {
         }
     }
 
+    /// Waits until `pid` ignores SIGHUP: `Started` answers once the process
+    /// is spawned, before its shell has run `trap '' HUP`, and a signal sent
+    /// in between kills it. The simulator's processes are ready at once.
+    async fn await_hup_ignored(&self, pid: u32) {
+        if self.simulated() {
+            return;
+        }
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .unwrap_or_else(|e| panic!("/proc/{pid}/status of the instance: {e}"));
+            let ignored = status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigIgn:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .is_some_and(|mask| mask & 1 != 0);
+            if ignored {
+                return;
+            }
+            assert!(Instant::now() < deadline, "pid {pid} did not ignore SIGHUP within {WAIT:?}:\n{status}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Stops the agent and waits for it.
     async fn stop(mut self) {
         match &mut self {
@@ -414,6 +438,7 @@ async fn battery(kind: Kind) {
         AgentResponse::Started { pid, already_running: false } => pid,
         other => m.fail(format!("Start of {a} for the signal: expected a fresh Started, got {other:?}")),
     };
+    subject.await_hup_ignored(pid).await;
     assert_eq!(m.call(signal(15)).await, AgentResponse::Signalled { delivered: true }, "SIGHUP to running {a}");
     let got = m.call(AgentRequest::CheckHealth { instance: a.clone(), timeout_ms: 5000 }).await;
     assert_eq!(got, AgentResponse::Healthy, "CheckHealth of {a} (pid {pid}) after SIGHUP");
