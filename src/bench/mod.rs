@@ -116,7 +116,8 @@ pub struct Setup {
 
 /// Runs the benchmark; the report is printed (and written with `--json`).
 pub async fn run(args: BenchArgs) -> Result<Report, String> {
-    raise_fd_limit();
+    // The simulated agents' sockets.
+    crate::master::raise_fd_limit();
     let mut report = Report {
         agents: args.agents,
         clusters: args.clusters,
@@ -206,14 +207,5 @@ pub async fn start_master(
             progress.set_message("starting the master");
             MasterProc::spawn(dir, &env).await
         }
-    }
-}
-
-/// Many agents need many sockets, on both ends: raise the soft limit on
-/// open files to the hard one (the master started here inherits it).
-fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
 }

@@ -84,7 +84,7 @@ fn start_agents(n: usize, dir: &Path, master: &str) -> Result<Vec<Child>, String
             .args(["--port-range", "20000-29999"])
             .args(["--default-run-as", &me])
             .arg("--stop-instances-on-exit")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", std::env::var("FLOTILLA_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()))
             .stderr(log)
             .kill_on_drop(true)
             .spawn()

@@ -8,9 +8,16 @@ use crate::storage::agent_records::PidIdentity;
 
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
-/// The kernel's boot id (changes on every boot).
+/// The kernel's boot id (changes on every boot, so never while this
+/// process runs: read once, then answered from memory; `is_alive` asks it
+/// for every check of every instance).
 pub fn boot_id() -> io::Result<String> {
-    Ok(std::fs::read_to_string(BOOT_ID)?.trim().to_string())
+    static CACHED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(id) = CACHED.get() {
+        return Ok(id.clone());
+    }
+    let id = std::fs::read_to_string(BOOT_ID)?.trim().to_string();
+    Ok(CACHED.get_or_init(|| id).clone())
 }
 
 /// The fields of `/proc/<pid>/stat` the agent needs.
@@ -45,7 +52,12 @@ pub(crate) fn parse_stat(text: &str) -> Option<Stat> {
 }
 
 pub(crate) fn read_stat(pid: u32) -> Option<Stat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    use std::io::Read;
+    // Sized for the usual line (`fs::read_to_string` starts at 32 bytes for
+    // a procfs file, which reports no size: five reads instead of two, and
+    // the tree scan reads this for every process on the machine).
+    let mut text = String::with_capacity(512);
+    std::fs::File::open(format!("/proc/{pid}/stat")).ok()?.read_to_string(&mut text).ok()?;
     parse_stat(&text)
 }
 

@@ -22,6 +22,7 @@ pub mod identity;
 pub mod limits;
 pub mod oneshot;
 pub mod pidfile;
+mod scan;
 mod spawn;
 mod start;
 mod stop;
@@ -102,6 +103,8 @@ pub struct ProcessController {
     limits: Result<LimitRoot, String>,
     boot_id: String,
     tracked: Mutex<HashMap<InstanceId, Tracked>>,
+    /// Passes over `/proc`, shared by concurrent starts and stops.
+    scanner: scan::Scanner,
 }
 
 impl ProcessController {
@@ -131,7 +134,7 @@ impl ProcessController {
             tracing::warn!(error = %e, "cannot read the boot id");
             String::new()
         });
-        ProcessController { cgroups, limits, boot_id, tracked: Mutex::new(HashMap::new()) }
+        ProcessController { cgroups, limits, boot_id, tracked: Mutex::new(HashMap::new()), scanner: Default::default() }
     }
 
     /// True when instances get their own cgroup.
@@ -186,6 +189,17 @@ impl ProcessController {
     pub fn instance_pids(&self, instance: &InstanceId) -> Vec<u32> {
         let known: Vec<PidIdentity> = self.tracked().get(instance).map(|t| t.identity.clone()).into_iter().collect();
         tree::collect(instance, &known, self.cgroup_of(instance).as_deref()).into_iter().map(|m| m.pid).collect()
+    }
+
+    /// Every live process of the instance, from a pass over `/proc` that
+    /// started after this call (shared with concurrent callers).
+    pub(crate) async fn members(
+        &self,
+        instance: &InstanceId,
+        known: &[PidIdentity],
+        cg: Option<&std::path::Path>,
+    ) -> Vec<tree::Member> {
+        tree::collect_in(&*self.scanner.fresh().await, instance, known, cg)
     }
 
     /// Resolves when the process with this identity is gone, with its exit

@@ -200,7 +200,6 @@ impl ProcessController {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(ProcessError::io(format!("removing the stale pidfile {}", path.display()), e)),
         }
-        let mut waiter = pidfile::Waiter::new(&path);
         let timeout_ms = req.spec.start_timeout_ms;
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let mut child = spawn::spawn(&Self::launch(req, procs, &logs))?;
@@ -227,7 +226,22 @@ impl ProcessController {
         }
         let is_running = |pid: u32| read_stat(pid).is_some_and(|s| s.is_running());
         let nothing_runs = || tree::collect(req.instance, &[], cg).is_empty();
-        let pid = match waiter.wait(&path, deadline, is_running, nothing_runs).await {
+        // A daemonizing script has usually written its pidfile before it
+        // exits: then no watch is needed. Otherwise inotify watches for it
+        // (set up after this first look, but the waiter looks again before
+        // it waits, so a pidfile written in between is not missed). Closing
+        // an inotify instance waits for an RCU grace period (milliseconds),
+        // so a needed waiter is dropped off the start's path.
+        let outcome = match pidfile::read_pid(&path) {
+            Ok(Some(pid)) if is_running(pid) => Outcome::Pid(pid),
+            _ => {
+                let mut waiter = pidfile::Waiter::new(&path);
+                let outcome = waiter.wait(&path, deadline, is_running, nothing_runs).await;
+                tokio::task::spawn_blocking(move || drop(waiter));
+                outcome
+            }
+        };
+        let pid = match outcome {
             Outcome::Pid(pid) => pid,
             Outcome::Missing => {
                 return Err(ProcessError::PidfileTimeout {
@@ -264,7 +278,7 @@ impl ProcessController {
     /// process does (left over from a crash of the agent or of the process).
     async fn kill_leftovers(&self, req: &StartRequest<'_>) -> Result<(), ProcessError> {
         let cg = self.cgroup_of(req.instance);
-        let left = tree::collect(req.instance, &[], cg.as_deref());
+        let left = self.members(req.instance, &[], cg.as_deref()).await;
         if left.is_empty() {
             return Ok(());
         }

@@ -28,7 +28,7 @@ impl ProcessController {
         let cg = self.cgroup_of(req.instance);
         let cg = cg.as_deref();
         let known = self.known_alive(req.instance, req.current);
-        if tree::collect(req.instance, &known, cg).is_empty() {
+        if self.members(req.instance, &known, cg).await.is_empty() {
             self.finish(req.instance, cg).await;
             return Ok(false);
         }
@@ -36,11 +36,11 @@ impl ProcessController {
         if let Some(argv) = req.spec.stop.as_ref().filter(|a| !a.is_empty()) {
             self.run_stop_command(req, argv, grace).await;
         }
-        let members = tree::collect(req.instance, &known, cg);
+        let members = self.members(req.instance, &known, cg).await;
         if !members.is_empty() {
             let n = tree::signal(&members, Signal::SIGTERM);
             tracing::debug!(instance = %req.instance, signalled = n, "sent SIGTERM");
-            if !wait_gone(req.instance, &known, cg, Instant::now() + grace).await {
+            if !self.wait_gone(req.instance, &known, cg, Instant::now() + grace).await {
                 tracing::info!(instance = %req.instance, grace_ms = req.spec.stop_grace_ms, "grace period over: sending SIGKILL");
                 let remaining = self.kill_tree(req.instance, &known, cg).await;
                 if !remaining.is_empty() {
@@ -63,7 +63,7 @@ impl ProcessController {
             {
                 tracing::warn!(cgroup = %cg.display(), error = %e, "cgroup.kill failed");
             }
-            let members = tree::collect(instance, known, cg);
+            let members = self.members(instance, known, cg).await;
             if members.is_empty() {
                 return Vec::new();
             }
@@ -135,20 +135,26 @@ impl ProcessController {
         self.remove_limit_cgroups(instance).await;
         self.tracked().remove(instance);
     }
-}
 
-/// Waits until nothing of the instance runs, or `deadline`. True when gone.
-async fn wait_gone(instance: &InstanceId, known: &[PidIdentity], cg: Option<&Path>, deadline: Instant) -> bool {
-    let mut backoff = FIRST_BACKOFF;
-    loop {
-        if tree::collect(instance, known, cg).is_empty() {
-            return true;
+    /// Waits until nothing of the instance runs, or `deadline`. True when gone.
+    async fn wait_gone(
+        &self,
+        instance: &InstanceId,
+        known: &[PidIdentity],
+        cg: Option<&Path>,
+        deadline: Instant,
+    ) -> bool {
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            if self.members(instance, known, cg).await.is_empty() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            tokio::time::sleep_until(deadline.min(now + backoff)).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
-        let now = Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        tokio::time::sleep_until(deadline.min(now + backoff)).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }

@@ -10,7 +10,7 @@
 //! environment). This is the whole tree where there is no cgroup, and a
 //! belt-and-braces check where there is one.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -18,7 +18,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::{Pid, getpgrp};
 
 use super::cgroup;
-use super::identity::{Stat, matches_stat, read_stat};
+use super::identity::{matches_stat, read_stat};
+use super::scan::{Proc, Snapshot};
 use crate::ids::InstanceId;
 use crate::storage::agent_records::PidIdentity;
 
@@ -51,42 +52,46 @@ fn all_pids() -> Vec<u32> {
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
 }
 
-/// Every live (non-zombie) process of the instance. `known` are identities
-/// the agent knows belong to it (the main process); `cgroup` its cgroup.
+/// Every live (non-zombie) process of the instance, from a pass over
+/// `/proc` taken now. The agent's hot paths use
+/// [`super::ProcessController::members`], which shares passes.
 pub fn collect(instance: &InstanceId, known: &[PidIdentity], cgroup_path: Option<&Path>) -> Vec<Member> {
-    let marker = marker(instance);
-    let me = std::process::id();
+    collect_in(&Snapshot::take(), instance, known, cgroup_path)
+}
+
+/// Every process of the instance in `snap`. `known` are identities the
+/// agent knows belong to it (the main process); `cgroup` its cgroup.
+pub(crate) fn collect_in(
+    snap: &Snapshot,
+    instance: &InstanceId,
+    known: &[PidIdentity],
+    cgroup_path: Option<&Path>,
+) -> Vec<Member> {
     let my_group = getpgrp().as_raw();
     let in_cgroup: HashSet<u32> = cgroup_path.map(cgroup::procs).unwrap_or_default().into_iter().collect();
-    let mut procs: HashMap<u32, (Stat, bool)> = HashMap::new();
-    for pid in all_pids() {
-        if pid == me || pid <= 1 {
-            continue;
-        }
-        let Some(stat) = read_stat(pid) else { continue };
-        if !stat.is_running() {
-            continue;
-        }
-        let is_known = known.iter().any(|k| k.pid == pid && k.start_time == stat.start_time);
-        let root = in_cgroup.contains(&pid) || is_known || has_marker(pid, &marker);
-        procs.insert(pid, (stat, root));
-    }
+    let is_root = |pid: u32, p: &Proc| {
+        in_cgroup.contains(&pid)
+            || known.iter().any(|k| k.pid == pid && k.start_time == p.stat.start_time)
+            || p.marked(instance.as_str())
+    };
     // Groups of the roots, unless led by a process that is not ours (a
     // group id is a pid: its leader, if alive, must be one of the roots).
-    let groups: HashSet<i32> = procs
-        .values()
-        .filter(|(_, root)| *root)
-        .map(|(stat, _)| stat.pgid)
+    let groups: HashSet<i32> = snap
+        .procs
+        .iter()
+        .filter(|(pid, p)| is_root(**pid, p))
+        .map(|(_, p)| p.stat.pgid)
         .filter(|g| *g > 1 && *g != my_group)
-        .filter(|g| match u32::try_from(*g).ok().and_then(|g| procs.get(&g)) {
-            Some((_, leader_is_root)) => *leader_is_root,
+        .filter(|g| match u32::try_from(*g).ok().and_then(|g| snap.procs.get(&g).map(|p| (g, p))) {
+            Some((leader, p)) => is_root(leader, p),
             None => true,
         })
         .collect();
-    let mut out: Vec<Member> = procs
+    let mut out: Vec<Member> = snap
+        .procs
         .iter()
-        .filter(|(_, (stat, root))| *root || groups.contains(&stat.pgid))
-        .map(|(pid, (stat, _))| Member { pid: *pid, start_time: stat.start_time })
+        .filter(|(pid, p)| is_root(**pid, p) || groups.contains(&p.stat.pgid))
+        .map(|(pid, p)| Member { pid: *pid, start_time: p.stat.start_time })
         .collect();
     out.sort();
     out

@@ -4,7 +4,10 @@
 //! once (so it never lingers as a zombie) and publishes its exit status on a
 //! `watch` channel every watcher can await, however late it subscribes. A
 //! daemon (or a process re-adopted after an agent restart) is not our child:
-//! its identity is polled until it is no longer alive.
+//! its exit is woken by a pidfd (`pidfd_open`, which becomes readable when
+//! the process ends) so a `kill -9` is known at once, without polling;
+//! where the kernel has no pidfds (or the agent is out of descriptors) its
+//! identity is polled.
 
 use std::fs::File;
 use std::future::{Future, IntoFuture};
@@ -17,9 +20,10 @@ use tokio::sync::watch;
 
 use super::identity::is_alive;
 use super::spawn::tail;
+use super::sys::async_pidfd;
 use crate::storage::agent_records::PidIdentity;
 
-/// How often a non-child is checked.
+/// How often a non-child is checked where no pidfd can watch it.
 const POLL_EVERY: Duration = Duration::from_millis(100);
 
 /// How the main process of an instance ended.
@@ -109,9 +113,7 @@ impl ExitWatch {
                 Err(_) => ExitInfo { pid, exit_code: None, signal: None, stderr_tail: String::new() },
             },
             Inner::Poll { identity, stderr } => {
-                while is_alive(&identity) {
-                    tokio::time::sleep(POLL_EVERY).await;
-                }
+                gone(&identity).await;
                 ExitInfo {
                     pid: identity.pid,
                     exit_code: None,
@@ -123,11 +125,74 @@ impl ExitWatch {
     }
 }
 
+/// Resolves when the process `identity` names is no longer alive.
+async fn gone(identity: &PidIdentity) {
+    match async_pidfd(identity.pid) {
+        // Checked after opening: if the identity is alive now, its pid was
+        // not reused in between, so the pidfd names this very process.
+        Ok(fd) if is_alive(identity) => {
+            if fd.readable().await.is_ok() {
+                return;
+            }
+        }
+        Ok(_) => return,
+        Err(_) => {}
+    }
+    while is_alive(identity) {
+        tokio::time::sleep(POLL_EVERY).await;
+    }
+}
+
 impl IntoFuture for ExitWatch {
     type Output = ExitInfo;
     type IntoFuture = Pin<Box<dyn Future<Output = ExitInfo> + Send + 'static>>;
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(self.wait())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::process::identity::read_identity;
+
+    /// A process that is not the test's child (the shell that forked it has
+    /// exited), like a daemon started with a pidfile.
+    async fn daemon() -> u32 {
+        let out = tokio::process::Command::new("sh")
+            .args(["-c", "sleep 1000 >/dev/null 2>&1 & echo $!"])
+            .output()
+            .await
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_daemons_exit_wakes_its_watch() {
+        let pid = daemon().await;
+        let identity = read_identity(pid).expect("the daemon runs");
+        let watch = ExitWatch::poll(identity.clone(), None);
+        let pending = tokio::time::timeout(Duration::from_millis(300), watch.clone().wait()).await;
+        assert!(pending.is_err(), "the watch resolved while {pid} runs");
+        let fd = async_pidfd(pid).expect("pidfds work on this kernel (5.3+)");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+        let info = tokio::time::timeout(Duration::from_secs(10), watch.wait()).await.expect("the watch saw the kill");
+        assert_eq!(info.pid, pid);
+        // The pidfd itself says so (no polling involved).
+        let ready = tokio::time::timeout(Duration::from_secs(10), fd.readable()).await;
+        assert!(ready.is_ok_and(|r| r.is_ok()), "the pidfd of the killed {pid} is not readable");
+        assert!(!is_alive(&identity));
+    }
+
+    #[tokio::test]
+    async fn a_watch_of_a_reused_pid_resolves_at_once() {
+        let pid = daemon().await;
+        let mut identity = read_identity(pid).expect("the daemon runs");
+        // Same pid, another start time: some other process now, not ours.
+        identity.start_time += 1;
+        let info = tokio::time::timeout(Duration::from_secs(5), ExitWatch::poll(identity, None).wait()).await;
+        assert!(info.is_ok(), "a watch of a process that is gone must not wait on the pid's new owner");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     }
 }
