@@ -32,6 +32,10 @@ pub struct RealArgs {
     /// Single-instance starts timed while idle.
     #[arg(long, default_value_t = 50)]
     pub samples: usize,
+    /// Agents keep instances in process groups instead of cgroups (to
+    /// measure what the cgroup moves cost).
+    #[arg(long)]
+    pub no_cgroups: bool,
 }
 
 fn summary_json(s: &Samples) -> Value {
@@ -42,9 +46,16 @@ fn summary_json(s: &Samples) -> Value {
 pub async fn run(args: &RealArgs, setup: &mut Setup, report: &mut Report) -> Result<(), String> {
     let api = setup.api.clone();
     let progress = setup.progress.clone();
+    progress.set_message("measuring spawns into cgroups");
+    let cgroup_ceiling = match crate::agent::process::probe::spawn_in_cgroup_per_s(Duration::from_secs(2), 8).await {
+        Some(Ok(rate)) => Some(rate),
+        Some(Err(e)) => return Err(format!("spawning into a cgroup: {e}")),
+        None => None,
+    };
     progress.set_message(format!("starting {} real agents", args.nodes));
-    let mut agents = start_agents(args.nodes, &setup.data_dir, &setup.master.agent_addr.to_string())?;
-    let outcome = workload(args, &api, &progress, report).await;
+    let master = setup.master.agent_addr.to_string();
+    let mut agents = start_agents(args.nodes, &setup.data_dir, &master, args.no_cgroups)?;
+    let outcome = workload(args, &api, &progress, report, cgroup_ceiling).await;
     progress.set_message("stopping the agents (and their instances)");
     for c in &agents {
         if let Some(pid) = c.id() {
@@ -59,7 +70,7 @@ pub async fn run(args: &RealArgs, setup: &mut Setup, report: &mut Report) -> Res
     outcome
 }
 
-fn start_agents(n: usize, dir: &Path, master: &str) -> Result<Vec<Child>, String> {
+fn start_agents(n: usize, dir: &Path, master: &str, no_cgroups: bool) -> Result<Vec<Child>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     // As root, instances run as `nobody` (never root); else as whoever runs the bench.
     let me = if nix::unistd::geteuid().is_root() {
@@ -74,8 +85,12 @@ fn start_agents(n: usize, dir: &Path, master: &str) -> Result<Vec<Child>, String
     let mut out = Vec::new();
     for i in 1..=n {
         let log = std::fs::File::create(dir.join(format!("agent-{i}.log"))).map_err(|e| e.to_string())?;
-        let child = Command::new(&exe)
-            .arg("agent")
+        let mut cmd = Command::new(&exe);
+        cmd.arg("agent");
+        if no_cgroups {
+            cmd.arg("--no-cgroups");
+        }
+        let child = cmd
             .args(["--node-id", &format!("real-{i}")])
             .args(["--master", master])
             .args(["--address", &format!("127.0.0.{}", 10 + i)])
@@ -99,6 +114,7 @@ async fn workload(
     api: &Api,
     progress: &indicatif::ProgressBar,
     report: &mut Report,
+    cgroup_ceiling: Option<f64>,
 ) -> Result<(), String> {
     let e = |e: super::client::ApiError| e.to_string();
     let started = Instant::now();
@@ -200,6 +216,9 @@ async fn workload(
         "scale_up_secs": round(scale_secs),
         "starts_per_s": round(starts_per_s),
         "starts_per_spawn_ceiling": round(ratio),
+        "cgroups": !args.no_cgroups,
+        "spawn_in_cgroup_per_s": cgroup_ceiling.map(round),
+        "starts_per_cgroup_spawn_ceiling": cgroup_ceiling.map(|c| round(starts_per_s / c.max(1.0))),
         "scale_in_instances": removed,
         "scale_in_secs": round(scale_in.as_secs_f64()),
         "kill_visible_ms": summary_json(&exits),

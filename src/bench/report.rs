@@ -102,14 +102,19 @@ impl Report {
         let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<34} {v}\n"));
         if let Some(real) = &self.real {
             let pct = |v: &Value| format!("p50 {} ms, p99 {} ms ({} samples)", v["p50"], v["p99"], v["count"]);
-            row("real agents", real["nodes"].to_string());
+            let cgroups = if real["cgroups"] == true { "instances in cgroups" } else { "process groups, no cgroups" };
+            row("real agents", format!("{} ({cgroups})", real["nodes"]));
             row("spawn ceiling (/bin/true)", format!("{}/s", self.spawn_per_s));
+            row("spawn into a new cgroup (8 at once)", format!("{}/s", real["spawn_in_cgroup_per_s"]));
             row("API -> Running, idle", pct(&real["start_to_running_idle_ms"]));
             row("API -> Running, during scale-up", pct(&real["start_to_running_during_scale_up_ms"]));
             row("scale-up", format!("{} instances in {} s", real["scale_up_instances"], real["scale_up_secs"]));
             row(
                 "real starts per second",
-                format!("{} ({} of the spawn ceiling)", real["starts_per_s"], real["starts_per_spawn_ceiling"]),
+                format!(
+                    "{} ({} of the spawn ceiling, {} of the cgroup one)",
+                    real["starts_per_s"], real["starts_per_spawn_ceiling"], real["starts_per_cgroup_spawn_ceiling"]
+                ),
             );
             row("scale-in", format!("{} instances in {} s", real["scale_in_instances"], real["scale_in_secs"]));
             row("kill -9 -> visible", pct(&real["kill_visible_ms"]));

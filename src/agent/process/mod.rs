@@ -22,6 +22,7 @@ pub mod identity;
 pub mod limits;
 pub mod oneshot;
 pub mod pidfile;
+pub mod probe;
 mod scan;
 mod spawn;
 mod start;

@@ -13,8 +13,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tokio::sync::Mutex;
-use tokio::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::sync::watch;
 
 use super::identity::{Stat, read_stat};
 use super::tree::MARKER_VAR;
@@ -25,7 +26,7 @@ pub(crate) struct Proc {
     pub stat: Stat,
     /// The values of its `FLOTILLA_INSTANCE=` environment entries (usually
     /// none or one).
-    pub markers: Vec<Box<str>>,
+    pub markers: Markers,
 }
 
 impl Proc {
@@ -34,6 +35,18 @@ impl Proc {
         self.markers.iter().any(|m| &**m == instance)
     }
 }
+
+/// The marker values of one process, shared between passes.
+pub(crate) type Markers = Arc<[Box<str>]>;
+
+/// Markers of marked processes by (pid, start time), kept from one pass to
+/// the next: reading every process's environment was most of a pass. Only
+/// marked processes are kept. An unmarked one is read again each time,
+/// because a process caught between `fork` and `exec` still shows its
+/// parent's environment and gets its marker only at `exec`. A marked
+/// process keeps its markers for its life even if it `exec`s with another
+/// environment: it descends from the instance either way.
+pub(crate) type MarkerCache = HashMap<(u32, u64), Markers>;
 
 /// Every live process but the agent itself and pid 1, by pid.
 #[derive(Debug, Default)]
@@ -44,9 +57,16 @@ pub(crate) struct Snapshot {
 impl Snapshot {
     /// Reads `/proc` now (blocking: a few ms per thousand processes).
     pub fn take() -> Snapshot {
+        Snapshot::take_with(&mut MarkerCache::new())
+    }
+
+    /// Reads `/proc` now, reading the environment only of processes not
+    /// in `cache` (which is left holding this pass's marked processes).
+    pub fn take_with(cache: &mut MarkerCache) -> Snapshot {
         let me = std::process::id();
         let Ok(dir) = std::fs::read_dir("/proc") else { return Snapshot::default() };
         let mut procs = HashMap::new();
+        let mut kept = MarkerCache::with_capacity(cache.len());
         for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
             if pid == me || pid <= 1 {
                 continue;
@@ -55,20 +75,29 @@ impl Snapshot {
             if !stat.is_running() {
                 continue;
             }
-            procs.insert(pid, Proc { stat, markers: markers(pid) });
+            let key = (pid, stat.start_time);
+            let markers = match cache.remove(&key) {
+                Some(m) => m,
+                None => markers(pid),
+            };
+            if !markers.is_empty() {
+                kept.insert(key, markers.clone());
+            }
+            procs.insert(pid, Proc { stat, markers });
         }
+        *cache = kept;
         Snapshot { procs }
     }
 }
 
 /// The values of `pid`'s `FLOTILLA_INSTANCE=` entries (none when its
 /// environment cannot be read).
-fn markers(pid: u32) -> Vec<Box<str>> {
+fn markers(pid: u32) -> Markers {
     use std::io::Read;
     let mut env = Vec::with_capacity(4096);
     let read = std::fs::File::open(format!("/proc/{pid}/environ")).and_then(|mut f| f.read_to_end(&mut env));
     if read.is_err() {
-        return Vec::new();
+        return Arc::new([]);
     }
     let prefix = format!("{MARKER_VAR}=");
     env.split(|b| *b == 0)
@@ -79,39 +108,106 @@ fn markers(pid: u32) -> Vec<Box<str>> {
 }
 
 /// Hands out fresh snapshots, one pass for all callers asking at once.
-#[derive(Debug, Default)]
+///
+/// Each question takes a ticket; a pass covers every ticket taken before it
+/// started and is published to all waiters at once (a `watch` channel, not
+/// a lock handed from waiter to waiter: with a hundred starts waiting on a
+/// busy runtime, such a hand-off chain cost more than the passes). The pass
+/// runs on a blocking thread that publishes it itself, so a caller that
+/// gives up never strands the others.
+#[derive(Debug, Clone)]
 pub(crate) struct Scanner {
-    /// The latest pass and when it started; held while a pass runs, so
-    /// callers queue (fairly) behind it.
-    latest: Mutex<Option<(Instant, Arc<Snapshot>)>>,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Tickets handed out so far.
+    asked: AtomicU64,
+    /// True while a pass runs.
+    running: AtomicBool,
+    /// Used by the one pass running.
+    cache: std::sync::Mutex<MarkerCache>,
+    /// The latest pass and the last ticket it covers.
+    latest: watch::Sender<Option<(u64, Arc<Snapshot>)>>,
+}
+
+impl Default for Scanner {
+    fn default() -> Self {
+        let inner = Inner {
+            asked: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+            cache: Default::default(),
+            latest: watch::Sender::new(None),
+        };
+        Scanner { inner: Arc::new(inner) }
+    }
 }
 
 impl Scanner {
     /// A snapshot whose pass started after this call: what it says about
     /// any process is at least as new as the caller's question.
     pub async fn fresh(&self) -> Arc<Snapshot> {
-        let asked = Instant::now();
-        let mut latest = self.latest.lock().await;
-        if let Some((started, snap)) = &*latest
-            && *started >= asked
-        {
-            return snap.clone();
+        let inner = &self.inner;
+        let mut rx = inner.latest.subscribe();
+        let ticket = inner.asked.fetch_add(1, Ordering::SeqCst) + 1;
+        loop {
+            if let Some((covers, snap)) = &*rx.borrow_and_update()
+                && *covers >= ticket
+            {
+                return snap.clone();
+            }
+            // Nobody scanning: start a pass. Whoever runs one clears
+            // `running` before publishing, so a waiter that saw it set is
+            // woken by that publication, and one that saw it clear starts
+            // the next pass itself.
+            if !inner.running.swap(true, Ordering::SeqCst) {
+                let covers = inner.asked.load(Ordering::SeqCst);
+                let shared = inner.clone();
+                // Off the runtime's threads: the pass blocks on many small reads.
+                drop(tokio::task::spawn_blocking(move || {
+                    // Even if the pass panics, `running` is cleared and the
+                    // waiters are woken (one of them starts the next pass).
+                    let done = Done(&shared);
+                    let snap = {
+                        // Uncontended: one pass at a time.
+                        let mut cache = shared.cache.lock().unwrap_or_else(|p| p.into_inner());
+                        Arc::new(Snapshot::take_with(&mut cache))
+                    };
+                    shared.running.store(false, Ordering::SeqCst);
+                    shared.latest.send_if_modified(|latest| match latest {
+                        Some((newer, _)) if *newer >= covers => false,
+                        _ => {
+                            *latest = Some((covers, snap));
+                            true
+                        }
+                    });
+                    std::mem::forget(done);
+                }));
+            }
+            if rx.changed().await.is_err() {
+                // Unreachable while `self` lives (it holds the sender).
+                return Arc::new(Snapshot::take());
+            }
         }
-        let started = Instant::now();
-        // Off the runtime's threads: the pass blocks on many small reads.
-        let snap = match tokio::task::spawn_blocking(Snapshot::take).await {
-            Ok(s) => Arc::new(s),
-            // Only when the runtime is shutting down: read inline.
-            Err(_) => Arc::new(Snapshot::take()),
-        };
-        *latest = Some((started, snap.clone()));
-        snap
+    }
+}
+
+/// Clears `running` and wakes every waiter when a pass ends without
+/// publishing (it panicked).
+struct Done<'a>(&'a Inner);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::SeqCst);
+        self.0.latest.send_modify(|_| {});
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::time::Instant;
 
     #[tokio::test]
     async fn a_snapshot_is_never_older_than_the_question() {

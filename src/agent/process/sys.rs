@@ -11,11 +11,13 @@
 //! it switched uid, and both things we must do in the child need root:
 //! moving into the instance cgroup (a write to a root-owned `cgroup.procs`)
 //! and `setgroups`. So the hook does, in this order:
-//! 1. `write(fd, "0")` to `cgroup.procs` of every cgroup the child joins (the
+//! 1. `prctl(PR_SET_THP_DISABLE, 0)`: the agent's own "no transparent huge
+//!    pages" is inherited across `exec`, and is not the instance's business;
+//! 2. `write(fd, "0")` to `cgroup.procs` of every cgroup the child joins (the
 //!    instance's v2 cgroup and its limit cgroups, v2 or v1; the fds were
 //!    opened in the parent), so the process is in them before `exec` and
 //!    every descendant is born inside them;
-//! 2. when dropping from root to the run-as user: `setgroups(1, [gid])` (a
+//! 3. when dropping from root to the run-as user: `setgroups(1, [gid])` (a
 //!    process must not keep root's supplementary groups), `setgid`, `setuid`.
 //!
 //! The second, smaller reason for this file: tokio (since 1.54) only
@@ -50,26 +52,24 @@ pub struct ChildSetup {
     pub drop_to: Option<(u32, u32)>,
 }
 
-impl ChildSetup {
-    fn is_noop(&self) -> bool {
-        self.cgroup_procs_fds.iter().all(Option::is_none) && self.drop_to.is_none()
-    }
-}
-
-/// Installs the hook on `cmd` (nothing when there is nothing to do).
+/// Installs the hook on `cmd`.
 pub fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
-    if setup.is_noop() {
-        return;
-    }
-    // SAFETY: the closure only calls async-signal-safe syscalls (write,
-    // setgroups, setgid, setuid) on integers captured by copy; it allocates
-    // nothing (`io::Error::last_os_error` stores the errno inline).
+    // SAFETY: the closure only calls async-signal-safe syscalls (prctl,
+    // write, setgroups, setgid, setuid) on integers captured by copy; it
+    // allocates nothing (`io::Error::last_os_error` stores the errno inline).
     unsafe {
         cmd.pre_exec(move || in_child(setup));
     }
 }
 
 fn in_child(setup: ChildSetup) -> io::Result<()> {
+    // The agent runs with transparent huge pages off (its allocator asks
+    // for that, see `main.rs`), which `fork` and `exec` pass on: give the
+    // instance the machine's own policy back.
+    // SAFETY: plain syscall with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     for fd in setup.cgroup_procs_fds.into_iter().flatten() {
         // "0" means "the writing process" in cgroup.procs (v1 and v2).
         let buf = b"0";

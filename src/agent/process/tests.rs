@@ -183,6 +183,24 @@ async fn foreground_start_is_idempotent_and_stop_kills_it(cg: bool) {
 }
 both_modes!(foreground_start_is_idempotent_and_stop_kills_it);
 
+/// The flotilla binary runs with transparent huge pages off (its allocator
+/// asks for it, and the setting survives `exec`); an instance must get the
+/// machine's policy, not the agent's.
+#[tokio::test]
+async fn an_instance_does_not_inherit_the_agents_huge_page_setting() {
+    use nix::sys::prctl::{get_thp_disable, set_thp_disable};
+    let was = get_thp_disable().unwrap();
+    set_thp_disable(true).unwrap();
+    let f = Fixture::new("thp", true);
+    f.script("bin/run.sh", "exec sleep 1000");
+    let spec = spec(&["bin/run.sh"]);
+    let started = f.ctl.start(&f.start_req(&spec, None)).await;
+    set_thp_disable(was).unwrap();
+    let id = started.unwrap().identity;
+    assert_eq!(status_field(id.pid, "THP_enabled"), vec!["1"], "the instance runs with huge pages disabled");
+    assert!(f.ctl.stop(&f.stop_req(&spec, Some(&id))).await.unwrap());
+}
+
 async fn daemon_is_found_through_its_pidfile(cg: bool) {
     let f = Fixture::new("daemon", cg);
     f.script("bin/start.sh", "sleep 1000 &\necho $! > run/x.pid\nexit 0");

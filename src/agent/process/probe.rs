@@ -1,0 +1,62 @@
+//! How fast this machine starts processes the way the agent does: each in
+//! a fresh cgroup of its own, joined between `fork` and `exec`. `flotilla
+//! bench real` reports it beside the plain spawn ceiling, because the
+//! kernel's cgroup lock (every move takes `cgroup_threadgroup_rwsem` for
+//! writing, which also holds up every `fork` on the machine) costs more
+//! than the fork and exec themselves.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use super::cgroup::{self, CgroupRoot};
+use super::sys::{self, ChildSetup};
+use crate::ids::InstanceId;
+
+/// `/bin/true` spawned into a new cgroup, waited for, its cgroup removed,
+/// repeatedly for `dur`, by `parallel` tasks at once: processes per second.
+/// `None` when this process cannot create cgroup v2 groups (not root, no
+/// writable cgroup2 mount).
+pub async fn spawn_in_cgroup_per_s(dur: Duration, parallel: usize) -> Option<io::Result<f64>> {
+    let root = CgroupRoot::detect(&format!("spawn-probe-{}", std::process::id()))?;
+    let root = std::sync::Arc::new(root);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..parallel.max(1))
+        .map(|t| {
+            let root = root.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while started.elapsed() < dur {
+                    one(&root, &InstanceId::new(format!("p{t}-{n}"))).await?;
+                    n += 1;
+                }
+                Ok::<u64, io::Error>(n)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        match t.await {
+            Ok(Ok(n)) => total += n,
+            Ok(Err(e)) => return Some(Err(e)),
+            Err(e) => return Some(Err(io::Error::other(e))),
+        }
+    }
+    let rate = total as f64 / started.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir(root.base());
+    Some(Ok(rate))
+}
+
+async fn one(root: &CgroupRoot, id: &InstanceId) -> io::Result<()> {
+    let dir = root.create(id)?;
+    let procs = OpenOptions::new().write(true).open(dir.join("cgroup.procs"))?;
+    let mut setup = ChildSetup::default();
+    setup.cgroup_procs_fds[0] = Some(procs.as_raw_fd());
+    let mut cmd = tokio::process::Command::new("/bin/true");
+    sys::install(&mut cmd, setup);
+    let status = cmd.status().await;
+    drop(procs);
+    cgroup::remove(&dir).await?;
+    status.map(|_| ())
+}
