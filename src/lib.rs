@@ -13,6 +13,7 @@
 //! | [`config`] | master and agent settings (file + `FLOTILLA_*` env), validated on load |
 //! | [`error`] | the domain `Error` (no HTTP in it) and `ErrorChain` |
 //! | [`ids`] | typed ids and the name rule |
+//! | [`fd_limit`] | the open-files limit raised at start, the original kept for children |
 //! | [`spec`] | `component.toml`: model, validation, config typing, template rendering |
 //! | [`storage`] | RocksDB stores (master and agent), records, codec, the group-commit writer |
 //! | [`protocol`] | master <-> agent frames, messages, codec, handshake |
@@ -34,6 +35,7 @@ pub mod bench;
 pub mod config;
 pub mod dev;
 pub mod error;
+pub mod fd_limit;
 pub mod http;
 pub mod ids;
 pub mod master;

@@ -47,7 +47,7 @@ pub enum MasterError {
 
 /// Runs the master until the HTTP server stops (SIGINT / SIGTERM).
 pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
-    raise_fd_limit();
+    crate::fd_limit::raise();
     let io_err = |path: &std::path::Path| {
         let path = path.display().to_string();
         move |source| MasterError::Io { path, source }
@@ -281,19 +281,4 @@ async fn admit(
     let slot = crate::actors::read_model::Reservation::counted(&shared.supervisor);
     supervisor.do_send(crate::actors::supervisor::NodeInventory { node, reports, slot });
     Ok(())
-}
-
-/// One socket per agent: the soft limit on open files (often 1,024) would
-/// cap the master below a thousand agents, so it is raised to the hard
-/// limit, as servers do. Without permission it stays as it was.
-pub fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => tracing::debug!(from = soft, to = hard, "raised the limit on open files"),
-            Err(e) => tracing::warn!(soft, hard, error = %e, "cannot raise the limit on open files"),
-        },
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "cannot read the limit on open files"),
-    }
 }

@@ -47,6 +47,7 @@ pub enum AgentError {
 
 /// Runs an agent until `shutdown` resolves.
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
+    crate::fd_limit::raise();
     let port_range = cfg.ports().map_err(AgentError::Config)?;
     let master: SocketAddr = cfg.master_addr.parse().map_err(|_| {
         AgentError::Config(crate::config::ConfigError::Invalid { key: "master_addr", message: cfg.master_addr.clone() })

@@ -105,7 +105,7 @@ impl TestNode {
 impl Drop for TestNode {
     fn drop(&mut self) {
         for id in self.ids.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            tree::signal(&tree::collect(id, &[], None), Signal::SIGKILL);
+            tree::signal(&tree::collect(id, &[], None).unwrap_or_default(), Signal::SIGKILL);
         }
     }
 }

@@ -117,7 +117,7 @@ pub struct Setup {
 /// Runs the benchmark; the report is printed (and written with `--json`).
 pub async fn run(args: BenchArgs) -> Result<Report, String> {
     // The simulated agents' sockets.
-    crate::master::raise_fd_limit();
+    crate::fd_limit::raise();
     let mut report = Report {
         agents: args.agents,
         clusters: args.clusters,

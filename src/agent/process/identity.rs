@@ -54,11 +54,12 @@ pub(crate) fn parse_stat(text: &str) -> Option<Stat> {
 pub(crate) fn read_stat(pid: u32) -> Option<Stat> {
     use std::io::Read;
     // Sized for the usual line (`fs::read_to_string` starts at 32 bytes for
-    // a procfs file, which reports no size: five reads instead of two, and
-    // the tree scan reads this for every process on the machine).
-    let mut text = String::with_capacity(512);
-    std::fs::File::open(format!("/proc/{pid}/stat")).ok()?.read_to_string(&mut text).ok()?;
-    parse_stat(&text)
+    // a procfs file, which reports no size: five reads instead of two). Not
+    // UTF-8-checked: a process may name itself with any bytes (or the
+    // kernel may cut a name mid-character), and must not hide that way.
+    let mut buf = Vec::with_capacity(512);
+    std::fs::File::open(format!("/proc/{pid}/stat")).ok()?.read_to_end(&mut buf).ok()?;
+    parse_stat(&String::from_utf8_lossy(&buf))
 }
 
 /// The identity of the live process `pid`, or `None` when there is none.
@@ -98,6 +99,29 @@ mod tests {
         assert_eq!(s, Stat { state: 'S', pgid: 77, start_time: 987654 });
         assert!(parse_stat("garbage").is_none());
         assert!(parse_stat("1 (x) S 1").is_none());
+    }
+
+    #[test]
+    fn a_process_named_with_invalid_utf8_is_still_seen() {
+        // A process may give itself any bytes as its name (here a shell,
+        // which then waits on its stdin).
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", r#"printf '\377\376)x (y' > /proc/self/comm; read x"#])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read(format!("/proc/{pid}/comm")).unwrap().starts_with(b"\xff\xfe") {
+            assert!(std::time::Instant::now() < deadline, "the shell did not rename itself");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let stat = read_stat(pid);
+        let snap = super::super::scan::Snapshot::take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(stat.is_some_and(|s| s.is_running()), "read_stat lost a process with a non-UTF-8 name");
+        assert!(snap.procs.contains_key(&pid), "the /proc pass lost a process with a non-UTF-8 name");
     }
 
     #[test]

@@ -189,18 +189,21 @@ impl ProcessController {
     /// Every live process of the instance (main process, children, daemons).
     pub fn instance_pids(&self, instance: &InstanceId) -> Vec<u32> {
         let known: Vec<PidIdentity> = self.tracked().get(instance).map(|t| t.identity.clone()).into_iter().collect();
-        tree::collect(instance, &known, self.cgroup_of(instance).as_deref()).into_iter().map(|m| m.pid).collect()
+        let members = tree::collect(instance, &known, self.cgroup_of(instance).as_deref());
+        members.unwrap_or_default().into_iter().map(|m| m.pid).collect()
     }
 
     /// Every live process of the instance, from a pass over `/proc` that
-    /// started after this call (shared with concurrent callers).
+    /// started after this call (shared with concurrent callers); an error
+    /// when `/proc` could not be read whole.
     pub(crate) async fn members(
         &self,
         instance: &InstanceId,
         known: &[PidIdentity],
         cg: Option<&std::path::Path>,
-    ) -> Vec<tree::Member> {
-        tree::collect_in(&*self.scanner.fresh().await, instance, known, cg)
+    ) -> Result<Vec<tree::Member>, ProcessError> {
+        let snap = self.scanner.fresh().await.map_err(|e| ProcessError::io("scanning /proc", e))?;
+        Ok(tree::collect_in(&snap, instance, known, cg))
     }
 
     /// Resolves when the process with this identity is gone, with its exit

@@ -11,13 +11,14 @@
 //! pass runs share the next one: a burst of N stops costs two passes, not N.
 
 use std::collections::HashMap;
+use std::io::{self, Read};
 use std::sync::Arc;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::watch;
 
-use super::identity::{Stat, read_stat};
+use super::identity::{Stat, parse_stat};
 use super::tree::MARKER_VAR;
 
 /// One live (non-zombie) process as a pass saw it.
@@ -56,22 +57,26 @@ pub(crate) struct Snapshot {
 
 impl Snapshot {
     /// Reads `/proc` now (blocking: a few ms per thousand processes).
-    pub fn take() -> Snapshot {
+    pub fn take() -> io::Result<Snapshot> {
         Snapshot::take_with(&mut MarkerCache::new())
     }
 
     /// Reads `/proc` now, reading the environment only of processes not
     /// in `cache` (which is left holding this pass's marked processes).
-    pub fn take_with(cache: &mut MarkerCache) -> Snapshot {
+    /// A process that vanishes while being read is simply not in the
+    /// snapshot; any other failure (out of descriptors, say) fails the
+    /// pass, because a snapshot missing a live process would let a stop
+    /// conclude that nothing runs.
+    pub fn take_with(cache: &mut MarkerCache) -> io::Result<Snapshot> {
         let me = std::process::id();
-        let Ok(dir) = std::fs::read_dir("/proc") else { return Snapshot::default() };
         let mut procs = HashMap::new();
         let mut kept = MarkerCache::with_capacity(cache.len());
-        for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        for entry in std::fs::read_dir("/proc")? {
+            let Some(pid) = entry?.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
             if pid == me || pid <= 1 {
                 continue;
             }
-            let Some(stat) = read_stat(pid) else { continue };
+            let Some(stat) = read_stat_strict(pid)? else { continue };
             if !stat.is_running() {
                 continue;
             }
@@ -86,14 +91,30 @@ impl Snapshot {
             procs.insert(pid, Proc { stat, markers });
         }
         *cache = kept;
-        Snapshot { procs }
+        Ok(Snapshot { procs })
+    }
+}
+
+/// `/proc/<pid>/stat`: `None` when the process is gone, an error when it
+/// cannot be read for another reason or does not parse.
+fn read_stat_strict(pid: u32) -> io::Result<Option<Stat>> {
+    let gone = |e: &io::Error| e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
+    let mut buf = Vec::with_capacity(512);
+    let read = std::fs::File::open(format!("/proc/{pid}/stat")).and_then(|mut f| f.read_to_end(&mut buf));
+    match read {
+        Ok(0) => Ok(None),
+        Ok(_) => match parse_stat(&String::from_utf8_lossy(&buf)) {
+            Some(stat) => Ok(Some(stat)),
+            None => Err(io::Error::new(io::ErrorKind::InvalidData, format!("/proc/{pid}/stat does not parse"))),
+        },
+        Err(e) if gone(&e) => Ok(None),
+        Err(e) => Err(io::Error::new(e.kind(), format!("reading /proc/{pid}/stat: {e}"))),
     }
 }
 
 /// The values of `pid`'s `FLOTILLA_INSTANCE=` entries (none when its
 /// environment cannot be read).
 fn markers(pid: u32) -> Markers {
-    use std::io::Read;
     let mut env = Vec::with_capacity(4096);
     let read = std::fs::File::open(format!("/proc/{pid}/environ")).and_then(|mut f| f.read_to_end(&mut env));
     if read.is_err() {
@@ -106,6 +127,9 @@ fn markers(pid: u32) -> Markers {
         .map(Box::from)
         .collect()
 }
+
+/// A published pass: the snapshot, or why it could not be taken.
+type Pass = Result<Arc<Snapshot>, Arc<io::Error>>;
 
 /// Hands out fresh snapshots, one pass for all callers asking at once.
 ///
@@ -128,8 +152,8 @@ struct Inner {
     running: AtomicBool,
     /// Used by the one pass running.
     cache: std::sync::Mutex<MarkerCache>,
-    /// The latest pass and the last ticket it covers.
-    latest: watch::Sender<Option<(u64, Arc<Snapshot>)>>,
+    /// The latest pass (or why it failed) and the last ticket it covers.
+    latest: watch::Sender<Option<(u64, Pass)>>,
 }
 
 impl Default for Scanner {
@@ -146,16 +170,17 @@ impl Default for Scanner {
 
 impl Scanner {
     /// A snapshot whose pass started after this call: what it says about
-    /// any process is at least as new as the caller's question.
-    pub async fn fresh(&self) -> Arc<Snapshot> {
+    /// any process is at least as new as the caller's question. An error
+    /// when that pass could not read `/proc`.
+    pub async fn fresh(&self) -> io::Result<Arc<Snapshot>> {
         let inner = &self.inner;
         let mut rx = inner.latest.subscribe();
         let ticket = inner.asked.fetch_add(1, Ordering::SeqCst) + 1;
         loop {
-            if let Some((covers, snap)) = &*rx.borrow_and_update()
+            if let Some((covers, pass)) = &*rx.borrow_and_update()
                 && *covers >= ticket
             {
-                return snap.clone();
+                return pass.clone().map_err(|e| io::Error::new(e.kind(), e.to_string()));
             }
             // Nobody scanning: start a pass. Whoever runs one clears
             // `running` before publishing, so a waiter that saw it set is
@@ -163,41 +188,48 @@ impl Scanner {
             // the next pass itself.
             if !inner.running.swap(true, Ordering::SeqCst) {
                 let covers = inner.asked.load(Ordering::SeqCst);
-                let shared = inner.clone();
+                // Made before the pass is handed over: if the closure never
+                // runs (no thread for it, the runtime shutting down) or
+                // panics, dropping it clears `running` and wakes everyone.
+                let done = Done(inner.clone());
                 // Off the runtime's threads: the pass blocks on many small reads.
                 drop(tokio::task::spawn_blocking(move || {
-                    // Even if the pass panics, `running` is cleared and the
-                    // waiters are woken (one of them starts the next pass).
-                    let done = Done(&shared);
-                    let snap = {
+                    let pass = {
                         // Uncontended: one pass at a time.
-                        let mut cache = shared.cache.lock().unwrap_or_else(|p| p.into_inner());
-                        Arc::new(Snapshot::take_with(&mut cache))
+                        let mut cache = done.0.cache.lock().unwrap_or_else(|p| p.into_inner());
+                        Snapshot::take_with(&mut cache).map(Arc::new).map_err(Arc::new)
                     };
-                    shared.running.store(false, Ordering::SeqCst);
-                    shared.latest.send_if_modified(|latest| match latest {
-                        Some((newer, _)) if *newer >= covers => false,
-                        _ => {
-                            *latest = Some((covers, snap));
-                            true
-                        }
-                    });
-                    std::mem::forget(done);
+                    done.publish(covers, pass);
                 }));
             }
             if rx.changed().await.is_err() {
                 // Unreachable while `self` lives (it holds the sender).
-                return Arc::new(Snapshot::take());
+                return Snapshot::take().map(Arc::new);
             }
         }
     }
 }
 
-/// Clears `running` and wakes every waiter when a pass ends without
-/// publishing (it panicked).
-struct Done<'a>(&'a Inner);
+/// The pass in flight: publishes it, or, dropped without publishing (the
+/// pass never ran or panicked), clears `running` and wakes every waiter
+/// (one of them starts the next pass).
+struct Done(Arc<Inner>);
 
-impl Drop for Done<'_> {
+impl Done {
+    fn publish(self, covers: u64, pass: Pass) {
+        self.0.running.store(false, Ordering::SeqCst);
+        self.0.latest.send_if_modified(|latest| match latest {
+            Some((newer, _)) if *newer >= covers => false,
+            _ => {
+                *latest = Some((covers, pass));
+                true
+            }
+        });
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Done {
     fn drop(&mut self) {
         self.0.running.store(false, Ordering::SeqCst);
         self.0.latest.send_modify(|_| {});
@@ -212,7 +244,7 @@ mod tests {
     #[tokio::test]
     async fn a_snapshot_is_never_older_than_the_question() {
         let scanner = Scanner::default();
-        let first = scanner.fresh().await;
+        let first = scanner.fresh().await.unwrap();
         let mut child = tokio::process::Command::new("sleep")
             .arg("1000")
             .env(MARKER_VAR, "scan-unit")
@@ -225,7 +257,7 @@ mod tests {
         // under way, so wait for the marker to show in its environment).
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
         loop {
-            let snap = scanner.fresh().await;
+            let snap = scanner.fresh().await.unwrap();
             if snap.procs.get(&pid).is_some_and(|p| p.marked("scan-unit")) {
                 break;
             }
@@ -234,7 +266,7 @@ mod tests {
         }
         child.kill().await.unwrap();
         child.wait().await.unwrap();
-        let after = scanner.fresh().await;
+        let after = scanner.fresh().await.unwrap();
         assert!(!after.procs.contains_key(&pid), "a reaped process is gone from a pass asked for afterwards");
         assert!(!after.procs.contains_key(&std::process::id()), "the agent itself is never listed");
     }
@@ -245,7 +277,7 @@ mod tests {
         let tasks: Vec<_> = (0..32)
             .map(|_| {
                 let s = scanner.clone();
-                tokio::spawn(async move { s.fresh().await })
+                tokio::spawn(async move { s.fresh().await.unwrap() })
             })
             .collect();
         let mut snaps = Vec::new();

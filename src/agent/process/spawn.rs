@@ -202,8 +202,11 @@ pub fn spawn(l: &Launch<'_>) -> Result<tokio::process::Child, ProcessError> {
     if l.cgroup_procs.len() > sys::MAX_CGROUPS {
         return Err(spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "too many cgroups to join")));
     }
-    let mut setup =
-        ChildSetup { drop_to: l.run_as.needs_switch().then_some((l.run_as.uid, l.run_as.gid)), ..Default::default() };
+    let mut setup = ChildSetup {
+        drop_to: l.run_as.needs_switch().then_some((l.run_as.uid, l.run_as.gid)),
+        nofile: crate::fd_limit::original(),
+        ..Default::default()
+    };
     for (slot, file) in setup.cgroup_procs_fds.iter_mut().zip(l.cgroup_procs) {
         *slot = Some(file.as_raw_fd());
     }

@@ -64,9 +64,14 @@ impl ProcessController {
                 Ok(started)
             }
             Err(e) => {
-                let remaining = self.kill_tree(req.instance, &[], cg.as_deref()).await;
-                if !remaining.is_empty() {
-                    tracing::error!(instance = %req.instance, ?remaining, "processes of a failed start survive SIGKILL");
+                match self.kill_tree(req.instance, &[], cg.as_deref()).await {
+                    Ok(remaining) if remaining.is_empty() => {}
+                    Ok(remaining) => {
+                        tracing::error!(instance = %req.instance, ?remaining, "processes of a failed start survive SIGKILL")
+                    }
+                    Err(err) => {
+                        tracing::error!(instance = %req.instance, error = %err, "cannot clean up after a failed start")
+                    }
                 }
                 if let Some(cg) = &cg
                     && let Err(err) = cgroup::remove(cg).await
@@ -225,7 +230,8 @@ impl ProcessController {
             });
         }
         let is_running = |pid: u32| read_stat(pid).is_some_and(|s| s.is_running());
-        let nothing_runs = || tree::collect(req.instance, &[], cg).is_empty();
+        // An unreadable /proc is not "nothing runs": keep waiting.
+        let nothing_runs = || tree::collect(req.instance, &[], cg).is_ok_and(|m| m.is_empty());
         // A daemonizing script has usually written its pidfile before it
         // exits: then no watch is needed. Otherwise inotify watches for it
         // (set up after this first look, but the waiter looks again before
@@ -278,13 +284,13 @@ impl ProcessController {
     /// process does (left over from a crash of the agent or of the process).
     async fn kill_leftovers(&self, req: &StartRequest<'_>) -> Result<(), ProcessError> {
         let cg = self.cgroup_of(req.instance);
-        let left = self.members(req.instance, &[], cg.as_deref()).await;
+        let left = self.members(req.instance, &[], cg.as_deref()).await?;
         if left.is_empty() {
             return Ok(());
         }
         let pids: Vec<u32> = left.iter().map(|m| m.pid).collect();
         tracing::warn!(instance = %req.instance, ?pids, "killing leftover processes of the instance before starting it");
-        let remaining = self.kill_tree(req.instance, &[], cg.as_deref()).await;
+        let remaining = self.kill_tree(req.instance, &[], cg.as_deref()).await?;
         if remaining.is_empty() {
             Ok(())
         } else {

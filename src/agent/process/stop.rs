@@ -28,7 +28,7 @@ impl ProcessController {
         let cg = self.cgroup_of(req.instance);
         let cg = cg.as_deref();
         let known = self.known_alive(req.instance, req.current);
-        if self.members(req.instance, &known, cg).await.is_empty() {
+        if self.members(req.instance, &known, cg).await?.is_empty() {
             self.finish(req.instance, cg).await;
             return Ok(false);
         }
@@ -36,13 +36,13 @@ impl ProcessController {
         if let Some(argv) = req.spec.stop.as_ref().filter(|a| !a.is_empty()) {
             self.run_stop_command(req, argv, grace).await;
         }
-        let members = self.members(req.instance, &known, cg).await;
+        let members = self.members(req.instance, &known, cg).await?;
         if !members.is_empty() {
             let n = tree::signal(&members, Signal::SIGTERM);
             tracing::debug!(instance = %req.instance, signalled = n, "sent SIGTERM");
-            if !self.wait_gone(req.instance, &known, cg, Instant::now() + grace).await {
+            if !self.wait_gone(req.instance, &known, cg, Instant::now() + grace).await? {
                 tracing::info!(instance = %req.instance, grace_ms = req.spec.stop_grace_ms, "grace period over: sending SIGKILL");
-                let remaining = self.kill_tree(req.instance, &known, cg).await;
+                let remaining = self.kill_tree(req.instance, &known, cg).await?;
                 if !remaining.is_empty() {
                     return Err(ProcessError::Stop { instance: req.instance.to_string(), remaining });
                 }
@@ -53,8 +53,14 @@ impl ProcessController {
     }
 
     /// KILLs everything of the instance until nothing is left (at most a few
-    /// seconds). Returns the pids that survived.
-    pub(super) async fn kill_tree(&self, instance: &InstanceId, known: &[PidIdentity], cg: Option<&Path>) -> Vec<u32> {
+    /// seconds). Returns the pids that survived; an error when `/proc`
+    /// cannot be read (then what survives is unknown).
+    pub(super) async fn kill_tree(
+        &self,
+        instance: &InstanceId,
+        known: &[PidIdentity],
+        cg: Option<&Path>,
+    ) -> Result<Vec<u32>, ProcessError> {
         let deadline = Instant::now() + KILL_WAIT;
         let mut backoff = FIRST_BACKOFF;
         loop {
@@ -63,13 +69,13 @@ impl ProcessController {
             {
                 tracing::warn!(cgroup = %cg.display(), error = %e, "cgroup.kill failed");
             }
-            let members = self.members(instance, known, cg).await;
+            let members = self.members(instance, known, cg).await?;
             if members.is_empty() {
-                return Vec::new();
+                return Ok(Vec::new());
             }
             tree::signal(&members, Signal::SIGKILL);
             if Instant::now() >= deadline {
-                return members.iter().map(|m| m.pid).collect();
+                return Ok(members.iter().map(|m| m.pid).collect());
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -136,22 +142,23 @@ impl ProcessController {
         self.tracked().remove(instance);
     }
 
-    /// Waits until nothing of the instance runs, or `deadline`. True when gone.
+    /// Waits until nothing of the instance runs, or `deadline`. True when
+    /// gone; an error when `/proc` cannot be read.
     async fn wait_gone(
         &self,
         instance: &InstanceId,
         known: &[PidIdentity],
         cg: Option<&Path>,
         deadline: Instant,
-    ) -> bool {
+    ) -> Result<bool, ProcessError> {
         let mut backoff = FIRST_BACKOFF;
         loop {
-            if self.members(instance, known, cg).await.is_empty() {
-                return true;
+            if self.members(instance, known, cg).await?.is_empty() {
+                return Ok(true);
             }
             let now = Instant::now();
             if now >= deadline {
-                return false;
+                return Ok(false);
             }
             tokio::time::sleep_until(deadline.min(now + backoff)).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);

@@ -11,8 +11,10 @@
 //! it switched uid, and both things we must do in the child need root:
 //! moving into the instance cgroup (a write to a root-owned `cgroup.procs`)
 //! and `setgroups`. So the hook does, in this order:
-//! 1. `prctl(PR_SET_THP_DISABLE, 0)`: the agent's own "no transparent huge
-//!    pages" is inherited across `exec`, and is not the instance's business;
+//! 1. `prctl(PR_SET_THP_DISABLE, 0)` and the open-files limit the agent
+//!    started with (best effort): the agent's own "no transparent huge
+//!    pages" and raised limit are inherited across `exec`, and are not the
+//!    instance's business;
 //! 2. `write(fd, "0")` to `cgroup.procs` of every cgroup the child joins (the
 //!    instance's v2 cgroup and its limit cgroups, v2 or v1; the fds were
 //!    opened in the parent), so the process is in them before `exec` and
@@ -50,6 +52,9 @@ pub struct ChildSetup {
     pub cgroup_procs_fds: [Option<RawFd>; MAX_CGROUPS],
     /// `(uid, gid)` to switch to; only when the agent is root.
     pub drop_to: Option<(u32, u32)>,
+    /// The open-files limit (soft, hard) to set, the agent's own before it
+    /// raised it.
+    pub nofile: Option<(u64, u64)>,
 }
 
 /// Installs the hook on `cmd`.
@@ -65,10 +70,18 @@ pub fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
 fn in_child(setup: ChildSetup) -> io::Result<()> {
     // The agent runs with transparent huge pages off (its allocator asks
     // for that, see `main.rs`), which `fork` and `exec` pass on: give the
-    // instance the machine's own policy back.
-    // SAFETY: plain syscall with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
+    // instance the machine's own policy back. Best effort: a kernel or
+    // sandbox without this prctl has nothing to give back.
+    let zero: libc::c_ulong = 0;
+    // SAFETY: plain syscall with integer arguments (the kernel wants the
+    // unused ones zero, as unsigned longs).
+    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, zero, zero, zero, zero) };
+    // The agent raised its open-files limit (`fd_limit`); the instance gets
+    // the one the agent started with. Best effort too.
+    if let Some((soft, hard)) = setup.nofile {
+        let lim = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+        // SAFETY: `lim` is a valid rlimit on the stack.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
     }
     for fd in setup.cgroup_procs_fds.into_iter().flatten() {
         // "0" means "the writing process" in cgroup.procs (v1 and v2).

@@ -92,7 +92,7 @@ impl Drop for Fixture {
         if let Some(cg) = &cg {
             let _ = cgroup::kill_all(cg);
         }
-        tree::signal(&tree::collect(&self.id, &[], cg.as_deref()), Signal::SIGKILL);
+        tree::signal(&tree::collect(&self.id, &[], cg.as_deref()).unwrap_or_default(), Signal::SIGKILL);
         // Independent of `tree::collect`, in case that is what broke.
         for pid in self.marked() {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
@@ -184,11 +184,14 @@ async fn foreground_start_is_idempotent_and_stop_kills_it(cg: bool) {
 both_modes!(foreground_start_is_idempotent_and_stop_kills_it);
 
 /// The flotilla binary runs with transparent huge pages off (its allocator
-/// asks for it, and the setting survives `exec`); an instance must get the
-/// machine's policy, not the agent's.
+/// asks for it) and a raised open-files limit, and both survive `exec`: an
+/// instance must get the machine's huge-page policy and the limit the agent
+/// started with, not the agent's.
 #[tokio::test]
-async fn an_instance_does_not_inherit_the_agents_huge_page_setting() {
+async fn an_instance_does_not_inherit_the_agents_huge_pages_or_fd_limit() {
     use nix::sys::prctl::{get_thp_disable, set_thp_disable};
+    crate::fd_limit::raise();
+    let (soft, _) = crate::fd_limit::original().expect("raise() records the original limit");
     let was = get_thp_disable().unwrap();
     set_thp_disable(true).unwrap();
     let f = Fixture::new("thp", true);
@@ -198,6 +201,10 @@ async fn an_instance_does_not_inherit_the_agents_huge_page_setting() {
     set_thp_disable(was).unwrap();
     let id = started.unwrap().identity;
     assert_eq!(status_field(id.pid, "THP_enabled"), vec!["1"], "the instance runs with huge pages disabled");
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", id.pid)).unwrap();
+    let open_files = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let got: u64 = open_files.split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert_eq!(got, soft, "the instance's soft limit on open files: {open_files}");
     assert!(f.ctl.stop(&f.stop_req(&spec, Some(&id))).await.unwrap());
 }
 

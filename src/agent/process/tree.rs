@@ -11,6 +11,7 @@
 //! belt-and-braces check where there is one.
 
 use std::collections::HashSet;
+use std::io;
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -55,8 +56,8 @@ fn all_pids() -> Vec<u32> {
 /// Every live (non-zombie) process of the instance, from a pass over
 /// `/proc` taken now. The agent's hot paths use
 /// [`super::ProcessController::members`], which shares passes.
-pub fn collect(instance: &InstanceId, known: &[PidIdentity], cgroup_path: Option<&Path>) -> Vec<Member> {
-    collect_in(&Snapshot::take(), instance, known, cgroup_path)
+pub fn collect(instance: &InstanceId, known: &[PidIdentity], cgroup_path: Option<&Path>) -> io::Result<Vec<Member>> {
+    Ok(collect_in(&Snapshot::take()?, instance, known, cgroup_path))
 }
 
 /// Every process of the instance in `snap`. `known` are identities the
@@ -159,7 +160,7 @@ mod tests {
             .unwrap();
         let mut theirs = sleeper("sleep").env(MARKER_VAR, other.as_str()).process_group(0).spawn().unwrap();
         let (a, b, c) = (ours.id().unwrap(), bare.id().unwrap(), theirs.id().unwrap());
-        let found: Vec<u32> = collect(&id, &[], None).iter().map(|m| m.pid).collect();
+        let found: Vec<u32> = collect(&id, &[], None).unwrap().iter().map(|m| m.pid).collect();
         assert_eq!(found, {
             let mut v = vec![a, b];
             v.sort();
@@ -168,12 +169,12 @@ mod tests {
         assert!(belongs(&id, b, None, Some(a)));
         assert!(!belongs(&id, c, None, Some(a)));
         assert!(!belongs(&id, std::process::id(), None, None));
-        let members = collect(&id, &[], None);
+        let members = collect(&id, &[], None).unwrap();
         assert_eq!(signal(&members, Signal::SIGKILL), 2);
         ours.wait().await.unwrap();
         bare.wait().await.unwrap();
-        assert!(collect(&id, &[], None).is_empty());
-        assert_eq!(collect(&other, &[], None).iter().map(|m| m.pid).collect::<Vec<_>>(), vec![c]);
+        assert!(collect(&id, &[], None).unwrap().is_empty());
+        assert_eq!(collect(&other, &[], None).unwrap().iter().map(|m| m.pid).collect::<Vec<_>>(), vec![c]);
         theirs.kill().await.unwrap();
     }
 

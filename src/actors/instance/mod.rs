@@ -17,134 +17,21 @@
 //! command that arrives late.
 
 use std::cell::RefCell;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
-use super::Shared;
 use super::node_link::NodeError;
-use super::read_model::{ClusterCell, InstanceEntry, InstanceStats};
+use super::read_model::{InstanceEntry, InstanceStats};
 use crate::ids::{InstanceId, NodeId};
-use crate::protocol::messages::{AgentRequest, AgentResponse, ENV_CHANGED, InstallBegin, ProcessSpec, RenderedFile};
-use crate::spec::{ChangeMode, ComponentSpec};
+use crate::protocol::messages::{AgentRequest, AgentResponse, InstallBegin, RenderedFile};
 use crate::storage::WriteOp;
 use crate::storage::records::{Applied, DesiredState, InstanceRecord, InstanceResult, InstanceStatus, PendingRestart};
 
-/// What one instance should do now.
-#[derive(Debug, Clone)]
-pub enum InstanceCmd {
-    Install(Box<InstallPayload>),
-    /// Start and wait until healthy; `wait` is the role's start timeout,
-    /// `settle` its start settle window.
-    Start {
-        wait: Duration,
-        settle: Duration,
-    },
-    Stop,
-    /// Re-rendered files and environment; `rule` says what a change of
-    /// each file owes the running process.
-    WriteFiles {
-        files: Vec<RenderedFile>,
-        env: Vec<(String, String)>,
-        rule: ChangeRule,
-    },
-    Delete,
-    RunHook {
-        hook: &'static str,
-        argv: Vec<String>,
-        timeout: Duration,
-    },
-    CheckHealth {
-        timeout: Duration,
-    },
-    /// A signal to the main process (a file's `change_mode = "signal"`).
-    Signal {
-        signal: i32,
-    },
-}
+mod cmd;
+mod observe;
 
-impl InstanceCmd {
-    fn verb(&self) -> &'static str {
-        match self {
-            InstanceCmd::Install(_) => "install",
-            InstanceCmd::Start { .. } => "start",
-            InstanceCmd::Stop => "stop",
-            InstanceCmd::WriteFiles { .. } => "write files",
-            InstanceCmd::Delete => "delete",
-            InstanceCmd::RunHook { hook, .. } => hook,
-            InstanceCmd::CheckHealth { .. } => "health check",
-            InstanceCmd::Signal { .. } => "signal",
-        }
-    }
-}
-
-/// Which role's change modes apply to a `WriteFiles`.
-#[derive(Debug, Clone)]
-pub struct ChangeRule {
-    pub spec: Arc<ComponentSpec>,
-    pub role: String,
-}
-
-impl ChangeRule {
-    /// What the process owes after `changed` (paths, or `ENV_CHANGED`).
-    fn owed(&self, changed: &[String]) -> Option<PendingRestart> {
-        if changed.iter().any(|c| c == ENV_CHANGED) {
-            return Some(PendingRestart::Restart);
-        }
-        let mode = self.spec.role(&self.role).map(|r| r.owed(changed)).unwrap_or(Some(ChangeMode::Restart))?;
-        match mode {
-            ChangeMode::Noop => None,
-            ChangeMode::Signal(s) => Some(PendingRestart::Signal(s)),
-            ChangeMode::Reload => Some(PendingRestart::Reload),
-            ChangeMode::Restart => Some(PendingRestart::Restart),
-        }
-    }
-}
-
-/// Everything an install needs besides the instance itself.
-#[derive(Debug, Clone)]
-pub struct InstallPayload {
-    pub run_as: Option<String>,
-    pub process: ProcessSpec,
-    pub files: Vec<RenderedFile>,
-    pub package_sha256: String,
-    pub package_size: u64,
-    pub blob: PathBuf,
-    /// Recorded on the instance once the install succeeded.
-    pub applied: Applied,
-}
-
-/// The answer to one command: the result an operation journals, and for
-/// `WriteFiles` the files that changed.
-#[derive(Debug, Clone)]
-pub struct InstanceOutcome {
-    pub result: InstanceResult,
-    pub changed: Vec<String>,
-}
-
-/// What an agent reported about the instance outside of a command.
-#[derive(Debug, Clone)]
-pub enum Observation {
-    /// Its process exited without being asked to; `restarting`: its agent
-    /// will start it again (restart policy), so it is not Failed (yet).
-    Exited { pid: u32, description: String, restarting: bool },
-    /// How the agent's restart went: the new pid, or why it failed.
-    Restarted { pid: Option<u32>, error: Option<String> },
-    /// The agent's inventory after it (re)connected.
-    Inventory { present: bool, running: bool, pid: Option<u32> },
-}
-
-/// What the instance actors of one cluster share (all on its arbiter).
-pub struct ClusterEnv {
-    pub shared: Shared,
-    /// Where the cluster's snapshot is published.
-    pub cell: Arc<ClusterCell>,
-    /// Bumped whenever a command of the cluster moves (an answer, a package
-    /// chunk sent): the step watchdog's sign of life.
-    pub progress: Arc<AtomicU64>,
-}
+pub use cmd::{ChangeRule, ClusterEnv, InstallPayload, InstanceCmd, InstanceOutcome, Observation};
 
 pub struct InstanceActor {
     /// The durable record; replaced (never mutated) after each write.
@@ -575,80 +462,5 @@ impl InstanceActor {
             .await;
         let result = InstanceResult { exit_code, stderr_tail, stdout_tail, ..InstanceResult::failed(id, message) };
         result.into()
-    }
-}
-
-impl InstanceActor {
-    /// What an observation means for the record, applied durably; answers
-    /// whether the instance newly failed (`None`: not applied).
-    async fn apply(&self, observation: Observation) -> Option<bool> {
-        let (status, desired, pid, node) = {
-            let r = self.record.borrow();
-            (r.status, r.desired, r.pid, r.node.clone())
-        };
-        // Decide the new (status, pid, error) from what was observed; None
-        // when the observation changes nothing.
-        let change: Option<(InstanceStatus, Option<u32>, Option<String>)> = match observation {
-            Observation::Exited { pid: exited, description, restarting } => {
-                let status = if restarting { InstanceStatus::Starting } else { InstanceStatus::Failed };
-                (pid == Some(exited) && desired == DesiredState::Running).then_some((status, None, Some(description)))
-            }
-            Observation::Restarted { pid: Some(new), .. } if desired == DesiredState::Running && pid.is_none() => {
-                Some((InstanceStatus::Running, Some(new), None))
-            }
-            Observation::Restarted { pid: None, error: Some(e) }
-                if desired == DesiredState::Running && status == InstanceStatus::Starting && pid.is_none() =>
-            {
-                Some((InstanceStatus::Failed, None, Some(e)))
-            }
-            Observation::Inventory { present: false, .. }
-                if !matches!(status, InstanceStatus::Pending | InstanceStatus::Deleting) =>
-            {
-                Some((InstanceStatus::Lost, None, Some(format!("node {node} no longer holds this instance"))))
-            }
-            Observation::Inventory { running: true, pid: seen, .. }
-                if status != InstanceStatus::Running || pid != seen =>
-            {
-                Some((InstanceStatus::Running, seen, None))
-            }
-            // Running, or Starting with a restart the agent never reported
-            // (it disconnected or restarted meanwhile).
-            Observation::Inventory { present: true, running: false, .. }
-                if matches!(status, InstanceStatus::Running | InstanceStatus::Starting) =>
-            {
-                Some((
-                    InstanceStatus::Failed,
-                    None,
-                    Some(format!("not running on node {node} when its agent reconnected")),
-                ))
-            }
-            _ => None,
-        };
-        let Some((status, pid, error)) = change else {
-            return Some(false);
-        };
-        let failed = matches!(status, InstanceStatus::Failed | InstanceStatus::Lost);
-        if status == InstanceStatus::Lost {
-            // Its node no longer holds it: nothing of its files is known.
-            self.written.set(None);
-        }
-        let saved = self
-            .save(|r| {
-                r.status = status;
-                r.pid = pid;
-                if error.is_some() {
-                    r.last_error = error;
-                }
-            })
-            .await;
-        match saved {
-            Ok(()) => Some(failed),
-            // Forgotten meanwhile: nothing to record, nothing owed.
-            Err(_) if self.forgotten.get() => Some(false),
-            Err(e) => {
-                tracing::error!(instance = %self.id(), error = %e, "cannot record an observation");
-                None
-            }
-        }
     }
 }

@@ -1,0 +1,127 @@
+//! The messages of an instance actor: the commands a step sends it, what
+//! an agent observed, and what a command's outcome is.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use crate::actors::Shared;
+use crate::actors::read_model::ClusterCell;
+use crate::protocol::messages::{ENV_CHANGED, ProcessSpec, RenderedFile};
+use crate::spec::{ChangeMode, ComponentSpec};
+use crate::storage::records::{Applied, InstanceResult, PendingRestart};
+
+/// What one instance should do now.
+#[derive(Debug, Clone)]
+pub enum InstanceCmd {
+    Install(Box<InstallPayload>),
+    /// Start and wait until healthy; `wait` is the role's start timeout,
+    /// `settle` its start settle window.
+    Start {
+        wait: Duration,
+        settle: Duration,
+    },
+    Stop,
+    /// Re-rendered files and environment; `rule` says what a change of
+    /// each file owes the running process.
+    WriteFiles {
+        files: Vec<RenderedFile>,
+        env: Vec<(String, String)>,
+        rule: ChangeRule,
+    },
+    Delete,
+    RunHook {
+        hook: &'static str,
+        argv: Vec<String>,
+        timeout: Duration,
+    },
+    CheckHealth {
+        timeout: Duration,
+    },
+    /// A signal to the main process (a file's `change_mode = "signal"`).
+    Signal {
+        signal: i32,
+    },
+}
+
+impl InstanceCmd {
+    pub(super) fn verb(&self) -> &'static str {
+        match self {
+            InstanceCmd::Install(_) => "install",
+            InstanceCmd::Start { .. } => "start",
+            InstanceCmd::Stop => "stop",
+            InstanceCmd::WriteFiles { .. } => "write files",
+            InstanceCmd::Delete => "delete",
+            InstanceCmd::RunHook { hook, .. } => hook,
+            InstanceCmd::CheckHealth { .. } => "health check",
+            InstanceCmd::Signal { .. } => "signal",
+        }
+    }
+}
+
+/// Which role's change modes apply to a `WriteFiles`.
+#[derive(Debug, Clone)]
+pub struct ChangeRule {
+    pub spec: Arc<ComponentSpec>,
+    pub role: String,
+}
+
+impl ChangeRule {
+    /// What the process owes after `changed` (paths, or `ENV_CHANGED`).
+    pub(super) fn owed(&self, changed: &[String]) -> Option<PendingRestart> {
+        if changed.iter().any(|c| c == ENV_CHANGED) {
+            return Some(PendingRestart::Restart);
+        }
+        let mode = self.spec.role(&self.role).map(|r| r.owed(changed)).unwrap_or(Some(ChangeMode::Restart))?;
+        match mode {
+            ChangeMode::Noop => None,
+            ChangeMode::Signal(s) => Some(PendingRestart::Signal(s)),
+            ChangeMode::Reload => Some(PendingRestart::Reload),
+            ChangeMode::Restart => Some(PendingRestart::Restart),
+        }
+    }
+}
+
+/// Everything an install needs besides the instance itself.
+#[derive(Debug, Clone)]
+pub struct InstallPayload {
+    pub run_as: Option<String>,
+    pub process: ProcessSpec,
+    pub files: Vec<RenderedFile>,
+    pub package_sha256: String,
+    pub package_size: u64,
+    pub blob: PathBuf,
+    /// Recorded on the instance once the install succeeded.
+    pub applied: Applied,
+}
+
+/// The answer to one command: the result an operation journals, and for
+/// `WriteFiles` the files that changed.
+#[derive(Debug, Clone)]
+pub struct InstanceOutcome {
+    pub result: InstanceResult,
+    pub changed: Vec<String>,
+}
+
+/// What an agent reported about the instance outside of a command.
+#[derive(Debug, Clone)]
+pub enum Observation {
+    /// Its process exited without being asked to; `restarting`: its agent
+    /// will start it again (restart policy), so it is not Failed (yet).
+    Exited { pid: u32, description: String, restarting: bool },
+    /// How the agent's restart went: the new pid, or why it failed.
+    Restarted { pid: Option<u32>, error: Option<String> },
+    /// The agent's inventory after it (re)connected.
+    Inventory { present: bool, running: bool, pid: Option<u32> },
+}
+
+/// What the instance actors of one cluster share (all on its arbiter).
+pub struct ClusterEnv {
+    pub shared: Shared,
+    /// Where the cluster's snapshot is published.
+    pub cell: Arc<ClusterCell>,
+    /// Bumped whenever a command of the cluster moves (an answer, a package
+    /// chunk sent): the step watchdog's sign of life.
+    pub progress: Arc<AtomicU64>,
+}

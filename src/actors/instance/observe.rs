@@ -1,0 +1,79 @@
+//! How an instance actor applies what its agent observed (an exit, a
+//! restart by the agent) to the record, durably.
+
+use super::*;
+
+impl InstanceActor {
+    /// What an observation means for the record, applied durably; answers
+    /// whether the instance newly failed (`None`: not applied).
+    pub(super) async fn apply(&self, observation: Observation) -> Option<bool> {
+        let (status, desired, pid, node) = {
+            let r = self.record.borrow();
+            (r.status, r.desired, r.pid, r.node.clone())
+        };
+        // Decide the new (status, pid, error) from what was observed; None
+        // when the observation changes nothing.
+        let change: Option<(InstanceStatus, Option<u32>, Option<String>)> = match observation {
+            Observation::Exited { pid: exited, description, restarting } => {
+                let status = if restarting { InstanceStatus::Starting } else { InstanceStatus::Failed };
+                (pid == Some(exited) && desired == DesiredState::Running).then_some((status, None, Some(description)))
+            }
+            Observation::Restarted { pid: Some(new), .. } if desired == DesiredState::Running && pid.is_none() => {
+                Some((InstanceStatus::Running, Some(new), None))
+            }
+            Observation::Restarted { pid: None, error: Some(e) }
+                if desired == DesiredState::Running && status == InstanceStatus::Starting && pid.is_none() =>
+            {
+                Some((InstanceStatus::Failed, None, Some(e)))
+            }
+            Observation::Inventory { present: false, .. }
+                if !matches!(status, InstanceStatus::Pending | InstanceStatus::Deleting) =>
+            {
+                Some((InstanceStatus::Lost, None, Some(format!("node {node} no longer holds this instance"))))
+            }
+            Observation::Inventory { running: true, pid: seen, .. }
+                if status != InstanceStatus::Running || pid != seen =>
+            {
+                Some((InstanceStatus::Running, seen, None))
+            }
+            // Running, or Starting with a restart the agent never reported
+            // (it disconnected or restarted meanwhile).
+            Observation::Inventory { present: true, running: false, .. }
+                if matches!(status, InstanceStatus::Running | InstanceStatus::Starting) =>
+            {
+                Some((
+                    InstanceStatus::Failed,
+                    None,
+                    Some(format!("not running on node {node} when its agent reconnected")),
+                ))
+            }
+            _ => None,
+        };
+        let Some((status, pid, error)) = change else {
+            return Some(false);
+        };
+        let failed = matches!(status, InstanceStatus::Failed | InstanceStatus::Lost);
+        if status == InstanceStatus::Lost {
+            // Its node no longer holds it: nothing of its files is known.
+            self.written.set(None);
+        }
+        let saved = self
+            .save(|r| {
+                r.status = status;
+                r.pid = pid;
+                if error.is_some() {
+                    r.last_error = error;
+                }
+            })
+            .await;
+        match saved {
+            Ok(()) => Some(failed),
+            // Forgotten meanwhile: nothing to record, nothing owed.
+            Err(_) if self.forgotten.get() => Some(false),
+            Err(e) => {
+                tracing::error!(instance = %self.id(), error = %e, "cannot record an observation");
+                None
+            }
+        }
+    }
+}
