@@ -13,7 +13,6 @@
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::sync::Arc;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::watch;
@@ -191,12 +190,12 @@ impl Scanner {
                 // Made before the pass is handed over: if the closure never
                 // runs (no thread for it, the runtime shutting down) or
                 // panics, dropping it clears `running` and wakes everyone.
-                let done = Done(inner.clone());
+                let done = Done { inner: inner.clone(), armed: true };
                 // Off the runtime's threads: the pass blocks on many small reads.
                 drop(tokio::task::spawn_blocking(move || {
                     let pass = {
                         // Uncontended: one pass at a time.
-                        let mut cache = done.0.cache.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut cache = done.inner.cache.lock().unwrap_or_else(|p| p.into_inner());
                         Snapshot::take_with(&mut cache).map(Arc::new).map_err(Arc::new)
                     };
                     done.publish(covers, pass);
@@ -213,26 +212,32 @@ impl Scanner {
 /// The pass in flight: publishes it, or, dropped without publishing (the
 /// pass never ran or panicked), clears `running` and wakes every waiter
 /// (one of them starts the next pass).
-struct Done(Arc<Inner>);
+struct Done {
+    inner: Arc<Inner>,
+    /// Cleared once published.
+    armed: bool,
+}
 
 impl Done {
-    fn publish(self, covers: u64, pass: Pass) {
-        self.0.running.store(false, Ordering::SeqCst);
-        self.0.latest.send_if_modified(|latest| match latest {
+    fn publish(mut self, covers: u64, pass: Pass) {
+        self.armed = false;
+        self.inner.running.store(false, Ordering::SeqCst);
+        self.inner.latest.send_if_modified(|latest| match latest {
             Some((newer, _)) if *newer >= covers => false,
             _ => {
                 *latest = Some((covers, pass));
                 true
             }
         });
-        std::mem::forget(self);
     }
 }
 
 impl Drop for Done {
     fn drop(&mut self) {
-        self.0.running.store(false, Ordering::SeqCst);
-        self.0.latest.send_modify(|_| {});
+        if self.armed {
+            self.inner.running.store(false, Ordering::SeqCst);
+            self.inner.latest.send_modify(|_| {});
+        }
     }
 }
 
