@@ -24,6 +24,21 @@ use crate::protocol::messages::{AgentResponse, CommandFailure, FailureKind};
 /// Every hook a spec may define.
 pub const HOOKS: [&str; 5] = ["init", "scale_out", "scale_in", "reload", "destroy"];
 
+/// Refuses a hook request naming no known hook or with an empty command
+/// (the real agent and the simulated one answer alike).
+pub fn check_hook_request(id: &InstanceId, hook: &str, argv: &[String]) -> Result<(), AgentResponse> {
+    if !HOOKS.contains(&hook) {
+        return Err(failure(
+            FailureKind::BadRequest,
+            format!("unknown hook {hook:?} (expected one of {})", HOOKS.join(", ")),
+        ));
+    }
+    if argv.is_empty() {
+        return Err(failure(FailureKind::BadRequest, format!("hook {hook} of {id} has an empty command")));
+    }
+    Ok(())
+}
+
 impl Node {
     /// Runs hook `hook` (`argv`) of instance `id`, at most `timeout_ms`.
     pub async fn run_hook(
@@ -34,14 +49,8 @@ impl Node {
         argv: &[String],
         timeout_ms: u64,
     ) -> AgentResponse {
-        if !HOOKS.contains(&hook) {
-            return failure(
-                FailureKind::BadRequest,
-                format!("unknown hook {hook:?} (expected one of {})", HOOKS.join(", ")),
-            );
-        }
-        if argv.is_empty() {
-            return failure(FailureKind::BadRequest, format!("hook {hook} of {id} has an empty command"));
+        if let Err(refused) = check_hook_request(id, hook, argv) {
+            return refused;
         }
         let slot = self.slot(id);
         // Held until the hook ended: see the module doc.

@@ -3,7 +3,9 @@
 
 use serde_json::json;
 
-use crate::common::{PackageBuilder, TestEnv, cmdline, id_of, instance_pids, pid_alive, pid_of, role_instances};
+use crate::common::{
+    PackageBuilder, TestEnv, cmdline, eventually, id_of, instance_pids, pid_alive, pid_of, role_instances,
+};
 
 const SPEC: &str = r#"
 [component]
@@ -28,8 +30,12 @@ async fn stop_kills_a_grandchild_that_escaped_the_group() {
     let id = id_of(inst);
 
     // Before stop: the server and the escaped grandchild both carry the marker.
+    // A foreground start answers at once: the script may still be forking.
+    let escaped_of =
+        |pids: &[u32]| -> Vec<u32> { pids.iter().copied().filter(|p| cmdline(*p) == ["sleep", "200003"]).collect() };
+    eventually(5, || escaped_of(&instance_pids(&id)).len() == 1).await;
     let pids = instance_pids(&id);
-    let escaped: Vec<u32> = pids.iter().copied().filter(|p| cmdline(*p) == ["sleep", "200003"]).collect();
+    let escaped = escaped_of(&pids);
     assert_eq!(escaped.len(), 1, "the escaped grandchild is not found by its marker: {pids:?}");
     let sid = |p: u32| nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(p as i32))).ok();
     assert_ne!(sid(escaped[0]), sid(pid_of(inst)), "the grandchild did not leave the server's session");

@@ -453,6 +453,17 @@ async fn battery(kind: Kind) {
         AgentResponse::HookDone { exit_code: 0, .. } => {}
         other => m.fail(format!("RunHook reload of {a}: expected HookDone {{ exit_code: 0 }}, got {other:?}")),
     }
+    let odd_hook = |name: &str, argv: Vec<String>| AgentRequest::RunHook {
+        instance: a.clone(),
+        generation: 16,
+        hook: name.into(),
+        argv,
+        timeout_ms: 10_000,
+    };
+    let got = m.call(odd_hook("bogus", vec!["bin/reload.sh".into()])).await;
+    assert_failed(&m, &got, FailureKind::BadRequest, "RunHook of an unknown hook");
+    let got = m.call(odd_hook("reload", vec![])).await;
+    assert_failed(&m, &got, FailureKind::BadRequest, "RunHook with an empty command");
     assert_eq!(m.call(stop(17)).await, AgentResponse::Stopped { was_running: true }, "Stop of {a} after the hook");
     assert_eq!(m.call(signal(18)).await, AgentResponse::Signalled { delivered: false }, "SIGHUP to stopped {a}");
     let got = m.call(AgentRequest::CheckHealth { instance: a.clone(), timeout_ms: 1000 }).await;

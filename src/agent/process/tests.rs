@@ -220,7 +220,11 @@ async fn daemon_is_found_through_its_pidfile(cg: bool) {
     let written: u32 = std::fs::read_to_string(f.dir.join("run/x.pid")).unwrap().trim().parse().unwrap();
     assert_eq!(id.pid, written);
     assert!(identity::is_alive(&id));
-    assert_eq!(std::fs::read_to_string(format!("/proc/{}/comm", id.pid)).unwrap().trim(), "sleep");
+    // The pidfile may name the script's forked child before it has exec'd
+    // `sleep` (same process, same identity): the name follows shortly.
+    let comm = || std::fs::read_to_string(format!("/proc/{}/comm", id.pid)).unwrap_or_default();
+    wait_until("the daemon has exec'd sleep", || comm().trim() == "sleep").await;
+    assert!(identity::is_alive(&id), "the identity recorded before the exec still names the daemon");
     if let Some(cgp) = f.cgroup() {
         assert_eq!(cgroup::procs(&cgp), vec![id.pid]);
     }

@@ -358,8 +358,14 @@ impl SimAgent {
             AgentRequest::Delete { instance, generation } => {
                 self.later(tx, slots, request_id, l.other, move |s| s.delete(&instance, generation)).await
             }
-            AgentRequest::RunHook { instance, generation, .. } => {
-                self.later(tx, slots, request_id, l.other, move |s| s.check(&instance, Some(generation), true)).await
+            AgentRequest::RunHook { instance, generation, hook, argv, .. } => {
+                match crate::agent::hooks::check_hook_request(&instance, &hook, &argv) {
+                    Err(refused) => Self::reply(tx, request_id, refused).await,
+                    Ok(()) => {
+                        let check = move |s: &mut SimState| s.check(&instance, Some(generation), true);
+                        self.later(tx, slots, request_id, l.other, check).await
+                    }
+                }
             }
             AgentRequest::CheckHealth { instance, .. } => {
                 self.later(tx, slots, request_id, l.other, move |s| s.check(&instance, None, false)).await
