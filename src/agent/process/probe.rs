@@ -35,17 +35,23 @@ pub async fn spawn_in_cgroup_per_s(dur: Duration, parallel: usize) -> Option<io:
             })
         })
         .collect();
+    // Every task is waited for (none is left spawning), and the base
+    // cgroup is removed whatever happened.
     let mut total = 0;
+    let mut failed = None;
     for t in tasks {
         match t.await {
             Ok(Ok(n)) => total += n,
-            Ok(Err(e)) => return Some(Err(e)),
-            Err(e) => return Some(Err(io::Error::other(e))),
+            Ok(Err(e)) => failed = failed.or(Some(e)),
+            Err(e) => failed = failed.or(Some(io::Error::other(e))),
         }
     }
     let rate = total as f64 / started.elapsed().as_secs_f64();
     let _ = std::fs::remove_dir(root.base());
-    Some(Ok(rate))
+    Some(match failed {
+        Some(e) => Err(e),
+        None => Ok(rate),
+    })
 }
 
 async fn one(root: &CgroupRoot, id: &InstanceId) -> io::Result<()> {
@@ -59,4 +65,22 @@ async fn one(root: &CgroupRoot, id: &InstanceId) -> io::Result<()> {
     drop(procs);
     cgroup::remove(&dir).await?;
     status.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn spawns_into_cgroups_and_leaves_no_cgroup_behind() {
+        let rate = spawn_in_cgroup_per_s(Duration::from_millis(200), 2)
+            .await
+            .expect("root on a machine with a writable cgroup2 mount must be able to run the probe")
+            .expect("the probe failed");
+        assert!(rate > 0.0, "{rate} spawns per second");
+        let root = CgroupRoot::detect("probe-check").expect("cgroup2");
+        let base = root.base().parent().unwrap().join(format!("spawn-probe-{}", std::process::id()));
+        assert!(!base.exists(), "{} was left behind", base.display());
+        let _ = std::fs::remove_dir(root.base());
+    }
 }
