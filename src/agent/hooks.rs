@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use super::node::{Node, failure, not_installed, run_as_of, stale};
+use super::node::{Node, admit, failure, run_as_of};
 use super::process::oneshot::signal_name;
 use super::process::{Ending, OneShot, run_oneshot};
 use crate::ids::InstanceId;
@@ -55,10 +55,10 @@ impl Node {
         let slot = self.slot(id);
         // Held until the hook ended: see the module doc.
         let mut guard = slot.record.lock().await;
-        let Some(rec) = guard.as_mut() else { return not_installed(id) };
-        if generation < rec.generation {
-            return stale(id, generation, rec.generation);
-        }
+        let rec = match admit(&mut guard, id, generation) {
+            Ok(rec) => rec,
+            Err(refused) => return refused,
+        };
         let run_as = match run_as_of(rec, FailureKind::Hook) {
             Ok(u) => u,
             Err(resp) => return resp,

@@ -91,14 +91,7 @@ impl From<InstanceResult> for InstanceOutcome {
 impl InstanceActor {
     /// Creates the actor of a durable record and publishes it.
     pub fn start(record: InstanceRecord, env: Rc<ClusterEnv>) -> InstanceHandle {
-        let actor = Rc::new(InstanceActor {
-            record: RefCell::new(Arc::new(record)),
-            written: Default::default(),
-            forgotten: Default::default(),
-            mailbox: tokio::sync::Mutex::new(()),
-            stats: Arc::default(),
-            env,
-        });
+        let actor = Self::quiet(record, env);
         actor.env.cell.put_instance(actor.entry());
         actor
     }

@@ -202,12 +202,10 @@ impl Node {
     ) -> AgentResponse {
         let slot = self.slot(id);
         let mut guard = slot.record.lock().await;
-        let Some(rec) = guard.as_mut() else {
-            return not_installed(id);
+        let rec = match admit(&mut guard, id, generation) {
+            Ok(rec) => rec,
+            Err(refused) => return refused,
         };
-        if generation < rec.generation {
-            return stale(id, generation, rec.generation);
-        }
         let owner = match users::resolve(&rec.run_as) {
             Ok(u) if nix::unistd::geteuid().is_root() => Some((u.uid, u.gid)),
             _ => None,
@@ -258,12 +256,10 @@ impl Node {
         // The start timeout covers the health check too (see `gate_start`);
         // counted from here, not including the wait for the lock.
         let begun = tokio::time::Instant::now();
-        let Some(rec) = guard.as_mut() else {
-            return not_installed(id);
+        let rec = match admit(&mut guard, id, generation) {
+            Ok(rec) => rec,
+            Err(refused) => return refused,
         };
-        if generation < rec.generation {
-            return stale(id, generation, rec.generation);
-        }
         let run_as = match run_as_of(rec, FailureKind::Start) {
             Ok(u) => u,
             Err(resp) => return resp,
@@ -309,12 +305,10 @@ impl Node {
     pub async fn stop(&self, id: &InstanceId, generation: u64) -> AgentResponse {
         let slot = self.slot(id);
         let mut guard = slot.record.lock().await;
-        let Some(rec) = guard.as_mut() else {
-            return not_installed(id);
+        let rec = match admit(&mut guard, id, generation) {
+            Ok(rec) => rec,
+            Err(refused) => return refused,
         };
-        if generation < rec.generation {
-            return stale(id, generation, rec.generation);
-        }
         rec.generation = generation;
         // Intent first: the exit watcher sees desired_running == false and
         // does not report this exit as unexpected.
@@ -344,12 +338,10 @@ impl Node {
         };
         let slot = self.slot(id);
         let mut guard = slot.record.lock().await;
-        let Some(rec) = guard.as_mut() else {
-            return not_installed(id);
+        let rec = match admit(&mut guard, id, generation) {
+            Ok(rec) => rec,
+            Err(refused) => return refused,
         };
-        if generation < rec.generation {
-            return stale(id, generation, rec.generation);
-        }
         rec.generation = generation;
         let delivered = match &rec.pid {
             Some(p) if self.processes.is_alive(p) => {
@@ -466,11 +458,25 @@ pub(super) fn run_as_of(rec: &AgentInstanceRecord, kind: FailureKind) -> Result<
     users::resolve(&rec.run_as).map_err(|e| failure(kind, format!("run_as {}: {e}", rec.run_as)))
 }
 
-pub(super) fn not_installed(id: &InstanceId) -> AgentResponse {
+/// The instance's record for a command of `generation`, or the refusal:
+/// not installed, or older than the generation already applied.
+pub(super) fn admit<'a>(
+    guard: &'a mut Option<AgentInstanceRecord>,
+    id: &InstanceId,
+    generation: u64,
+) -> Result<&'a mut AgentInstanceRecord, AgentResponse> {
+    let rec = guard.as_mut().ok_or_else(|| not_installed(id))?;
+    if generation < rec.generation {
+        return Err(stale(id, generation, rec.generation));
+    }
+    Ok(rec)
+}
+
+pub fn not_installed(id: &InstanceId) -> AgentResponse {
     failure(FailureKind::UnknownInstance, format!("instance {id} is not installed on this node"))
 }
 
-pub(super) fn stale(id: &InstanceId, got: u64, have: u64) -> AgentResponse {
+pub fn stale(id: &InstanceId, got: u64, have: u64) -> AgentResponse {
     failure(
         FailureKind::StaleGeneration,
         format!("command for {id} has generation {got}, older than the applied {have}; refused"),

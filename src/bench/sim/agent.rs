@@ -22,10 +22,11 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::codec::FramedWrite;
 
-use super::state::{SimState, failure};
+use super::state::SimState;
 use crate::agent::connection::{
     MAX_REQUESTS_IN_FLIGHT, REPLY_QUEUE, dial, next_connection, split_after_handshake, write_frames,
 };
+use crate::agent::node::failure;
 use crate::agent::outbox::Outbox;
 use crate::ids::{InstanceId, NodeId};
 use crate::protocol::codec::{AgentCodec, ProtocolError};

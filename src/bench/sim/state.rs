@@ -8,10 +8,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use sha2::{Digest, Sha256};
 
+use crate::agent::node::{failure, not_installed, stale};
 use crate::ids::InstanceId;
-use crate::protocol::messages::{
-    AgentResponse, CommandFailure, ENV_CHANGED, FailureKind, InstallBegin, InstanceReport, RenderedFile,
-};
+use crate::protocol::messages::{AgentResponse, ENV_CHANGED, FailureKind, InstallBegin, InstanceReport, RenderedFile};
 
 /// One simulated instance.
 #[derive(Debug, Clone)]
@@ -33,27 +32,6 @@ pub struct SimState {
     /// Packages received (by sha256): later installs skip the bytes.
     pub packages: HashSet<String>,
     next_pid: u32,
-}
-
-pub fn failure(kind: FailureKind, message: impl Into<String>) -> AgentResponse {
-    AgentResponse::Failed(CommandFailure {
-        kind,
-        message: message.into(),
-        exit_code: None,
-        stderr_tail: String::new(),
-        stdout_tail: String::new(),
-    })
-}
-
-fn stale(id: &InstanceId, got: u64, have: u64) -> AgentResponse {
-    failure(
-        FailureKind::StaleGeneration,
-        format!("command for {id} has generation {got}, older than the applied {have}; refused"),
-    )
-}
-
-fn not_installed(id: &InstanceId) -> AgentResponse {
-    failure(FailureKind::UnknownInstance, format!("instance {id} is not installed on this node"))
 }
 
 /// What the real agent compares to decide whether a file changed.
