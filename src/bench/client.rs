@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::stats::Samples;
+use super::stats::{ByKind, Samples};
 
 /// A timed API client; cheap to clone.
 #[derive(Clone)]
@@ -19,6 +19,8 @@ pub struct Api {
     token: Option<String>,
     pub reads: Arc<Samples>,
     pub writes: Arc<Samples>,
+    /// The same samples by route (`GET /clusters/{}`), to say which call is slow.
+    pub routes: Arc<ByKind>,
     pub overloaded: Arc<AtomicU64>,
 }
 
@@ -49,6 +51,7 @@ impl Api {
             token,
             reads: Arc::default(),
             writes: Arc::default(),
+            routes: Arc::default(),
             overloaded: Arc::default(),
         })
     }
@@ -79,7 +82,12 @@ impl Api {
             let took = started.elapsed();
             // Long polls (`?wait=`) measure the operation, not the API.
             if !path.contains("wait=") {
-                if method == "GET" { self.reads.add(took) } else { self.writes.add(took) }
+                if method == "GET" {
+                    self.reads.add(took)
+                } else {
+                    self.writes.add(took)
+                }
+                self.routes.add(&route(method, path), took);
             }
             if status.as_u16() == 503 && text.contains("overloaded") {
                 self.overloaded.fetch_add(1, Ordering::Relaxed);
@@ -139,5 +147,24 @@ impl Api {
                 return Ok((op, started.elapsed()));
             }
         }
+    }
+}
+
+/// A call's route: its method and path with names and ids as `{}` and
+/// without the query (`GET /clusters/{}`, `POST /clusters/{}/scale`).
+pub fn route(method: &str, path: &str) -> String {
+    let path = path.split('?').next().unwrap_or_default();
+    let parts: Vec<&str> = path.split('/').enumerate().map(|(i, p)| if i == 2 { "{}" } else { p }).collect();
+    format!("{method} {}", parts.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn routes_hide_names_and_queries() {
+        assert_eq!(super::route("GET", "/clusters?limit=100"), "GET /clusters");
+        assert_eq!(super::route("GET", "/clusters/b7"), "GET /clusters/{}");
+        assert_eq!(super::route("POST", "/clusters/b7/scale"), "POST /clusters/{}/scale");
+        assert_eq!(super::route("GET", "/operations/op-1?wait=60"), "GET /operations/{}");
     }
 }

@@ -172,6 +172,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
     report.api.write_ms = Percentiles { p50: writes.p50, p99: writes.p99 };
     report.api.reads = reads.count;
     report.api.writes = writes.count;
+    report.api.routes = api.routes.summaries();
     report.api.overloaded = api.overloaded.load(std::sync::atomic::Ordering::Relaxed);
     if report.mode == "scale" {
         report.judge();

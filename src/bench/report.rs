@@ -23,6 +23,8 @@ pub struct ApiFigures {
     pub writes: usize,
     /// `503 overloaded` answers (each retried after its Retry-After).
     pub overloaded: u64,
+    /// Latency by route (long polls left out).
+    pub routes: BTreeMap<String, OpSummary>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -168,6 +170,12 @@ impl Report {
             format!("{} / {} ms ({} writes)", self.api.write_ms.p50, self.api.write_ms.p99, self.api.writes),
         );
         row("GET of the largest cluster", format!("{} ms", self.api.get_largest_cluster_ms));
+        for (route, o) in &self.api.routes {
+            row(
+                &format!("  {route}"),
+                format!("{} x, p50 {} ms, p99 {} ms, max {} ms", o.count, o.p50_ms, o.p99_ms, o.max_ms),
+            );
+        }
         row("503 overloaded (retried)", self.api.overloaded.to_string());
         row(
             "exit -> visible p50 / p99",

@@ -251,6 +251,7 @@ impl Node {
         generation: u64,
         settle: std::time::Duration,
     ) -> AgentResponse {
+        let waited = tokio::time::Instant::now();
         let slot = self.slot(id);
         let mut guard = slot.record.lock().await;
         // The start timeout covers the health check too (see `gate_start`);
@@ -276,6 +277,7 @@ impl Node {
             settle,
         };
         let started = self.processes.start(&req).await;
+        let spawned = tokio::time::Instant::now();
         match started {
             Ok(s) => {
                 let pid = s.identity.pid;
@@ -285,12 +287,19 @@ impl Node {
                 if let Err(e) = self.persist(&r).await {
                     return failure(FailureKind::Internal, e);
                 }
+                let persisted = tokio::time::Instant::now();
                 if !already {
                     self.watch(id.clone(), s.identity);
                 }
                 if let Err(resp) = self.gate_start(id, rec, &run_as, begun, s.exit).await {
                     return resp;
                 }
+                let ms = |a: tokio::time::Instant, b: tokio::time::Instant| (b - a).as_secs_f64() * 1000.0;
+                tracing::debug!(
+                    instance = %id, pid, lock_ms = ms(waited, begun), start_ms = ms(begun, spawned),
+                    persist_ms = ms(spawned, persisted), gate_ms = ms(persisted, tokio::time::Instant::now()),
+                    "started"
+                );
                 AgentResponse::Started { pid, already_running: already }
             }
             Err(e) => {

@@ -17,6 +17,7 @@
 //! safe.
 
 pub mod cgroup;
+mod child;
 mod error;
 pub mod identity;
 pub mod limits;
@@ -30,6 +31,7 @@ mod stop;
 mod sys;
 pub mod tree;
 pub mod users;
+mod vfork;
 mod watch;
 
 #[cfg(test)]

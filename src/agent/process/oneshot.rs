@@ -106,7 +106,7 @@ pub async fn run_oneshot(cmd: &OneShot<'_>) -> Result<OneShotResult, ProcessErro
     // The child leads its own group (spawn sets process_group(0)).
     let group = child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
     // If this future is dropped mid-run (a health wait that gave up), the
-    // group is killed here and tokio reaps the dropped child.
+    // group is killed here and the dropped child is reaped in the background.
     let mut guard = KillGroupOnDrop(group);
     let ending = match tokio::time::timeout(cmd.timeout, child.wait()).await {
         Ok(Ok(status)) => Ending::Finished(status),

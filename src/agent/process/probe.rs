@@ -1,5 +1,5 @@
 //! How fast this machine starts processes the way the agent does: each in
-//! a fresh cgroup of its own, joined between `fork` and `exec`. `flotilla
+//! a fresh cgroup of its own, joined between `clone` and `exec` (the agent's own spawn, `vfork.rs`). `flotilla
 //! bench real` reports it beside the plain spawn ceiling, because the
 //! kernel's cgroup lock (every move takes `cgroup_threadgroup_rwsem` for
 //! writing, which also holds up every `fork` on the machine) costs more
@@ -7,11 +7,11 @@
 
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use super::cgroup::{self, CgroupRoot};
-use super::sys::{self, ChildSetup};
+use super::spawn::{self, Launch};
+use super::users;
 use crate::ids::InstanceId;
 
 /// `/bin/true` spawned into a new cgroup, waited for, its cgroup removed,
@@ -57,14 +57,24 @@ pub async fn spawn_in_cgroup_per_s(dur: Duration, parallel: usize) -> Option<io:
 async fn one(root: &CgroupRoot, id: &InstanceId) -> io::Result<()> {
     let dir = root.create(id)?;
     let procs = OpenOptions::new().write(true).open(dir.join("cgroup.procs"))?;
-    let mut setup = ChildSetup::default();
-    setup.cgroup_procs_fds[0] = Some(procs.as_raw_fd());
-    let mut cmd = tokio::process::Command::new("/bin/true");
-    sys::install(&mut cmd, setup);
-    let status = cmd.status().await;
+    let null = OpenOptions::new().write(true).open("/dev/null")?;
+    let launch = Launch {
+        argv: &["/bin/true".to_string()],
+        dir: std::path::Path::new("/"),
+        env: &[],
+        marker: None,
+        run_as: &users::current(),
+        cgroup_procs: std::slice::from_ref(&procs),
+        stdout: &null,
+        stderr: &null,
+    };
+    let status = match spawn::spawn(&launch) {
+        Ok(mut child) => child.wait().await.map(|_| ()),
+        Err(e) => Err(io::Error::other(e.to_string())),
+    };
     drop(procs);
     cgroup::remove(&dir).await?;
-    status.map(|_| ())
+    status
 }
 
 #[cfg(test)]

@@ -196,7 +196,11 @@ impl Scanner {
                     let pass = {
                         // Uncontended: one pass at a time.
                         let mut cache = done.inner.cache.lock().unwrap_or_else(|p| p.into_inner());
-                        Snapshot::take_with(&mut cache).map(Arc::new).map_err(Arc::new)
+                        let began = std::time::Instant::now();
+                        let pass = Snapshot::take_with(&mut cache);
+                        let procs = pass.as_ref().map_or(0, |s| s.procs.len());
+                        tracing::debug!(procs, took_us = began.elapsed().as_micros() as u64, covers, "/proc pass");
+                        pass.map(Arc::new).map_err(Arc::new)
                     };
                     done.publish(covers, pass);
                 }));

@@ -7,20 +7,22 @@
 //! a `logs/` fd that was itself opened with `O_NOFOLLOW`, so a planted symlink
 //! cannot make the agent append to (or report the contents of) another file.
 
+use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use nix::fcntl::{OFlag, open, openat};
 use nix::sys::stat::Mode;
 
 use super::ProcessError;
-use super::sys::{self, ChildSetup};
+use super::child::Child;
 use super::tree::MARKER_VAR;
 use super::users::RunAs;
+use super::vfork::{self, ChildSetup};
 use crate::ids::InstanceId;
 
 /// The PATH every command starts with (the spec's env may override it).
@@ -160,7 +162,7 @@ pub struct Launch<'a> {
     pub marker: Option<&'a InstanceId>,
     pub run_as: &'a RunAs,
     /// Open `cgroup.procs` files of the cgroups to move the child into (at
-    /// most [`sys::MAX_CGROUPS`]).
+    /// most [`vfork::MAX_CGROUPS`]).
     pub cgroup_procs: &'a [File],
     pub stdout: &'a File,
     pub stderr: &'a File,
@@ -173,35 +175,44 @@ pub fn program(argv0: &str, dir: &Path) -> PathBuf {
 }
 
 /// Spawns the command in its own process group, with a clean environment,
-/// stdin from /dev/null and the log files as stdout/stderr.
-pub fn spawn(l: &Launch<'_>) -> Result<tokio::process::Child, ProcessError> {
+/// stdin from /dev/null and the log files as stdout/stderr, without copying
+/// the agent (see `vfork.rs`).
+pub fn spawn(l: &Launch<'_>) -> Result<Child, ProcessError> {
     let spawn_err = |source: io::Error| ProcessError::Spawn { argv: l.argv.to_vec(), source };
     let Some(argv0) = l.argv.first() else {
         return Err(spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "empty command")));
     };
-    let mut cmd = tokio::process::Command::new(program(argv0, l.dir));
-    cmd.args(&l.argv[1..])
-        .current_dir(l.dir)
-        .env_clear()
-        .env("PATH", BASE_PATH)
-        .env("HOME", l.dir)
-        .env("LANG", "C.UTF-8");
-    for (k, v) in l.env {
-        cmd.env(k, v);
-    }
-    if let Some(id) = l.marker {
-        cmd.env(MARKER_VAR, id.as_str());
-    }
-    let stdout = l.stdout.try_clone().map_err(spawn_err)?;
-    let stderr = l.stderr.try_clone().map_err(spawn_err)?;
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::from(stderr))
-        .process_group(0)
-        .kill_on_drop(false);
-    if l.cgroup_procs.len() > sys::MAX_CGROUPS {
+    if l.cgroup_procs.len() > vfork::MAX_CGROUPS {
         return Err(spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "too many cgroups to join")));
     }
+    let mut env: Vec<(&str, &str)> = Vec::with_capacity(l.env.len() + 4);
+    let home = l.dir.to_str().ok_or_else(|| spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "non-UTF-8 dir")))?;
+    let defaults = [("PATH", BASE_PATH), ("HOME", home), ("LANG", "C.UTF-8")];
+    let marker = l.marker.map(|id| (MARKER_VAR, id.as_str()));
+    for (k, v) in defaults.into_iter().chain(l.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))).chain(marker) {
+        // A later value of the same variable wins, as with `Command::env`.
+        match env.iter_mut().find(|(key, _)| *key == k) {
+            Some(slot) => slot.1 = v,
+            None => env.push((k, v)),
+        }
+    }
+    let path = env.iter().find(|(k, _)| *k == "PATH").map_or(BASE_PATH, |(_, v)| v);
+    let program = program(argv0, l.dir);
+    let c = |s: &[u8]| CString::new(s).map_err(|_| spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "nul byte")));
+    let candidates = if program.as_os_str().as_bytes().contains(&b'/') {
+        vec![c(program.as_os_str().as_bytes())?]
+    } else {
+        // execvp's search; an empty entry is the working directory.
+        path.split(':')
+            .map(|d| if d.is_empty() { l.dir.join(&program) } else { Path::new(d).join(&program) })
+            .map(|p| c(p.as_os_str().as_bytes()))
+            .collect::<Result<_, _>>()?
+    };
+    let mut argv = vec![c(program.as_os_str().as_bytes())?];
+    for a in &l.argv[1..] {
+        argv.push(c(a.as_bytes())?);
+    }
+    let envp = env.iter().map(|(k, v)| c(format!("{k}={v}").as_bytes())).collect::<Result<_, _>>()?;
     let mut setup = ChildSetup {
         drop_to: l.run_as.needs_switch().then_some((l.run_as.uid, l.run_as.gid)),
         nofile: crate::fd_limit::original(),
@@ -210,8 +221,26 @@ pub fn spawn(l: &Launch<'_>) -> Result<tokio::process::Child, ProcessError> {
     for (slot, file) in setup.cgroup_procs_fds.iter_mut().zip(l.cgroup_procs) {
         *slot = Some(file.as_raw_fd());
     }
-    sys::install(&mut cmd, setup);
-    cmd.spawn().map_err(spawn_err)
+    let exec = vfork::Exec {
+        candidates,
+        argv,
+        envp,
+        dir: c(l.dir.as_os_str().as_bytes())?,
+        stdio: [dev_null().map_err(spawn_err)?.as_raw_fd(), l.stdout.as_raw_fd(), l.stderr.as_raw_fd()],
+        setup,
+    };
+    let pid = vfork::spawn(&exec).map_err(spawn_err)?;
+    Ok(Child::adopt(pid))
+}
+
+/// `/dev/null` for every child's stdin, opened once.
+fn dev_null() -> io::Result<&'static File> {
+    static NULL: std::sync::OnceLock<File> = std::sync::OnceLock::new();
+    if let Some(f) = NULL.get() {
+        return Ok(f);
+    }
+    let f = File::open("/dev/null")?;
+    Ok(NULL.get_or_init(|| f))
 }
 
 #[cfg(test)]

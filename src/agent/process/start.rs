@@ -46,7 +46,9 @@ impl ProcessController {
             ));
         }
         let limits = self.check_limits(req)?;
+        let began = Instant::now();
         self.kill_leftovers(req).await?;
+        tracing::trace!(instance = %req.instance, leftovers_ms = began.elapsed().as_secs_f64() * 1000.0, "looked for leftovers");
         let cg = match &self.cgroups {
             Some(root) => Some(
                 root.create(req.instance)
@@ -207,6 +209,7 @@ impl ProcessController {
         }
         let timeout_ms = req.spec.start_timeout_ms;
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let spawned = Instant::now();
         let mut child = spawn::spawn(&Self::launch(req, procs, &logs))?;
         let pgid = child.id();
         let status = match tokio::time::timeout_at(deadline, child.wait()).await {
@@ -229,6 +232,7 @@ impl ProcessController {
                 stderr_tail: tail(&logs.stderr, logs.stderr_start),
             });
         }
+        tracing::trace!(instance = %req.instance, script_ms = (Instant::now() - spawned).as_secs_f64() * 1000.0, "start script exited");
         let is_running = |pid: u32| read_stat(pid).is_some_and(|s| s.is_running());
         // An unreadable /proc is not "nothing runs": keep waiting.
         let nothing_runs = || tree::collect(req.instance, &[], cg).is_ok_and(|m| m.is_empty());

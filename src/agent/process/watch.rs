@@ -66,7 +66,7 @@ enum Inner {
 
 impl ExitWatch {
     /// Takes ownership of the child: a task reaps it as soon as it exits.
-    pub(crate) fn reap(mut child: tokio::process::Child, pid: u32, stderr: StderrLog) -> ExitWatch {
+    pub(crate) fn reap(mut child: super::child::Child, pid: u32, stderr: StderrLog) -> ExitWatch {
         let (tx, rx) = watch::channel(None);
         tokio::spawn(async move {
             let info = match child.wait().await {
