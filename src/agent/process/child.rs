@@ -10,10 +10,10 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use super::sys::{AsyncPidfd, async_pidfd};
+use super::vfork::wait_status;
 
 /// Without a pidfd (no runtime, an old kernel, no descriptor left): poll.
 const POLL: Duration = Duration::from_millis(5);
@@ -28,7 +28,9 @@ pub struct Child {
 impl Child {
     /// Takes charge of `pid`, an unreaped child of this process.
     pub(super) fn adopt(pid: u32) -> Child {
-        Child { pid, pidfd: async_pidfd(pid).ok(), status: None }
+        // A pidfd needs a runtime to register with; without one, poll.
+        let pidfd = tokio::runtime::Handle::try_current().ok().and_then(|_| async_pidfd(pid).ok());
+        Child { pid, pidfd, status: None }
     }
 
     /// The pid while the process is not reaped (as tokio's `Child::id`).
@@ -57,7 +59,7 @@ impl Child {
         if let Some(status) = self.status {
             return Ok(Some(status));
         }
-        let status = reap(self.pid, Some(WaitPidFlag::WNOHANG))?;
+        let status = reap(self.pid, true)?;
         self.status = status;
         Ok(status)
     }
@@ -90,7 +92,7 @@ impl Drop for Child {
             _ => {
                 // A blocking wait on a thread of its own.
                 std::thread::spawn(move || {
-                    if let Err(e) = reap(pid, None) {
+                    if let Err(e) = reap(pid, false) {
                         tracing::warn!(pid, error = %e, "cannot reap a child process");
                     }
                 });
@@ -104,18 +106,8 @@ fn pid_of(pid: u32) -> io::Result<Pid> {
 }
 
 /// `waitpid` with its result as std's `ExitStatus`; `None` while it runs.
-fn reap(pid: u32, flags: Option<WaitPidFlag>) -> io::Result<Option<ExitStatus>> {
-    loop {
-        return match waitpid(pid_of(pid)?, flags) {
-            Ok(WaitStatus::Exited(_, code)) => Ok(Some(ExitStatus::from_raw((code & 0xff) << 8))),
-            Ok(WaitStatus::Signaled(_, signal, core)) => {
-                Ok(Some(ExitStatus::from_raw(signal as i32 | if core { 0x80 } else { 0 })))
-            }
-            Ok(_) => Ok(None),
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => Err(io::Error::from(e)),
-        };
-    }
+fn reap(pid: u32, nohang: bool) -> io::Result<Option<ExitStatus>> {
+    Ok(wait_status(pid, nohang)?.map(ExitStatus::from_raw))
 }
 
 #[cfg(test)]
@@ -161,6 +153,12 @@ mod tests {
         let mut c = spawn::spawn(&launch_sh(&sig, tmp.path(), &logs, &me)).unwrap();
         let status = c.wait().await.unwrap();
         assert_eq!((status.code(), status.signal()), (None, Some(libc::SIGTERM)));
+
+        // A real-time signal has no name in nix; it is still an exit.
+        let rt = argv("kill -35 $$");
+        let mut c = spawn::spawn(&launch_sh(&rt, tmp.path(), &logs, &me)).unwrap();
+        assert_eq!(c.wait().await.unwrap().signal(), Some(35));
+        assert_eq!(c.id(), None);
 
         let long = argv("exec sleep 30");
         let mut c = spawn::spawn(&launch_sh(&long, tmp.path(), &logs, &me)).unwrap();
@@ -242,6 +240,15 @@ mod tests {
         let err = spawn::spawn(&launch_sh(&argv, &gone, &logs, &me)).unwrap_err();
         let chain = crate::error::ErrorChain(&err).to_string();
         assert!(chain.contains("changing to the working directory"), "{chain}");
+
+        // A script without `#!` runs through /bin/sh, as execvp would.
+        let plain = tmp.path().join("plain");
+        std::fs::write(&plain, "echo ran > ran.txt\nexit 3\n").unwrap();
+        std::fs::set_permissions(&plain, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let argv = vec![plain.display().to_string()];
+        let status = spawn::spawn(&launch_sh(&argv, tmp.path(), &logs, &me)).unwrap().wait().await.unwrap();
+        assert_eq!(status.code(), Some(3));
+        assert_eq!(std::fs::read_to_string(tmp.path().join("ran.txt")).unwrap(), "ran\n");
 
         // Found in the spec's own PATH, as execvp would.
         let bin = tmp.path().join("bin");

@@ -7,7 +7,7 @@
 //! a `logs/` fd that was itself opened with `O_NOFOLLOW`, so a planted symlink
 //! cannot make the agent append to (or report the contents of) another file.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -185,26 +185,27 @@ pub fn spawn(l: &Launch<'_>) -> Result<Child, ProcessError> {
     if l.cgroup_procs.len() > vfork::MAX_CGROUPS {
         return Err(spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "too many cgroups to join")));
     }
-    let mut env: Vec<(&str, &str)> = Vec::with_capacity(l.env.len() + 4);
-    let home = l.dir.to_str().ok_or_else(|| spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "non-UTF-8 dir")))?;
-    let defaults = [("PATH", BASE_PATH), ("HOME", home), ("LANG", "C.UTF-8")];
-    let marker = l.marker.map(|id| (MARKER_VAR, id.as_str()));
-    for (k, v) in defaults.into_iter().chain(l.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))).chain(marker) {
+    let mut env: Vec<(&[u8], &[u8])> = Vec::with_capacity(l.env.len() + 4);
+    let home = l.dir.as_os_str().as_bytes();
+    let defaults = [(&b"PATH"[..], BASE_PATH.as_bytes()), (b"HOME", home), (b"LANG", b"C.UTF-8")];
+    let spec_env = l.env.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes()));
+    let marker = l.marker.map(|id| (MARKER_VAR.as_bytes(), id.as_str().as_bytes()));
+    for (k, v) in defaults.into_iter().chain(spec_env).chain(marker) {
         // A later value of the same variable wins, as with `Command::env`.
         match env.iter_mut().find(|(key, _)| *key == k) {
             Some(slot) => slot.1 = v,
             None => env.push((k, v)),
         }
     }
-    let path = env.iter().find(|(k, _)| *k == "PATH").map_or(BASE_PATH, |(_, v)| v);
+    let path = env.iter().find(|(k, _)| *k == b"PATH").map_or(BASE_PATH.as_bytes(), |(_, v)| v);
     let program = program(argv0, l.dir);
     let c = |s: &[u8]| CString::new(s).map_err(|_| spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "nul byte")));
     let candidates = if program.as_os_str().as_bytes().contains(&b'/') {
         vec![c(program.as_os_str().as_bytes())?]
     } else {
         // execvp's search; an empty entry is the working directory.
-        path.split(':')
-            .map(|d| if d.is_empty() { l.dir.join(&program) } else { Path::new(d).join(&program) })
+        path.split(|b| *b == b':')
+            .map(|d| if d.is_empty() { l.dir.join(&program) } else { Path::new(OsStr::from_bytes(d)).join(&program) })
             .map(|p| c(p.as_os_str().as_bytes()))
             .collect::<Result<_, _>>()?
     };
@@ -212,7 +213,7 @@ pub fn spawn(l: &Launch<'_>) -> Result<Child, ProcessError> {
     for a in &l.argv[1..] {
         argv.push(c(a.as_bytes())?);
     }
-    let envp = env.iter().map(|(k, v)| c(format!("{k}={v}").as_bytes())).collect::<Result<_, _>>()?;
+    let envp = env.iter().map(|(k, v)| c(&[*k, b"=", *v].concat())).collect::<Result<_, _>>()?;
     let mut setup = ChildSetup {
         drop_to: l.run_as.needs_switch().then_some((l.run_as.uid, l.run_as.gid)),
         nofile: crate::fd_limit::original(),

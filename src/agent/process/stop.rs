@@ -10,6 +10,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::time::Instant;
 
+use super::identity::read_stat;
 use super::spawn::{self, Launch};
 use super::{ProcessController, ProcessError, StopRequest, cgroup, tree};
 use crate::ids::InstanceId;
@@ -28,19 +29,21 @@ impl ProcessController {
         let cg = self.cgroup_of(req.instance);
         let cg = cg.as_deref();
         let known = self.known_alive(req.instance, req.current);
-        if self.members(req.instance, &known, cg).await?.is_empty() {
+        let mut members = self.members(req.instance, &known, cg).await?;
+        if members.is_empty() {
             self.finish(req.instance, cg).await;
             return Ok(false);
         }
         let grace = Duration::from_millis(req.spec.stop_grace_ms);
         if let Some(argv) = req.spec.stop.as_ref().filter(|a| !a.is_empty()) {
             self.run_stop_command(req, argv, grace).await;
+            // What the stop command left (and anything it started).
+            members = self.members(req.instance, &known, cg).await?;
         }
-        let members = self.members(req.instance, &known, cg).await?;
         if !members.is_empty() {
             let n = tree::signal(&members, Signal::SIGTERM);
             tracing::debug!(instance = %req.instance, signalled = n, "sent SIGTERM");
-            if !self.wait_gone(req.instance, &known, cg, Instant::now() + grace).await? {
+            if !self.wait_gone(req.instance, &known, cg, &members, Instant::now() + grace).await? {
                 tracing::info!(instance = %req.instance, grace_ms = req.spec.stop_grace_ms, "grace period over: sending SIGKILL");
                 let remaining = self.kill_tree(req.instance, &known, cg).await?;
                 if !remaining.is_empty() {
@@ -149,11 +152,26 @@ impl ProcessController {
         instance: &InstanceId,
         known: &[PidIdentity],
         cg: Option<&Path>,
+        signalled: &[tree::Member],
         deadline: Instant,
     ) -> Result<bool, ProcessError> {
+        // When everything signalled is inside the instance's cgroup, its
+        // being empty means all of it is gone (descendants are born inside
+        // it): no pass over /proc is needed.
+        let contained = cg.filter(|cg| {
+            let inside: std::collections::HashSet<u32> = cgroup::procs(cg).into_iter().collect();
+            signalled.iter().all(|m| {
+                inside.contains(&m.pid)
+                    || !read_stat(m.pid).is_some_and(|s| s.is_running() && s.start_time == m.start_time)
+            })
+        });
         let mut backoff = FIRST_BACKOFF;
         loop {
-            if self.members(instance, known, cg).await?.is_empty() {
+            let gone = match contained {
+                Some(cg) => cgroup::is_empty(cg),
+                None => self.members(instance, known, cg).await?.is_empty(),
+            };
+            if gone {
                 return Ok(true);
             }
             let now = Instant::now();

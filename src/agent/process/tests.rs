@@ -198,7 +198,11 @@ async fn an_instance_does_not_inherit_the_agents_huge_pages_or_fd_limit() {
     f.script("bin/run.sh", "exec sleep 1000");
     let spec = spec(&["bin/run.sh"]);
     let started = f.ctl.start(&f.start_req(&spec, None)).await;
+    // The child shared the agent's address space until its exec: the flag
+    // it cleared there for the new program is the agent's, set again since.
+    let agent_still_off = get_thp_disable().unwrap();
     set_thp_disable(was).unwrap();
+    assert!(agent_still_off, "the agent's own huge pages were turned back on by a spawn");
     let id = started.unwrap().identity;
     assert_eq!(status_field(id.pid, "THP_enabled"), vec!["1"], "the instance runs with huge pages disabled");
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", id.pid)).unwrap();
@@ -408,6 +412,29 @@ async fn cgroup_catches_a_daemon_that_escapes_group_session_and_environment() {
     assert_eq!(f.ctl.instance_pids(&f.id).len(), 2);
     assert!(f.ctl.stop(&f.stop_req(&spec, Some(&started.identity))).await.unwrap());
     assert!(!cgp.exists());
+    f.assert_nothing_left();
+}
+
+/// A stop waits on the cgroup alone only while everything it signalled is
+/// inside: a marked process moved out (root can) is waited for through /proc.
+#[tokio::test]
+async fn a_process_moved_out_of_the_cgroup_is_waited_for_at_stop() {
+    assert!(nix::unistd::geteuid().is_root(), "this test needs root (run it as root, as .ci/run does)");
+    let f = Fixture::new("moved", true);
+    assert!(f.ctl.cgroups_enabled(), "root on this machine must get cgroups");
+    // The background one takes 300 ms to honour TERM.
+    f.script("bin/run.sh", "sh -c 'trap \"sleep 0.3; exit 0\" TERM; while :; do sleep 0.05; done' &\nexec sleep 1000");
+    let spec = spec(&["bin/run.sh"]);
+    let started = f.ctl.start(&f.start_req(&spec, None)).await.unwrap();
+    let cgp = f.cgroup().unwrap();
+    wait_until("both processes are in the cgroup", || cgroup::procs(&cgp).len() >= 2).await;
+    let slow = *cgroup::procs(&cgp).iter().find(|p| **p != started.identity.pid).unwrap();
+    // Into the cgroup2 mount's root: <mount>/flotilla/<scope>/<instance>.
+    let mount = cgp.ancestors().nth(3).unwrap();
+    std::fs::write(mount.join("cgroup.procs"), slow.to_string()).unwrap();
+    assert!(!cgroup::procs(&cgp).contains(&slow), "{slow} did not leave the cgroup");
+    assert!(f.ctl.stop(&f.stop_req(&spec, Some(&started.identity))).await.unwrap());
+    // Had the stop trusted the empty cgroup, `slow` would still run here.
     f.assert_nothing_left();
 }
 

@@ -29,13 +29,22 @@
 //!   `_exit(127)`; the parent reads it after the child is gone and reaps it.
 //!
 //! What the child does, in order: default signal handlers, `setpgid(0, 0)`,
-//! stdin/stdout/stderr, `chdir`, `prctl(PR_SET_THP_DISABLE, 0)` and the open
-//! files limit the agent started with (best effort: the agent's "no
-//! transparent huge pages" and raised limit are not the instance's
-//! business), a write of `"0"` to the `cgroup.procs` of every cgroup it joins
-//! (so it and every descendant are born inside them), then, when dropping
-//! from root, `setgroups([gid])`, `setgid`, `setuid`, and `execve` of each
-//! candidate path until one runs.
+//! stdin/stdout/stderr, `chdir`, the open-files limit the agent started with
+//! (best effort: the agent's raised limit is not the instance's business), a
+//! write of `"0"` to the `cgroup.procs` of every cgroup it joins (so it and
+//! every descendant are born inside them), then, when dropping from root,
+//! `setgroups([gid])`, `setgid`, `setuid`, and `execve` of each candidate
+//! path until one runs (a file without `#!` through `/bin/sh`, as `execvp`).
+//!
+//! Transparent huge pages: the agent runs with them off (its allocator asks
+//! for that with `PR_SET_THP_DISABLE`), a flag of the *address space* that
+//! `execve` copies into the new program. A vfork child shares the agent's
+//! address space, so it cannot clear the flag for itself alone: it clears the
+//! shared flag right before `execve` (the new program inherits "off" no
+//! more), and the parent sets it again as soon as the child has left. Spawns
+//! that do this hold one lock, so no child can inherit another's window;
+//! during a window (the length of an `exec`) the agent's own new memory may
+//! get huge pages.
 #![allow(unsafe_code)]
 
 use std::ffi::{CString, c_char, c_int, c_void};
@@ -48,6 +57,27 @@ pub const MAX_CGROUPS: usize = 4;
 
 /// The child's own stack, inside the agent's memory.
 const CHILD_STACK: usize = 64 * 1024;
+
+const BIN_SH: &std::ffi::CStr = c"/bin/sh";
+
+/// glibc's internal signals (thread cancellation and `setxid`).
+const SIGCANCEL: c_int = 32;
+const SIGSETXID: c_int = 33;
+
+/// The kernel's `struct sigaction` on x86_64 and aarch64 (what the raw
+/// `rt_sigaction` syscall takes; not glibc's).
+#[repr(C)]
+#[derive(Default)]
+struct KernelSigaction {
+    handler: libc::sighandler_t,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+// The raw setuid/setgid syscalls take 32-bit ids on 64-bit Linux only.
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+compile_error!("vfork.rs assumes 64-bit Linux (32-bit ids in setuid/setgid, the kernel's sigaction layout)");
 
 /// What the child does to itself before `exec`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -126,12 +156,32 @@ impl Stage {
 /// alive until the child has called `exec` or exited.
 struct Prepared {
     candidates: Vec<*const c_char>,
+    /// For each candidate: `/bin/sh <candidate> <args>`, for `ENOEXEC`.
+    through_sh: Vec<Vec<*const c_char>>,
     argv: Vec<*const c_char>,
     envp: Vec<*const c_char>,
     dir: *const c_char,
     stdio: [RawFd; 3],
     setup: ChildSetup,
+    /// Clear the (shared) no-huge-pages flag right before `execve`.
+    reset_thp: bool,
     report: RawFd,
+}
+
+/// Held by a spawn while the agent's no-huge-pages flag is cleared.
+static THP_WINDOW: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// All signals, as the kernel's 64-bit set (glibc's `sigfillset` leaves out
+/// the two it uses itself, which must be blocked too).
+const ALL_SIGNALS: u64 = !0;
+
+/// `rt_sigprocmask(SIG_SETMASK, set)`, the raw syscall; returns the old mask.
+fn set_mask(set: u64) -> u64 {
+    let mut old: u64 = 0;
+    // SAFETY: `set` and `old` are 8-byte values on the stack, the size the
+    // kernel's sigset has on Linux.
+    unsafe { libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &set, &mut old, 8) };
+    old
 }
 
 /// Spawns `exec` in a new process group and returns its pid once it runs
@@ -139,29 +189,35 @@ struct Prepared {
 /// before `exec` is reaped here and its failure returned (`NotFound` and the
 /// like for the `exec` itself, as std's `Command` reports them).
 pub fn spawn(exec: &Exec) -> io::Result<u32> {
-    let terminated = |v: &[CString]| v.iter().map(|c| c.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let terminated = |v: &[*const c_char]| v.iter().copied().chain(std::iter::once(std::ptr::null())).collect();
+    let argv: Vec<*const c_char> = exec.argv.iter().map(|c| c.as_ptr()).collect();
     let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    // Before anything the child could see: whether the agent runs with huge
+    // pages off (the allocator's doing; a test may change it).
+    let thp_off = nix::sys::prctl::get_thp_disable().unwrap_or(false);
     let prepared = Prepared {
         candidates: exec.candidates.iter().map(|c| c.as_ptr()).collect(),
-        argv: terminated(&exec.argv),
-        envp: terminated(&exec.envp),
+        through_sh: exec
+            .candidates
+            .iter()
+            .map(|c| {
+                let sh = [BIN_SH.as_ptr(), c.as_ptr()].into_iter().chain(argv.iter().skip(1).copied());
+                terminated(&sh.collect::<Vec<_>>())
+            })
+            .collect(),
+        argv: terminated(&argv),
+        envp: terminated(&exec.envp.iter().map(|c| c.as_ptr()).collect::<Vec<_>>()),
         dir: exec.dir.as_ptr(),
         stdio: exec.stdio,
         setup: exec.setup,
+        reset_thp: thp_off,
         report: write_end.as_raw_fd(),
     };
     let mut stack = vec![0u8; CHILD_STACK];
     // Stacks grow down; the top must be 16-byte aligned.
     let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
-    // SAFETY: sigset_t is plain data; all-zero is a valid value to fill.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `all` and `old` are valid sigsets on our stack.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
+    let window = thp_off.then(|| THP_WINDOW.lock().unwrap_or_else(|p| p.into_inner()));
+    let old_mask = set_mask(ALL_SIGNALS);
     // SAFETY: `child` only reads `prepared` (alive until clone returns, which
     // with CLONE_VFORK is after the child called exec or exited) and runs on
     // `stack` (alive as long too); it follows the rules of the module doc.
@@ -174,8 +230,12 @@ pub fn spawn(exec: &Exec) -> io::Result<u32> {
         )
     };
     let clone_error = io::Error::last_os_error();
-    // SAFETY: `old` is the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    if thp_off {
+        // The child has left (exec'd or exited): huge pages off again.
+        let _ = nix::sys::prctl::set_thp_disable(true);
+    }
+    drop(window);
+    set_mask(old_mask);
     drop(stack);
     drop(prepared);
     if pid < 0 {
@@ -191,6 +251,9 @@ pub fn spawn(exec: &Exec) -> io::Result<u32> {
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
+                // Unknown whether it runs: it is ours and unreaped, so
+                // killing it by pid is safe.
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
                 reap_failed(pid);
                 return Err(e);
             }
@@ -214,7 +277,30 @@ pub fn spawn(exec: &Exec) -> io::Result<u32> {
 
 /// Reaps a child that exited before `exec` (it has, or is about to).
 fn reap_failed(pid: c_int) {
-    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    let _ = wait_status(pid as u32, false);
+}
+
+/// `waitpid` of our child `pid`: its raw wait status once it has ended (and
+/// is reaped), `None` while it runs (`nohang`). Raw because nix refuses a
+/// status it cannot name (a real-time signal) after it has reaped.
+pub fn wait_status(pid: u32, nohang: bool) -> io::Result<Option<c_int>> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let flags = if nohang { libc::WNOHANG } else { 0 };
+    loop {
+        let mut status: c_int = 0;
+        // SAFETY: `status` is a valid int on the stack.
+        let r = unsafe { libc::waitpid(pid, &mut status, flags) };
+        match r {
+            0 => return Ok(None),
+            r if r == pid => return Ok(Some(status)),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
 }
 
 fn errno() -> c_int {
@@ -248,6 +334,13 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
             if sig == libc::SIGKILL || sig == libc::SIGSTOP {
                 continue;
             }
+            if sig == SIGCANCEL || sig == SIGSETXID {
+                // glibc's own (its wrappers refuse them): ignored, as its
+                // posix_spawn does; the new program's glibc installs its own.
+                let ign = KernelSigaction { handler: libc::SIG_IGN, ..Default::default() };
+                libc::syscall(libc::SYS_rt_sigaction, sig, &ign, std::ptr::null_mut::<KernelSigaction>(), 8);
+                continue;
+            }
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
                 continue;
@@ -270,8 +363,6 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
         if libc::chdir(p.dir) != 0 {
             fail(p.report, Stage::Dir, errno());
         }
-        let zero: libc::c_ulong = 0;
-        libc::prctl(libc::PR_SET_THP_DISABLE, zero, zero, zero, zero);
         if let Some((soft, hard)) = p.setup.nofile {
             let lim = libc::rlimit { rlim_cur: soft, rlim_max: hard };
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
@@ -294,16 +385,24 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
                 fail(p.report, Stage::Uid, errno());
             }
         }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        // execvp's rule: a candidate that is missing (or not searchable) lets
-        // the next one try; a permission error is kept unless a later one runs.
+        if p.reset_thp {
+            let zero: libc::c_ulong = 0;
+            libc::prctl(libc::PR_SET_THP_DISABLE, zero, zero, zero, zero);
+        }
+        set_mask(0);
+        // execvp's rules: a candidate that is missing (or not searchable)
+        // lets the next one try; a permission error is kept unless a later
+        // one runs; a file the kernel cannot execute runs through /bin/sh.
         let mut error = libc::ENOENT;
-        for path in &p.candidates {
+        for (path, sh) in p.candidates.iter().zip(&p.through_sh) {
             libc::execve(*path, p.argv.as_ptr(), p.envp.as_ptr());
-            match errno() {
-                libc::ENOENT | libc::ENOTDIR => {}
+            let mut e = errno();
+            if e == libc::ENOEXEC {
+                libc::execve(BIN_SH.as_ptr(), sh.as_ptr(), p.envp.as_ptr());
+                e = errno();
+            }
+            match e {
+                libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
                 libc::EACCES => error = libc::EACCES,
                 other => {
                     error = other;
