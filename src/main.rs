@@ -110,7 +110,8 @@ fn main() -> anyhow::Result<()> {
             }
             let cfg = MasterConfig::load(config.as_deref(), &o)?;
             init_logs(cfg.log_format);
-            actix::System::new().block_on(flotilla::master::run(cfg)).context("master failed")?;
+            let rt = flotilla::master::runtime().context("cannot start the runtime")?;
+            actix::System::with_tokio_rt(|| rt).block_on(flotilla::master::run(cfg)).context("master failed")?;
         }
         Command::Agent {
             config,

@@ -43,6 +43,24 @@ pub enum MasterError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot start an actor thread")]
+    Runtime {
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Threads each of the master's runtimes (the system's, each actor
+/// arbiter's, each HTTP worker's) may run blocking work on: reads of package
+/// blobs streamed to agents, operations read from the store. With tokio's
+/// default (512 per runtime) an install to 1,000 agents at once ran the
+/// master with 324 threads (225 of them blocking ones). Beyond this bound,
+/// blocking work queues.
+pub const BLOCKING_THREADS: usize = 8;
+
+/// A runtime for one of the master's threads (see [`BLOCKING_THREADS`]).
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().max_blocking_threads(BLOCKING_THREADS).build()
 }
 
 /// Runs the master until the HTTP server stops (SIGINT / SIGTERM).
@@ -111,7 +129,10 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
     } else {
         cfg.actor_threads
     };
-    let arbiters: Vec<ArbiterHandle> = (0..threads).map(|_| Arbiter::new().handle()).collect();
+    let arbiters: Vec<ArbiterHandle> = (0..threads)
+        .map(|_| Arbiter::try_with_tokio_rt(runtime).map(|a| a.handle()))
+        .collect::<Result<_, _>>()
+        .map_err(|source| MasterError::Runtime { source })?;
     let shared = Shared {
         store: store.clone(),
         blobs: Arc::new(blobs),
@@ -170,6 +191,7 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
     let max_json = cfg.max_json_bytes;
     let server = HttpServer::new(move || App::new().configure(|c| crate::http::configure(c, state.clone(), max_json)))
         .workers(cfg.http_workers.max(1))
+        .worker_max_blocking_threads(BLOCKING_THREADS)
         // Signals are ours (below): the store must freeze before anything closes.
         .disable_signals()
         // Long polls (`?wait=`) would hold a graceful stop for their full wait.
