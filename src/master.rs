@@ -74,16 +74,21 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
     let store = MasterStore::open_with(&cfg.data_dir.join("db"), cfg.writer_queue).map_err(MasterError::Storage)?;
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
     let loader = store.clone();
-    let (snapshot, history) = tokio::task::spawn_blocking(move || {
+    let (snapshot, history, gone) = tokio::task::spawn_blocking(move || {
         let snap = loader.load_all()?;
         let running: std::collections::HashSet<_> = snap.operations.iter().map(|o| o.id).collect();
-        let mut history = HashMap::new();
-        for c in &snap.clusters {
-            let ended: VecDeque<_> =
-                meta::cluster_operations(&loader, &c.id)?.into_iter().filter(|(_, id)| !running.contains(id)).collect();
-            history.insert(c.id, ended);
+        let mut history: HashMap<_, VecDeque<_>> = snap.clusters.iter().map(|c| (c.id, VecDeque::new())).collect();
+        let mut gone = Vec::new();
+        for (cluster, created, id) in meta::all_cluster_operations(&loader)? {
+            if running.contains(&id) {
+                continue;
+            }
+            match history.get_mut(&cluster) {
+                Some(ended) => ended.push_back((created, id)),
+                None => gone.push((created, id, cluster)),
+            }
         }
-        Ok::<_, crate::storage::StorageError>((snap, history))
+        Ok::<_, crate::storage::StorageError>((snap, history, gone))
     })
     .await
     .map_err(|e| MasterError::Storage(crate::storage::StorageError::Codec(e.to_string())))?
@@ -165,6 +170,7 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         instances: snapshot.instances,
         operations: snapshot.operations,
         history,
+        gone,
         started: Some(started),
     };
     let supervisor = Supervisor::new(shared.clone(), boot).start();

@@ -20,12 +20,15 @@
 //! - [`read_model::ReadModel`] is what every GET reads: immutable snapshots
 //!   readers never lock against writers.
 //! - [`packages::Packages`] stores uploaded packages.
+//! - [`gone_operations::GoneOperations`]: the supervisor's bound on the
+//!   operations deleted clusters leave behind.
 //!
 //! Every mailbox is bounded (a sender reserves a place first; a full one
 //! answers `503 overloaded`), as is the store's write queue. RocksDB is
 //! only touched through the store (group commit, off the actor threads).
 
 pub mod cluster;
+pub mod gone_operations;
 pub mod instance;
 pub mod node_link;
 #[cfg(test)]

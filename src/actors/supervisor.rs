@@ -18,6 +18,7 @@ use time::OffsetDateTime;
 
 use super::Shared;
 use super::cluster::{ClusterActor, EnterError, InstanceObserved, OpRequest, RunOperation, Shutdown, Start};
+use super::gone_operations::GoneOperations;
 use super::instance::Observation;
 use super::placement::Candidate;
 use super::read_model::{ActorStats, Reservation};
@@ -57,6 +58,9 @@ impl Message for Create {
 #[rtype(result = "()")]
 pub struct ClusterGone {
     pub name: String,
+    pub cluster: ClusterId,
+    /// Its ended operations still stored (the delete among them).
+    pub operations: Vec<(u64, OperationId)>,
     pub slot: Reservation,
 }
 
@@ -77,6 +81,7 @@ pub struct Supervisor {
     shared: Shared,
     boot: Option<Boot>,
     stats: Arc<ActorStats>,
+    gone: GoneOperations,
 }
 
 /// What the supervisor starts from.
@@ -87,6 +92,8 @@ pub struct Boot {
     pub operations: Vec<OperationRecord>,
     /// Each cluster's ended operations still stored, oldest first.
     pub history: HashMap<ClusterId, VecDeque<(u64, OperationId)>>,
+    /// Operations still stored of clusters that no longer exist.
+    pub gone: Vec<(u64, OperationId, ClusterId)>,
     /// Told once every cluster actor runs (and the registry is full): the
     /// master admits agents only then, so no report of theirs finds a
     /// cluster missing (and is acknowledged as unknown).
@@ -106,7 +113,8 @@ impl Supervisor {
     pub fn new(shared: Shared, boot: Boot) -> Self {
         let stats = shared.supervisor.clone();
         shared.read_model.register_actor(&stats);
-        Supervisor { shared, boot: Some(boot), stats }
+        let limit = shared.limits.operations_retained;
+        Supervisor { shared, boot: Some(boot), stats, gone: GoneOperations::new(limit, []).0 }
     }
 }
 
@@ -127,7 +135,10 @@ impl Actor for Supervisor {
                 n.add_instances(&ids);
             }
         }
-        let mut writes = Vec::new();
+        // Deleted clusters' operations past the bound (left by a master
+        // from before it, or by a trim whose write failed) go now.
+        let (gone, mut writes) = GoneOperations::new(self.shared.limits.operations_retained, boot.gone);
+        self.gone = gone;
         let now = OffsetDateTime::now_utc();
         // Operations that were running when the master stopped are resumed
         // from their journal by their cluster's actor. One that cannot be
@@ -405,11 +416,24 @@ impl Handler<Create> for Supervisor {
 impl Handler<ClusterGone> for Supervisor {
     type Result = ();
 
-    fn handle(&mut self, msg: ClusterGone, _ctx: &mut Context<Self>) {
-        let ClusterGone { name, slot } = msg;
+    fn handle(&mut self, msg: ClusterGone, ctx: &mut Context<Self>) {
+        let ClusterGone { name, cluster, operations, slot } = msg;
         slot.begin("cluster gone");
         self.shared.registry.remove(&name);
         tracing::info!(cluster = %name, "cluster deleted");
+        let writes = self.gone.add(cluster, operations);
+        if !writes.is_empty() {
+            // Best effort: what a failed write leaves is trimmed at the next boot.
+            let store = self.shared.store.clone();
+            ctx.spawn(
+                async move {
+                    if let Err(e) = store.commit(writes).await {
+                        tracing::warn!(error = %e, "cannot delete old operations of deleted clusters");
+                    }
+                }
+                .into_actor(self),
+            );
+        }
         self.stats.end(None);
     }
 }

@@ -128,6 +128,11 @@ pub fn cluster_op_key(cluster: &ClusterId, created: u64, op: &OperationId) -> Ve
     key
 }
 
+/// The cluster id at the start of a `cluster_ops` key.
+pub fn cluster_of_index_key(key: &[u8]) -> Option<ClusterId> {
+    uuid::Uuid::from_slice(key.get(..16)?).ok().map(ClusterId)
+}
+
 /// The operation id at the end of an `ops_by_time` or `cluster_ops` key.
 pub fn op_of_index_key(key: &[u8]) -> Option<OperationId> {
     let tail = key.get(key.len().checked_sub(16)?..)?;

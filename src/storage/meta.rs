@@ -198,6 +198,18 @@ pub fn cluster_operations(store: &dyn MetaStore, cluster: &ClusterId) -> Result<
         .collect())
 }
 
+/// Every entry of the `cluster_ops` index: (cluster, created nanos,
+/// operation), by cluster, oldest first within each (boot).
+pub fn all_cluster_operations(store: &dyn MetaStore) -> Result<Vec<(ClusterId, u64, OperationId)>, StorageError> {
+    Ok(store
+        .scan(master_cf::CLUSTER_OPS, &Scan::default(), usize::MAX)?
+        .iter()
+        .filter_map(|(k, _)| {
+            Some((keys::cluster_of_index_key(k)?, keys::nanos_of_index_key(k, true)?, keys::op_of_index_key(k)?))
+        })
+        .collect())
+}
+
 fn header(store: &dyn MetaStore, id: &OperationId) -> Result<Option<OperationRecord>, StorageError> {
     let key = keys::operation_key(id);
     store.get(master_cf::OPERATIONS, &key)?.map(|raw| db::decode_value(master_cf::OPERATIONS, &key, &raw)).transpose()

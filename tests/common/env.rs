@@ -174,6 +174,12 @@ impl TestEnv {
         self.wait_ready().await;
     }
 
+    /// Sets (or replaces) a master environment variable for its next start.
+    pub fn set_master_env(&mut self, key: &str, value: &str) {
+        self.master_env.retain(|(k, _)| k != key);
+        self.master_env.push((key.to_string(), value.to_string()));
+    }
+
     /// SIGTERM the master, wait for it, start it again on the same data dir
     /// and ports, and wait until the agents (which reconnect by themselves)
     /// are Ready again.

@@ -1,7 +1,8 @@
 //! The operation journal keeps `operations_retained` ended operations per
 //! cluster, newest first; older ones are gone (404), and `GET /operations`
 //! pages through what is kept without repeats or gaps; a cursor deleted
-//! since its page is a 404, not a silent end.
+//! since its page is a 404, not a silent end. Deleted clusters together
+//! keep `operations_retained` operations, also across a restart.
 
 use std::collections::BTreeSet;
 
@@ -105,4 +106,38 @@ async fn ended_operations_past_the_retention_are_gone_and_the_rest_pages_cleanly
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(&cursor), "the error names the cursor {cursor}: {body:#}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_clusters_together_keep_a_bounded_number_of_operations() {
+    let mut env = TestEnv::start_sim("retention-gone", &[("FLOTILLA_MASTER_OPERATIONS_RETAINED", "3")], 1).await;
+    env.upload(&sim::package("svc", "1.0.0", 3)).await;
+    let pkg = json!({"name": "svc", "version": "1.0.0"});
+
+    // Three lives of "gz" (the name is free again after each delete): a
+    // create and a delete each, six operations of clusters that are gone.
+    let mut gone = Vec::new();
+    for _ in 0..3 {
+        let op = env.create_cluster(json!({"name": "gz", "package": pkg})).await;
+        gone.push(env.wait_op(op["id"].as_str().unwrap()).await);
+        let (status, resp) = env.delete("/clusters/gz").await;
+        assert_eq!(status, StatusCode::ACCEPTED, "DELETE /clusters/gz: {resp:#}");
+        gone.push(env.wait_op(resp["operation"]["id"].as_str().unwrap()).await);
+    }
+    assert!(gone.iter().all(|o| o["status"] == "Succeeded"), "{gone:#?}");
+    let newest: Vec<String> = ids(&gone).into_iter().rev().take(3).collect();
+    let (all, _) = page(&env, "limit=100").await;
+    assert_eq!(ids(&all), newest, "the three newest operations of deleted clusters: {all:#?}");
+    for old in &ids(&gone)[..3] {
+        let (status, body) = env.get(&format!("/operations/{old}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "operation {old} of a deleted cluster is past the bound: {body:#}");
+    }
+
+    // A master restarted with a smaller bound trims what is stored.
+    env.set_master_env("FLOTILLA_MASTER_OPERATIONS_RETAINED", "1");
+    env.restart_master().await;
+    let (all, _) = page(&env, "limit=100").await;
+    assert_eq!(ids(&all), newest[..1], "after the restart only the last delete is kept: {all:#?}");
+    let (status, body) = env.get(&format!("/operations/{}", newest[0])).await;
+    assert_eq!((status, &body["operation"]["kind"]), (StatusCode::OK, &json!("Delete")), "{body:#}");
 }

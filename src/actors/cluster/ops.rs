@@ -281,7 +281,10 @@ impl OperationContext for ClusterOps {
             self.shared.read_model.remove_cluster(&name);
             // The name is free before anyone can see the delete has ended.
             let slot = Reservation::counted(&self.shared.supervisor);
-            let _ = self.supervisor.send(ClusterGone { name, slot }).await;
+            let mut operations: Vec<_> = self.core.borrow().history.iter().copied().collect();
+            operations.push((nanos(ended.created_at), ended.id));
+            let gone = ClusterGone { name, cluster: cluster_id, operations, slot };
+            let _ = self.supervisor.send(gone).await;
             self.shared.read_model.put_operation(&ended);
             return Ok(());
         }
