@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::io::{self, Read};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -138,10 +139,19 @@ type Pass = Result<Arc<Snapshot>, Arc<io::Error>>;
 /// busy runtime, such a hand-off chain cost more than the passes). The pass
 /// runs on a blocking thread that publishes it itself, so a caller that
 /// gives up never strands the others.
+///
+/// A pass can block: reading a process's environment takes its memory-map
+/// lock, which a process stuck in the kernel (a hung network filesystem)
+/// may hold for good. So a caller waits at most [`PASS_TIMEOUT`] and gets
+/// an error saying so, instead of a start or stop hanging without a word.
 #[derive(Debug, Clone)]
 pub(crate) struct Scanner {
     inner: Arc<Inner>,
+    timeout: Duration,
 }
+
+/// How long a caller waits for its pass.
+const PASS_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug)]
 struct Inner {
@@ -163,7 +173,7 @@ impl Default for Scanner {
             cache: Default::default(),
             latest: watch::Sender::new(None),
         };
-        Scanner { inner: Arc::new(inner) }
+        Scanner { inner: Arc::new(inner), timeout: PASS_TIMEOUT }
     }
 }
 
@@ -172,6 +182,25 @@ impl Scanner {
     /// any process is at least as new as the caller's question. An error
     /// when that pass could not read `/proc`.
     pub async fn fresh(&self) -> io::Result<Arc<Snapshot>> {
+        match tokio::time::timeout(self.timeout, self.wait_for_pass()).await {
+            Ok(pass) => pass,
+            Err(_) => {
+                let waited = self.timeout.as_secs_f64();
+                tracing::error!(
+                    waited_s = waited,
+                    "no pass over /proc finished in time; a process may be stuck in the kernel"
+                );
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "no pass over /proc finished within {waited} s (a process stuck in the kernel can block reading its environment)"
+                    ),
+                ))
+            }
+        }
+    }
+
+    async fn wait_for_pass(&self) -> io::Result<Arc<Snapshot>> {
         let inner = &self.inner;
         let mut rx = inner.latest.subscribe();
         let ticket = inner.asked.fetch_add(1, Ordering::SeqCst) + 1;
@@ -278,6 +307,30 @@ mod tests {
         let after = scanner.fresh().await.unwrap();
         assert!(!after.procs.contains_key(&pid), "a reaped process is gone from a pass asked for afterwards");
         assert!(!after.procs.contains_key(&std::process::id()), "the agent itself is never listed");
+    }
+
+    #[tokio::test]
+    async fn a_stuck_pass_is_an_error_in_time_and_the_next_one_runs() {
+        let scanner = Scanner { timeout: Duration::from_millis(200), ..Scanner::default() };
+        // The pass takes this lock first: held here, the pass is stuck.
+        let held = scanner.inner.cache.lock().unwrap();
+        let asked = Instant::now();
+        let err = scanner.fresh().await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(asked.elapsed() < Duration::from_secs(5), "gave up after {:?}", asked.elapsed());
+        assert!(err.to_string().contains("/proc"), "{err}");
+        drop(held);
+        // Unstuck: the pass finishes and later callers are answered.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match scanner.fresh().await {
+                Ok(snap) => {
+                    assert!(!snap.procs.is_empty());
+                    break;
+                }
+                Err(e) => assert!(Instant::now() < deadline, "no pass after the lock was released: {e}"),
+            }
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
