@@ -310,6 +310,9 @@ mod tests {
     }
 
     #[tokio::test]
+    // Holding the lock across the await is the point: the pass (on a
+    // blocking thread) waits for it, as one stuck in the kernel would.
+    #[allow(clippy::await_holding_lock)]
     async fn a_stuck_pass_is_an_error_in_time_and_the_next_one_runs() {
         let scanner = Scanner { timeout: Duration::from_millis(200), ..Scanner::default() };
         // The pass takes this lock first: held here, the pass is stuck.
