@@ -152,7 +152,11 @@ fn main() -> anyhow::Result<()> {
             let cfg = AgentConfig::load(config.as_deref(), &o)?;
             init_logs(cfg.log_format);
             let rt = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
-            rt.block_on(flotilla::agent::run(cfg, flotilla::dev::shutdown_signal())).context("agent failed")?;
+            let result = rt.block_on(flotilla::agent::run(cfg, flotilla::dev::shutdown_signal()));
+            // A blocking task that never returns (a /proc read stuck on a
+            // process in the kernel) must not keep the agent from exiting.
+            rt.shutdown_timeout(std::time::Duration::from_secs(5));
+            result.context("agent failed")?;
         }
         Command::Dev(args) => {
             init_logs(LogFormat::Text);

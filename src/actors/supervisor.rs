@@ -135,10 +135,9 @@ impl Actor for Supervisor {
                 n.add_instances(&ids);
             }
         }
-        // Deleted clusters' operations past the bound (left by a master
-        // from before it, or by a trim whose write failed) go now.
-        let (gone, mut writes) = GoneOperations::new(self.shared.limits.operations_retained, boot.gone);
-        self.gone = gone;
+        let mut writes = Vec::new();
+        let mut history = boot.history;
+        let mut gone = boot.gone;
         let now = OffsetDateTime::now_utc();
         // Operations that were running when the master stopped are resumed
         // from their journal by their cluster's actor. One that cannot be
@@ -162,9 +161,23 @@ impl Actor for Supervisor {
                     writes.push(w);
                 }
                 writes.push(WriteOp::delete_op_plan(&op.id));
+                // Ended now: counted with its cluster's ended ones (or the
+                // deleted clusters') for retention.
+                let created = crate::storage::keys::nanos(op.created_at);
+                match history.get_mut(&op.cluster_id) {
+                    Some(ended) => {
+                        ended.push_back((created, op.id));
+                        ended.make_contiguous().sort();
+                    }
+                    None => gone.push((created, op.id, op.cluster_id)),
+                }
             }
         }
-        let mut history = boot.history;
+        // Deleted clusters' operations past the bound (left by a master
+        // from before it, or by a trim whose write failed) go now.
+        let (gone, trims) = GoneOperations::new(self.shared.limits.operations_retained, gone);
+        self.gone = gone;
+        writes.extend(trims);
         let mut clusters = Vec::new();
         for mut c in boot.clusters {
             let resume = c.operation.and_then(|id| resumable.remove(&id));
@@ -203,7 +216,7 @@ impl Actor for Supervisor {
         let store = self.shared.store.clone();
         ctx.wait(async move { store.commit(writes).await }.into_actor(self).map(move |res, act, ctx| {
             if let Err(e) = res {
-                tracing::error!(error = %e, "cannot record interrupted operations");
+                tracing::error!(error = %e, "cannot record what the boot decided (interrupted operations, old operations of deleted clusters)");
             }
             start_all(act, ctx);
         }));

@@ -275,6 +275,14 @@ mod tests {
         assert!(meta::operation(&store, &oldest.id).unwrap().is_none());
         assert!(meta::plan(&store, &oldest.id).unwrap().is_none());
         assert_eq!(meta::cluster_operations(&store, &c1.id).unwrap().len(), 4);
+        // The whole index: each entry names its cluster, time and operation.
+        let every = meta::all_cluster_operations(&store).unwrap();
+        assert_eq!(every.len(), 6, "four of c1, two of c2");
+        for (cluster, created, id) in &every {
+            let op = ones.iter().chain(&twos).find(|o| o.id == *id).expect("a stored operation");
+            let want = if ones.iter().any(|o| o.id == *id) { c1.id } else { c2.id };
+            assert_eq!((*cluster, *created), (want, crate::storage::keys::nanos(op.created_at)));
+        }
         assert!(meta::operations_page(&store, Some(&c1.id), Some(&ones[3].id), 2).unwrap().is_empty());
         for cluster in [None, Some(&c1.id)] {
             let gone = meta::operations_page(&store, cluster, Some(&oldest.id), 2);

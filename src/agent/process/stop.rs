@@ -10,7 +10,6 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::time::Instant;
 
-use super::identity::read_stat;
 use super::spawn::{self, Launch};
 use super::{ProcessController, ProcessError, StopRequest, cgroup, tree};
 use crate::ids::InstanceId;
@@ -155,21 +154,25 @@ impl ProcessController {
         signalled: &[tree::Member],
         deadline: Instant,
     ) -> Result<bool, ProcessError> {
-        // When everything signalled is inside the instance's cgroup, its
-        // being empty means all of it is gone (descendants are born inside
-        // it): no pass over /proc is needed.
-        let contained = cg.filter(|cg| {
+        // When everything signalled is inside the instance's cgroup (its
+        // descendants are born inside it too), the cgroup is watched until
+        // it is empty, and one pass over /proc then confirms (a process
+        // that moved itself out, as root can, is not missed). A member not
+        // found inside (gone already, or outside) means passes all along.
+        let mut contained = cg.filter(|cg| {
             let inside: std::collections::HashSet<u32> = cgroup::procs(cg).into_iter().collect();
-            signalled.iter().all(|m| {
-                inside.contains(&m.pid)
-                    || !read_stat(m.pid).is_some_and(|s| s.is_running() && s.start_time == m.start_time)
-            })
+            signalled.iter().all(|m| inside.contains(&m.pid))
         });
         let mut backoff = FIRST_BACKOFF;
         loop {
             let gone = match contained {
-                Some(cg) => cgroup::is_empty(cg),
-                None => self.members(instance, known, cg).await?.is_empty(),
+                Some(cg) if !cgroup::is_empty(cg) => false,
+                _ => {
+                    let left = self.members(instance, known, cg).await?;
+                    // Something outside the cgroup: from now on, passes.
+                    contained = contained.filter(|_| left.is_empty());
+                    left.is_empty()
+                }
             };
             if gone {
                 return Ok(true);

@@ -436,6 +436,29 @@ async fn a_process_moved_out_of_the_cgroup_is_waited_for_at_stop() {
     f.assert_nothing_left();
 }
 
+/// A member inside the cgroup when the stop lists it, that moves itself
+/// out on TERM (root can): the empty cgroup is confirmed by a pass, which
+/// finds it, so the stop waits for it.
+#[tokio::test]
+async fn a_process_leaving_the_cgroup_during_the_stop_is_waited_for() {
+    assert!(nix::unistd::geteuid().is_root(), "this test needs root (run it as root, as .ci/run does)");
+    let f = Fixture::new("leaving", true);
+    assert!(f.ctl.cgroups_enabled(), "root on this machine must get cgroups");
+    let cgp = f.cgroup().unwrap();
+    let mount = cgp.ancestors().nth(3).unwrap().join("cgroup.procs");
+    let body = format!(
+        "sh -c 'trap \"echo \\$\\$ > {}; sleep 0.3; exit 0\" TERM; while :; do sleep 0.05; done' &\nexec sleep 1000",
+        mount.display()
+    );
+    f.script("bin/run.sh", &body);
+    let spec = spec(&["bin/run.sh"]);
+    let started = f.ctl.start(&f.start_req(&spec, None)).await.unwrap();
+    wait_until("the loop runs in the cgroup", || cgroup::procs(&cgp).len() >= 3).await;
+    assert!(f.ctl.stop(&f.stop_req(&spec, Some(&started.identity))).await.unwrap());
+    // Had the stop trusted the empty cgroup, the shell would still run here.
+    f.assert_nothing_left();
+}
+
 /// The line of `/proc/<pid>/cgroup` of the hierarchy holding `controller`
 /// (v1: `N:memory:/path`; v2: `0::/path`), as its path.
 fn proc_cgroup_path(pid: u32, controller: &str, version: limits::Version) -> String {
