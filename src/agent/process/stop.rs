@@ -20,6 +20,12 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(50);
 
+/// True when every one of `members` is in the cgroup at `cg`.
+fn all_inside(cg: &Path, members: &[tree::Member]) -> bool {
+    let inside: std::collections::HashSet<u32> = cgroup::procs(cg).into_iter().collect();
+    members.iter().all(|m| inside.contains(&m.pid))
+}
+
 impl ProcessController {
     /// Stops the whole tree of the instance. Idempotent: returns whether
     /// anything was running (`false` when nothing was, doing nothing else
@@ -40,9 +46,11 @@ impl ProcessController {
             members = self.members(req.instance, &known, cg).await?;
         }
         if !members.is_empty() {
+            // Before the signal: afterwards the quick ones are gone already.
+            let contained = cg.filter(|cg| all_inside(cg, &members));
             let n = tree::signal(&members, Signal::SIGTERM);
             tracing::debug!(instance = %req.instance, signalled = n, "sent SIGTERM");
-            if !self.wait_gone(req.instance, &known, cg, &members, Instant::now() + grace).await? {
+            if !self.wait_gone(req.instance, &known, cg, contained, Instant::now() + grace).await? {
                 tracing::info!(instance = %req.instance, grace_ms = req.spec.stop_grace_ms, "grace period over: sending SIGKILL");
                 let remaining = self.kill_tree(req.instance, &known, cg).await?;
                 if !remaining.is_empty() {
@@ -151,18 +159,14 @@ impl ProcessController {
         instance: &InstanceId,
         known: &[PidIdentity],
         cg: Option<&Path>,
-        signalled: &[tree::Member],
+        mut contained: Option<&Path>,
         deadline: Instant,
     ) -> Result<bool, ProcessError> {
-        // When everything signalled is inside the instance's cgroup (its
-        // descendants are born inside it too), the cgroup is watched until
-        // it is empty, and one pass over /proc then confirms (a process
-        // that moved itself out, as root can, is not missed). A member not
-        // found inside (gone already, or outside) means passes all along.
-        let mut contained = cg.filter(|cg| {
-            let inside: std::collections::HashSet<u32> = cgroup::procs(cg).into_iter().collect();
-            signalled.iter().all(|m| inside.contains(&m.pid))
-        });
+        // `contained`: everything signalled was inside this cgroup (its
+        // descendants are born inside it too), so the cgroup is watched
+        // until it is empty, and one pass over /proc then confirms (a
+        // process that moved itself out, as root can, is not missed).
+        // Otherwise, passes all along.
         let mut backoff = FIRST_BACKOFF;
         loop {
             let gone = match contained {
