@@ -9,9 +9,26 @@ use std::path::PathBuf;
 /// pages are `always`, mimalloc's eagerly committed arenas became resident
 /// 2 MiB at a time (an agent with 333 instances held 340 MiB instead of
 /// 50); the agent gives its children the machine's policy back
-/// (`agent/process/sys.rs`).
+/// (`agent/process/vfork.rs`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc v3 keeps freed pages for `purge_delay` (1 s by default) before
+/// giving them back to the OS, and only a thread that allocates again
+/// purges its own: after a placement burst the master kept them. With
+/// 10 ms (v2's default), a master holding 100,000 instances sat at 253-259
+/// MiB at rest instead of 286-294, and peaked at 255-260 MiB instead of
+/// 310-331, with the same CPU per placement (BENCHMARKS.md, B8). Set for
+/// the master only, where it was measured; the agent keeps the default.
+#[allow(unsafe_code)]
+fn tune_allocator() {
+    // `mi_option_purge_delay`: its index in `mi_option_e` of the mimalloc
+    // v3 that libmimalloc-sys 0.1.49 vendors (pinned in Cargo.toml).
+    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+    // SAFETY: sets one integer option of the allocator, which mimalloc
+    // allows at any time; called before the master starts its threads.
+    unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, 10) };
+}
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -95,6 +112,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Master { config, data_dir, http_addr, agent_addr, endpoints_file } => {
+            tune_allocator();
             let mut o: Vec<(&str, String)> = Vec::new();
             if let Some(v) = &data_dir {
                 o.push(("data_dir", path_str(v)));
