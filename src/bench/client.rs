@@ -151,10 +151,11 @@ impl Api {
 }
 
 /// A call's route: its method and path with names and ids as `{}` and
-/// without the query (`GET /clusters/{}`, `POST /clusters/{}/scale`).
+/// without the query (`GET /clusters/{}`, `POST /clusters/{}/scale`,
+/// `POST /clusters/{}/instances/{}/stop`).
 pub fn route(method: &str, path: &str) -> String {
     let path = path.split('?').next().unwrap_or_default();
-    let parts: Vec<&str> = path.split('/').enumerate().map(|(i, p)| if i == 2 { "{}" } else { p }).collect();
+    let parts: Vec<&str> = path.split('/').enumerate().map(|(i, p)| if i == 2 || i == 4 { "{}" } else { p }).collect();
     format!("{method} {}", parts.join("/"))
 }
 
@@ -166,5 +167,6 @@ mod tests {
         assert_eq!(super::route("GET", "/clusters/b7"), "GET /clusters/{}");
         assert_eq!(super::route("POST", "/clusters/b7/scale"), "POST /clusters/{}/scale");
         assert_eq!(super::route("GET", "/operations/op-1?wait=60"), "GET /operations/{}");
+        assert_eq!(super::route("POST", "/clusters/b7/instances/i-3/stop"), "POST /clusters/{}/instances/{}/stop");
     }
 }

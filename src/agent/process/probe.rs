@@ -1,9 +1,9 @@
 //! How fast this machine starts processes the way the agent does: each in
-//! a fresh cgroup of its own, joined between `clone` and `exec` (the agent's own spawn, `vfork.rs`). `flotilla
-//! bench real` reports it beside the plain spawn ceiling, because the
-//! kernel's cgroup lock (every move takes `cgroup_threadgroup_rwsem` for
-//! writing, which also holds up every `fork` on the machine) costs more
-//! than the fork and exec themselves.
+//! a fresh cgroup of its own, joined between `clone` and `exec` by the
+//! agent's own spawn (`vfork.rs`), several at once. `flotilla bench real`
+//! reports it beside the plain spawn ceiling (one `posix_spawn` after
+//! another): the agent pays for the cgroup (every move takes the kernel's
+//! `cgroup_threadgroup_rwsem` for writing) but spawns in parallel.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -70,7 +70,7 @@ async fn one(root: &CgroupRoot, id: &InstanceId) -> io::Result<()> {
     };
     let status = match spawn::spawn(&launch) {
         Ok(mut child) => child.wait().await.map(|_| ()),
-        Err(e) => Err(io::Error::other(e.to_string())),
+        Err(e) => Err(io::Error::other(crate::error::ErrorChain(&e).to_string())),
     };
     drop(procs);
     cgroup::remove(&dir).await?;
