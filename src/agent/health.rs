@@ -267,9 +267,14 @@ mod tests {
     }
 
     /// A port on 127.0.0.1 nothing listens on (bound, then released).
-    fn closed_port() -> u16 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
+    /// A port nothing listens on, held (bound, never listening: a connect
+    /// is refused) until the socket is dropped, so a test running at the
+    /// same time cannot take it meanwhile.
+    fn closed_port() -> (tokio::net::TcpSocket, u16) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = socket.local_addr().unwrap().port();
+        (socket, port)
     }
 
     fn failed(resp: AgentResponse) -> CommandFailure {
@@ -288,7 +293,8 @@ mod tests {
         assert_eq!(probe_once(&open, TCP_ATTEMPT).await, Ok(()));
         assert_eq!(wait_healthy(&open, after(Duration::from_secs(2)), 2000, None).await, Ok(()));
 
-        let closed = ctx(HealthProbe::Tcp { port: closed_port() }, tmp.path().into());
+        let (_held, port) = closed_port();
+        let closed = ctx(HealthProbe::Tcp { port }, tmp.path().into());
         let t = StdInstant::now();
         let err = wait_healthy(&closed, after(Duration::from_millis(600)), 600, None).await.unwrap_err();
         let took = t.elapsed();
@@ -309,10 +315,11 @@ mod tests {
     #[tokio::test]
     async fn tcp_probe_passes_once_the_port_opens() {
         let tmp = tempfile::tempdir().unwrap();
-        let port = closed_port();
+        let (held, port) = closed_port();
         let c = ctx(HealthProbe::Tcp { port }, tmp.path().into());
         let opener = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(held);
             std::net::TcpListener::bind(("127.0.0.1", port)).unwrap()
         });
         let t = StdInstant::now();
@@ -384,7 +391,7 @@ mod tests {
     #[tokio::test]
     async fn start_whose_health_check_never_passes_fails_with_kind_health_and_keeps_running() {
         let t = TestNode::new();
-        let port = closed_port();
+        let (_held, port) = closed_port();
         let id = t
             .install(
                 "health-never",
@@ -412,7 +419,8 @@ mod tests {
     #[tokio::test]
     async fn health_wait_fails_fast_when_the_process_exits() {
         let t = TestNode::new();
-        let probe = HealthProbe::Tcp { port: closed_port() };
+        let (_held, port) = closed_port();
+        let probe = HealthProbe::Tcp { port };
         let id = t
             .install(
                 "health-crash",
