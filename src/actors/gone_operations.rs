@@ -56,14 +56,6 @@ impl GoneOperations {
         self.trim()
     }
 
-    pub fn len(&self) -> usize {
-        self.kept.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.kept.is_empty()
-    }
-
     fn trim(&mut self) -> Vec<WriteOp> {
         let mut writes = Vec::new();
         while self.kept.len() > self.limit {

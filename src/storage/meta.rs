@@ -187,17 +187,6 @@ pub fn operations_page(
     Ok(out)
 }
 
-/// The ids and creation times of a cluster's operations, oldest first (boot:
-/// what retention counts).
-pub fn cluster_operations(store: &dyn MetaStore, cluster: &ClusterId) -> Result<Vec<(u64, OperationId)>, StorageError> {
-    let scan = Scan { prefix: keys::cluster_key(cluster), ..Scan::default() };
-    Ok(store
-        .scan(master_cf::CLUSTER_OPS, &scan, usize::MAX)?
-        .iter()
-        .filter_map(|(k, _)| Some((keys::nanos_of_index_key(k, true)?, keys::op_of_index_key(k)?)))
-        .collect())
-}
-
 /// Every entry of the `cluster_ops` index: (cluster, created nanos,
 /// operation), by cluster, oldest first within each (boot).
 pub fn all_cluster_operations(store: &dyn MetaStore) -> Result<Vec<(ClusterId, u64, OperationId)>, StorageError> {
