@@ -42,10 +42,13 @@ pub struct Report {
     pub store_syncs_per_s: f64,
     pub fdatasync_per_s: f64,
     pub spawn_per_s: f64,
+    /// Whether the master's process was observed (it is not with `--api`):
+    /// without it the memory and CPU figures are 0 and B8/B9 are not judged.
+    pub master_measured: bool,
     pub master_rss_mb: f64,
     /// The master's memory with the agents connected and no instance.
     pub master_rss_idle_mb: f64,
-    /// The master's memory 3 s after the placement ended (at rest).
+    /// The master's memory at rest: once it stops falling after the placement.
     pub master_rss_rest_mb: f64,
     pub master_cpu_pct: f64,
     pub master_cpu_ms_per_instance: f64,
@@ -86,16 +89,20 @@ impl Report {
             put("B5_read_p99_ms", self.api.read_ms.p99, "<= 10", self.api.read_ms.p99 <= 10.0);
             // What the instances keep at rest, above the master with its
             // agents connected (RocksDB's memtables, the links' buffers).
-            let kept = (self.master_rss_rest_mb - self.master_rss_idle_mb).max(0.0);
-            let per10k = kept / (self.instances as f64 / 10_000.0);
-            put("B8_rss_mb_per_10k_instances", super::stats::round(per10k), "<= 15", per10k <= 15.0);
+            if self.master_measured {
+                let kept = (self.master_rss_rest_mb - self.master_rss_idle_mb).max(0.0);
+                let per10k = kept / (self.instances as f64 / 10_000.0);
+                put("B8_rss_mb_per_10k_instances", super::stats::round(per10k), "<= 15", per10k <= 15.0);
+            }
             if let Some(p99) = self.exit_visible_ms["p99"].as_f64() {
                 put("B10_exit_visible_p99_ms", p99, "<= 100", p99 <= 100.0);
             }
         }
         // B9 is about 1,000 agents: with more, their cost per thousand.
-        let per_1000 = super::stats::round(self.idle_master_cpu_pct * 1000.0 / self.agents.max(1000) as f64);
-        put("B9_idle_master_cpu_pct_per_1000_agents", per_1000, "<= 5", per_1000 <= 5.0);
+        if self.master_measured {
+            let per_1000 = super::stats::round(self.idle_master_cpu_pct * 1000.0 / self.agents.max(1000) as f64);
+            put("B9_idle_master_cpu_pct_per_1000_agents", per_1000, "<= 5", per_1000 <= 5.0);
+        }
         put("B12_sim_kb_per_agent", self.sim_rss_per_agent_kb, "<= 100", self.sim_rss_per_agent_kb <= 100.0);
         self.targets = t;
     }
@@ -145,21 +152,25 @@ impl Report {
         row("store syncs per second", self.store_syncs_per_s.to_string());
         row("fdatasync ceiling (one writer)", format!("{}/s", self.fdatasync_per_s));
         row("spawn ceiling (/bin/true)", format!("{}/s", self.spawn_per_s));
-        row(
-            "master RSS",
-            format!(
-                "{} MiB right after placing, {} MiB at rest ({} MiB with the agents alone)",
-                self.master_rss_mb, self.master_rss_rest_mb, self.master_rss_idle_mb
-            ),
-        );
-        row(
-            "master CPU",
-            format!(
-                "{} % over the run ({} ms per instance; placing: {} ms per instance)",
-                self.master_cpu_pct, self.master_cpu_ms_per_instance, self.place_cpu_ms_per_instance
-            ),
-        );
-        row("master CPU with idle agents", format!("{} %", self.idle_master_cpu_pct));
+        if self.master_measured {
+            row(
+                "master RSS",
+                format!(
+                    "{} MiB right after placing, {} MiB at rest ({} MiB with the agents alone)",
+                    self.master_rss_mb, self.master_rss_rest_mb, self.master_rss_idle_mb
+                ),
+            );
+            row(
+                "master CPU",
+                format!(
+                    "{} % over the run ({} ms per instance; placing: {} ms per instance)",
+                    self.master_cpu_pct, self.master_cpu_ms_per_instance, self.place_cpu_ms_per_instance
+                ),
+            );
+            row("master CPU with idle agents", format!("{} %", self.idle_master_cpu_pct));
+        } else {
+            row("master RSS and CPU", "not observed (the master is not our child: --api)".to_string());
+        }
         row("simulator memory per agent", format!("{} KiB", self.sim_rss_per_agent_kb));
         row(
             "API read p50 / p99",
@@ -198,5 +209,33 @@ impl Report {
             s.push_str(&format!("  {k:<34} {figure}\n"));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn master_targets_are_judged_only_when_the_master_was_observed() {
+        let mut r = Report { agents: 1000, instances: 100_000, ..Report::default() };
+        r.judge();
+        assert!(!r.targets.contains_key("B8_rss_mb_per_10k_instances"), "{:?}", r.targets);
+        assert!(!r.targets.contains_key("B9_idle_master_cpu_pct_per_1000_agents"));
+        assert!(r.table().contains("not observed"));
+
+        let mut r = Report {
+            agents: 1000,
+            instances: 100_000,
+            master_measured: true,
+            master_rss_idle_mb: 50.0,
+            master_rss_rest_mb: 250.0,
+            idle_master_cpu_pct: 0.3,
+            ..Report::default()
+        };
+        r.judge();
+        assert_eq!(r.targets["B8_rss_mb_per_10k_instances"]["figure"], 20.0);
+        assert_eq!(r.targets["B8_rss_mb_per_10k_instances"]["met"], false);
+        assert_eq!(r.targets["B9_idle_master_cpu_pct_per_1000_agents"]["met"], true);
     }
 }

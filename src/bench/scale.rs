@@ -57,6 +57,7 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
         let t0 = Instant::now();
         tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
         if let Some((rss, cpu1)) = master.usage() {
+            report.master_measured = true;
             report.idle_master_cpu_pct = round((cpu1 - cpu0) / t0.elapsed().as_secs_f64() * 100.0);
             report.master_rss_idle_mb = round(rss);
         }
@@ -181,8 +182,8 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
 
     // At rest: the memory the placed instances keep, once the allocator
     // has given back what the placement's transients used.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    if let Some((rss, _)) = master.usage() {
+    progress.set_message("waiting for the master's memory to settle");
+    if let Some(rss) = settled_rss(&master).await {
         report.master_rss_rest_mb = round(rss);
     }
     if args.place_only {
@@ -346,4 +347,22 @@ fn start_readers(api: &Api, n: usize, stop: Arc<AtomicBool>, _prefix: &str) -> V
             })
         })
         .collect()
+}
+
+/// The master's RSS (MiB) once it stops falling: sampled each second until
+/// five seconds in a row gave back less than 1 %, at most 30 s. Idle
+/// blocking threads and the allocators return a burst's memory over
+/// seconds; an early sample counts that as kept.
+async fn settled_rss(master: &super::master_proc::MasterProc) -> Option<f64> {
+    let mut samples = Vec::new();
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        samples.push(master.usage()?.0);
+        if let [.., before, _, _, _, _, now] = samples[..] {
+            if before - now < before * 0.01 {
+                break;
+            }
+        }
+    }
+    samples.last().copied()
 }
