@@ -58,6 +58,9 @@ pub struct MasterConfig {
     pub writer_queue: usize,
     /// Ended operations kept per cluster; older ones are deleted.
     pub operations_retained: usize,
+    /// `GET /api/v1/health` answers without an API token (every other
+    /// route needs one).
+    pub open_health: bool,
 }
 
 impl Default for MasterConfig {
@@ -81,6 +84,7 @@ impl Default for MasterConfig {
             mailbox_capacity: 256,
             writer_queue: 8192,
             operations_retained: 1000,
+            open_health: true,
         }
     }
 }

@@ -5,7 +5,6 @@
 //! and a copy-paste example. Ctrl-C stops the agents first (each stops its
 //! instances), then the master, and leaves no process behind.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -79,6 +78,9 @@ pub async fn run(args: DevArgs) -> Result<(), DevError> {
         .arg("127.0.0.1:0")
         .arg("--endpoints-file")
         .arg(&internal)
+        .arg("--init")
+        .arg("--token-file")
+        .arg(dir.join("master").join("token"))
         .kill_on_drop(true)
         .spawn()
         .map_err(|source| DevError::Spawn { what: "the master".into(), source })?;
@@ -107,6 +109,11 @@ async fn start_and_wait(
         .flatten()
         .map(|u| u.name)
         .unwrap_or_else(|| "nobody".into());
+    // Written by the master (its first start) before it listens.
+    let token_file = dir.join("master").join("token");
+    let token = std::fs::read_to_string(&token_file)
+        .map(|t| t.trim().to_string())
+        .map_err(|e| DevError::Setup(format!("the master's API token {}: {e}", token_file.display())))?;
     for i in 1..=args.agents {
         let address = format!("127.0.0.{}", 10 + i as u32);
         let child = Command::new(exe)
@@ -126,13 +133,22 @@ async fn start_and_wait(
             .map_err(|source| DevError::Spawn { what: format!("agent {i}"), source })?;
         children.push((format!("agent-{i}"), child));
     }
-    let client = reqwest::Client::builder().no_proxy().build().map_err(setup("http client"))?;
+    let mut headers = reqwest::header::HeaderMap::new();
+    let bearer = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(setup("the API token"))?;
+    headers.insert(reqwest::header::AUTHORIZATION, bearer);
+    let client =
+        reqwest::Client::builder().no_proxy().default_headers(headers).build().map_err(setup("http client"))?;
     wait_for_nodes(&client, &api_url, args.agents as usize).await?;
     let examples = args.examples.clone().unwrap_or_else(default_examples);
     let loaded = load_examples(&client, &api_url, &examples).await;
-    crate::master::write_endpoints(&dir.join("endpoints.json"), parse_addr(&api_url)?, parse_addr(&agent_addr)?)
-        .map_err(setup("writing endpoints.json"))?;
-    print_banner(&api_url, dir, args.agents, &loaded);
+    // With the token in it, readable by this user only.
+    let endpoints = serde_json::json!({ "api_url": api_url, "agent_addr": agent_addr, "token": token });
+    crate::master::write_private(
+        &dir.join("endpoints.json"),
+        &serde_json::to_vec_pretty(&endpoints).unwrap_or_default(),
+    )
+    .map_err(setup("writing endpoints.json"))?;
+    print_banner(&api_url, &token, dir, args.agents, &loaded);
     tokio::select! {
         _ = shutdown_signal() => {
             eprintln!("\nflotilla dev: stopping agents (and their instances), then the master ...");
@@ -140,10 +156,6 @@ async fn start_and_wait(
         }
         who = any_exit(children) => Err(DevError::Setup(format!("{who} exited; stopping everything"))),
     }
-}
-
-fn parse_addr(url: &str) -> Result<SocketAddr, DevError> {
-    url.trim_start_matches("http://").parse().map_err(|_| DevError::Setup(format!("bad address {url}")))
 }
 
 fn default_examples() -> PathBuf {
@@ -214,23 +226,27 @@ async fn load_examples(client: &reqwest::Client, api: &str, dir: &Path) -> Vec<S
     loaded
 }
 
-fn print_banner(api: &str, dir: &Path, agents: u8, loaded: &[String]) {
+fn print_banner(api: &str, token: &str, dir: &Path, agents: u8, loaded: &[String]) {
     println!(
         r#"
 flotilla dev is running: a master and {agents} agents (127.0.0.11 ...).
 
   admin API   {api}/api/v1
-  endpoints   {dir}/endpoints.json
+  API token   {token}
+  endpoints   {dir}/endpoints.json (API URL and token: the CLI reads it)
   data        {dir}
   packages    {packages}
 
 Try it (copy-paste):
 
-  curl -s -X POST {api}/api/v1/clusters -H 'content-type: application/json' \
+  export FLOTILLA_TOKEN={token}
+  curl -s -X POST {api}/api/v1/clusters -H "authorization: Bearer $FLOTILLA_TOKEN" -H 'content-type: application/json' \
        -d '{{"name":"demo","package":{{"name":"web","version":"1.0.0"}},"roles":{{"server":{{"count":3}}}}}}'
-  curl -s {api}/api/v1/clusters/demo
-  curl -s -X POST {api}/api/v1/clusters/demo/scale -H 'content-type: application/json' -d '{{"role":"server","add":2}}'
-  curl -s -X DELETE {api}/api/v1/clusters/demo
+  curl -s {api}/api/v1/clusters/demo -H "authorization: Bearer $FLOTILLA_TOKEN"
+  curl -s -X POST {api}/api/v1/clusters/demo/scale -H "authorization: Bearer $FLOTILLA_TOKEN" \
+       -H 'content-type: application/json' -d '{{"role":"server","add":2}}'
+  curl -s -X DELETE {api}/api/v1/clusters/demo -H "authorization: Bearer $FLOTILLA_TOKEN"
+  flotilla token ls
 
 Ctrl-C stops everything.
 "#,

@@ -38,6 +38,9 @@ pub enum Error {
     /// moment (503 `overloaded`, with `Retry-After`).
     #[error("{message}")]
     Overloaded { message: String },
+    /// No valid API token was presented (401).
+    #[error("{message}")]
+    Unauthorized { message: String },
     /// A bug or an unexpected failure of a dependency (500).
     #[error("internal error: {message}")]
     Internal { message: String },

@@ -21,7 +21,8 @@
 //! | [`operations`] | multi-step cluster operations as step lists with undo, and their runner |
 //! | [`http`] | the actix-web admin API: routes, DTOs, error mapping |
 //! | [`agent`] | the node manager: connection, installer, process control, local state |
-//! | [`master`] | wiring that starts a master: storage, actors, listeners |
+//! | [`master`] | wiring that starts a master: storage, actors, listeners, the first API token (`--init`) |
+//! | [`cli`] | the command-line client (`flotilla token ...`): finding the master, exit codes |
 //! | [`dev`] | `flotilla dev`: a master and N agents on loopback |
 //! | [`bench`] | `flotilla bench`: simulated agents (the real protocol, a fake process layer) and the load driver |
 //! | [`package`] | package tarballs: reading `component.toml` out of an upload |
@@ -32,6 +33,7 @@
 pub mod actors;
 pub mod agent;
 pub mod bench;
+pub mod cli;
 pub mod config;
 pub mod dev;
 pub mod error;

@@ -57,6 +57,13 @@ enum Command {
         /// Write {"api_url", "agent_addr"} here once listening.
         #[arg(long)]
         endpoints_file: Option<PathBuf>,
+        /// Create the first API token if the store has none, print it on
+        /// stdout (or write it to --token-file), then run.
+        #[arg(long)]
+        init: bool,
+        /// With --init: write the first token to this file (mode 0600).
+        #[arg(long, requires = "init")]
+        token_file: Option<PathBuf>,
     },
     /// Run a node manager (agent) that dials the master.
     Agent {
@@ -92,6 +99,13 @@ enum Command {
     /// processes) driven through create, scale-out, restart, reconfigure
     /// and scale-in by concurrent clients; `bench real` for real agents.
     Bench(flotilla::bench::BenchArgs),
+    /// API tokens: create, list, revoke.
+    Token {
+        #[command(subcommand)]
+        cmd: flotilla::cli::token::TokenCmd,
+        #[command(flatten)]
+        target: flotilla::cli::Target,
+    },
 }
 
 fn init_logs(format: LogFormat) {
@@ -111,7 +125,7 @@ fn path_str(p: &std::path::Path) -> String {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Master { config, data_dir, http_addr, agent_addr, endpoints_file } => {
+        Command::Master { config, data_dir, http_addr, agent_addr, endpoints_file, init, token_file } => {
             tune_allocator();
             let mut o: Vec<(&str, String)> = Vec::new();
             if let Some(v) = &data_dir {
@@ -129,7 +143,12 @@ fn main() -> anyhow::Result<()> {
             let cfg = MasterConfig::load(config.as_deref(), &o)?;
             init_logs(cfg.log_format);
             let rt = flotilla::master::runtime().context("cannot start the runtime")?;
-            actix::System::with_tokio_rt(|| rt).block_on(flotilla::master::run(cfg)).context("master failed")?;
+            let init = match (init, token_file) {
+                (false, _) => flotilla::master::Init::No,
+                (true, None) => flotilla::master::Init::Print,
+                (true, Some(f)) => flotilla::master::Init::File(f),
+            };
+            actix::System::with_tokio_rt(|| rt).block_on(flotilla::master::run(cfg, init)).context("master failed")?;
         }
         Command::Agent {
             config,
@@ -188,6 +207,13 @@ fn main() -> anyhow::Result<()> {
             let rt = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
             let report = rt.block_on(flotilla::bench::run(args)).map_err(anyhow::Error::msg)?;
             println!("{}", report.table());
+        }
+        Command::Token { cmd, target } => {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            if let Err(e) = rt.block_on(flotilla::cli::token::run(cmd, &target)) {
+                eprintln!("flotilla: {e}");
+                std::process::exit(e.exit_code());
+            }
         }
     }
     Ok(())

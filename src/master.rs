@@ -18,6 +18,7 @@ use crate::actors::placement::PortAllocator;
 use crate::actors::read_model::{ActorStats, PackageView, ReadModel};
 use crate::actors::registry::Registry;
 use crate::actors::supervisor::{Boot, Supervisor};
+use crate::actors::tokens::ApiTokens;
 use crate::actors::{Limits, Shared, Timing};
 use crate::config::MasterConfig;
 use crate::protocol::codec::MasterCodec;
@@ -48,6 +49,61 @@ pub enum MasterError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot create the first API token")]
+    Token(#[source] crate::error::Error),
+}
+
+/// What `flotilla master --init` asks for: when the store has no API token
+/// yet, create one (named `initial`) and hand it over. With tokens in the
+/// store, it does nothing (a restart with the same command line is safe).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Init {
+    #[default]
+    No,
+    /// Print the token on stdout (logs go to stderr).
+    Print,
+    /// Write it to this file (mode 0600, atomically).
+    File(std::path::PathBuf),
+}
+
+/// Creates the first token if `init` asks for it and there is none.
+async fn first_token(tokens: &ApiTokens, init: &Init) -> Result<(), MasterError> {
+    if !tokens.is_empty() {
+        if *init != Init::No {
+            tracing::info!("API tokens exist already: --init created none");
+        }
+        return Ok(());
+    }
+    if *init == Init::No {
+        tracing::warn!("no API token exists, so every /api/v1 request is refused: start once with --init");
+        return Ok(());
+    }
+    let new = tokens.create("initial").await.map_err(MasterError::Token)?;
+    match init {
+        Init::File(path) => {
+            write_private(path, format!("{}\n", new.token).as_bytes())
+                .map_err(|source| MasterError::Io { path: path.display().to_string(), source })?;
+            tracing::info!(id = %new.record.id, file = %path.display(), "first API token written");
+        }
+        _ => {
+            println!("{}", new.token);
+            tracing::info!(id = %new.record.id, "first API token printed on stdout; it is not shown again");
+        }
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` readable by its owner only: a temp file
+/// created 0600 beside it, synced, then renamed over.
+pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(tmp, path)
 }
 
 /// Threads each of the master's runtimes (the system's, each actor
@@ -78,7 +134,7 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// Runs the master until the HTTP server stops (SIGINT / SIGTERM).
-pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
+pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     crate::fd_limit::raise();
     let io_err = |path: &std::path::Path| {
         let path = path.display().to_string();
@@ -122,6 +178,8 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         );
     }
     let store: Arc<dyn MetaStore> = Arc::new(store);
+    let tokens = ApiTokens::load(store.clone()).map_err(MasterError::Storage)?;
+    first_token(&tokens, &init).await?;
     let read_model = ReadModel::new(store.clone());
     for p in snapshot.packages {
         match ComponentSpec::parse(&p.spec_toml) {
@@ -207,6 +265,8 @@ pub async fn run(cfg: MasterConfig) -> Result<(), MasterError> {
         shared: shared.clone(),
         packages: Packages::new(shared.clone(), cfg.max_upload_bytes),
         max_upload_bytes: cfg.max_upload_bytes,
+        tokens,
+        open_health: cfg.open_health,
     };
     let max_json = cfg.max_json_bytes;
     let server = HttpServer::new(move || App::new().configure(|c| crate::http::configure(c, state.clone(), max_json)))

@@ -30,6 +30,7 @@ mod integration {
     mod retention;
     mod rolling;
     mod scale;
+    mod tokens;
     mod upgrade;
     mod zookeeper;
 }

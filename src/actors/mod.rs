@@ -22,6 +22,8 @@
 //! - [`packages::Packages`] stores uploaded packages.
 //! - [`gone_operations::GoneOperations`]: the supervisor's bound on the
 //!   operations deleted clusters leave behind.
+//! - [`tokens::ApiTokens`]: the API tokens (hashed in the store, checked on
+//!   every `/api/v1` request).
 //!
 //! Every mailbox is bounded (a sender reserves a place first; a full one
 //! answers `503 overloaded`), as is the store's write queue. RocksDB is
@@ -40,6 +42,7 @@ pub mod read_model;
 pub mod registry;
 pub mod render;
 pub mod supervisor;
+pub mod tokens;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -20,7 +20,7 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
     let small = place(args, small_n, setup).await?;
 
     let master = super::start_master(args, &setup.data_dir.join("master-large"), &setup.progress).await?;
-    let api = Api::new(&master.api, args.token.clone())?;
+    let api = Api::new(&master.api, master.token.clone())?;
     let mut large_setup = Setup { api, master, progress: setup.progress.clone(), data_dir: setup.data_dir.clone() };
     let large = place(args, args.instances, &mut large_setup).await;
     large_setup.master.stop().await;

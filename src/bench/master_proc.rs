@@ -16,6 +16,8 @@ pub struct MasterProc {
     pub api: String,
     pub agent_addr: SocketAddr,
     pub data_dir: Option<PathBuf>,
+    /// The API token: the one the child master created (`--init`), or `--token`.
+    pub token: Option<String>,
 }
 
 impl MasterProc {
@@ -26,6 +28,7 @@ impl MasterProc {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let endpoints = dir.join("endpoints.json");
         let _ = std::fs::remove_file(&endpoints);
+        let token_file = dir.join("token");
         let exe = std::env::current_exe().map_err(|e| format!("finding the flotilla binary: {e}"))?;
         let log = std::fs::File::create(dir.join("master.log")).map_err(|e| format!("master.log: {e}"))?;
         let mut cmd = Command::new(exe);
@@ -35,6 +38,9 @@ impl MasterProc {
             .args(["--http-addr", "127.0.0.1:0", "--agent-addr", "127.0.0.1:0"])
             .arg("--endpoints-file")
             .arg(&endpoints)
+            .arg("--init")
+            .arg("--token-file")
+            .arg(&token_file)
             .env("RUST_LOG", std::env::var("FLOTILLA_BENCH_MASTER_LOG").unwrap_or_else(|_| "warn".into()))
             .stderr(log)
             .kill_on_drop(true);
@@ -51,8 +57,18 @@ impl MasterProc {
                     .as_str()
                     .and_then(|a| a.parse().ok())
                     .ok_or_else(|| format!("bad endpoints file {}", endpoints.display()))?;
+                // Written before the master listens, so before the endpoints.
+                let token = std::fs::read_to_string(&token_file)
+                    .map_err(|e| format!("the master's first API token {}: {e}", token_file.display()))?;
                 let pid = child.id();
-                return Ok(MasterProc { child: Some(child), pid, api, agent_addr, data_dir: Some(dir.to_path_buf()) });
+                return Ok(MasterProc {
+                    child: Some(child),
+                    pid,
+                    api,
+                    agent_addr,
+                    data_dir: Some(dir.to_path_buf()),
+                    token: Some(token.trim().to_string()),
+                });
             }
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(format!("the master exited at start ({status}); see {}", dir.join("master.log").display()));
@@ -63,8 +79,9 @@ impl MasterProc {
     }
 
     /// An existing master.
-    pub fn attach(api: &str, agent_addr: SocketAddr) -> MasterProc {
-        MasterProc { child: None, pid: None, api: api.trim_end_matches('/').to_string(), agent_addr, data_dir: None }
+    pub fn attach(api: &str, agent_addr: SocketAddr, token: Option<String>) -> MasterProc {
+        let api = api.trim_end_matches('/').to_string();
+        MasterProc { child: None, pid: None, api, agent_addr, data_dir: None, token }
     }
 
     /// (RSS MiB, CPU seconds) of our child master.

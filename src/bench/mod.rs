@@ -149,7 +149,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
     report.spawn_per_s = stats::round(spawn.map_err(|e| format!("spawn probe: {e}"))?);
 
     let master = start_master(&args, &data_dir.join("master"), &progress).await?;
-    let api = Api::new(&master.api, args.token.clone())?;
+    let api = Api::new(&master.api, master.token.clone())?;
     let mut setup = Setup { api: api.clone(), master, progress: progress.clone(), data_dir: data_dir.clone() };
     let outcome = match &args.mode {
         None | Some(BenchMode::Scale) => {
@@ -203,7 +203,7 @@ pub async fn start_master(
         .map(|(k, v)| (format!("FLOTILLA_MASTER_{}", k.to_ascii_uppercase()), v.to_string()))
         .collect();
     match (&args.api, args.agent_addr) {
-        (Some(api), Some(agents)) => Ok(MasterProc::attach(api, agents)),
+        (Some(api), Some(agents)) => Ok(MasterProc::attach(api, agents, args.token.clone())),
         _ => {
             progress.set_message("starting the master");
             MasterProc::spawn(dir, &env).await

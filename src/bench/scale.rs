@@ -183,7 +183,7 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
     // At rest: the memory the placed instances keep, once the allocator
     // has given back what the placement's transients used.
     progress.set_message("waiting for the master's memory to settle");
-    if let Some(rss) = settled_rss(&master).await {
+    if let Some(rss) = settled_rss(master).await {
         report.master_rss_rest_mb = round(rss);
     }
     if args.place_only {
@@ -358,10 +358,10 @@ async fn settled_rss(master: &super::master_proc::MasterProc) -> Option<f64> {
     for _ in 0..30 {
         tokio::time::sleep(Duration::from_secs(1)).await;
         samples.push(master.usage()?.0);
-        if let [.., before, _, _, _, _, now] = samples[..] {
-            if before - now < before * 0.01 {
-                break;
-            }
+        if let [.., before, _, _, _, _, now] = samples[..]
+            && before - now < before * 0.01
+        {
+            break;
         }
     }
     samples.last().copied()

@@ -37,6 +37,7 @@ impl ApiError {
             Error::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             Error::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Error::Overloaded { .. } => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+            Error::Unauthorized { .. } => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Error::Internal { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -64,6 +65,9 @@ impl ResponseError for ApiError {
         if self.0.retryable() {
             // Overload and shutdown pass within moments: say when to retry.
             resp.insert_header(("retry-after", "1"));
+        }
+        if let Error::Unauthorized { .. } = &self.0 {
+            resp.insert_header(("www-authenticate", "Bearer realm=\"flotilla\""));
         }
         resp.json(body)
     }

@@ -5,13 +5,15 @@
 //! Accepted` with the operation once its record is durable; `GET
 //! /operations/{id}?wait=S` long-polls its end. A full mailbox or write
 //! queue answers `503 overloaded` with `Retry-After`, before anything of
-//! the request happened.
+//! the request happened. Every route needs an API token (`auth.rs`).
 
+mod auth;
 mod clusters;
 pub mod dto;
 pub mod error;
 mod packages;
 mod status;
+mod tokens;
 
 use std::sync::Arc;
 
@@ -21,6 +23,7 @@ use actix_web::web;
 use crate::actors::Shared;
 use crate::actors::packages::Packages;
 use crate::actors::supervisor::Supervisor;
+use crate::actors::tokens::ApiTokens;
 use crate::error::Error;
 
 /// What every handler gets.
@@ -30,6 +33,9 @@ pub struct AppState {
     pub shared: Shared,
     pub packages: Arc<Packages>,
     pub max_upload_bytes: u64,
+    pub tokens: Arc<ApiTokens>,
+    /// `GET /api/v1/health` answers without a token.
+    pub open_health: bool,
 }
 
 impl AppState {
@@ -48,7 +54,11 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: 
         .app_data(web::PathConfig::default().error_handler(error::path_error))
         .service(
             web::scope("/api/v1")
+                .wrap(actix_web::middleware::from_fn(auth::require_token))
                 .route("/health", web::get().to(status::health))
+                .route("/tokens", web::post().to(tokens::create))
+                .route("/tokens", web::get().to(tokens::list))
+                .route("/tokens/{id}", web::delete().to(tokens::revoke))
                 .route("/actors", web::get().to(status::actors))
                 .route("/nodes", web::get().to(status::list_nodes))
                 .route("/nodes/{id}", web::get().to(status::get_node))

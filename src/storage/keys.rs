@@ -25,7 +25,7 @@ use crate::ids::{ClusterId, InstanceId, OperationId};
 use crate::storage::agent_records::{AgentInstanceRecord, Tombstone};
 use crate::storage::records::{
     ClusterRecord, EventRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord, OperationRecord,
-    PackageRecord, Resumable,
+    PackageRecord, Resumable, TokenRecord,
 };
 use crate::storage::{StorageError, WriteOp, codec};
 
@@ -48,7 +48,9 @@ pub mod master_cf {
     pub const OPS_BY_TIME: &str = "ops_by_time";
     /// Every operation of a cluster by creation time (empty values).
     pub const CLUSTER_OPS: &str = "cluster_ops";
-    pub const ALL: [&str; 12] = [
+    /// API tokens by id; each holds the SHA-256 of its secret, never the secret.
+    pub const TOKENS: &str = "tokens";
+    pub const ALL: [&str; 13] = [
         CLUSTERS,
         INSTANCES,
         NODES,
@@ -61,6 +63,7 @@ pub mod master_cf {
         OP_PLANS,
         OPS_BY_TIME,
         CLUSTER_OPS,
+        TOKENS,
     ];
 }
 
@@ -261,6 +264,14 @@ impl WriteOp {
 
     pub fn delete_leftover(id: &InstanceId) -> WriteOp {
         WriteOp::Delete { cf: master_cf::LEFTOVERS, key: id.as_str().as_bytes().to_vec() }
+    }
+
+    pub fn put_token(r: &TokenRecord) -> Result<WriteOp, StorageError> {
+        put(master_cf::TOKENS, r.id.as_bytes().to_vec(), r)
+    }
+
+    pub fn delete_token(id: &str) -> WriteOp {
+        WriteOp::Delete { cf: master_cf::TOKENS, key: id.as_bytes().to_vec() }
     }
 }
 

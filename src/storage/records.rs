@@ -453,6 +453,22 @@ impl OperationRecord {
     }
 }
 
+/// An API token. The secret is shown once, when the token is created; the
+/// store keeps only its SHA-256 (a token is 256 random bits, so a fast
+/// hash is enough: there is nothing to guess from it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenRecord {
+    pub version: u32,
+    /// Public: it starts the token (`flt_<id>_<secret>`) and names it in
+    /// lists and revocations.
+    pub id: String,
+    /// What the operator called it (`ci`, `alice`, `initial`).
+    pub name: String,
+    pub secret_sha256: [u8; 32],
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
 /// An instance a force delete could not remove from its agent (the agent
 /// was down or failed). The master removes it when that agent reconnects
 /// and reports it, then drops this record.

@@ -27,6 +27,19 @@ use serde_json::Value;
 
 use super::procfs;
 
+/// A client that sends `token` with every request.
+pub fn client_with_token(token: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).expect("token header");
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(90))
+        .default_headers(headers)
+        .build()
+        .expect("client")
+}
+
 /// How many agents every env runs.
 pub const AGENTS: usize = 3;
 
@@ -40,7 +53,10 @@ pub struct TestEnv {
     pub name: String,
     /// `http://127.0.0.1:PORT/api/v1`
     pub api: String,
+    /// Sends the master's first API token (`--init`) with every request.
     pub client: reqwest::Client,
+    /// That token.
+    pub token: String,
     /// The agents' addresses, node-1 first.
     pub agent_ips: Vec<String>,
     /// The instance port range every agent was given.
@@ -137,11 +153,11 @@ impl TestEnv {
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod temp dir");
         let root_path = std::fs::canonicalize(root.path()).expect("resolve temp dir");
         std::fs::create_dir_all(root_path.join("master")).expect("master dir");
-        let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(90)).build().expect("client");
         let mut env = TestEnv {
             name: name.to_string(),
             api: String::new(),
-            client,
+            client: reqwest::Client::new(),
+            token: String::new(),
             agent_ips: (1..=AGENTS).map(|i| format!("127.0.{k}.{}", 10 + i)).collect(),
             port_range: (low, low + 199),
             root: Some(root),
@@ -157,6 +173,13 @@ impl TestEnv {
         };
         env.master = Some(env.spawn_master());
         env.wait_endpoints().await;
+        // Written before the master listens, so before the endpoints file.
+        let token_file = env.root_path.join("master").join("token");
+        env.token = std::fs::read_to_string(&token_file)
+            .unwrap_or_else(|e| panic!("the master's first token {}: {e}", token_file.display()))
+            .trim()
+            .to_string();
+        env.client = client_with_token(&env.token);
         env
     }
 
@@ -206,6 +229,11 @@ impl TestEnv {
         self.wait_ready().await;
     }
 
+    /// The master's data dir (its RocksDB is `db/` in it).
+    pub fn master_dir(&self) -> PathBuf {
+        self.root_path.join("master")
+    }
+
     fn endpoints_file(&self) -> PathBuf {
         self.root_path.join("master").join("endpoints.json")
     }
@@ -238,6 +266,9 @@ impl TestEnv {
             .args(["--http-addr", &self.http_addr, "--agent-addr", &self.agent_addr])
             .arg("--endpoints-file")
             .arg(self.endpoints_file())
+            .arg("--init")
+            .arg("--token-file")
+            .arg(self.root_path.join("master").join("token"))
             .envs(self.master_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(out)
             .stderr(err);

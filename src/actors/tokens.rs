@@ -1,0 +1,205 @@
+//! API tokens: created, listed and revoked through the API (and the first
+//! one by `flotilla master --init`), checked on every `/api/v1` request.
+//!
+//! A token reads `flt_<id>_<secret>`: the id is public (lists, revocation),
+//! the secret is 32 random bytes shown once. The store keeps the secret's
+//! SHA-256; requests are checked against an in-memory copy of the table
+//! (an `ArcSwap`: no lock on the request path) with a constant-time
+//! comparison. The table changes only after the store acknowledged the
+//! write, so a token works once its creation is durable and stops working
+//! as soon as its revocation is answered.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use time::OffsetDateTime;
+
+use crate::error::Error;
+use crate::ids::validate_name;
+use crate::storage::keys::master_cf;
+use crate::storage::meta::{self, MetaStore};
+use crate::storage::records::{RECORD_VERSION, TokenRecord};
+use crate::storage::{StorageError, WriteOp};
+
+/// Every token starts with this, so a leaked one is easy to recognise (and
+/// to scan for).
+pub const TOKEN_PREFIX: &str = "flt_";
+/// Random bytes in a token's id (hex in the token).
+const ID_BYTES: usize = 6;
+/// Random bytes in a token's secret (hex in the token).
+const SECRET_BYTES: usize = 32;
+/// At most this many tokens.
+pub const MAX_TOKENS: usize = 1000;
+
+/// A token just created: its record and the secret, shown this once.
+pub struct NewToken {
+    pub record: TokenRecord,
+    /// The whole token (`flt_<id>_<secret>`), for the `Authorization` header.
+    pub token: String,
+}
+
+/// Never prints the secret (a `{:?}` in a log line must not leak it).
+impl std::fmt::Debug for NewToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewToken").field("id", &self.record.id).field("name", &self.record.name).finish()
+    }
+}
+
+pub struct ApiTokens {
+    store: Arc<dyn MetaStore>,
+    table: ArcSwap<BTreeMap<String, Arc<TokenRecord>>>,
+    /// Creates and revokes one at a time (each reads the table, writes the
+    /// store, then swaps the table).
+    writes: tokio::sync::Mutex<()>,
+}
+
+impl ApiTokens {
+    /// Reads every token from the store (blocking: boot only).
+    pub fn load(store: Arc<dyn MetaStore>) -> Result<Arc<ApiTokens>, StorageError> {
+        let records: Vec<TokenRecord> = meta::load(store.as_ref(), master_cf::TOKENS)?;
+        let table = records.into_iter().map(|r| (r.id.clone(), Arc::new(r))).collect();
+        Ok(Arc::new(ApiTokens { store, table: ArcSwap::from_pointee(table), writes: tokio::sync::Mutex::new(()) }))
+    }
+
+    /// The token this `Authorization` value presents, if it is one of ours.
+    pub fn verify(&self, presented: &str) -> Option<Arc<TokenRecord>> {
+        let (id, secret) = split(presented)?;
+        let record = self.table.load().get(id).cloned()?;
+        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        bool::from(digest.ct_eq(&record.secret_sha256)).then_some(record)
+    }
+
+    /// Every token, by id.
+    pub fn list(&self) -> Vec<Arc<TokenRecord>> {
+        self.table.load().values().cloned().collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.table.load().is_empty()
+    }
+
+    /// Creates a token named `name`; answers once it is durable.
+    pub async fn create(&self, name: &str) -> Result<NewToken, Error> {
+        validate_name(name).map_err(|m| Error::invalid("invalid_name", format!("token name: {m}")))?;
+        let _one = self.writes.lock().await;
+        let table = self.table.load_full();
+        if table.len() >= MAX_TOKENS {
+            return Err(Error::conflict("too_many_tokens", format!("at most {MAX_TOKENS} tokens; revoke one first")));
+        }
+        let (id, secret) = loop {
+            let id = hex::encode(random::<ID_BYTES>()?);
+            if !table.contains_key(&id) {
+                break (id, hex::encode(random::<SECRET_BYTES>()?));
+            }
+        };
+        let record = TokenRecord {
+            version: RECORD_VERSION,
+            id: id.clone(),
+            name: name.to_string(),
+            secret_sha256: Sha256::digest(secret.as_bytes()).into(),
+            created_at: OffsetDateTime::now_utc(),
+        };
+        self.store.try_commit(vec![WriteOp::put_token(&record)?]).await?;
+        let mut next = (*table).clone();
+        next.insert(id.clone(), Arc::new(record.clone()));
+        self.table.store(Arc::new(next));
+        Ok(NewToken { record, token: format!("{TOKEN_PREFIX}{id}_{secret}") })
+    }
+
+    /// Revokes token `id`: from the answer on, it is refused. The last token
+    /// is kept (without one, nobody could use the API to make another).
+    pub async fn revoke(&self, id: &str) -> Result<TokenRecord, Error> {
+        let _one = self.writes.lock().await;
+        let table = self.table.load_full();
+        let Some(record) = table.get(id) else {
+            return Err(Error::not_found("token", id));
+        };
+        if table.len() == 1 {
+            return Err(Error::conflict(
+                "last_token",
+                format!("token {id} is the only one left; create another before revoking it"),
+            ));
+        }
+        self.store.try_commit(vec![WriteOp::delete_token(id)]).await?;
+        let mut next = (*table).clone();
+        next.remove(id);
+        self.table.store(Arc::new(next));
+        Ok((**record).clone())
+    }
+}
+
+/// `flt_<id>_<secret>` into its id and secret; `None` for anything else.
+fn split(token: &str) -> Option<(&str, &str)> {
+    let rest = token.strip_prefix(TOKEN_PREFIX)?;
+    let (id, secret) = rest.split_once('_')?;
+    let hex_of = |s: &str, bytes: usize| s.len() == bytes * 2 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex_of(id, ID_BYTES) && hex_of(secret, SECRET_BYTES)).then_some((id, secret))
+}
+
+fn random<const N: usize>() -> Result<[u8; N], Error> {
+    let mut buf = [0u8; N];
+    getrandom::fill(&mut buf).map_err(|e| Error::Internal { message: format!("no randomness for a token: {e}") })?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::MasterStore;
+
+    fn tokens(dir: &std::path::Path) -> Arc<ApiTokens> {
+        let store: Arc<dyn MetaStore> = Arc::new(MasterStore::open(dir).unwrap());
+        ApiTokens::load(store).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_created_token_verifies_survives_a_reopen_and_stops_when_revoked() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tokens(dir.path());
+        assert!(t.is_empty());
+        let a = t.create("alice").await.unwrap();
+        let b = t.create("ci").await.unwrap();
+        assert!(a.token.starts_with("flt_"));
+        assert_eq!(t.verify(&a.token).unwrap().name, "alice");
+        assert_eq!(t.verify(&b.token).unwrap().id, b.record.id);
+
+        // A secret one character off, another token's secret under this
+        // id, a truncated token, junk: all refused.
+        let mut wrong = a.token.clone();
+        let last = wrong.pop().unwrap();
+        wrong.push(if last == '0' { '1' } else { '0' });
+        assert!(t.verify(&wrong).is_none());
+        let b_secret = b.token.rsplit('_').next().unwrap();
+        assert!(t.verify(&format!("flt_{}_{b_secret}", a.record.id)).is_none());
+        assert!(t.verify(&a.token[..a.token.len() - 2]).is_none());
+        assert!(t.verify("").is_none());
+        assert!(t.verify("Bearer x").is_none());
+
+        drop(t);
+        let t = tokens(dir.path());
+        assert_eq!(t.list().len(), 2);
+        assert!(t.verify(&a.token).is_some(), "a token survives a restart");
+        t.revoke(&a.record.id).await.unwrap();
+        assert!(t.verify(&a.token).is_none(), "revoked: refused at once");
+        assert!(t.verify(&b.token).is_some());
+        drop(t);
+        let t = tokens(dir.path());
+        assert!(t.verify(&a.token).is_none(), "the revocation is durable");
+    }
+
+    #[tokio::test]
+    async fn the_last_token_is_kept_and_names_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tokens(dir.path());
+        let only = t.create("initial").await.unwrap();
+        let err = t.revoke(&only.record.id).await.unwrap_err();
+        assert!(matches!(err, Error::Conflict { code: "last_token", .. }), "{err}");
+        assert!(t.verify(&only.token).is_some());
+        assert!(matches!(t.revoke("nope").await.unwrap_err(), Error::NotFound { .. }));
+        assert!(matches!(t.create("Bad Name").await.unwrap_err(), Error::Invalid { code: "invalid_name", .. }));
+        assert_eq!(t.list().len(), 1);
+    }
+}

@@ -1,0 +1,165 @@
+//! The command-line client: `flotilla token ...` (more verbs to come, all
+//! on this base). Where it finds the master, in order: `--api` /
+//! `FLOTILLA_API` and `--token` / `FLOTILLA_TOKEN`, else the
+//! `endpoints.json` that `flotilla dev` writes (`--endpoints`, by default
+//! `./flotilla-data/endpoints.json`).
+//!
+//! Exit codes scripts can rely on: 0 done; 1 the master refused or failed
+//! the request (the error's code and message are printed); 2 usage (bad
+//! flags); 3 the API is unreachable or the token is refused.
+
+pub mod token;
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+/// Exit codes.
+pub const EXIT_FAILED: i32 = 1;
+pub const EXIT_USAGE: i32 = 2;
+pub const EXIT_UNREACHABLE: i32 = 3;
+
+/// Where the master is, for every client verb.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Target {
+    /// The master's API, `http://HOST:PORT`.
+    #[arg(long, env = "FLOTILLA_API", global = true)]
+    pub api: Option<String>,
+    /// An API token (`flt_...`).
+    #[arg(long, env = "FLOTILLA_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// The endpoints file `flotilla dev` writes (api_url and token).
+    #[arg(long, global = true, default_value = "./flotilla-data/endpoints.json")]
+    pub endpoints: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// Why a command failed, and the exit code that says so.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Unreachable(String),
+    /// The master answered with an error (`code`: its stable error code).
+    #[error("{code}: {message}")]
+    Api { status: u16, code: String, message: String },
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Usage(_) => EXIT_USAGE,
+            CliError::Unreachable(_) => EXIT_UNREACHABLE,
+            CliError::Api { status: 401 | 403, .. } => EXIT_UNREACHABLE,
+            CliError::Api { .. } => EXIT_FAILED,
+        }
+    }
+}
+
+/// An API client for one master.
+pub struct Client {
+    http: reqwest::Client,
+    /// `http://HOST:PORT/api/v1`
+    base: String,
+    token: String,
+}
+
+impl Client {
+    /// From the flags, the environment, or the endpoints file.
+    pub fn new(t: &Target) -> Result<Client, CliError> {
+        let file = || -> Result<Value, CliError> {
+            let bytes = std::fs::read(&t.endpoints).map_err(|e| {
+                CliError::Usage(format!(
+                    "no --api/--token (or FLOTILLA_API/FLOTILLA_TOKEN), and {} cannot be read: {e}",
+                    t.endpoints.display()
+                ))
+            })?;
+            serde_json::from_slice(&bytes)
+                .map_err(|e| CliError::Usage(format!("{} is not an endpoints file: {e}", t.endpoints.display())))
+        };
+        let (api, token) = match (&t.api, &t.token) {
+            (Some(a), Some(k)) => (a.clone(), k.clone()),
+            (a, k) => {
+                let f = file()?;
+                let from = |key: &str| {
+                    f[key]
+                        .as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| CliError::Usage(format!("{} has no {key:?}", t.endpoints.display())))
+                };
+                (a.clone().map_or_else(|| from("api_url"), Ok)?, k.clone().map_or_else(|| from("token"), Ok)?)
+            }
+        };
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(std::time::Duration::from_secs(150))
+            .build()
+            .map_err(|e| CliError::Unreachable(format!("http client: {e}")))?;
+        Ok(Client { http, base: format!("{}/api/v1", api.trim_end_matches('/')), token })
+    }
+
+    /// `method` on `path` (under `/api/v1`), with a JSON body if given.
+    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<Value, CliError> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.request(method, &url).bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.map_err(|e| CliError::Unreachable(format!("{url}: {e}")))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| CliError::Unreachable(format!("{url}: {e}")))?;
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status.is_success() {
+            return Ok(v);
+        }
+        let field = |k: &str| v["error"][k].as_str().unwrap_or_default().to_string();
+        Err(CliError::Api {
+            status: status.as_u16(),
+            code: field("code"),
+            message: if field("message").is_empty() { format!("HTTP {status}") } else { field("message") },
+        })
+    }
+}
+
+/// Left-aligned columns with a header row.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut out = vec![line(header.to_vec())];
+    out.extend(rows.iter().map(|r| line(r.iter().map(String::as_str).collect())));
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns_and_exit_codes_follow_the_failure() {
+        let t = table(&["ID", "NAME"], &[vec!["abc".into(), "x".into()], vec!["a".into(), "longer".into()]]);
+        assert_eq!(t, "ID   NAME\nabc  x\na    longer");
+        let api = |status| CliError::Api { status, code: "c".into(), message: "m".into() };
+        assert_eq!(api(401).exit_code(), 3);
+        assert_eq!(api(404).exit_code(), 1);
+        assert_eq!(CliError::Unreachable("x".into()).exit_code(), 3);
+        assert_eq!(CliError::Usage("x".into()).exit_code(), 2);
+    }
+}

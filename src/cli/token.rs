@@ -1,0 +1,64 @@
+//! `flotilla token create|ls|revoke`.
+
+use reqwest::Method;
+use serde_json::json;
+
+use super::{CliError, Client, Target, table};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TokenCmd {
+    /// Create a token; prints it (only now: the master keeps its hash).
+    Create {
+        /// What to call it (`ci`, `alice`).
+        name: String,
+    },
+    /// List tokens (ids and names; never secrets).
+    Ls,
+    /// Revoke a token by id; it is refused from the answer on.
+    Revoke { id: String },
+}
+
+pub async fn run(cmd: TokenCmd, target: &Target) -> Result<(), CliError> {
+    let client = Client::new(target)?;
+    match cmd {
+        TokenCmd::Create { name } => {
+            let v = client.call(Method::POST, "/tokens", Some(&json!({ "name": name }))).await?;
+            if target.json {
+                println!("{v:#}");
+            } else {
+                eprintln!("token {} ({name}) created; it is shown only now:", v["token"]["id"].as_str().unwrap_or("?"));
+                println!("{}", v["secret"].as_str().unwrap_or_default());
+            }
+        }
+        TokenCmd::Ls => {
+            let v = client.call(Method::GET, "/tokens", None).await?;
+            if target.json {
+                println!("{v:#}");
+            } else {
+                let rows: Vec<Vec<String>> = v["tokens"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|t| {
+                                ["id", "name", "created_at"]
+                                    .iter()
+                                    .map(|k| t[*k].as_str().unwrap_or_default().to_string())
+                                    .collect()
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                println!("{}", table(&["ID", "NAME", "CREATED"], &rows));
+            }
+        }
+        TokenCmd::Revoke { id } => {
+            let v = client.call(Method::DELETE, &format!("/tokens/{id}"), None).await?;
+            if target.json {
+                println!("{v:#}");
+            } else {
+                println!("revoked token {id}");
+            }
+        }
+    }
+    Ok(())
+}

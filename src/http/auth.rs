@@ -1,0 +1,51 @@
+//! Every `/api/v1` request presents `Authorization: Bearer <token>`
+//! (`actors::tokens`); without a valid one it is answered `401
+//! unauthorized` (with `WWW-Authenticate: Bearer`) before any handler
+//! runs. `GET /api/v1/health` is left open while the `open_health` setting
+//! is on (the default), for load balancers and process supervisors.
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use actix_web::web;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::error::Error;
+
+/// The path left open by `open_health`.
+const HEALTH: &str = "/api/v1/health";
+
+pub async fn require_token(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let Some(state) = req.app_data::<web::Data<AppState>>() else {
+        return Err(ApiError(Error::Internal { message: "no app state for the token check".into() }).into());
+    };
+    let open = state.open_health && req.path() == HEALTH;
+    if !open {
+        check(state, req.headers().get(actix_web::http::header::AUTHORIZATION))?;
+    }
+    next.call(req).await
+}
+
+fn check(state: &AppState, header: Option<&actix_web::http::header::HeaderValue>) -> Result<(), ApiError> {
+    let Some(value) = header else {
+        return Err(unauthorized("this API needs a token: send `Authorization: Bearer <token>`"));
+    };
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .ok_or_else(|| unauthorized("the Authorization header must read `Bearer <token>`"))?;
+    match state.tokens.verify(token) {
+        Some(_) => Ok(()),
+        None => Err(unauthorized("the token is not valid (unknown, revoked or mistyped)")),
+    }
+}
+
+fn unauthorized(message: &str) -> ApiError {
+    ApiError(Error::Unauthorized { message: message.into() })
+}
