@@ -61,6 +61,9 @@ pub struct MasterConfig {
     /// `GET /api/v1/health` answers without an API token (every other
     /// route needs one).
     pub open_health: bool,
+    /// Events kept in the store (`GET /events` replays from them); older
+    /// ones are deleted.
+    pub events_retained: usize,
 }
 
 impl Default for MasterConfig {
@@ -85,6 +88,7 @@ impl Default for MasterConfig {
             writer_queue: 8192,
             operations_retained: 1000,
             open_health: true,
+            events_retained: 100_000,
         }
     }
 }
@@ -236,6 +240,7 @@ impl MasterConfig {
             ("mailbox_capacity", self.mailbox_capacity, 1 << 20),
             ("writer_queue", self.writer_queue, 1 << 20),
             ("operations_retained", self.operations_retained, 1 << 20),
+            ("events_retained", self.events_retained, 1 << 24),
         ] {
             let min = usize::from(key != "actor_threads");
             if v < min || v > max {

@@ -78,17 +78,22 @@ async fn first_token(tokens: &ApiTokens, init: &Init) -> Result<(), MasterError>
         tracing::warn!("no API token exists, so every /api/v1 request is refused: start once with --init");
         return Ok(());
     }
-    let new = tokens.create("initial").await.map_err(MasterError::Token)?;
+    // Handed over before it is stored: a token file that cannot be written
+    // leaves no token behind, and the next start with --init tries again.
+    let new = tokens
+        .create_then("initial", |new| match init {
+            Init::File(path) => write_private(path, format!("{}\n", new.token).as_bytes())
+                .map_err(|e| crate::error::Error::invalid("token_file", format!("{}: {e}", path.display()))),
+            _ => {
+                println!("{}", new.token);
+                Ok(())
+            }
+        })
+        .await
+        .map_err(MasterError::Token)?;
     match init {
-        Init::File(path) => {
-            write_private(path, format!("{}\n", new.token).as_bytes())
-                .map_err(|source| MasterError::Io { path: path.display().to_string(), source })?;
-            tracing::info!(id = %new.record.id, file = %path.display(), "first API token written");
-        }
-        _ => {
-            println!("{}", new.token);
-            tracing::info!(id = %new.record.id, "first API token printed on stdout; it is not shown again");
-        }
+        Init::File(path) => tracing::info!(id = %new.record.id, file = %path.display(), "first API token written"),
+        _ => tracing::info!(id = %new.record.id, "first API token printed on stdout; it is not shown again"),
     }
     Ok(())
 }
@@ -141,7 +146,8 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         move |source| MasterError::Io { path, source }
     };
     std::fs::create_dir_all(&cfg.data_dir).map_err(io_err(&cfg.data_dir))?;
-    let store = MasterStore::open_with(&cfg.data_dir.join("db"), cfg.writer_queue).map_err(MasterError::Storage)?;
+    let store = MasterStore::open_opts(&cfg.data_dir.join("db"), cfg.writer_queue, cfg.events_retained as u64)
+        .map_err(MasterError::Storage)?;
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
     let loader = store.clone();
     let (snapshot, history, gone) = tokio::task::spawn_blocking(move || {
@@ -236,6 +242,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     for l in &snapshot.leftovers {
         shared.ports.reserve(&l.node, l.ports.iter().copied());
     }
+    actix::spawn(crate::actors::announce::watch_nodes(shared.clone(), cfg.heartbeat_interval));
     let (started, booted) = tokio::sync::oneshot::channel();
     let boot = Boot {
         clusters: snapshot.clusters,

@@ -18,6 +18,7 @@ mod integration {
     mod crash;
     mod daemon;
     mod delete;
+    mod events;
     mod failing_start;
     mod grandchild;
     mod hooks;

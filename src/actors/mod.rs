@@ -22,6 +22,8 @@
 //! - [`packages::Packages`] stores uploaded packages.
 //! - [`gone_operations::GoneOperations`]: the supervisor's bound on the
 //!   operations deleted clusters leave behind.
+//! - [`announce`]: events no record change carries (actors starting,
+//!   stopping, failing; node status), and the node status watcher.
 //! - [`tokens::ApiTokens`]: the API tokens (hashed in the store, checked on
 //!   every `/api/v1` request).
 //!
@@ -29,6 +31,7 @@
 //! answers `503 overloaded`), as is the store's write queue. RocksDB is
 //! only touched through the store (group commit, off the actor threads).
 
+pub mod announce;
 pub mod cluster;
 pub mod gone_operations;
 pub mod instance;

@@ -402,6 +402,7 @@ impl Actor for NodeManagerActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.stats.set_state("connected");
         tracing::info!(node = %self.node, "agent connected");
+        crate::actors::announce::actor(&self.shared, "actor.started", "node_manager", self.node.as_str(), None, None);
         // A closed link (a stalled write, a newer connection) stops the actor.
         let closed = self.link.closed.clone();
         ctx.spawn(async move { closed.cancelled().await }.into_actor(self).map(|(), _, ctx| ctx.stop()));
@@ -415,6 +416,7 @@ impl Actor for NodeManagerActor {
         self.entry.live.disconnect(self.link.connection);
         self.shared.read_model.unregister_actor(&self.stats);
         tracing::warn!(node = %self.node, "agent disconnected");
+        crate::actors::announce::actor(&self.shared, "actor.stopped", "node_manager", self.node.as_str(), None, None);
     }
 }
 

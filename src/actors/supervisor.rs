@@ -458,6 +458,14 @@ impl Handler<Escalate> for Supervisor {
         let Escalate { cluster, operation, description, recorded, slot } = msg;
         slot.begin("escalate");
         tracing::error!(%cluster, ?operation, reason = %description, "cluster failed");
+        crate::actors::announce::actor(
+            &self.shared,
+            "actor.failed",
+            "cluster",
+            &cluster,
+            Some(&cluster),
+            Some(&description),
+        );
         self.stats.end(Some(format!("{cluster}: {description}")));
         if recorded {
             return;

@@ -83,6 +83,17 @@ impl ApiTokens {
 
     /// Creates a token named `name`; answers once it is durable.
     pub async fn create(&self, name: &str) -> Result<NewToken, Error> {
+        self.create_then(name, |_| Ok(())).await
+    }
+
+    /// Like [`create`](Self::create), calling `hand_over` with the token
+    /// before it is stored: a token that cannot be handed over (its file
+    /// cannot be written) is never stored, so it cannot lock anyone out.
+    pub async fn create_then(
+        &self,
+        name: &str,
+        hand_over: impl FnOnce(&NewToken) -> Result<(), Error>,
+    ) -> Result<NewToken, Error> {
         validate_name(name).map_err(|m| Error::invalid("invalid_name", format!("token name: {m}")))?;
         let _one = self.writes.lock().await;
         let table = self.table.load_full();
@@ -102,11 +113,13 @@ impl ApiTokens {
             secret_sha256: Sha256::digest(secret.as_bytes()).into(),
             created_at: OffsetDateTime::now_utc(),
         };
-        self.store.try_commit(vec![WriteOp::put_token(&record)?]).await?;
+        let new = NewToken { record, token: format!("{TOKEN_PREFIX}{id}_{secret}") };
+        hand_over(&new)?;
+        self.store.try_commit(vec![WriteOp::put_token(&new.record)?]).await?;
         let mut next = (*table).clone();
-        next.insert(id.clone(), Arc::new(record.clone()));
+        next.insert(id, Arc::new(new.record.clone()));
         self.table.store(Arc::new(next));
-        Ok(NewToken { record, token: format!("{TOKEN_PREFIX}{id}_{secret}") })
+        Ok(new)
     }
 
     /// Revokes token `id`: from the answer on, it is refused. The last token
@@ -201,5 +214,16 @@ mod tests {
         assert!(matches!(t.revoke("nope").await.unwrap_err(), Error::NotFound { .. }));
         assert!(matches!(t.create("Bad Name").await.unwrap_err(), Error::Invalid { code: "invalid_name", .. }));
         assert_eq!(t.list().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_token_that_cannot_be_handed_over_is_not_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tokens(dir.path());
+        let err = t.create_then("initial", |_| Err(Error::invalid("token_file", "read-only"))).await.unwrap_err();
+        assert!(matches!(err, Error::Invalid { code: "token_file", .. }), "{err}");
+        assert!(t.is_empty());
+        drop(t);
+        assert!(tokens(dir.path()).is_empty(), "nothing reached the store either");
     }
 }

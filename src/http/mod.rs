@@ -11,6 +11,7 @@ mod auth;
 mod clusters;
 pub mod dto;
 pub mod error;
+mod events;
 mod packages;
 mod status;
 mod tokens;
@@ -60,6 +61,7 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: 
                 .route("/tokens", web::get().to(tokens::list))
                 .route("/tokens/{id}", web::delete().to(tokens::revoke))
                 .route("/actors", web::get().to(status::actors))
+                .route("/events", web::get().to(events::stream))
                 .route("/nodes", web::get().to(status::list_nodes))
                 .route("/nodes/{id}", web::get().to(status::get_node))
                 .route("/operations", web::get().to(status::list_operations))

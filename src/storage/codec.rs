@@ -83,7 +83,10 @@ mod tests {
         round_trip(c);
         round_trip(td::node("node-1"));
         round_trip(td::package("zk", "3.8.0"));
-        round_trip(td::event(42));
+        // An event's number is its key, not part of the value.
+        round_trip(td::event(0));
+        let back: crate::storage::records::EventRecord = decode(&encode(&td::event(42)).unwrap()).unwrap();
+        assert_eq!(back, crate::storage::records::EventRecord { seq: 0, ..td::event(42) });
         round_trip(td::agent_instance("web-server-1-abcdef"));
         round_trip(td::tombstone("web-server-1-abcdef"));
     }

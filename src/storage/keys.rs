@@ -254,8 +254,15 @@ impl WriteOp {
         ]
     }
 
+    /// An event under its own `seq` (tests and tools; the master appends).
     pub fn put_event(r: &EventRecord) -> Result<WriteOp, StorageError> {
         put(master_cf::EVENTS, event_key(r.seq), r)
+    }
+
+    /// An event under the next number of the log, in the same batch as the
+    /// rest of its request.
+    pub fn append_event(r: &EventRecord) -> Result<WriteOp, StorageError> {
+        Ok(WriteOp::Append { cf: master_cf::EVENTS, value: codec::encode(r)? })
     }
 
     pub fn put_leftover(r: &LeftoverRecord) -> Result<WriteOp, StorageError> {

@@ -15,8 +15,9 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use rocksdb::{DB, Direction, IteratorMode};
 
+use super::append_log::AppendLog;
 use super::db;
-use super::keys::{event_key, master_cf};
+use super::keys::{self, master_cf};
 use super::meta::{self, MetaStore, Scan};
 use super::records::EventRecord;
 use super::writer::{Committed, DEFAULT_QUEUE};
@@ -26,6 +27,9 @@ use super::{StorageError, StoreWriter, WriteOp};
 /// and a plan kept only while they run, with time indexes; nodes say
 /// whether they are simulated. A version 2 store is migrated at open.
 pub const MASTER_SCHEMA_VERSION: u32 = 3;
+
+/// Events kept by default (the `events_retained` setting).
+pub const DEFAULT_EVENTS_RETAINED: u64 = 100_000;
 
 pub use super::meta::MasterSnapshot;
 
@@ -50,6 +54,12 @@ impl MasterStore {
 
     /// Like [`open`](Self::open) with a writer queue of `queue` requests.
     pub fn open_with(dir: &Path, queue: usize) -> Result<MasterStore, StorageError> {
+        MasterStore::open_opts(dir, queue, DEFAULT_EVENTS_RETAINED)
+    }
+
+    /// Like [`open_with`](Self::open_with), keeping the last
+    /// `events_retained` events.
+    pub fn open_opts(dir: &Path, queue: usize, events_retained: u64) -> Result<MasterStore, StorageError> {
         let db =
             db::open_migrating(
                 dir,
@@ -61,7 +71,23 @@ impl MasterStore {
                     _ => Err(StorageError::SchemaTooOld { found, supported: MASTER_SCHEMA_VERSION }),
                 },
             )?;
-        let writer = StoreWriter::start(db.clone(), queue)?;
+        let last = match db
+            .iterator_cf(
+                db.cf_handle(master_cf::EVENTS).ok_or(StorageError::UnknownColumnFamily { cf: master_cf::EVENTS })?,
+                IteratorMode::End,
+            )
+            .next()
+        {
+            None => 0,
+            Some(item) => {
+                let (k, _) = item.map_err(StorageError::Rocks)?;
+                keys::event_seq(&k).ok_or_else(|| {
+                    StorageError::Codec(format!("events: key {} is not a sequence number", hex::encode(&k)))
+                })?
+            }
+        };
+        let log = AppendLog::new(master_cf::EVENTS, last, events_retained);
+        let writer = StoreWriter::start_with_log(db.clone(), queue, Some(log))?;
         Ok(MasterStore { db, writer })
     }
 
@@ -76,27 +102,13 @@ impl MasterStore {
         meta::load_boot(self)
     }
 
-    fn events_cf(&self) -> Result<&rocksdb::ColumnFamily, StorageError> {
-        self.cf(master_cf::EVENTS)
-    }
-
     fn cf(&self, cf: &'static str) -> Result<&rocksdb::ColumnFamily, StorageError> {
         self.db.cf_handle(cf).ok_or(StorageError::UnknownColumnFamily { cf })
     }
 
     /// Up to `limit` events with a sequence number above `seq`, in order (blocking).
     pub fn events_after(&self, seq: u64, limit: usize) -> Result<Vec<EventRecord>, StorageError> {
-        let Some(from) = seq.checked_add(1) else {
-            return Ok(Vec::new());
-        };
-        let start = event_key(from);
-        let iter = self.db.iterator_cf(self.events_cf()?, IteratorMode::From(&start, Direction::Forward));
-        let mut out = Vec::with_capacity(limit.min(1024));
-        for item in iter.take(limit) {
-            let (key, value) = item.map_err(StorageError::Rocks)?;
-            out.push(db::decode_value(master_cf::EVENTS, &key, &value)?);
-        }
-        Ok(out)
+        meta::events_after(self, seq, limit)
     }
 }
 
@@ -347,6 +359,43 @@ mod tests {
         assert!(store.events_after(0, 0).unwrap().is_empty());
         assert_eq!(store.events_after(10, 1).unwrap(), vec![td::event(11)]);
         assert_eq!(store.load_all().unwrap().last_event_seq, 300);
+    }
+
+    #[tokio::test]
+    async fn appended_events_are_numbered_in_commit_order_across_reopens_and_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let append = |n: u64| WriteOp::append_event(&td::event(n)).unwrap();
+        {
+            let store = MasterStore::open_opts(dir.path(), 64, 2000).unwrap();
+            // Concurrent requests of two appends each: every number once.
+            let commits = (0..50).map(|_| store.writer().commit(vec![append(0), append(0)]));
+            futures::future::join_all(commits).await.into_iter().for_each(|r| r.unwrap());
+            let seqs: Vec<u64> = store.events_after(0, 1000).unwrap().iter().map(|e| e.seq).collect();
+            assert_eq!(seqs, (1..=100).collect::<Vec<_>>());
+        }
+        let store = MasterStore::open_opts(dir.path(), 64, 2000).unwrap();
+        store.writer().commit(vec![append(0)]).await.unwrap();
+        assert_eq!(store.events_after(100, 10).unwrap()[0].seq, 101, "numbers go on after a reopen");
+        // Past 2,000 kept and a multiple of 1,024: the head is trimmed.
+        for _ in 0..30 {
+            store.writer().commit((0..100).map(|_| append(0)).collect()).await.unwrap();
+        }
+        let kept = store.events_after(0, 10_000).unwrap();
+        let (first, last) = (kept[0].seq, kept.last().unwrap().seq);
+        assert_eq!(last, 3101);
+        // The batch that crossed 3,072 kept the last 2,000 numbers then.
+        assert_eq!(first, 3102 - 2000, "trimmed to the last 2,000 when 3,072 was crossed");
+        assert!(kept.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+    }
+
+    #[tokio::test]
+    async fn an_append_needs_the_stores_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MasterStore::open(dir.path()).unwrap();
+        let wrong = WriteOp::Append { cf: master_cf::CLUSTERS, value: vec![1] };
+        let err = store.writer().commit(vec![WriteOp::put_event(&td::event(7)).unwrap(), wrong]).await.unwrap_err();
+        assert!(matches!(err, StorageError::UnknownColumnFamily { cf: "clusters" }), "{err}");
+        assert!(store.events_after(0, 10).unwrap().is_empty(), "the request failed whole");
     }
 
     fn set_schema_version(dir: &Path, version: u32) {

@@ -16,8 +16,8 @@ use tokio::sync::broadcast;
 
 use super::keys::{self, master_cf};
 use super::records::{
-    ClusterRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord, OperationRecord, PackageRecord,
-    Resumable,
+    ClusterRecord, EventRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord, OperationRecord,
+    PackageRecord, Resumable,
 };
 use super::writer::Committed;
 use super::{StorageError, WriteOp, db};
@@ -81,6 +81,25 @@ pub struct MasterSnapshot {
     /// The highest event sequence number stored, 0 when there is none.
     pub last_event_seq: u64,
     pub leftovers: Vec<LeftoverRecord>,
+}
+
+/// Up to `limit` events numbered above `after`, in order (blocking).
+pub fn events_after(store: &dyn MetaStore, after: u64, limit: usize) -> Result<Vec<EventRecord>, StorageError> {
+    let Some(from) = after.checked_add(1) else {
+        return Ok(Vec::new());
+    };
+    let scan = Scan { from: Some(keys::event_key(from)), ..Scan::default() };
+    store
+        .scan(master_cf::EVENTS, &scan, limit)?
+        .iter()
+        .map(|(k, v)| {
+            let mut e: EventRecord = db::decode_value(master_cf::EVENTS, k, v)?;
+            e.seq = keys::event_seq(k).ok_or_else(|| {
+                StorageError::Codec(format!("events: key {} is not a sequence number", hex::encode(k)))
+            })?;
+            Ok(e)
+        })
+        .collect()
 }
 
 /// Reads what the master starts from: the live records, and the

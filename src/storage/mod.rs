@@ -10,6 +10,8 @@
 //! | [`codec`] | bincode encoding, the only place it is used for storage |
 //! | [`keys`] | column family names, key layouts, the typed `WriteOp` builders |
 //! | [`writer`] | the group-commit writer thread |
+//! | [`events`] | what each state change looks like in the event log (kinds and data) |
+//! | [`append_log`] | sequence numbers and retention of the append-only `events` log |
 //! | [`db`] | opening a database and checking its schema version |
 //! | [`meta`] | `MetaStore`, the narrow interface the master uses (writes, key and range reads, change feed), and typed reads over it |
 //! | [`master_store`], [`agent_store`] | the two stores: open (and migrate), load at boot |
@@ -18,10 +20,12 @@
 //! | [`error`] | `StorageError` |
 pub mod agent_records;
 pub mod agent_store;
+pub mod append_log;
 pub mod blobs;
 pub mod codec;
 pub mod db;
 pub mod error;
+pub mod events;
 pub mod keys;
 pub mod master_store;
 pub mod meta;

@@ -486,15 +486,21 @@ pub struct LeftoverRecord {
     pub at: OffsetDateTime,
 }
 
-/// An append-only record of a state change.
+/// One state change, as the event stream shows it. Its number is its key
+/// in the `events` log (the writer assigns it: `WriteOp::Append`), so the
+/// value does not carry it; reads fill `seq` in from the key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventRecord {
     pub version: u32,
+    #[serde(skip)]
     pub seq: u64,
     #[serde(with = "time::serde::rfc3339")]
     pub at: OffsetDateTime,
-    pub cluster: Option<String>,
-    pub instance: Option<InstanceId>,
+    /// `cluster.status`, `instance.status`, `operation.step_started`, ...
+    /// (`storage::events`).
     pub kind: String,
-    pub message: String,
+    /// The cluster it is about, if any (for `?cluster=`).
+    pub cluster: Option<String>,
+    /// What changed: a JSON object.
+    pub data: String,
 }

@@ -133,10 +133,9 @@ pub fn event(seq: u64) -> EventRecord {
         version: RECORD_VERSION,
         seq,
         at: T0,
+        kind: "instance.status".into(),
         cluster: Some("web".into()),
-        instance: Some(InstanceId::new("web-server-1-abcdef")),
-        kind: "instance_started".into(),
-        message: format!("event {seq}"),
+        data: format!(r#"{{"n":{seq}}}"#),
     }
 }
 

@@ -44,6 +44,7 @@ use rocksdb::{DB, WriteBatch, WriteOptions};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::StorageError;
+use super::append_log::AppendLog;
 
 /// One change to apply. Build them with the typed builders
 /// (`WriteOp::put_cluster`, `AgentStore::put_instance`, ...), not by hand.
@@ -64,12 +65,22 @@ pub enum WriteOp {
         from: Vec<u8>,
         to: Vec<u8>,
     },
+    /// Adds `value` to the store's append log (`cf` must be the log's) under
+    /// the next sequence number ([`AppendLog`]). The change feed announces
+    /// it as the `Put` it became.
+    Append {
+        cf: &'static str,
+        value: Vec<u8>,
+    },
 }
 
 impl WriteOp {
     pub fn cf(&self) -> &'static str {
         match self {
-            WriteOp::Put { cf, .. } | WriteOp::Delete { cf, .. } | WriteOp::DeleteRange { cf, .. } => cf,
+            WriteOp::Put { cf, .. }
+            | WriteOp::Delete { cf, .. }
+            | WriteOp::DeleteRange { cf, .. }
+            | WriteOp::Append { cf, .. } => cf,
         }
     }
 }
@@ -138,6 +149,15 @@ impl std::fmt::Debug for StoreWriter {
 impl StoreWriter {
     /// Starts the writer thread for `db`, with a queue of `queue` requests.
     pub(crate) fn start(db: Arc<DB>, queue: usize) -> Result<StoreWriter, StorageError> {
+        StoreWriter::start_with_log(db, queue, None)
+    }
+
+    /// Like [`start`](Self::start), with an append log (`WriteOp::Append`).
+    pub(crate) fn start_with_log(
+        db: Arc<DB>,
+        queue: usize,
+        log: Option<AppendLog>,
+    ) -> Result<StoreWriter, StorageError> {
         let (tx, mut rx) = mpsc::channel(queue.max(1));
         let (feed, _) = broadcast::channel(1024);
         let stats = Arc::new(Stats::default());
@@ -145,7 +165,7 @@ impl StoreWriter {
         let thread_feed = feed.clone();
         let handle = std::thread::Builder::new()
             .name("flotilla-storage-writer".into())
-            .spawn(move || run(&db, &mut rx, &thread_stats, &thread_feed))
+            .spawn(move || run(&db, &mut rx, &thread_stats, &thread_feed, log))
             .map_err(StorageError::WriterSpawn)?;
         Ok(StoreWriter {
             inner: Arc::new(Inner { tx: Some(tx), feed, frozen: Default::default(), thread: Some(handle), stats }),
@@ -248,7 +268,13 @@ impl StoreWriter {
 const MAX_BATCH_REQUESTS: usize = 4096;
 
 /// The writer thread's loop; returns when every sender is gone.
-fn run(db: &DB, rx: &mut mpsc::Receiver<Request>, stats: &Stats, feed: &broadcast::Sender<Arc<Committed>>) {
+fn run(
+    db: &DB,
+    rx: &mut mpsc::Receiver<Request>,
+    stats: &Stats,
+    feed: &broadcast::Sender<Arc<Committed>>,
+    mut log: Option<AppendLog>,
+) {
     let mut sync = WriteOptions::default();
     sync.set_sync(true);
     let mut seq = 0u64;
@@ -266,12 +292,15 @@ fn run(db: &DB, rx: &mut mpsc::Receiver<Request>, stats: &Stats, feed: &broadcas
         let mut announced = Vec::new();
         let mut batch = WriteBatch::default();
         let mut waiting = Vec::with_capacity(pending.len());
+        let log_before = log.as_ref().map(|l| l.next);
         for req in pending {
-            if listening {
-                announced.extend(req.ops.iter().cloned());
-            }
-            match add_request(db, &mut batch, req.ops) {
-                Ok(()) => waiting.push(req.reply),
+            match add_request(db, &mut batch, req.ops, log.as_mut()) {
+                Ok(applied) => {
+                    if listening {
+                        announced.extend(applied);
+                    }
+                    waiting.push(req.reply);
+                }
                 // A receiver that is gone means the caller stopped waiting;
                 // nothing to tell it.
                 Err(e) => drop(req.reply.send(Err(e))),
@@ -279,6 +308,12 @@ fn run(db: &DB, rx: &mut mpsc::Receiver<Request>, stats: &Stats, feed: &broadcas
         }
         if waiting.is_empty() {
             continue;
+        }
+        if let (Some(l), Some(before)) = (&log, log_before)
+            && let Some((from, to)) = l.trim(before)
+            && let Some(handle) = db.cf_handle(l.cf)
+        {
+            batch.delete_range_cf(handle, from, to);
         }
         match db.write_opt(batch, &sync) {
             Ok(()) => {
@@ -303,22 +338,41 @@ fn run(db: &DB, rx: &mut mpsc::Receiver<Request>, stats: &Stats, feed: &broadcas
 }
 
 /// Adds one request to the batch, all or nothing: every column family is
-/// resolved before the first op is added.
-fn add_request(db: &DB, batch: &mut WriteBatch, ops: Vec<WriteOp>) -> Result<(), StorageError> {
+/// resolved (and every append checked against the log) before the first op
+/// is added. Answers the ops as applied (appends as the puts they became).
+fn add_request(
+    db: &DB,
+    batch: &mut WriteBatch,
+    ops: Vec<WriteOp>,
+    mut log: Option<&mut AppendLog>,
+) -> Result<Vec<WriteOp>, StorageError> {
     let mut resolved = Vec::with_capacity(ops.len());
     for op in ops {
         let cf = op.cf();
         let handle = db.cf_handle(cf).ok_or(StorageError::UnknownColumnFamily { cf })?;
+        if matches!(op, WriteOp::Append { .. }) && log.as_ref().is_none_or(|l| l.cf != cf) {
+            return Err(StorageError::UnknownColumnFamily { cf });
+        }
         resolved.push((handle, op));
     }
+    let mut applied = Vec::with_capacity(resolved.len());
     for (handle, op) in resolved {
-        match op {
+        let op = match op {
+            WriteOp::Append { cf, value } => {
+                let key = log.as_mut().map(|l| l.take()).unwrap_or_default();
+                WriteOp::Put { cf, key, value }
+            }
+            other => other,
+        };
+        match &op {
             WriteOp::Put { key, value, .. } => batch.put_cf(handle, key, value),
             WriteOp::Delete { key, .. } => batch.delete_cf(handle, key),
             WriteOp::DeleteRange { from, to, .. } => batch.delete_range_cf(handle, from, to),
+            WriteOp::Append { .. } => {}
         }
+        applied.push(op);
     }
-    Ok(())
+    Ok(applied)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod package;
 pub mod procfs;
 pub mod scripts;
 pub mod sim;
+pub mod sse;
 pub mod zk;
 
 pub use env::TestEnv;

@@ -44,11 +44,11 @@ use crate::operations::Plan;
 use crate::operations::lifecycle::InstanceVerb;
 use crate::operations::runner::{self, Outcome};
 use crate::spec::ComponentSpec;
-use crate::storage::WriteOp;
 use crate::storage::records::{
     ClusterRecord, ClusterStatus, InstanceRecord, Limits, OperationKind, OperationRecord, OperationStatus,
     PackageRecord, RECORD_VERSION, Resumable,
 };
+use crate::storage::{WriteOp, events};
 
 pub use prepare::MAX_BATCH;
 
@@ -244,11 +244,15 @@ impl ClusterActor {
             force: prepared.is_some_and(|p| p.force),
             on_success: prepared.and_then(|p| p.on_success),
             supervisor: self.supervisor.clone(),
+            journaled: Default::default(),
+            running: Default::default(),
         }
     }
 
     fn spawn_operation(&mut self, ctx: &mut Context<Self>, prepared: Prepared, op: OperationRecord) {
         let ops = self.ops(Some(&prepared));
+        // A resumed operation's steps were announced before the restart.
+        *ops.journaled.borrow_mut() = op.steps.iter().map(|s| s.status).collect();
         let plan = prepared.plan;
         let kind = prepared.kind;
         let mut op = op;
@@ -309,6 +313,8 @@ impl Actor for ClusterActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        let name = self.core.borrow().record.name.clone();
+        crate::actors::announce::actor(&self.shared, "actor.started", "cluster", &name, Some(&name), None);
         let Some(op) = self.resume.take() else { return };
         let Some(r) = op.resume.clone() else { return };
         tracing::info!(operation = %op.id, kind = ?op.kind, cluster = %op.cluster, "resuming an operation interrupted by a master restart");
@@ -351,6 +357,8 @@ impl Actor for ClusterActor {
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         self.shared.read_model.unregister_actor(&self.stats);
+        let name = self.core.borrow().record.name.clone();
+        crate::actors::announce::actor(&self.shared, "actor.stopped", "cluster", &name, Some(&name), None);
     }
 }
 
@@ -459,6 +467,10 @@ impl Handler<RunOperation> for ClusterActor {
         let writes = WriteOp::put_cluster(&cluster).and_then(|a| {
             let mut w = vec![a];
             w.extend(WriteOp::new_operation(&op)?);
+            if is_create {
+                w.push(events::append(&events::cluster("cluster.created", &cluster))?);
+            }
+            w.push(events::append(&events::operation("operation.created", &op))?);
             Ok(w)
         });
         let store = self.shared.store.clone();

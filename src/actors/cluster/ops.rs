@@ -24,12 +24,12 @@ use crate::ids::InstanceId;
 use crate::operations::runner::Outcome;
 use crate::operations::{Action, OperationContext, StepFailure};
 use crate::spec::ComponentSpec;
-use crate::storage::WriteOp;
 use crate::storage::keys::nanos;
 use crate::storage::records::{
     ClusterRecord, ClusterStatus, InstanceRecord, InstanceResult, LeftoverRecord, OperationKind, OperationRecord,
-    PackageRecord, RECORD_VERSION,
+    PackageRecord, RECORD_VERSION, StepStatus,
 };
+use crate::storage::{WriteOp, events};
 
 pub(super) struct ClusterOps {
     pub core: Rc<RefCell<Core>>,
@@ -41,7 +41,16 @@ pub(super) struct ClusterOps {
     /// The cluster's status when the operation succeeds (None: unchanged).
     pub on_success: Option<ClusterStatus>,
     pub supervisor: Addr<Supervisor>,
+    /// Step statuses as last journaled: a journal write appends an event
+    /// for each step whose status changed since.
+    pub journaled: RefCell<Vec<StepStatus>>,
+    /// The operation and the step that runs now (as last journaled), for
+    /// `operation.progress` events.
+    pub running: RefCell<Option<(String, usize)>>,
 }
+
+/// How often a running step's progress may become an event.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// The cluster's package as its record names it now (an upgrade changes it
 /// mid-operation, and its undo changes it back). Shared, never copied.
@@ -71,8 +80,11 @@ impl ClusterOps {
         let mut snapshot = self.core.borrow().record.clone();
         change(&mut snapshot);
         snapshot.updated_at = OffsetDateTime::now_utc();
-        let op = WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?;
-        self.shared.store.commit(vec![op]).await.map_err(|e| e.to_string())?;
+        let mut ops = vec![WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?];
+        if let Some(e) = events::cluster_changed(&self.core.borrow().record, &snapshot) {
+            ops.push(events::append(&e).map_err(|e| e.to_string())?);
+        }
+        self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
         {
             let mut core = self.core.borrow_mut();
             snapshot.operation = core.record.operation;
@@ -93,6 +105,7 @@ impl ClusterOps {
         let mut ops = Vec::with_capacity(records.len());
         for r in &records {
             ops.push(WriteOp::put_instance(r).map_err(|e| fail(e.to_string()))?);
+            ops.push(events::append(&events::instance("instance.added", r)).map_err(|e| fail(e.to_string()))?);
         }
         if !ops.is_empty() {
             self.shared.store.commit(ops).await.map_err(|e| fail(format!("cannot persist new instances: {e}")))?;
@@ -121,10 +134,15 @@ impl ClusterOps {
 
     async fn forget(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
         let cluster_id = self.core.borrow().record.id;
-        let ops: Vec<WriteOp> = ids.iter().map(|id| WriteOp::delete_instance(&cluster_id, id)).collect();
+        let mut ops: Vec<WriteOp> = ids.iter().map(|id| WriteOp::delete_instance(&cluster_id, id)).collect();
         // Before the delete is queued: work still queued on these
         // instances must not write their records back after it.
         let handles: Vec<_> = ids.iter().filter_map(|id| self.core.borrow().instances.get(id).cloned()).collect();
+        for h in &handles {
+            ops.push(
+                events::append(&events::instance("instance.removed", &h.record())).map_err(|e| fail(e.to_string()))?,
+            );
+        }
         for h in &handles {
             h.set_forgotten(true);
         }
@@ -234,8 +252,31 @@ pub(super) fn fail(message: String) -> StepFailure {
     StepFailure { message, results: Vec::new() }
 }
 
-impl OperationContext for ClusterOps {
-    async fn run_action(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure> {
+impl ClusterOps {
+    /// Runs `action`, appending an `operation.progress` event each second
+    /// in which its instance commands moved on.
+    async fn run_reporting(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure> {
+        let work = self.run_action_now(action);
+        tokio::pin!(work);
+        let mut seen = self.progress();
+        loop {
+            match tokio::time::timeout(PROGRESS_EVERY, &mut work).await {
+                Ok(r) => return r,
+                Err(_) => {
+                    let now = self.progress();
+                    if now != seen
+                        && let Some((op, step)) = self.running.borrow().clone()
+                    {
+                        let e = events::progress(&op, &self.cluster_name(), step, now);
+                        crate::actors::announce::announce(&self.shared, vec![e]);
+                    }
+                    seen = now;
+                }
+            }
+        }
+    }
+
+    async fn run_action_now(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure> {
         match action {
             Action::Allocate(ids) => self.allocate(ids).await,
             Action::Forget(ids) => self.forget(ids).await,
@@ -250,6 +291,12 @@ impl OperationContext for ClusterOps {
             Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => self.define(action).await,
         }
     }
+}
+
+impl OperationContext for ClusterOps {
+    async fn run_action(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure> {
+        self.run_reporting(action).await
+    }
 
     async fn journal(&self, record: &OperationRecord, steps: &[usize]) -> Result<(), String> {
         let mut ops = vec![WriteOp::put_operation(record).map_err(|e| e.to_string())?];
@@ -260,7 +307,13 @@ impl OperationContext for ClusterOps {
                 ops.push(WriteOp::put_step_results(&record.id, i, &s.results).map_err(|e| e.to_string())?);
             }
         }
+        for e in events::steps_changed(&self.journaled.borrow(), record) {
+            ops.push(events::append(&e).map_err(|e| e.to_string())?);
+        }
         self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
+        *self.journaled.borrow_mut() = record.steps.iter().map(|s| s.status).collect();
+        let running = record.steps.iter().position(|s| matches!(s.status, StepStatus::Running | StepStatus::Undoing));
+        *self.running.borrow_mut() = running.map(|i| (record.id.to_string(), i));
         self.shared.read_model.put_operation(record);
         Ok(())
     }
@@ -271,11 +324,16 @@ impl OperationContext for ClusterOps {
         // An ended operation keeps no plan: nothing will resume it.
         let mut ended = record.clone();
         ended.resume = None;
-        let mut end =
-            vec![WriteOp::put_operation(&ended).map_err(|e| e.to_string())?, WriteOp::delete_op_plan(&ended.id)];
+        let mut end = vec![
+            WriteOp::put_operation(&ended).map_err(|e| e.to_string())?,
+            WriteOp::delete_op_plan(&ended.id),
+            events::append(&events::operation("operation.ended", &ended)).map_err(|e| e.to_string())?,
+        ];
         if self.kind == OperationKind::Delete && *outcome == Outcome::Succeeded {
             let cluster_id = self.core.borrow().record.id;
-            let mut ops = vec![WriteOp::delete_cluster(&cluster_id)];
+            let gone =
+                events::event("cluster.deleted", Some(&name), serde_json::json!({ "id": cluster_id.to_string() }));
+            let mut ops = vec![WriteOp::delete_cluster(&cluster_id), events::append(&gone).map_err(|e| e.to_string())?];
             ops.append(&mut end);
             self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
             self.shared.read_model.remove_cluster(&name);
@@ -329,6 +387,9 @@ impl OperationContext for ClusterOps {
         // left it.
         let (trim, history) = self.retention(&ended);
         let mut ops = vec![WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?];
+        if let Some(e) = events::cluster_changed(&self.core.borrow().record, &snapshot) {
+            ops.push(events::append(&e).map_err(|e| e.to_string())?);
+        }
         ops.append(&mut end);
         ops.extend(trim);
         // A failed write is tried again; one that still fails (or a store

@@ -193,8 +193,11 @@ impl InstanceActor {
             // Nothing changed: nothing to write or publish.
             return Ok(());
         }
-        let op = WriteOp::put_instance(&next).map_err(|e| e.to_string())?;
-        self.env.shared.store.commit(vec![op]).await.map_err(|e| format!("cannot persist instance record: {e}"))?;
+        let mut ops = vec![WriteOp::put_instance(&next).map_err(|e| e.to_string())?];
+        if let Some(e) = crate::storage::events::instance_changed(&self.record.borrow(), &next) {
+            ops.push(crate::storage::events::append(&e).map_err(|e| e.to_string())?);
+        }
+        self.env.shared.store.commit(ops).await.map_err(|e| format!("cannot persist instance record: {e}"))?;
         *self.record.borrow_mut() = Arc::new(next);
         self.env.cell.put_instance(self.entry());
         self.env.shared.read_model.count_transitions(1);

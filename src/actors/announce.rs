@@ -1,0 +1,63 @@
+//! Events that describe no stored record change, so they are appended on
+//! their own: actors starting, stopping and failing, and nodes changing
+//! status (a node's status is computed from its heartbeats, never stored,
+//! so [`watch_nodes`] compares it every heartbeat interval). Best effort:
+//! a write that fails is logged, and the state it describes is still
+//! readable from the API.
+
+use std::collections::HashMap;
+
+use time::OffsetDateTime;
+
+use super::Shared;
+use crate::ids::NodeId;
+use crate::storage::events::{self, append};
+use crate::storage::records::{EventRecord, NodeStatus};
+
+/// Appends `events` in one request, in the background.
+pub fn announce(shared: &Shared, events: Vec<EventRecord>) {
+    let ops: Result<Vec<_>, _> = events.iter().map(append).collect();
+    let store = shared.store.clone();
+    match ops {
+        Ok(ops) if !ops.is_empty() => {
+            actix::spawn(async move {
+                match store.commit(ops).await {
+                    Ok(()) => {}
+                    // Shutting down: actors stop after the store froze.
+                    Err(crate::storage::StorageError::Frozen) => {}
+                    Err(e) => tracing::warn!(error = %e, "cannot record an event"),
+                }
+            });
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot encode an event"),
+    }
+}
+
+/// `actor.started`, `actor.stopped` or `actor.failed` of one actor.
+pub fn actor(shared: &Shared, kind: &str, actor: &str, id: &str, cluster: Option<&str>, reason: Option<&str>) {
+    announce(shared, vec![events::actor(kind, actor, id, cluster, reason)]);
+}
+
+/// Every heartbeat interval: a `node.status` event for each node whose
+/// status or connection changed since the last look (and for each node
+/// at the first look). Runs until the master stops.
+pub async fn watch_nodes(shared: Shared, every: std::time::Duration) {
+    let mut seen: HashMap<NodeId, (NodeStatus, bool)> = HashMap::new();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = OffsetDateTime::now_utc();
+        let (unknown, down) = (shared.timing.node_unknown_after, shared.timing.node_down_after);
+        let mut changed = Vec::new();
+        for (id, entry) in shared.read_model.nodes().iter() {
+            let state = (entry.live.status_at(now, unknown, down), entry.live.connected());
+            if seen.get(id) != Some(&state) {
+                seen.insert(id.clone(), state);
+                changed.push(events::node(id.as_str(), state.0, state.1));
+            }
+        }
+        announce(&shared, changed);
+    }
+}
