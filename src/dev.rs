@@ -206,7 +206,7 @@ async fn load_examples(client: &reqwest::Client, api: &str, dir: &Path) -> Vec<S
         entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("component.toml").is_file()).collect();
     dirs.sort();
     for d in dirs {
-        match pack_dir(&d) {
+        match crate::package::pack_dir(&d) {
             Ok((name, version, bytes)) => {
                 let url = format!("{api}/api/v1/packages/{name}/{version}");
                 match client.put(&url).body(bytes).send().await {
@@ -237,16 +237,18 @@ flotilla dev is running: a master and {agents} agents (127.0.0.11 ...).
   data        {dir}
   packages    {packages}
 
-Try it (copy-paste):
+Try it (copy-paste; the CLI finds the API and token in
+./flotilla-data/endpoints.json, else pass --endpoints {dir}/endpoints.json):
 
-  export FLOTILLA_TOKEN={token}
-  curl -s -X POST {api}/api/v1/clusters -H "authorization: Bearer $FLOTILLA_TOKEN" -H 'content-type: application/json' \
-       -d '{{"name":"demo","package":{{"name":"web","version":"1.0.0"}},"roles":{{"server":{{"count":3}}}}}}'
-  curl -s {api}/api/v1/clusters/demo -H "authorization: Bearer $FLOTILLA_TOKEN"
-  curl -s -X POST {api}/api/v1/clusters/demo/scale -H "authorization: Bearer $FLOTILLA_TOKEN" \
-       -H 'content-type: application/json' -d '{{"role":"server","add":2}}'
-  curl -s -X DELETE {api}/api/v1/clusters/demo -H "authorization: Bearer $FLOTILLA_TOKEN"
-  flotilla token ls
+  flotilla cluster create demo --package web:1.0.0 --role server=3 --config greeting=hi
+  flotilla cluster get demo
+  flotilla cluster scale demo server --add 2
+  flotilla events --cluster demo
+  flotilla cluster delete demo
+
+or with curl:
+
+  curl -s {api}/api/v1/clusters -H "authorization: Bearer {token}"
 
 Ctrl-C stops everything.
 "#,
@@ -286,52 +288,4 @@ async fn stop_children(children: Vec<(String, Child)>) {
             }
         }
     }
-}
-
-/// Packs a component folder (with `component.toml` at its root) into a
-/// `.tar.gz`; returns the component's name, version and the bytes.
-/// File modes are kept (scripts stay executable); ownership is not.
-pub fn pack_dir(dir: &Path) -> Result<(String, String, Vec<u8>), String> {
-    #[derive(serde::Deserialize)]
-    struct Head {
-        component: HeadComponent,
-    }
-    #[derive(serde::Deserialize)]
-    struct HeadComponent {
-        name: String,
-        version: String,
-    }
-    let text = std::fs::read_to_string(dir.join("component.toml")).map_err(|e| format!("component.toml: {e}"))?;
-    let head: Head = toml::from_str::<toml::Table>(&text)
-        .map_err(|e| format!("component.toml: {e}"))
-        .and_then(|t| toml::Value::Table(t).try_into().map_err(|e: toml::de::Error| format!("component.toml: {e}")))?;
-    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    let mut tar = tar::Builder::new(gz);
-    tar.mode(tar::HeaderMode::Deterministic);
-    tar.follow_symlinks(false);
-    let mut entries: Vec<PathBuf> = walk(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
-    entries.sort();
-    for path in entries {
-        let rel = path.strip_prefix(dir).map_err(|e| e.to_string())?;
-        if rel.as_os_str().is_empty() || rel.starts_with("build.sh") {
-            continue;
-        }
-        tar.append_path_with_name(&path, rel).map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    let gz = tar.into_inner().map_err(|e| e.to_string())?;
-    let bytes = gz.finish().map_err(|e| e.to_string())?;
-    Ok((head.component.name, head.component.version, bytes))
-}
-
-fn walk(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir)? {
-        let p = e?.path();
-        let meta = std::fs::symlink_metadata(&p)?;
-        out.push(p.clone());
-        if meta.is_dir() {
-            out.extend(walk(&p)?);
-        }
-    }
-    Ok(out)
 }

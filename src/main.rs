@@ -99,6 +99,41 @@ enum Command {
     /// processes) driven through create, scale-out, restart, reconfigure
     /// and scale-in by concurrent clients; `bench real` for real agents.
     Bench(flotilla::bench::BenchArgs),
+    /// Clusters: ls, get, create, scale, start, stop, restart, config, upgrade, resize, delete.
+    Cluster {
+        #[command(subcommand)]
+        cmd: flotilla::cli::cluster::ClusterCmd,
+        #[command(flatten)]
+        target: flotilla::cli::Target,
+    },
+    /// Packages: push, ls, rm.
+    Package {
+        #[command(subcommand)]
+        cmd: flotilla::cli::inventory::PackageCmd,
+        #[command(flatten)]
+        target: flotilla::cli::Target,
+    },
+    /// Nodes: ls, get.
+    Node {
+        #[command(subcommand)]
+        cmd: flotilla::cli::inventory::NodeCmd,
+        #[command(flatten)]
+        target: flotilla::cli::Target,
+    },
+    /// Operations: ls, get, watch.
+    Op {
+        #[command(subcommand)]
+        cmd: flotilla::cli::inventory::OpCmd,
+        #[command(flatten)]
+        target: flotilla::cli::Target,
+    },
+    /// The event stream, live (`--after N` to replay first).
+    Events {
+        #[command(flatten)]
+        args: flotilla::cli::events::EventsArgs,
+        #[command(flatten)]
+        target: flotilla::cli::Target,
+    },
     /// API tokens: create, list, revoke.
     Token {
         #[command(subcommand)]
@@ -106,6 +141,28 @@ enum Command {
         #[command(flatten)]
         target: flotilla::cli::Target,
     },
+}
+
+/// A client writing to a closed pipe (`flotilla events | head`) ends as
+/// other command-line tools do, by SIGPIPE, instead of panicking in
+/// `println!` (Rust ignores SIGPIPE by default).
+#[allow(unsafe_code)]
+fn default_sigpipe() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: restores the default disposition of one signal before any
+    // thread starts; no handler runs Rust code.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+}
+
+/// Runs one client command; exits with its code on failure.
+fn client<F: std::future::Future<Output = Result<(), flotilla::cli::CliError>>>(f: F) -> anyhow::Result<()> {
+    default_sigpipe();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    if let Err(e) = rt.block_on(f) {
+        eprintln!("flotilla: {e}");
+        std::process::exit(e.exit_code());
+    }
+    Ok(())
 }
 
 fn init_logs(format: LogFormat) {
@@ -208,13 +265,12 @@ fn main() -> anyhow::Result<()> {
             let report = rt.block_on(flotilla::bench::run(args)).map_err(anyhow::Error::msg)?;
             println!("{}", report.table());
         }
-        Command::Token { cmd, target } => {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            if let Err(e) = rt.block_on(flotilla::cli::token::run(cmd, &target)) {
-                eprintln!("flotilla: {e}");
-                std::process::exit(e.exit_code());
-            }
-        }
+        Command::Cluster { cmd, target } => client(flotilla::cli::cluster::run(cmd, &target))?,
+        Command::Package { cmd, target } => client(flotilla::cli::inventory::package(cmd, &target))?,
+        Command::Node { cmd, target } => client(flotilla::cli::inventory::node(cmd, &target))?,
+        Command::Op { cmd, target } => client(flotilla::cli::inventory::op(cmd, &target))?,
+        Command::Events { args, target } => client(flotilla::cli::events::run(args, &target))?,
+        Command::Token { cmd, target } => client(flotilla::cli::token::run(cmd, &target))?,
     }
     Ok(())
 }

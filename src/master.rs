@@ -85,8 +85,10 @@ async fn first_token(tokens: &ApiTokens, init: &Init) -> Result<(), MasterError>
             Init::File(path) => write_private(path, format!("{}\n", new.token).as_bytes())
                 .map_err(|e| crate::error::Error::invalid("token_file", format!("{}: {e}", path.display()))),
             _ => {
-                println!("{}", new.token);
-                Ok(())
+                use std::io::Write;
+                writeln!(std::io::stdout(), "{}", new.token)
+                    .and_then(|()| std::io::stdout().flush())
+                    .map_err(|e| crate::error::Error::invalid("token_file", format!("printing the token: {e}")))
             }
         })
         .await
@@ -108,7 +110,11 @@ pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;
-    std::fs::rename(tmp, path)
+    std::fs::rename(tmp, path)?;
+    // The rename itself durable too: the file must not vanish in a crash
+    // after what it holds was acted on (the first token is stored next).
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Threads each of the master's runtimes (the system's, each actor

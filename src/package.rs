@@ -17,6 +17,7 @@ use std::path::{Component, Path, PathBuf};
 use crate::error::Error;
 
 mod rules;
+
 #[cfg(test)]
 pub(crate) mod testkit;
 
@@ -253,6 +254,54 @@ fn through_symlink(path: &Path, symlinks: &HashSet<PathBuf>) -> Option<String> {
 /// Lexical normalization of an already-checked relative path.
 fn normalize(p: &Path) -> PathBuf {
     p.components().filter(|c| matches!(c, Component::Normal(_))).collect()
+}
+
+/// Packs a component folder (with `component.toml` at its root) into a
+/// `.tar.gz`; returns the component's name, version and the bytes.
+/// File modes are kept (scripts stay executable); ownership is not.
+pub fn pack_dir(dir: &Path) -> Result<(String, String, Vec<u8>), String> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        component: HeadComponent,
+    }
+    #[derive(serde::Deserialize)]
+    struct HeadComponent {
+        name: String,
+        version: String,
+    }
+    let text = std::fs::read_to_string(dir.join("component.toml")).map_err(|e| format!("component.toml: {e}"))?;
+    let head: Head = toml::from_str::<toml::Table>(&text)
+        .map_err(|e| format!("component.toml: {e}"))
+        .and_then(|t| toml::Value::Table(t).try_into().map_err(|e: toml::de::Error| format!("component.toml: {e}")))?;
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let mut tar = tar::Builder::new(gz);
+    tar.mode(tar::HeaderMode::Deterministic);
+    tar.follow_symlinks(false);
+    let mut entries: Vec<PathBuf> = files_under(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    entries.sort();
+    for path in entries {
+        let rel = path.strip_prefix(dir).map_err(|e| e.to_string())?;
+        if rel.as_os_str().is_empty() || rel.starts_with("build.sh") {
+            continue;
+        }
+        tar.append_path_with_name(&path, rel).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let gz = tar.into_inner().map_err(|e| e.to_string())?;
+    let bytes = gz.finish().map_err(|e| e.to_string())?;
+    Ok((head.component.name, head.component.version, bytes))
+}
+
+fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        let meta = std::fs::symlink_metadata(&p)?;
+        out.push(p.clone());
+        if meta.is_dir() {
+            out.extend(files_under(&p)?);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

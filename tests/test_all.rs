@@ -15,6 +15,7 @@ mod integration {
     mod bad_inputs;
     mod big_scale;
     mod busy;
+    mod cli;
     mod crash;
     mod daemon;
     mod delete;

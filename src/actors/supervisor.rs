@@ -25,11 +25,11 @@ use super::read_model::{ActorStats, Reservation};
 use crate::error::Error;
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId, validate_name};
 use crate::spec::RoleSpec;
-use crate::storage::WriteOp;
 use crate::storage::records::{
     ClusterRecord, ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, NodeStatus, OperationRecord,
     OperationStatus, PackageRef, PendingRestart, RECORD_VERSION, RoleState,
 };
+use crate::storage::{WriteOp, events};
 
 /// A request to create a cluster (already parsed from JSON).
 #[derive(Debug, Clone, Serialize)]
@@ -161,6 +161,9 @@ impl Actor for Supervisor {
                     writes.push(w);
                 }
                 writes.push(WriteOp::delete_op_plan(&op.id));
+                if let Ok(w) = events::append(&events::operation("operation.ended", &op)) {
+                    writes.push(w);
+                }
                 // Ended now: counted with its cluster's ended ones (or the
                 // deleted clusters') for retention.
                 let created = crate::storage::keys::nanos(op.created_at);
@@ -182,12 +185,16 @@ impl Actor for Supervisor {
         for mut c in boot.clusters {
             let resume = c.operation.and_then(|id| resumable.remove(&id));
             if let Some(op) = c.operation.filter(|_| resume.is_none()) {
+                let before = c.clone();
                 c.operation = None;
                 c.status = ClusterStatus::Error;
                 c.status_description = format!(
                     "operation {op} was interrupted by a master restart and cannot be resumed; check the instances, then start, stop or delete the cluster"
                 );
                 if let Ok(w) = WriteOp::put_cluster(&c) {
+                    writes.push(w);
+                }
+                if let Some(w) = events::cluster_changed(&before, &c).and_then(|e| events::append(&e).ok()) {
                     writes.push(w);
                 }
             }

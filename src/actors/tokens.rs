@@ -77,6 +77,11 @@ impl ApiTokens {
         self.table.load().values().cloned().collect()
     }
 
+    /// Whether token `id` exists (is not revoked).
+    pub fn contains(&self, id: &str) -> bool {
+        self.table.load().contains_key(id)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.table.load().is_empty()
     }

@@ -1,14 +1,20 @@
-//! The command-line client: `flotilla token ...` (more verbs to come, all
-//! on this base). Where it finds the master, in order: `--api` /
+//! The command-line client: `flotilla cluster|package|node|op|events|token`.
+//! Where it finds the master, in order: `--api` /
 //! `FLOTILLA_API` and `--token` / `FLOTILLA_TOKEN`, else the
 //! `endpoints.json` that `flotilla dev` writes (`--endpoints`, by default
 //! `./flotilla-data/endpoints.json`).
 //!
-//! Exit codes scripts can rely on: 0 done; 1 the master refused or failed
-//! the request (the error's code and message are printed); 2 usage (bad
-//! flags); 3 the API is unreachable or the token is refused.
+//! Exit codes scripts can rely on: 0 done (a mutating verb: its operation
+//! succeeded); 1 the master refused the request, or its operation failed or
+//! was rolled back (the error is printed); 2 usage (bad flags); 3 the API is
+//! unreachable or the token is refused. Mutating verbs wait for their
+//! operation with a progress bar (`--no-wait`: print it and return).
 
+pub mod cluster;
+pub mod events;
+pub mod inventory;
 pub mod token;
+pub mod wait;
 
 use std::path::PathBuf;
 
@@ -19,8 +25,8 @@ pub const EXIT_FAILED: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_UNREACHABLE: i32 = 3;
 
-/// Where the master is, for every client verb.
-#[derive(Debug, Clone, clap::Args)]
+/// Where the master is, for every client verb. (No `Debug`: it holds the token.)
+#[derive(Clone, clap::Args)]
 pub struct Target {
     /// The master's API, `http://HOST:PORT`.
     #[arg(long, env = "FLOTILLA_API", global = true)]
@@ -46,6 +52,9 @@ pub enum CliError {
     /// The master answered with an error (`code`: its stable error code).
     #[error("{code}: {message}")]
     Api { status: u16, code: String, message: String },
+    /// The operation ran and did not succeed (`status`: Failed, RolledBack, ...).
+    #[error("operation {id} {status}: {message}")]
+    Operation { id: String, status: String, message: String },
 }
 
 impl CliError {
@@ -54,8 +63,26 @@ impl CliError {
             CliError::Usage(_) => EXIT_USAGE,
             CliError::Unreachable(_) => EXIT_UNREACHABLE,
             CliError::Api { status: 401 | 403, .. } => EXIT_UNREACHABLE,
-            CliError::Api { .. } => EXIT_FAILED,
+            CliError::Api { .. } | CliError::Operation { .. } => EXIT_FAILED,
         }
+    }
+}
+
+/// Prints `v` as JSON when `--json` was given, else `human(v)`.
+pub fn show(target: &Target, v: &Value, human: impl FnOnce(&Value) -> String) {
+    if target.json {
+        println!("{v:#}");
+    } else {
+        println!("{}", human(v));
+    }
+}
+
+/// A string field (empty when missing), a number or `-`.
+pub fn field(v: &Value, key: &str) -> String {
+    match &v[key] {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
     }
 }
 
@@ -101,6 +128,64 @@ impl Client {
         Ok(Client { http, base: format!("{}/api/v1", api.trim_end_matches('/')), token })
     }
 
+    pub async fn get(&self, path: &str) -> Result<Value, CliError> {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    /// Every item of a paged list (`?limit=&after=`, the answer's `next`).
+    pub async fn get_all(&self, path: &str, key: &str) -> Result<Vec<Value>, CliError> {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page_path = match &after {
+                Some(a) => format!("{path}{sep}limit=1000&after={a}"),
+                None => format!("{path}{sep}limit=1000"),
+            };
+            let v = self.get(&page_path).await?;
+            out.extend(v[key].as_array().cloned().unwrap_or_default());
+            match v["next"].as_str() {
+                Some(n) => after = Some(n.to_string()),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// The raw response of `GET path` (for streams).
+    pub async fn get_stream(&self, path: &str, last_id: Option<u64>) -> Result<reqwest::Response, CliError> {
+        let url = format!("{}{path}", self.base);
+        let mut req =
+            self.http.get(&url).bearer_auth(&self.token).timeout(std::time::Duration::from_secs(86_400 * 365));
+        if let Some(id) = last_id {
+            req = req.header("last-event-id", id.to_string());
+        }
+        let resp = req.send().await.map_err(|e| CliError::Unreachable(format!("{url}: {e}")))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let v: Value = resp.json().await.unwrap_or(Value::Null);
+        Err(CliError::Api {
+            status: status.as_u16(),
+            code: v["error"]["code"].as_str().unwrap_or_default().to_string(),
+            message: v["error"]["message"].as_str().unwrap_or("").to_string(),
+        })
+    }
+
+    /// `PUT path` with a binary body.
+    pub async fn put_bytes(&self, path: &str, bytes: Vec<u8>) -> Result<Value, CliError> {
+        let url = format!("{}{path}", self.base);
+        let resp = self
+            .http
+            .put(&url)
+            .bearer_auth(&self.token)
+            .body(bytes)
+            .send()
+            .await
+            .map_err(|e| CliError::Unreachable(format!("{url}: {e}")))?;
+        Self::answer(resp, &url).await
+    }
+
     /// `method` on `path` (under `/api/v1`), with a JSON body if given.
     pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<Value, CliError> {
         let url = format!("{}{path}", self.base);
@@ -109,6 +194,10 @@ impl Client {
             req = req.json(b);
         }
         let resp = req.send().await.map_err(|e| CliError::Unreachable(format!("{url}: {e}")))?;
+        Self::answer(resp, &url).await
+    }
+
+    async fn answer(resp: reqwest::Response, url: &str) -> Result<Value, CliError> {
         let status = resp.status();
         let text = resp.text().await.map_err(|e| CliError::Unreachable(format!("{url}: {e}")))?;
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));

@@ -52,6 +52,9 @@ pub async fn run(cmd: TokenCmd, target: &Target) -> Result<(), CliError> {
             }
         }
         TokenCmd::Revoke { id } => {
+            if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                return Err(CliError::Usage(format!("{id:?} is not a token id (see `flotilla token ls`)")));
+            }
             let v = client.call(Method::DELETE, &format!("/tokens/{id}"), None).await?;
             if target.json {
                 println!("{v:#}");

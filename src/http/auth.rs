@@ -7,11 +7,16 @@
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
-use actix_web::web;
+use actix_web::{HttpMessage, web};
 
 use super::AppState;
 use super::error::ApiError;
 use crate::error::Error;
+
+/// The id of the token a request was let in with (in its extensions), for
+/// handlers that keep serving after the check (the event stream).
+#[derive(Debug, Clone)]
+pub struct AuthedToken(pub String);
 
 /// The path left open by `open_health`.
 const HEALTH: &str = "/api/v1/health";
@@ -25,12 +30,14 @@ pub async fn require_token(
     };
     let open = state.open_health && req.path() == HEALTH;
     if !open {
-        check(state, req.headers().get(actix_web::http::header::AUTHORIZATION))?;
+        let id = check(state, req.headers().get(actix_web::http::header::AUTHORIZATION))?;
+        req.extensions_mut().insert(AuthedToken(id));
     }
     next.call(req).await
 }
 
-fn check(state: &AppState, header: Option<&actix_web::http::header::HeaderValue>) -> Result<(), ApiError> {
+/// The id of the valid token `header` presents.
+fn check(state: &AppState, header: Option<&actix_web::http::header::HeaderValue>) -> Result<String, ApiError> {
     let Some(value) = header else {
         return Err(unauthorized("this API needs a token: send `Authorization: Bearer <token>`"));
     };
@@ -41,7 +48,7 @@ fn check(state: &AppState, header: Option<&actix_web::http::header::HeaderValue>
         .map(str::trim)
         .ok_or_else(|| unauthorized("the Authorization header must read `Bearer <token>`"))?;
     match state.tokens.verify(token) {
-        Some(_) => Ok(()),
+        Some(record) => Ok(record.id.clone()),
         None => Err(unauthorized("the token is not valid (unknown, revoked or mistyped)")),
     }
 }

@@ -11,28 +11,35 @@
 //!
 //! Memory per client is bounded: events reach the socket through a channel
 //! of [`CHANNEL`] entries, and nothing is read ahead of what the socket
-//! takes. A client the live feed outran catches up from the store at its
-//! own pace. One asking for (or falling behind to) events the store no
-//! longer keeps gets a final `dropped` event saying so (without an id)
-//! and the stream ends: it must reload its state and reconnect without
-//! `Last-Event-ID`.
+//! takes. The live feed carries appended events only (not whole batches),
+//! and a client it outran, or that sees a number missing, catches up from
+//! the store at its own pace. A client asking for (or falling behind to)
+//! events the store no longer keeps, or for an id past the newest, gets a
+//! final `dropped` event saying so and the stream ends; the event clears
+//! the browser's last id (`id:` empty), so it must reload its state and
+//! reconnect without `Last-Event-ID`. A stream ends too when its token is
+//! revoked. A comment every [`KEEPALIVE`] of silence keeps proxies from
+//! closing the stream and finds clients that left.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
 use super::AppState;
+use super::auth::AuthedToken;
 use super::error::ApiError;
+use crate::actors::tokens::ApiTokens;
 use crate::error::Error;
 use crate::storage::keys::{event_seq, master_cf};
 use crate::storage::meta::{self, MetaStore};
 use crate::storage::records::EventRecord;
-use crate::storage::{StorageError, WriteOp, db};
+use crate::storage::writer::Appended;
+use crate::storage::{StorageError, db};
 
 /// Events queued between the reader task and one client's socket.
 const CHANNEL: usize = 64;
@@ -93,16 +100,24 @@ pub async fn stream(
             .filter(|k| !k.is_empty())
             .collect(),
     };
+    let token = req.extensions().get::<AuthedToken>().map(|t| t.0.clone()).unwrap_or_default();
     let store = state.shared.read_model.store().clone();
     // Before anything is read, so nothing committed meanwhile is missed.
-    let live = store.subscribe();
-    let last = match after {
-        Some(n) => n,
-        // From now on: the newest stored event is the starting point.
-        None => newest(&store).await?,
-    };
+    let live = store.subscribe_appends();
+    let newest = newest(&store).await?;
     let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL);
-    actix_web::rt::spawn(feed(store, live, last, after.is_some(), filter, tx));
+    let client = Client { store, tokens: state.tokens.clone(), token, filter, tx };
+    match after {
+        Some(n) if n > newest => {
+            let reason = format!(
+                "event {n} does not exist (the newest is {newest}); reload and reconnect without Last-Event-ID"
+            );
+            let _ = client.tx.try_send(dropped(&reason));
+        }
+        // From now on: the newest stored event is the starting point.
+        None => drop(actix_web::rt::spawn(client.feed(live, newest, false))),
+        Some(n) => drop(actix_web::rt::spawn(client.feed(live, n, true))),
+    }
     let body = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
     });
@@ -131,110 +146,137 @@ fn message(e: &EventRecord) -> Bytes {
     Bytes::from(format!("id: {}\nevent: {}\ndata: {body}\n\n", e.seq, e.kind))
 }
 
+/// The final event of a dropped stream; its empty `id:` clears the
+/// browser's last event id, so its reconnect starts afresh.
 fn dropped(reason: &str) -> Bytes {
-    Bytes::from(format!("event: dropped\ndata: {}\n\n", json!({ "reason": reason })))
+    Bytes::from(format!("id:\nevent: dropped\ndata: {}\n\n", json!({ "reason": reason })))
 }
 
-/// Feeds one client until it leaves (its channel closes) or is dropped.
-async fn feed(
+/// One client's stream.
+struct Client {
     store: Arc<dyn MetaStore>,
-    mut live: broadcast::Receiver<Arc<crate::storage::writer::Committed>>,
-    mut last: u64,
-    resumed: bool,
+    tokens: Arc<ApiTokens>,
+    /// The id of the token it connected with.
+    token: String,
     filter: Filter,
     tx: mpsc::Sender<Bytes>,
-) {
-    // A comment first, so the client sees the stream open at once.
-    if tx.send(Bytes::from_static(b": flotilla events\n\n")).await.is_err() {
-        return;
-    }
-    let mut catch_up = resumed;
-    loop {
-        if catch_up {
-            match replay(&store, &mut last, &filter, &tx).await {
-                Ok(true) => catch_up = false,
-                Ok(false) => return,
-                Err(reason) => {
-                    let _ = tx.send(dropped(&reason)).await;
-                    return;
-                }
-            }
-        }
-        let next = tokio::time::timeout(KEEPALIVE, live.recv()).await;
-        let batch = match next {
-            Err(_) => {
-                if tx.send(Bytes::from_static(b": keepalive\n\n")).await.is_err() {
-                    return;
-                }
-                continue;
-            }
-            Ok(Ok(b)) => b,
-            // The live feed outran this client: the store has what it missed.
-            Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
-                catch_up = true;
-                continue;
-            }
-            Ok(Err(broadcast::error::RecvError::Closed)) => return,
-        };
-        for op in &batch.ops {
-            let WriteOp::Put { cf, key, value } = op else { continue };
-            if *cf != master_cf::EVENTS {
-                continue;
-            }
-            let Some(seq) = event_seq(key) else { continue };
-            if seq <= last {
-                continue;
-            }
-            let Ok(mut e) = db::decode_value::<EventRecord>(cf, key, value) else { continue };
-            e.seq = seq;
-            last = seq;
-            if filter.matches(&e) && tx.send(message(&e)).await.is_err() {
-                return;
-            }
-        }
-    }
 }
 
-/// Sends every stored event after `last` (updating it); `Ok(false)` when
-/// the client left, `Err` when events after `last` are no longer kept.
-async fn replay(
-    store: &Arc<dyn MetaStore>,
-    last: &mut u64,
-    filter: &Filter,
-    tx: &mpsc::Sender<Bytes>,
-) -> Result<bool, String> {
-    let mut first = true;
-    loop {
-        let (s, after) = (store.clone(), *last);
-        let page = tokio::task::spawn_blocking(move || meta::events_after(s.as_ref(), after, PAGE))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e: StorageError| e.to_string()));
-        let page = match page {
-            Ok(p) => p,
-            Err(e) => return Err(format!("cannot read the stored events: {e}")),
-        };
-        if first && let Some(e) = page.first() {
-            // Sequence numbers have no gaps unless a batch write failed;
-            // a first event past `last + 1` when the log was trimmed means
-            // the events in between are gone.
-            if e.seq > *last + 1 && *last > 0 && trimmed_past(store, *last).await {
-                return Err(format!(
-                    "events after {} are no longer kept (the oldest is {}); reload and reconnect without Last-Event-ID",
-                    *last, e.seq
-                ));
+/// Why a stream ends.
+enum End {
+    /// The client left.
+    Gone,
+    /// Told why, with a final `dropped` event.
+    Dropped(String),
+}
+
+impl Client {
+    /// Feeds the client until it leaves or is dropped.
+    async fn feed(self, live: broadcast::Receiver<Arc<Appended>>, last: u64, resumed: bool) {
+        if let End::Dropped(reason) = self.run(live, last, resumed).await {
+            let _ = self.tx.send(dropped(&reason)).await;
+        }
+    }
+
+    /// Sends `bytes`; `Err(Gone)` when the client left.
+    async fn send(&self, bytes: Bytes) -> Result<(), End> {
+        self.tx.send(bytes).await.map_err(|_| End::Gone)
+    }
+
+    async fn run(&self, mut live: broadcast::Receiver<Arc<Appended>>, mut last: u64, resumed: bool) -> End {
+        // A comment first, so the client sees the stream open at once.
+        if self.send(Bytes::from_static(b": flotilla events\n\n")).await.is_err() {
+            return End::Gone;
+        }
+        let mut catch_up = resumed;
+        let mut quiet_since = tokio::time::Instant::now();
+        loop {
+            if !self.tokens.contains(&self.token) {
+                return End::Dropped("the token of this stream was revoked".into());
+            }
+            if catch_up {
+                if let Err(end) = self.replay(&mut last).await {
+                    return end;
+                }
+                catch_up = false;
+                quiet_since = tokio::time::Instant::now();
+            }
+            let batch = tokio::select! {
+                () = self.tx.closed() => return End::Gone,
+                () = tokio::time::sleep_until(quiet_since + KEEPALIVE) => {
+                    if self.send(Bytes::from_static(b": keepalive\n\n")).await.is_err() {
+                        return End::Gone;
+                    }
+                    quiet_since = tokio::time::Instant::now();
+                    continue;
+                }
+                r = live.recv() => r,
+            };
+            let batch = match batch {
+                Ok(b) => b,
+                // The live feed outran this client: the store has what it missed.
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    catch_up = true;
+                    continue;
+                }
+                Err(broadcast::error::RecvError::Closed) => return End::Gone,
+            };
+            for (seq, value) in &batch.records {
+                if *seq <= last {
+                    continue;
+                }
+                if *seq > last + 1 {
+                    // A number missing: a batch written while this client
+                    // subscribed, or a failed write. The store says which.
+                    catch_up = true;
+                    break;
+                }
+                let Ok(mut e) = db::decode_value::<EventRecord>(master_cf::EVENTS, &seq.to_be_bytes(), value) else {
+                    last = *seq;
+                    continue;
+                };
+                e.seq = *seq;
+                last = *seq;
+                if self.filter.matches(&e) {
+                    if self.send(message(&e)).await.is_err() {
+                        return End::Gone;
+                    }
+                    quiet_since = tokio::time::Instant::now();
+                }
             }
         }
-        first = false;
-        let full = page.len() == PAGE;
-        for e in page {
-            *last = e.seq;
-            if filter.matches(&e) && tx.send(message(&e)).await.is_err() {
-                return Ok(false);
+    }
+
+    /// Sends every stored event after `last` (updating it).
+    async fn replay(&self, last: &mut u64) -> Result<(), End> {
+        loop {
+            let (s, after) = (self.store.clone(), *last);
+            let page = tokio::task::spawn_blocking(move || meta::events_after(s.as_ref(), after, PAGE))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e: StorageError| e.to_string()))
+                .map_err(|e| End::Dropped(format!("cannot read the stored events: {e}")))?;
+            if let Some(e) = page.first() {
+                // Numbers have no gaps unless a batch write failed; a first
+                // event past `last + 1` when the log was trimmed means the
+                // events in between are gone.
+                if e.seq > *last + 1 && *last > 0 && trimmed_past(&self.store, *last).await {
+                    return Err(End::Dropped(format!(
+                        "events after {} are no longer kept (the oldest is {}); reload and reconnect without Last-Event-ID",
+                        *last, e.seq
+                    )));
+                }
             }
-        }
-        if !full {
-            return Ok(true);
+            let full = page.len() == PAGE;
+            for e in page {
+                *last = e.seq;
+                if self.filter.matches(&e) {
+                    self.send(message(&e)).await?;
+                }
+            }
+            if !full {
+                return Ok(());
+            }
         }
     }
 }

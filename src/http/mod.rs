@@ -7,7 +7,7 @@
 //! queue answers `503 overloaded` with `Retry-After`, before anything of
 //! the request happened. Every route needs an API token (`auth.rs`).
 
-mod auth;
+pub(crate) mod auth;
 mod clusters;
 pub mod dto;
 pub mod error;

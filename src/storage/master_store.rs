@@ -164,6 +164,10 @@ impl MetaStore for MasterStore {
         self.writer.subscribe()
     }
 
+    fn subscribe_appends(&self) -> tokio::sync::broadcast::Receiver<Arc<super::writer::Appended>> {
+        self.writer.subscribe_appends()
+    }
+
     fn freeze(&self) {
         self.writer.freeze()
     }
@@ -374,8 +378,12 @@ mod tests {
             assert_eq!(seqs, (1..=100).collect::<Vec<_>>());
         }
         let store = MasterStore::open_opts(dir.path(), 64, 2000).unwrap();
-        store.writer().commit(vec![append(0)]).await.unwrap();
+        let mut feed = store.subscribe_appends();
+        store.writer().commit(vec![WriteOp::put_cluster(&td::cluster("web")).unwrap(), append(0)]).await.unwrap();
         assert_eq!(store.events_after(100, 10).unwrap()[0].seq, 101, "numbers go on after a reopen");
+        let announced = feed.recv().await.unwrap();
+        let seqs: Vec<u64> = announced.records.iter().map(|(n, _)| *n).collect();
+        assert_eq!(seqs, vec![101], "the appends feed carries the appended event, not the cluster record");
         // Past 2,000 kept and a multiple of 1,024: the head is trimmed.
         for _ in 0..30 {
             store.writer().commit((0..100).map(|_| append(0)).collect()).await.unwrap();

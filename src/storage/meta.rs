@@ -19,7 +19,7 @@ use super::records::{
     ClusterRecord, EventRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord, OperationRecord,
     PackageRecord, Resumable,
 };
-use super::writer::Committed;
+use super::writer::{Appended, Committed};
 use super::{StorageError, WriteOp, db};
 use crate::ids::{ClusterId, OperationId};
 
@@ -50,6 +50,8 @@ pub trait MetaStore: Send + Sync + 'static {
     fn scan(&self, cf: &'static str, scan: &Scan, limit: usize) -> Result<Pairs, StorageError>;
     /// Every batch made durable from now on, in order.
     fn subscribe(&self) -> broadcast::Receiver<Arc<Committed>>;
+    /// What durable batches append to the log (events), from now on.
+    fn subscribe_appends(&self) -> broadcast::Receiver<Arc<Appended>>;
     /// Refuses every later write (shutdown); writes already queued land.
     fn freeze(&self);
     /// What the engine has written, and what waits.

@@ -85,6 +85,14 @@ impl WriteOp {
     }
 }
 
+/// The records a durable batch appended to the store's log: `(number,
+/// value)` in order. Announced on their own feed, so a reader of the log
+/// (the event stream) holds events, not whole batches.
+#[derive(Debug, Clone)]
+pub struct Appended {
+    pub records: Vec<(u64, Vec<u8>)>,
+}
+
 /// The default bound of the writer's queue, in requests.
 pub const DEFAULT_QUEUE: usize = 8192;
 
@@ -112,6 +120,7 @@ struct Inner {
     /// `None` only while dropping: taking it closes the queue.
     tx: Option<mpsc::Sender<Request>>,
     feed: broadcast::Sender<Arc<Committed>>,
+    appends: broadcast::Sender<Arc<Appended>>,
     /// Set by [`StoreWriter::freeze`].
     frozen: std::sync::atomic::AtomicBool,
     thread: Option<JoinHandle<()>>,
@@ -160,15 +169,24 @@ impl StoreWriter {
     ) -> Result<StoreWriter, StorageError> {
         let (tx, mut rx) = mpsc::channel(queue.max(1));
         let (feed, _) = broadcast::channel(1024);
+        let (appends, _) = broadcast::channel(1024);
         let stats = Arc::new(Stats::default());
         let thread_stats = stats.clone();
         let thread_feed = feed.clone();
+        let thread_appends = appends.clone();
         let handle = std::thread::Builder::new()
             .name("flotilla-storage-writer".into())
-            .spawn(move || run(&db, &mut rx, &thread_stats, &thread_feed, log))
+            .spawn(move || run(&db, &mut rx, &thread_stats, (&thread_feed, &thread_appends), log))
             .map_err(StorageError::WriterSpawn)?;
         Ok(StoreWriter {
-            inner: Arc::new(Inner { tx: Some(tx), feed, frozen: Default::default(), thread: Some(handle), stats }),
+            inner: Arc::new(Inner {
+                tx: Some(tx),
+                feed,
+                appends,
+                frozen: Default::default(),
+                thread: Some(handle),
+                stats,
+            }),
         })
     }
 
@@ -203,6 +221,11 @@ impl StoreWriter {
     /// Subscribes to the change feed: every batch made durable from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Committed>> {
         self.inner.feed.subscribe()
+    }
+
+    /// Subscribes to what durable batches append to the log, from now on.
+    pub fn subscribe_appends(&self) -> broadcast::Receiver<Arc<Appended>> {
+        self.inner.appends.subscribe()
     }
 
     /// Requests queued and not yet taken by the writer thread.
@@ -272,7 +295,7 @@ fn run(
     db: &DB,
     rx: &mut mpsc::Receiver<Request>,
     stats: &Stats,
-    feed: &broadcast::Sender<Arc<Committed>>,
+    (feed, appends): (&broadcast::Sender<Arc<Committed>>, &broadcast::Sender<Arc<Appended>>),
     mut log: Option<AppendLog>,
 ) {
     let mut sync = WriteOptions::default();
@@ -290,14 +313,26 @@ fn run(
         }
         let listening = feed.receiver_count() > 0;
         let mut announced = Vec::new();
+        // Kept whether or not anyone listens now: a reader that subscribes
+        // while this batch is written must still get it.
+        let mut appended = Vec::new();
+        let log_cf = log.as_ref().map(|l| l.cf);
         let mut batch = WriteBatch::default();
         let mut waiting = Vec::with_capacity(pending.len());
         let log_before = log.as_ref().map(|l| l.next);
         for req in pending {
             match add_request(db, &mut batch, req.ops, log.as_mut()) {
                 Ok(applied) => {
-                    if listening {
-                        announced.extend(applied);
+                    for op in applied {
+                        if let WriteOp::Put { cf, key, value } = &op
+                            && Some(*cf) == log_cf
+                            && let Some(seq) = super::keys::event_seq(key)
+                        {
+                            appended.push((seq, value.clone()));
+                        }
+                        if listening {
+                            announced.push(op);
+                        }
                     }
                     waiting.push(req.reply);
                 }
@@ -322,6 +357,9 @@ fn run(
                 seq += 1;
                 if listening {
                     let _ = feed.send(Arc::new(Committed { seq, ops: announced }));
+                }
+                if !appended.is_empty() && appends.receiver_count() > 0 {
+                    let _ = appends.send(Arc::new(Appended { records: appended }));
                 }
                 for reply in waiting {
                     let _ = reply.send(Ok(()));

@@ -138,10 +138,36 @@ async fn a_scripted_sequence_arrives_in_order_and_a_reconnect_gets_exactly_what_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bad_last_event_id_is_refused_and_no_token_is_401() {
+async fn bad_ids_are_refused_or_dropped_and_a_revoked_token_ends_its_stream() {
     let env = TestEnv::start_sim("events-bad", &[], 1).await;
     let resp = env.client.get(format!("{}/events", env.api)).header("last-event-id", "x").send().await.unwrap();
     assert_eq!(resp.status(), reqwest::StatusCode::BAD_REQUEST);
     let resp = reqwest::Client::new().get(format!("{}/events", env.api)).send().await.unwrap();
     assert_eq!(resp.status(), reqwest::StatusCode::UNAUTHORIZED);
+
+    // An id past the newest (a client of another master, a wiped store):
+    // told at once, with an id-less final event, and the stream ends.
+    let mut ahead = SseReader::open(&env.client, &env.api, "", Some(1_000_000)).await;
+    let e = ahead.next(WAIT).await.expect("a dropped event");
+    assert_eq!((e.kind.as_str(), e.id), ("dropped", None), "{e:?}");
+    assert!(e.data["reason"].as_str().unwrap().contains("1000000"), "{e:?}");
+    assert!(ahead.next(Duration::from_secs(2)).await.is_none(), "the stream ended");
+
+    // A stream opened with a token that is then revoked ends, saying so.
+    let (_, made) = env.post("/tokens", json!({"name": "watcher"})).await;
+    let watcher = crate::common::env::client_with_token(made["secret"].as_str().unwrap());
+    let mut stream = SseReader::open(&watcher, &env.api, "?after=0", None).await;
+    let seen = stream.until(WAIT, |e| e.kind == "node.status").await;
+    assert!(!seen.is_empty());
+    let (status, _) = env.delete(&format!("/tokens/{}", made["token"]["id"].as_str().unwrap())).await;
+    assert_eq!(status, reqwest::StatusCode::OK);
+    // Any event wakes the stream; a new token makes none, so create a package.
+    env.upload(&PackageBuilder::new("ev", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP)).await;
+    env.create_active(
+        json!({"name": "wake", "package": {"name": "ev", "version": "1.0.0"}, "roles": {"svc": {"count": 1}}}),
+    )
+    .await;
+    let last = stream.until(WAIT, |e| e.kind == "dropped").await;
+    assert!(last.last().unwrap().data["reason"].as_str().unwrap().contains("revoked"), "{last:?}");
+    assert!(stream.next(Duration::from_secs(2)).await.is_none(), "the stream ended");
 }

@@ -1,0 +1,194 @@
+//! `flotilla package push|ls|rm`, `flotilla node ls|get`, `flotilla op ls|get|watch`.
+
+use std::path::PathBuf;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::{CliError, Client, Target, field, show, table};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum PackageCmd {
+    /// Upload a package: a folder with component.toml at its root (packed
+    /// here), or a .tar.gz. Name and version come from its component.toml.
+    Push { path: PathBuf },
+    /// Uploaded packages.
+    Ls,
+    /// Delete a package version (refused while a cluster uses it).
+    Rm { name: String, version: String },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum NodeCmd {
+    /// Nodes: status, heartbeat age, address, instances.
+    Ls,
+    /// One node.
+    Get { id: String },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum OpCmd {
+    /// Operations, newest first.
+    Ls {
+        #[arg(long)]
+        cluster: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// One operation with its steps and per-instance results.
+    Get { id: String },
+    /// Follow an operation to its end (exit code 0 only if it succeeded).
+    Watch { id: String },
+}
+
+/// Name, version and bytes of the package at `path`.
+fn pack(path: &std::path::Path) -> Result<(String, String, Vec<u8>), CliError> {
+    if path.is_dir() {
+        return crate::package::pack_dir(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())));
+    }
+    let info = crate::package::inspect_package(path, &crate::package::ExtractLimits::default())
+        .map_err(|e| CliError::Usage(format!("{}: {}", path.display(), crate::error::ErrorChain(&e))))?;
+    let spec = crate::spec::ComponentSpec::parse(&info.spec_toml)
+        .map_err(|e| CliError::Usage(format!("{}: component.toml: {e}", path.display())))?;
+    let bytes = std::fs::read(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+    Ok((spec.component.name.clone(), spec.component.version.clone(), bytes))
+}
+
+pub async fn package(cmd: PackageCmd, target: &Target) -> Result<(), CliError> {
+    let client = Client::new(target)?;
+    match cmd {
+        PackageCmd::Push { path } => {
+            let (name, version, bytes) = pack(&path)?;
+            let v = client.put_bytes(&format!("/packages/{name}/{version}"), bytes).await?;
+            show(target, &v, |v| format!("{name}:{version} uploaded (sha256 {})", field(v, "sha256")));
+        }
+        PackageCmd::Ls => {
+            let v = client.get("/packages").await?;
+            show(target, &v, |v| {
+                let rows: Vec<Vec<String>> = v["packages"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|p| {
+                                vec![field(p, "name"), field(p, "version"), field(p, "size"), field(p, "uploaded_at")]
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                table(&["NAME", "VERSION", "BYTES", "UPLOADED"], &rows)
+            });
+        }
+        PackageCmd::Rm { name, version } => {
+            let v = client.call(Method::DELETE, &format!("/packages/{name}/{version}"), None).await?;
+            show(target, &v, |_| format!("{name}:{version} deleted"));
+        }
+    }
+    Ok(())
+}
+
+pub async fn node(cmd: NodeCmd, target: &Target) -> Result<(), CliError> {
+    let client = Client::new(target)?;
+    match cmd {
+        NodeCmd::Ls => {
+            let nodes = client.get_all("/nodes", "nodes").await?;
+            show(target, &json!({ "nodes": nodes }), |_| {
+                let rows: Vec<Vec<String>> = nodes.iter().map(node_row).collect();
+                table(&["NODE", "STATUS", "HEARTBEAT", "ADDRESS", "INSTANCES", "KIND"], &rows)
+            });
+        }
+        NodeCmd::Get { id } => {
+            let v = client.get(&format!("/nodes/{id}")).await?;
+            show(target, &v, |v| {
+                let n = if v["node"].is_object() { &v["node"] } else { v };
+                table(&["NODE", "STATUS", "HEARTBEAT", "ADDRESS", "INSTANCES", "KIND"], &[node_row(n)])
+            });
+        }
+    }
+    Ok(())
+}
+
+fn node_row(n: &Value) -> Vec<String> {
+    let age = n["heartbeat_age_ms"].as_u64().map(|ms| format!("{:.1}s ago", ms as f64 / 1000.0));
+    let status =
+        if n["connected"] == true { field(n, "status") } else { format!("{} (disconnected)", field(n, "status")) };
+    vec![
+        field(n, "id"),
+        status,
+        age.unwrap_or_else(|| "-".into()),
+        field(n, "address"),
+        field(n, "instance_count"),
+        if n["simulated"] == true { "simulated".into() } else { "agent".into() },
+    ]
+}
+
+pub async fn op(cmd: OpCmd, target: &Target) -> Result<(), CliError> {
+    let client = Client::new(target)?;
+    match cmd {
+        OpCmd::Ls { cluster, limit } => {
+            let mut path = format!("/operations?limit={}", limit.clamp(1, 1000));
+            if let Some(c) = cluster {
+                path.push_str(&format!("&cluster={c}"));
+            }
+            let v = client.get(&path).await?;
+            show(target, &v, |v| {
+                let rows: Vec<Vec<String>> = v["operations"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|o| {
+                                vec![
+                                    field(o, "id"),
+                                    field(o, "kind"),
+                                    field(o, "cluster"),
+                                    field(o, "status"),
+                                    field(o, "created_at"),
+                                ]
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                table(&["OPERATION", "KIND", "CLUSTER", "STATUS", "CREATED"], &rows)
+            });
+        }
+        OpCmd::Get { id } => {
+            let v = client.get(&format!("/operations/{id}")).await?;
+            show(target, &v["operation"], describe_op);
+        }
+        OpCmd::Watch { id } => {
+            let op = super::wait::follow(&client, target, &id).await?;
+            show(target, &op, describe_op);
+            super::wait::outcome(op)?;
+        }
+    }
+    Ok(())
+}
+
+/// An operation for people: its header, then each step and its failures.
+fn describe_op(o: &Value) -> String {
+    let mut out = format!(
+        "{} {} on {}: {}{}\n",
+        field(o, "kind"),
+        field(o, "id"),
+        field(o, "cluster"),
+        field(o, "status"),
+        o["error"].as_str().map(|e| format!(" ({e})")).unwrap_or_default()
+    );
+    for s in o["steps"].as_array().into_iter().flatten() {
+        let results = s["results"].as_array().cloned().unwrap_or_default();
+        let ok = results.iter().filter(|r| r["ok"] == true).count();
+        out.push_str(&format!("  {:<28} {:<10} {ok}/{} ok\n", field(s, "name"), field(s, "status"), results.len()));
+        for r in results.iter().filter(|r| r["ok"] != true) {
+            out.push_str(&format!(
+                "    {}: {} (exit {})\n",
+                field(r, "instance"),
+                field(r, "message"),
+                field(r, "exit_code")
+            ));
+            let tail = field(r, "stderr_tail");
+            if !tail.is_empty() && tail != "-" {
+                out.push_str(&format!("      stderr: {}\n", tail.trim_end().replace('\n', "\n      ")));
+            }
+        }
+    }
+    out.trim_end().to_string()
+}

@@ -1,0 +1,259 @@
+//! The CLI end to end against `flotilla dev` (a master and three real
+//! agents, the example packages loaded): every verb, its exit codes, its
+//! `--json` output parsed, and what it did checked through the API and on
+//! the instances' own pages.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// `flotilla dev` in a temp dir, stopped (Ctrl-C) when dropped.
+struct Dev {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Dev {
+    fn start() -> Dev {
+        let dir = tempfile::Builder::new().prefix("flotilla-cli-").tempdir().expect("temp dir");
+        let log = std::fs::File::create(dir.path().join("dev.log")).expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["dev", "--http-addr", "127.0.0.1:0", "--agents", "3", "--data-dir"])
+            .arg(dir.path())
+            .arg("--examples")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/components"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start flotilla dev");
+        let dev = Dev { child, dir };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !dev.endpoints().exists() {
+            assert!(Instant::now() < deadline, "flotilla dev wrote no endpoints.json in 60 s:\n{}", dev.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        dev
+    }
+
+    fn endpoints(&self) -> PathBuf {
+        self.dir.path().join("endpoints.json")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("dev.log")).unwrap_or_default()
+    }
+
+    /// `flotilla ARGS --endpoints ...` with `env`: (exit code, stdout, stderr).
+    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .arg("--endpoints")
+            .arg(self.endpoints())
+            .env_remove("FLOTILLA_API")
+            .env_remove("FLOTILLA_TOKEN")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run flotilla");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+        (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+    }
+
+    /// Runs a verb that must succeed; its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let (code, out, err) = self.run(args, &[]);
+        assert_eq!(code, 0, "flotilla {args:?}: exit {code}\nstdout: {out}\nstderr: {err}\n{}", self.log());
+        out
+    }
+
+    /// Runs a verb with `--json`; its output parsed.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let out = self.ok(&all);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("flotilla {args:?} --json: not JSON ({e}): {out}"))
+    }
+
+    fn cluster(&self, name: &str) -> Value {
+        self.json(&["cluster", "get", name])
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn instances(c: &Value) -> Vec<Value> {
+    c["instances"].as_array().cloned().unwrap_or_default()
+}
+
+fn statuses(c: &Value) -> Vec<String> {
+    instances(c).iter().map(|i| i["status"].as_str().unwrap_or("").to_string()).collect()
+}
+
+/// The page one instance serves.
+fn page(i: &Value) -> String {
+    let url = format!("http://{}:{}/", i["host"].as_str().unwrap(), i["ports"]["http"]);
+    let out = Command::new("curl").args(["-s", "--max-time", "5", &url]).output().expect("curl");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+#[test]
+fn every_verb_against_flotilla_dev_with_exit_codes_and_json() {
+    let dev = Dev::start();
+    let d = &dev;
+
+    // Nodes and packages as dev left them.
+    let nodes = d.json(&["node", "ls"]);
+    let ready = nodes["nodes"].as_array().unwrap().iter().filter(|n| n["status"] == "Ready").count();
+    assert_eq!(ready, 3, "{nodes:#}");
+    assert_eq!(d.json(&["node", "get", "node-2"])["id"], "node-2");
+    let table = d.ok(&["node", "ls"]);
+    assert!(table.starts_with("NODE") && table.contains("node-3"), "{table}");
+    let pkgs = d.json(&["package", "ls"]);
+    assert!(pkgs["packages"].as_array().unwrap().iter().any(|p| p["name"] == "web"), "{pkgs:#}");
+
+    // Create, waiting for the operation; the page shows the config.
+    let out = d.ok(&[
+        "cluster",
+        "create",
+        "demo",
+        "--package",
+        "web:1.0.0",
+        "--role",
+        "server=2",
+        "--config",
+        "greeting=hi-from-cli",
+    ]);
+    assert!(out.contains("Create") && out.contains("succeeded"), "{out}");
+    let c = d.cluster("demo");
+    assert_eq!((c["status"].as_str(), statuses(&c)), (Some("Active"), vec!["Running".to_string(); 2]), "{c:#}");
+    assert!(page(&instances(&c)[0]).contains("hi-from-cli"));
+    let ls = d.json(&["cluster", "ls"]);
+    assert_eq!(ls["clusters"][0]["name"], "demo", "{ls:#}");
+
+    // Scale out and in.
+    d.ok(&["cluster", "scale", "demo", "server", "--add", "1"]);
+    let c = d.cluster("demo");
+    assert_eq!(instances(&c).len(), 3);
+    let gone = instances(&c)[0]["id"].as_str().unwrap().to_string();
+    d.ok(&["cluster", "scale", "demo", "server", "--remove", &gone]);
+    let c = d.cluster("demo");
+    assert_eq!(instances(&c).len(), 2);
+    assert!(instances(&c).iter().all(|i| i["id"] != gone.as_str()));
+
+    // Config change: every page says the new greeting.
+    d.ok(&["cluster", "config", "demo", "greeting=bonjour-cli"]);
+    for i in instances(&d.cluster("demo")) {
+        assert!(page(&i).contains("bonjour-cli"), "{} still serves the old page", i["id"]);
+    }
+
+    // Stop, start, restart; one instance's restart changes only its pid.
+    d.ok(&["cluster", "stop", "demo"]);
+    assert_eq!(statuses(&d.cluster("demo")), vec!["Stopped".to_string(); 2]);
+    d.ok(&["cluster", "start", "demo"]);
+    d.ok(&["cluster", "restart", "demo"]);
+    let before = instances(&d.cluster("demo"));
+    let one = before[0]["id"].as_str().unwrap();
+    d.ok(&["cluster", "restart", "demo", "--instance", one]);
+    let after = instances(&d.cluster("demo"));
+    assert_ne!(after[0]["pid"], before[0]["pid"], "the restarted instance has a new pid");
+    assert_eq!(after[1]["pid"], before[1]["pid"], "the other one kept its process");
+
+    // Resize (limits), upgrade to a pushed version, remove the old one.
+    d.ok(&["cluster", "resize", "demo", "server", "--memory", "256M"]);
+    let v2 = tempfile::tempdir().unwrap();
+    copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/components/web"), v2.path());
+    let spec = std::fs::read_to_string(v2.path().join("component.toml")).unwrap();
+    std::fs::write(v2.path().join("component.toml"), spec.replace("version = \"1.0.0\"", "version = \"1.0.1\""))
+        .unwrap();
+    let pushed = d.ok(&["package", "push", v2.path().to_str().unwrap()]);
+    assert!(pushed.contains("web:1.0.1"), "{pushed}");
+    d.ok(&["cluster", "upgrade", "demo", "1.0.1"]);
+    assert_eq!(d.cluster("demo")["package"]["version"], "1.0.1");
+    d.ok(&["package", "rm", "web", "1.0.0"]);
+    assert!(
+        !d.json(&["package", "ls"])["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["version"] == "1.0.0" && p["name"] == "web")
+    );
+
+    // Operations: listed newest first, one read whole, one watched.
+    let ops = d.json(&["op", "ls", "--cluster", "demo", "--limit", "50"]);
+    let kinds: Vec<&str> = ops["operations"].as_array().unwrap().iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"Upgrade"), "{kinds:?}");
+    assert!(kinds.contains(&"Create") && kinds.contains(&"ScaleIn") && kinds.contains(&"Reconfigure"), "{kinds:?}");
+    let create_id = ops["operations"].as_array().unwrap().last().unwrap()["id"].as_str().unwrap().to_string();
+    let op = d.json(&["op", "get", &create_id]);
+    assert_eq!((op["kind"].as_str(), op["status"].as_str()), (Some("Create"), Some("Succeeded")), "{op:#}");
+    let (code, out, _) = d.run(&["op", "watch", &create_id], &[]);
+    assert_eq!(code, 0, "{out}");
+
+    // --no-wait answers before the end; op watch follows it.
+    let started = d.json(&["cluster", "create", "quick", "--package", "web:1.0.1", "--role", "server=1", "--no-wait"]);
+    let quick_op = started["id"].as_str().expect("the operation").to_string();
+    d.ok(&["op", "watch", &quick_op]);
+    assert_eq!(d.cluster("quick")["status"], "Active");
+
+    // The event stream (killed after a moment): JSON lines, the creates there.
+    let mut events = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["events", "--after", "0", "--kind", "cluster.created", "--json", "--endpoints"])
+        .arg(dev.endpoints())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = events.kill();
+    let out = events.wait_with_output().unwrap();
+    let lines: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let created: Vec<&str> = lines.iter().map(|e| e["cluster"].as_str().unwrap()).collect();
+    assert_eq!(created, vec!["demo", "quick"], "{lines:#?}");
+
+    // Exit codes: refused request 1, usage 2, bad token or no API 3.
+    assert_eq!(d.run(&["cluster", "upgrade", "demo", "9.9.9"], &[]).0, 1, "an unknown version");
+    assert_eq!(d.run(&["cluster", "get", "nope"], &[]).0, 1);
+    assert_eq!(d.run(&["cluster", "scale", "demo", "server", "--add", "100"], &[]).0, 1, "over count.max");
+    assert_eq!(d.run(&["cluster", "scale", "demo", "server"], &[]).0, 2, "neither --add nor --remove");
+    assert_eq!(d.run(&["cluster", "create", "x", "--package", "web"], &[]).0, 2, "no version");
+    assert_eq!(d.run(&["cluster", "frob"], &[]).0, 2);
+    assert_eq!(d.run(&["cluster", "ls"], &[("FLOTILLA_TOKEN", "flt_000000000000_00")]).0, 3);
+    assert_eq!(d.run(&["cluster", "ls"], &[("FLOTILLA_API", "http://127.0.0.1:1")]).0, 3);
+
+    // Delete both; the cluster is gone (exit 1 to get it).
+    d.ok(&["cluster", "delete", "quick"]);
+    d.ok(&["cluster", "delete", "demo"]);
+    let (code, _, err) = d.run(&["cluster", "get", "demo"], &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not_found"), "{err}");
+    assert!(d.json(&["cluster", "ls"])["clusters"].as_array().unwrap().is_empty());
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&dest).unwrap();
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), &dest).unwrap();
+        }
+    }
+}
