@@ -61,6 +61,8 @@ pub struct MasterConfig {
     /// `GET /api/v1/health` answers without an API token (every other
     /// route needs one).
     pub open_health: bool,
+    /// `GET /metrics` answers without an API token.
+    pub open_metrics: bool,
     /// Events kept in the store (`GET /events` replays from them); older
     /// ones are deleted.
     pub events_retained: usize,
@@ -88,6 +90,7 @@ impl Default for MasterConfig {
             writer_queue: 8192,
             operations_retained: 1000,
             open_health: true,
+            open_metrics: false,
             events_retained: 100_000,
         }
     }

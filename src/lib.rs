@@ -22,7 +22,7 @@
 //! | [`http`] | the actix-web admin API: routes, DTOs, error mapping |
 //! | [`agent`] | the node manager: connection, installer, process control, local state |
 //! | [`master`] | wiring that starts a master: storage, actors, listeners, the first API token (`--init`) |
-//! | [`cli`] | the command-line client (`flotilla cluster|package|node|op|events|token`): finding the master, waiting for operations, exit codes |
+//! | [`cli`] | the command-line client (`flotilla cluster`, `package`, `node`, `op`, `events`, `token`): finding the master, waiting for operations, exit codes |
 //! | [`dev`] | `flotilla dev`: a master and N agents on loopback |
 //! | [`bench`] | `flotilla bench`: simulated agents (the real protocol, a fake process layer) and the load driver |
 //! | [`package`] | package tarballs: reading `component.toml` out of an upload |

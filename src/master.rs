@@ -280,18 +280,30 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         max_upload_bytes: cfg.max_upload_bytes,
         tokens,
         open_health: cfg.open_health,
+        open_metrics: cfg.open_metrics,
+        metrics: match crate::http::metrics::install() {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics are not recorded");
+                None
+            }
+        },
     };
     let max_json = cfg.max_json_bytes;
-    let server = HttpServer::new(move || App::new().configure(|c| crate::http::configure(c, state.clone(), max_json)))
-        .workers(cfg.http_workers.max(1))
-        .worker_max_blocking_threads(HTTP_BLOCKING_THREADS)
-        // Signals are ours (below): the store must freeze before anything closes.
-        .disable_signals()
-        // Long polls (`?wait=`) would hold a graceful stop for their full wait.
-        .shutdown_timeout(5)
-        .listen(http_listener)
-        .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?
-        .run();
+    let server = HttpServer::new(move || {
+        App::new()
+            .wrap(actix_web::middleware::from_fn(crate::http::metrics::track))
+            .configure(|c| crate::http::configure(c, state.clone(), max_json))
+    })
+    .workers(cfg.http_workers.max(1))
+    .worker_max_blocking_threads(HTTP_BLOCKING_THREADS)
+    // Signals are ours (below): the store must freeze before anything closes.
+    .disable_signals()
+    // Long polls (`?wait=`) would hold a graceful stop for their full wait.
+    .shutdown_timeout(5)
+    .listen(http_listener)
+    .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?
+    .run();
 
     tracing::info!(api = %format!("http://{http_addr}/api/v1"), agents = %agent_addr, threads, "master ready");
     if let Some(path) = &cfg.endpoints_file {

@@ -25,6 +25,7 @@ mod integration {
     mod hooks;
     mod lifecycle;
     mod master_restart;
+    mod metrics;
     mod order;
     mod overload;
     mod protocol_battery;

@@ -37,7 +37,10 @@ pub async fn require_token(
 }
 
 /// The id of the valid token `header` presents.
-fn check(state: &AppState, header: Option<&actix_web::http::header::HeaderValue>) -> Result<String, ApiError> {
+pub(crate) fn check(
+    state: &AppState,
+    header: Option<&actix_web::http::header::HeaderValue>,
+) -> Result<String, ApiError> {
     let Some(value) = header else {
         return Err(unauthorized("this API needs a token: send `Authorization: Bearer <token>`"));
     };

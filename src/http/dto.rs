@@ -172,7 +172,7 @@ impl ClusterDto {
 }
 
 /// Every instance status, in `InstanceStatus as usize` order.
-const ALL_STATUSES: [InstanceStatus; 10] = [
+pub const INSTANCE_STATUSES: [InstanceStatus; 10] = [
     InstanceStatus::Pending,
     InstanceStatus::Installing,
     InstanceStatus::Installed,
@@ -184,6 +184,15 @@ const ALL_STATUSES: [InstanceStatus; 10] = [
     InstanceStatus::Lost,
     InstanceStatus::Deleting,
 ];
+
+/// A cluster's instances by status (the statuses it has any of).
+pub fn instance_counts(snap: &ClusterSnapshot) -> Vec<(String, u32)> {
+    INSTANCE_STATUSES
+        .iter()
+        .filter(|s| snap.counts.statuses[**s as usize] > 0)
+        .map(|s| (format!("{s:?}"), snap.counts.statuses[*s as usize]))
+        .collect()
+}
 
 /// A cluster in `GET /clusters`: no instance list, counts instead.
 #[derive(Debug, Serialize)]
@@ -208,11 +217,7 @@ impl ClusterSummaryDto {
         for (role, n) in &snap.counts.roles {
             roles.entry(role.clone()).or_insert(RoleDto { count: 0 }).count = *n;
         }
-        let by_status: BTreeMap<String, u32> = ALL_STATUSES
-            .iter()
-            .filter(|s| snap.counts.statuses[**s as usize] > 0)
-            .map(|s| (format!("{s:?}"), snap.counts.statuses[*s as usize]))
-            .collect();
+        let by_status: BTreeMap<String, u32> = instance_counts(snap).into_iter().collect();
         ClusterSummaryDto {
             name: c.name.clone(),
             id: c.id.to_string(),
@@ -380,7 +385,7 @@ mod tests {
 
     #[test]
     fn every_status_is_counted_at_its_own_index() {
-        for (i, s) in ALL_STATUSES.iter().enumerate() {
+        for (i, s) in INSTANCE_STATUSES.iter().enumerate() {
             assert_eq!(*s as usize, i, "{s:?}");
         }
     }

@@ -12,6 +12,7 @@ mod clusters;
 pub mod dto;
 pub mod error;
 mod events;
+pub mod metrics;
 mod packages;
 mod status;
 mod tokens;
@@ -37,6 +38,10 @@ pub struct AppState {
     pub tokens: Arc<ApiTokens>,
     /// `GET /api/v1/health` answers without a token.
     pub open_health: bool,
+    /// `GET /metrics` answers without a token.
+    pub open_metrics: bool,
+    /// The metrics recorder's handle (`None`: not recorded here).
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl AppState {
@@ -83,5 +88,6 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: 
                 .route("/clusters/{name}/roles/{role}", web::patch().to(clusters::resize))
                 .route("/clusters/{name}/instances/{id}/{verb}", web::post().to(clusters::instance_verb)),
         )
+        .route("/metrics", web::get().to(metrics::scrape))
         .default_service(web::to(status::not_found));
 }

@@ -112,7 +112,12 @@ impl<In: DeserializeOwned, Out> Decoder for FrameCodec<In, Out> {
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<In>, ProtocolError> {
         match self.inner.decode(src) {
-            Ok(Some(frame)) => decode_payload(&frame).map(Some),
+            Ok(Some(frame)) => {
+                // A no-op unless a recorder is installed (the master's).
+                metrics::counter!("flotilla_agent_link_bytes_total", "direction" => "received")
+                    .increment(frame.len() as u64 + 4);
+                decode_payload(&frame).map(Some)
+            }
             Ok(None) => Ok(None),
             Err(e) if is_length_error(&e) => {
                 // The inner codec refuses in its header state without
@@ -141,6 +146,7 @@ impl<In, Out: Serialize> Encoder<Out> for FrameCodec<In, Out> {
 
     fn encode(&mut self, item: Out, dst: &mut BytesMut) -> Result<(), ProtocolError> {
         let payload = encode_payload(&item)?;
+        metrics::counter!("flotilla_agent_link_bytes_total", "direction" => "sent").increment(payload.len() as u64 + 4);
         self.inner.encode(Bytes::from(payload), dst).map_err(ProtocolError::Io)
     }
 }

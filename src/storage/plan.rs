@@ -88,6 +88,25 @@ pub enum Action {
 }
 
 impl Action {
+    /// A short name of what it does (a metrics label; no ids).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Action::Install(_) => "install",
+            Action::Start(_) => "start",
+            Action::Stop(_) => "stop",
+            Action::WriteFiles(_) => "write_files",
+            Action::Reconfigure(_) => "reconfigure",
+            Action::Roll(_) => "roll",
+            Action::Hook { .. } => "hook",
+            Action::DeleteOnAgent(_) => "delete_on_agent",
+            Action::Allocate(_) => "allocate",
+            Action::Forget(_) => "forget",
+            Action::SetPackage(_) => "set_package",
+            Action::SetConfig(_) => "set_config",
+            Action::SetLimits { .. } => "set_limits",
+        }
+    }
+
     /// The instances the action touches (empty for definition changes).
     pub fn instances(&self) -> &[InstanceId] {
         match self {

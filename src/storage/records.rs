@@ -129,6 +129,26 @@ pub enum ClusterStatus {
     Error,
 }
 
+/// Every cluster status (for metrics that must show each, even at 0).
+pub const CLUSTER_STATUSES: [ClusterStatus; 16] = [
+    ClusterStatus::Validating,
+    ClusterStatus::Installing,
+    ClusterStatus::Configuring,
+    ClusterStatus::Starting,
+    ClusterStatus::Active,
+    ClusterStatus::Scaling,
+    ClusterStatus::AddingInstances,
+    ClusterStatus::Decommissioning,
+    ClusterStatus::DeletingInstances,
+    ClusterStatus::Stopping,
+    ClusterStatus::Stopped,
+    ClusterStatus::Restarting,
+    ClusterStatus::Upgrading,
+    ClusterStatus::Reconfiguring,
+    ClusterStatus::Deleting,
+    ClusterStatus::Error,
+];
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoleState {
     // The role's instance count is not stored: it is derived from the

@@ -350,7 +350,12 @@ fn run(
         {
             batch.delete_range_cf(handle, from, to);
         }
-        match db.write_opt(batch, &sync) {
+        let started = std::time::Instant::now();
+        let written = db.write_opt(batch, &sync);
+        // No-ops unless a process installed a recorder (the master does).
+        metrics::histogram!("flotilla_store_commit_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!("flotilla_store_batch_requests").record(waiting.len() as f64);
+        match written {
             Ok(()) => {
                 stats.batches.fetch_add(1, Ordering::Relaxed);
                 stats.commits.fetch_add(waiting.len() as u64, Ordering::Relaxed);

@@ -256,6 +256,15 @@ impl ClusterOps {
     /// Runs `action`, appending an `operation.progress` event each second
     /// in which its instance commands moved on.
     async fn run_reporting(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure> {
+        let started = std::time::Instant::now();
+        let r = self.run_with_progress(action).await;
+        let result = if r.is_ok() { "ok" } else { "failed" };
+        metrics::histogram!("flotilla_step_duration_seconds", "action" => action.label(), "result" => result)
+            .record(started.elapsed().as_secs_f64());
+        r
+    }
+
+    async fn run_with_progress(&self, action: &Action) -> Result<Vec<InstanceResult>, StepFailure> {
         let work = self.run_action_now(action);
         tokio::pin!(work);
         let mut seen = self.progress();
@@ -321,6 +330,9 @@ impl OperationContext for ClusterOps {
     async fn complete(&self, record: &OperationRecord, outcome: &Outcome) -> Result<(), String> {
         let verb = format!("{:?}", self.kind).to_lowercase();
         let name = self.cluster_name();
+        let kind = format!("{:?}", self.kind);
+        metrics::counter!("flotilla_operations_total", "kind" => kind, "result" => format!("{:?}", record.status))
+            .increment(1);
         // An ended operation keeps no plan: nothing will resume it.
         let mut ended = record.clone();
         ended.resume = None;
