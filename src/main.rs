@@ -64,6 +64,9 @@ enum Command {
         /// With --init: write the first token to this file (mode 0600).
         #[arg(long, requires = "init")]
         token_file: Option<PathBuf>,
+        /// `text` (colours only on a terminal) or `json` (one object per line).
+        #[arg(long)]
+        log_format: Option<String>,
     },
     /// Run a node manager (agent) that dials the master.
     Agent {
@@ -92,6 +95,9 @@ enum Command {
         /// Stop every instance when the agent exits (dev mode).
         #[arg(long)]
         stop_instances_on_exit: bool,
+        /// `text` (colours only on a terminal) or `json` (one object per line).
+        #[arg(long)]
+        log_format: Option<String>,
     },
     /// A master and N agents on loopback, with the example packages loaded.
     Dev(flotilla::dev::DevArgs),
@@ -165,10 +171,16 @@ fn client<F: std::future::Future<Output = Result<(), flotilla::cli::CliError>>>(
     Ok(())
 }
 
-fn init_logs(format: LogFormat) {
+/// Log lines on stderr: colours only on a terminal (a file or a pipe gets
+/// plain text), or one JSON object per line.
+fn init_logs(format: LogFormat, default_filter: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
@@ -179,10 +191,18 @@ fn path_str(p: &std::path::Path) -> String {
     p.display().to_string()
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// A handled error at exit is one line with its causes (`a: b: c`), not a
+/// backtrace.
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("flotilla: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Master { config, data_dir, http_addr, agent_addr, endpoints_file, init, token_file } => {
+        Command::Master { config, data_dir, http_addr, agent_addr, endpoints_file, init, token_file, log_format } => {
             tune_allocator();
             let mut o: Vec<(&str, String)> = Vec::new();
             if let Some(v) = &data_dir {
@@ -197,8 +217,11 @@ fn main() -> anyhow::Result<()> {
             if let Some(v) = &endpoints_file {
                 o.push(("endpoints_file", path_str(v)));
             }
+            if let Some(v) = log_format {
+                o.push(("log_format", v));
+            }
             let cfg = MasterConfig::load(config.as_deref(), &o)?;
-            init_logs(cfg.log_format);
+            init_logs(cfg.log_format, "info");
             let rt = flotilla::master::runtime().context("cannot start the runtime")?;
             let init = match (init, token_file) {
                 (false, _) => flotilla::master::Init::No,
@@ -218,6 +241,7 @@ fn main() -> anyhow::Result<()> {
             allow_root,
             no_cgroups,
             stop_instances_on_exit,
+            log_format,
         } => {
             let mut o: Vec<(&str, String)> = Vec::new();
             for (k, v) in [
@@ -243,8 +267,11 @@ fn main() -> anyhow::Result<()> {
             if stop_instances_on_exit {
                 o.push(("stop_instances_on_exit", "true".into()));
             }
+            if let Some(v) = log_format {
+                o.push(("log_format", v));
+            }
             let cfg = AgentConfig::load(config.as_deref(), &o)?;
-            init_logs(cfg.log_format);
+            init_logs(cfg.log_format, "info");
             let rt = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
             let result = rt.block_on(flotilla::agent::run(cfg, flotilla::dev::shutdown_signal()));
             // A blocking task that never returns (a /proc read stuck on a
@@ -253,14 +280,12 @@ fn main() -> anyhow::Result<()> {
             result.context("agent failed")?;
         }
         Command::Dev(args) => {
-            init_logs(LogFormat::Text);
+            init_logs(LogFormat::Text, "info");
             let rt = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
             rt.block_on(flotilla::dev::run(args))?;
         }
         Command::Bench(args) => {
-            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-            tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+            init_logs(LogFormat::Text, "warn");
             let rt = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
             let report = rt.block_on(flotilla::bench::run(args)).map_err(anyhow::Error::msg)?;
             println!("{}", report.table());

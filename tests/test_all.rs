@@ -24,6 +24,7 @@ mod integration {
     mod grandchild;
     mod hooks;
     mod lifecycle;
+    mod logs;
     mod master_restart;
     mod metrics;
     mod order;

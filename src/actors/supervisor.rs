@@ -434,27 +434,26 @@ impl Handler<Create> for Supervisor {
 }
 
 impl Handler<ClusterGone> for Supervisor {
-    type Result = ();
+    /// Answered once the trim is durable, so the delete ends only then:
+    /// `GET /operations` right after it shows the bounded set.
+    type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, msg: ClusterGone, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: ClusterGone, _ctx: &mut Context<Self>) -> Self::Result {
         let ClusterGone { name, cluster, operations, slot } = msg;
         slot.begin("cluster gone");
         self.shared.registry.remove(&name);
         tracing::info!(cluster = %name, "cluster deleted");
         let writes = self.gone.add(cluster, operations);
-        if !writes.is_empty() {
-            // Best effort: what a failed write leaves is trimmed at the next boot.
-            let store = self.shared.store.clone();
-            ctx.spawn(
-                async move {
-                    if let Err(e) = store.commit(writes).await {
-                        tracing::warn!(error = %e, "cannot delete old operations of deleted clusters");
-                    }
-                }
-                .into_actor(self),
-            );
-        }
         self.stats.end(None);
+        let store = self.shared.store.clone();
+        Box::pin(async move {
+            // Best effort: what a failed write leaves is trimmed at the next boot.
+            if !writes.is_empty()
+                && let Err(e) = store.commit(writes).await
+            {
+                tracing::warn!(error = %e, "cannot delete old operations of deleted clusters");
+            }
+        })
     }
 }
 

@@ -219,7 +219,7 @@ impl Node {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let (ctx, identity) = {
             let slot = self.slot(id);
-            let guard = slot.record.lock().await;
+            let guard = slot.lock("health").await;
             let Some(rec) = guard.as_ref() else { return not_installed(id) };
             let Some(identity) = rec.pid.clone().filter(|p| self.processes.is_alive(p)) else {
                 return failure(FailureKind::Health, format!("instance {id} is not running"));

@@ -54,7 +54,7 @@ impl Node {
         }
         let slot = self.slot(id);
         // Held until the hook ended: see the module doc.
-        let mut guard = slot.record.lock().await;
+        let mut guard = slot.lock("hook").await;
         let rec = match admit(&mut guard, id, generation) {
             Ok(rec) => rec,
             Err(refused) => return refused,

@@ -77,6 +77,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         cgroups,
         resource_limits,
     };
+    let dumper = tokio::spawn(dump_on_sigusr2(Arc::clone(&node)));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let link = tokio::spawn(connection::serve(
         Arc::clone(&node),
@@ -94,5 +95,20 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         node.stop_all().await;
     }
     node.processes.remove_empty_bases();
+    dumper.abort();
     Ok(())
+}
+
+/// `kill -USR2 <agent>`: every instance slot, with its pid identity and
+/// who holds its lock, to the log.
+async fn dump_on_sigusr2(node: Arc<node::Node>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut usr2) = signal(SignalKind::user_defined2()) else { return };
+    while usr2.recv().await.is_some() {
+        let lines = node.dump();
+        tracing::info!(target: "flotilla::dump", slots = lines.len(), "SIGUSR2: instance slots");
+        for line in lines {
+            tracing::info!(target: "flotilla::dump", "{line}");
+        }
+    }
 }

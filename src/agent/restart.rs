@@ -69,7 +69,7 @@ impl Node {
         tokio::spawn(async move {
             let info = exit.await;
             let slot = node.slot(&id);
-            let mut guard = slot.record.lock().await;
+            let mut guard = slot.lock("restart").await;
             let Some(rec) = guard.as_mut() else { return };
             if rec.pid.as_ref() != Some(&identity) {
                 return; // a newer process, or stopped already
@@ -109,7 +109,7 @@ impl Node {
     async fn restart_after_crash(self: &Arc<Self>, id: &InstanceId) -> Option<AgentEvent> {
         let generation = {
             let slot = self.slot(id);
-            let guard = slot.record.lock().await;
+            let guard = slot.lock("restart check").await;
             let rec = guard.as_ref()?;
             if !rec.desired_running || rec.pid.is_some() {
                 return None;

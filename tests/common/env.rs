@@ -359,6 +359,21 @@ impl TestEnv {
         std::fs::read_to_string(self.root_path.join("master.log")).unwrap_or_default()
     }
 
+    /// Agent `i`'s log (1..=3).
+    pub fn agent_log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.root_path.join(format!("agent-{i}.log"))).unwrap_or_default()
+    }
+
+    /// Sends `sig` to the master.
+    pub fn signal_master(&self, sig: Signal) {
+        signal(self.master.as_ref().expect("the master is running"), sig);
+    }
+
+    /// Sends `sig` to agent `i` (1..=3).
+    pub fn signal_agent(&self, i: usize, sig: Signal) {
+        signal(&self.agents[i - 1], sig);
+    }
+
     pub fn log_tails(&self) -> String {
         let mut out = String::new();
         let mut files = vec![self.root_path.join("master.log")];

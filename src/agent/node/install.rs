@@ -106,7 +106,7 @@ impl Node {
     /// the run-as user, and records the instance.
     pub async fn complete_install(&self, begin: InstallBegin, staging: PathBuf, run_as: users::RunAs) -> AgentResponse {
         let slot = self.slot(&begin.instance);
-        let mut guard = slot.record.lock().await;
+        let mut guard = slot.lock("install").await;
         // Every check of `check_install` that needs the record, again: it
         // may have skipped them (the lock was busy), and a command that
         // held the lock meanwhile may have moved the generation or started
@@ -201,7 +201,7 @@ mod tests {
 
         // Lock held: no wait (the call is not async), no refusal yet.
         let slot = t.node.slot(&id);
-        let held = slot.record.lock().await;
+        let held = slot.lock("install cleanup").await;
         let run_as = t.node.check_install(&begin(&id, 3)).expect("deferred while the lock is busy");
         assert!(t.node.check_install(&begin(&id, 1)).is_ok());
         drop(held);

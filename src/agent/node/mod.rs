@@ -33,10 +33,51 @@ pub struct RunAsPolicy {
     pub allow_root: bool,
 }
 
-/// One instance's slot: its record behind the lock that serializes commands.
+/// One instance's slot: its record behind the lock that serializes
+/// commands, and who holds that lock now (for `SIGUSR2` dumps).
 #[derive(Default)]
 pub struct Slot {
     pub record: tokio::sync::Mutex<Option<AgentInstanceRecord>>,
+    holder: Mutex<Option<(&'static str, std::time::Instant)>>,
+}
+
+/// The slot's lock, held for `what`; the holder is cleared on drop.
+pub struct SlotGuard<'a> {
+    guard: tokio::sync::MutexGuard<'a, Option<AgentInstanceRecord>>,
+    slot: &'a Slot,
+}
+
+impl Slot {
+    /// Waits for the lock and records `what` holds it.
+    pub async fn lock(&self, what: &'static str) -> SlotGuard<'_> {
+        let guard = self.record.lock().await;
+        *lock(&self.holder) = Some((what, std::time::Instant::now()));
+        SlotGuard { guard, slot: self }
+    }
+
+    /// `(what, for how long)` holds the lock now, if anything.
+    pub fn holder(&self) -> Option<(&'static str, std::time::Duration)> {
+        lock(&self.holder).map(|(what, since)| (what, since.elapsed()))
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        *lock(&self.slot.holder) = None;
+    }
+}
+
+impl std::ops::Deref for SlotGuard<'_> {
+    type Target = Option<AgentInstanceRecord>;
+    fn deref(&self) -> &Self::Target {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.guard
+    }
 }
 
 pub struct Node {
@@ -126,6 +167,41 @@ impl Node {
         lock(&self.slots).entry(id.clone()).or_default().clone()
     }
 
+    /// Every instance slot, one line each, for a `SIGUSR2` dump: its
+    /// record (generation, desired state, pid identity) unless a command
+    /// holds the lock, and who holds it for how long.
+    pub fn dump(&self) -> Vec<String> {
+        let mut slots: Vec<(InstanceId, Arc<Slot>)> =
+            lock(&self.slots).iter().map(|(id, s)| (id.clone(), s.clone())).collect();
+        slots.sort_by(|a, b| a.0.cmp(&b.0));
+        slots
+            .iter()
+            .map(|(id, slot)| {
+                let held = match slot.holder() {
+                    Some((what, d)) => format!("lock held by {what} for {} ms", d.as_millis()),
+                    None => "lock free".into(),
+                };
+                let record = match slot.record.try_lock() {
+                    Ok(g) => match g.as_ref() {
+                        Some(r) => {
+                            let pid = r.pid.as_ref().map_or("none".into(), |p| {
+                                format!("{} (start time {}, boot {})", p.pid, p.start_time, p.boot_id)
+                            });
+                            format!(
+                                "generation {}, desired {}, pid {pid}",
+                                r.generation,
+                                if r.desired_running { "running" } else { "stopped" }
+                            )
+                        }
+                        None => "no record".into(),
+                    },
+                    Err(_) => "record locked".into(),
+                };
+                format!("instance {id}: {record}; {held}")
+            })
+            .collect()
+    }
+
     /// Queues a report for the master; kept until it is acknowledged.
     pub(super) fn report(&self, event: AgentEvent) {
         self.outbox.push(event);
@@ -140,7 +216,7 @@ impl Node {
             .map_err(|e| crate::storage::StorageError::Codec(e.to_string()))??;
         for rec in snapshot.instances {
             let slot = self.slot(&rec.id);
-            *slot.record.lock().await = Some(rec);
+            *slot.lock("recover").await = Some(rec);
         }
         for t in snapshot.tombstones {
             tracing::info!(instance = %t.id, "finishing a delete interrupted by an agent restart");
@@ -149,7 +225,7 @@ impl Node {
         let slots: Vec<(InstanceId, Arc<Slot>)> =
             lock(&self.slots).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         for (id, slot) in slots {
-            let mut guard = slot.record.lock().await;
+            let mut guard = slot.lock("recover").await;
             let Some(rec) = guard.as_mut() else { continue };
             match &rec.pid {
                 Some(pid) if self.processes.is_alive(pid) => {
@@ -174,7 +250,7 @@ impl Node {
         let slots: Vec<Arc<Slot>> = lock(&self.slots).values().cloned().collect();
         let mut out = Vec::new();
         for slot in slots {
-            if let Some(r) = slot.record.lock().await.as_ref() {
+            if let Some(r) = slot.lock("inventory").await.as_ref() {
                 let running = r.pid.as_ref().is_some_and(|p| self.processes.is_alive(p));
                 out.push(InstanceReport {
                     instance: r.id.clone(),
@@ -201,7 +277,7 @@ impl Node {
         env: Option<Vec<(String, String)>>,
     ) -> AgentResponse {
         let slot = self.slot(id);
-        let mut guard = slot.record.lock().await;
+        let mut guard = slot.lock("write files").await;
         let rec = match admit(&mut guard, id, generation) {
             Ok(rec) => rec,
             Err(refused) => return refused,
@@ -253,7 +329,7 @@ impl Node {
     ) -> AgentResponse {
         let waited = tokio::time::Instant::now();
         let slot = self.slot(id);
-        let mut guard = slot.record.lock().await;
+        let mut guard = slot.lock("start").await;
         // The start timeout covers the health check too (see `gate_start`);
         // counted from here, not including the wait for the lock.
         let begun = tokio::time::Instant::now();
@@ -313,7 +389,7 @@ impl Node {
 
     pub async fn stop(&self, id: &InstanceId, generation: u64) -> AgentResponse {
         let slot = self.slot(id);
-        let mut guard = slot.record.lock().await;
+        let mut guard = slot.lock("stop").await;
         let rec = match admit(&mut guard, id, generation) {
             Ok(rec) => rec,
             Err(refused) => return refused,
@@ -346,7 +422,7 @@ impl Node {
             return failure(FailureKind::BadRequest, format!("{signal} is not a signal number"));
         };
         let slot = self.slot(id);
-        let mut guard = slot.record.lock().await;
+        let mut guard = slot.lock("signal").await;
         let rec = match admit(&mut guard, id, generation) {
             Ok(rec) => rec,
             Err(refused) => return refused,
@@ -379,7 +455,7 @@ impl Node {
             return failure(FailureKind::BadRequest, format!("instance id {id:?} is not a safe name"));
         }
         let slot = self.slot(id);
-        let mut guard = slot.record.lock().await;
+        let mut guard = slot.lock("delete").await;
         if let Some(rec) = guard.as_ref()
             && generation < rec.generation
         {
@@ -443,7 +519,7 @@ impl Node {
         for id in ids {
             tasks.push(async move {
                 let slot = self.slot(&id);
-                let guard = slot.record.lock().await;
+                let guard = slot.lock("stop all").await;
                 if let Some(rec) = guard.as_ref() {
                     let mut r = rec.clone();
                     r.desired_running = false;
