@@ -67,7 +67,7 @@ pub enum Init {
 }
 
 /// Creates the first token if `init` asks for it and there is none.
-async fn first_token(tokens: &ApiTokens, init: &Init) -> Result<(), MasterError> {
+async fn first_token(tokens: &Arc<ApiTokens>, init: &Init) -> Result<(), MasterError> {
     if !tokens.is_empty() {
         if *init != Init::No {
             tracing::info!("API tokens exist already: --init created none");

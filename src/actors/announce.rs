@@ -51,7 +51,9 @@ pub async fn watch_nodes(shared: Shared, every: std::time::Duration) {
         let now = OffsetDateTime::now_utc();
         let (unknown, down) = (shared.timing.node_unknown_after, shared.timing.node_down_after);
         let mut changed = Vec::new();
-        for (id, entry) in shared.read_model.nodes().iter() {
+        let nodes = shared.read_model.nodes();
+        seen.retain(|id, _| nodes.contains_key(id));
+        for (id, entry) in nodes.iter() {
             let state = (entry.live.status_at(now, unknown, down), entry.live.connected());
             if seen.get(id) != Some(&state) {
                 seen.insert(id.clone(), state);

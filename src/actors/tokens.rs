@@ -53,7 +53,7 @@ pub struct ApiTokens {
     table: ArcSwap<BTreeMap<String, Arc<TokenRecord>>>,
     /// Creates and revokes one at a time (each reads the table, writes the
     /// store, then swaps the table).
-    writes: tokio::sync::Mutex<()>,
+    writes: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl ApiTokens {
@@ -61,7 +61,7 @@ impl ApiTokens {
     pub fn load(store: Arc<dyn MetaStore>) -> Result<Arc<ApiTokens>, StorageError> {
         let records: Vec<TokenRecord> = meta::load(store.as_ref(), master_cf::TOKENS)?;
         let table = records.into_iter().map(|r| (r.id.clone(), Arc::new(r))).collect();
-        Ok(Arc::new(ApiTokens { store, table: ArcSwap::from_pointee(table), writes: tokio::sync::Mutex::new(()) }))
+        Ok(Arc::new(ApiTokens { store, table: ArcSwap::from_pointee(table), writes: Arc::default() }))
     }
 
     /// The token this `Authorization` value presents, if it is one of ours.
@@ -87,7 +87,7 @@ impl ApiTokens {
     }
 
     /// Creates a token named `name`; answers once it is durable.
-    pub async fn create(&self, name: &str) -> Result<NewToken, Error> {
+    pub async fn create(self: &Arc<Self>, name: &str) -> Result<NewToken, Error> {
         self.create_then(name, |_| Ok(())).await
     }
 
@@ -95,12 +95,12 @@ impl ApiTokens {
     /// before it is stored: a token that cannot be handed over (its file
     /// cannot be written) is never stored, so it cannot lock anyone out.
     pub async fn create_then(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         hand_over: impl FnOnce(&NewToken) -> Result<(), Error>,
     ) -> Result<NewToken, Error> {
         validate_name(name).map_err(|m| Error::invalid("invalid_name", format!("token name: {m}")))?;
-        let _one = self.writes.lock().await;
+        let one = self.writes.clone().lock_owned().await;
         let table = self.table.load_full();
         if table.len() >= MAX_TOKENS {
             return Err(Error::conflict("too_many_tokens", format!("at most {MAX_TOKENS} tokens; revoke one first")));
@@ -120,17 +120,38 @@ impl ApiTokens {
         };
         let new = NewToken { record, token: format!("{TOKEN_PREFIX}{id}_{secret}") };
         hand_over(&new)?;
-        self.store.try_commit(vec![WriteOp::put_token(&new.record)?]).await?;
         let mut next = (*table).clone();
         next.insert(id, Arc::new(new.record.clone()));
-        self.table.store(Arc::new(next));
+        self.commit_then_swap(one, WriteOp::put_token(&new.record)?, next).await?;
         Ok(new)
+    }
+
+    /// Writes `op`, then makes `next` the table, in a task of its own: a
+    /// caller that stops waiting (a client that hung up) cannot leave the
+    /// store changed and the table not (a revoked token still accepted).
+    /// The task holds the write lock until the table is swapped.
+    async fn commit_then_swap(
+        self: &Arc<Self>,
+        one: tokio::sync::OwnedMutexGuard<()>,
+        op: WriteOp,
+        next: BTreeMap<String, Arc<TokenRecord>>,
+    ) -> Result<(), Error> {
+        let me = self.clone();
+        let task = tokio::spawn(async move {
+            let written = me.store.try_commit(vec![op]).await;
+            if written.is_ok() {
+                me.table.store(Arc::new(next));
+            }
+            drop(one);
+            written
+        });
+        task.await.map_err(|e| Error::Internal { message: format!("token write task: {e}") })?.map_err(Error::from)
     }
 
     /// Revokes token `id`: from the answer on, it is refused. The last token
     /// is kept (without one, nobody could use the API to make another).
-    pub async fn revoke(&self, id: &str) -> Result<TokenRecord, Error> {
-        let _one = self.writes.lock().await;
+    pub async fn revoke(self: &Arc<Self>, id: &str) -> Result<TokenRecord, Error> {
+        let one = self.writes.clone().lock_owned().await;
         let table = self.table.load_full();
         let Some(record) = table.get(id) else {
             return Err(Error::not_found("token", id));
@@ -141,10 +162,9 @@ impl ApiTokens {
                 format!("token {id} is the only one left; create another before revoking it"),
             ));
         }
-        self.store.try_commit(vec![WriteOp::delete_token(id)]).await?;
         let mut next = (*table).clone();
         next.remove(id);
-        self.table.store(Arc::new(next));
+        self.commit_then_swap(one, WriteOp::delete_token(id), next).await?;
         Ok((**record).clone())
     }
 }

@@ -83,9 +83,20 @@ impl TestEnv {
     }
 
     /// Uploads `pkg`; asserts 201 Created (or 200 for the same bytes again).
+    /// Uploads `pkg` (retried while the master answers `503 overloaded`,
+    /// as a client would: tests with tight queues share them with the
+    /// master's own writes).
     pub async fn upload(&self, pkg: &PackageBuilder) -> Value {
         let path = format!("/packages/{}/{}", pkg.name(), pkg.version());
-        let (status, body) = self.put_bytes(&path, pkg.build()).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (status, body) = loop {
+            let (status, body) = self.put_bytes(&path, pkg.build()).await;
+            if status == StatusCode::SERVICE_UNAVAILABLE && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            break (status, body);
+        };
         assert!(status == StatusCode::CREATED || status == StatusCode::OK, "PUT {path}: {status} {body:#}");
         body["package"].clone()
     }

@@ -336,11 +336,13 @@ impl OperationContext for ClusterOps {
         // An ended operation keeps no plan: nothing will resume it.
         let mut ended = record.clone();
         ended.resume = None;
-        let mut end = vec![
-            WriteOp::put_operation(&ended).map_err(|e| e.to_string())?,
-            WriteOp::delete_op_plan(&ended.id),
-            events::append(&events::operation("operation.ended", &ended)).map_err(|e| e.to_string())?,
-        ];
+        let mut end =
+            vec![WriteOp::put_operation(&ended).map_err(|e| e.to_string())?, WriteOp::delete_op_plan(&ended.id)];
+        // Step changes a failed journal write left unannounced, then the end.
+        for e in events::steps_changed(&self.journaled.borrow(), &ended) {
+            end.push(events::append(&e).map_err(|e| e.to_string())?);
+        }
+        end.push(events::append(&events::operation("operation.ended", &ended)).map_err(|e| e.to_string())?);
         if self.kind == OperationKind::Delete && *outcome == Outcome::Succeeded {
             let cluster_id = self.core.borrow().record.id;
             let gone =
