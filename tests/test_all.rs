@@ -19,6 +19,7 @@ mod integration {
     mod crash;
     mod daemon;
     mod delete;
+    mod dry_run;
     mod events;
     mod failing_start;
     mod grandchild;

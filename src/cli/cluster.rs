@@ -119,7 +119,7 @@ pub async fn run(cmd: ClusterCmd, target: &Target) -> Result<(), CliError> {
     let client = Client::new(target)?;
     let post = |path: String, body: Value| {
         let client = &client;
-        async move { client.call(Method::POST, &path, Some(&body)).await }
+        async move { client.call(Method::POST, &dry(target, &path), Some(&body)).await }
     };
     match cmd {
         ClusterCmd::Ls => {
@@ -187,7 +187,8 @@ pub async fn run(cmd: ClusterCmd, target: &Target) -> Result<(), CliError> {
             if let Some(b) = batch {
                 body["batch"] = json!(b);
             }
-            let answer = client.call(Method::PATCH, &format!("/clusters/{name}/config"), Some(&body)).await?;
+            let answer =
+                client.call(Method::PATCH, &dry(target, &format!("/clusters/{name}/config")), Some(&body)).await?;
             after_mutation(&client, target, answer, no_wait).await?;
         }
         ClusterCmd::Upgrade { name, version, batch, no_wait } => {
@@ -206,12 +207,14 @@ pub async fn run(cmd: ClusterCmd, target: &Target) -> Result<(), CliError> {
             if let Some(b) = batch {
                 body["batch"] = json!(b);
             }
-            let answer = client.call(Method::PATCH, &format!("/clusters/{name}/roles/{role}"), Some(&body)).await?;
+            let answer = client
+                .call(Method::PATCH, &dry(target, &format!("/clusters/{name}/roles/{role}")), Some(&body))
+                .await?;
             after_mutation(&client, target, answer, no_wait).await?;
         }
         ClusterCmd::Delete { name, force, no_wait } => {
             let path = if force { format!("/clusters/{name}?force=true") } else { format!("/clusters/{name}") };
-            let answer = client.call(Method::DELETE, &path, None).await?;
+            let answer = client.call(Method::DELETE, &dry(target, &path), None).await?;
             after_mutation(&client, target, answer, no_wait).await?;
         }
     }
@@ -223,8 +226,33 @@ async fn verb(client: &Client, target: &Target, verb: &str, v: Verb) -> Result<(
         Some(id) => format!("/clusters/{}/instances/{id}/{verb}", v.name),
         None => format!("/clusters/{}/{verb}", v.name),
     };
-    let answer = client.call(Method::POST, &path, None).await?;
+    let answer = client.call(Method::POST, &dry(target, &path), None).await?;
     after_mutation(client, target, answer, v.no_wait).await
+}
+
+/// `path` with `dry_run=true` when `--dry-run` was given.
+fn dry(target: &Target, path: &str) -> String {
+    match (target.dry_run, path.contains('?')) {
+        (false, _) => path.to_string(),
+        (true, true) => format!("{path}&dry_run=true"),
+        (true, false) => format!("{path}?dry_run=true"),
+    }
+}
+
+/// A preview for people: each step, its instances, what each member does.
+pub fn describe_preview(p: &Value) -> String {
+    let mut out = format!("dry run of {}: nothing was changed\n", field(p, "kind"));
+    for i in p["new_instances"].as_array().into_iter().flatten() {
+        out.push_str(&format!("  new {} on {} ports {}\n", field(i, "id"), field(i, "node"), i["ports"]));
+    }
+    for s in p["steps"].as_array().into_iter().flatten() {
+        let n = s["instances"].as_array().map_or(0, Vec::len);
+        out.push_str(&format!("  step {:<28} {:<16} {n} instance(s)\n", field(s, "name"), field(s, "action")));
+        for (id, what) in s["members"].as_object().into_iter().flatten() {
+            out.push_str(&format!("    {id}: {}\n", what.as_str().unwrap_or("")));
+        }
+    }
+    out.trim_end().to_string()
 }
 
 /// A cluster for people: a header, then its instances.

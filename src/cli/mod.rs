@@ -40,6 +40,10 @@ pub struct Target {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
+    /// For a mutating verb: show what it would do (steps, new instances,
+    /// which members restart or reload); change nothing.
+    #[arg(long, global = true)]
+    pub dry_run: bool,
 }
 
 /// Why a command failed, and the exit code that says so.

@@ -72,6 +72,10 @@ pub fn outcome(op: Value) -> Result<Value, CliError> {
 /// After a mutating call answered `{"operation": ...}`: wait for it unless
 /// `no_wait`, then print it (JSON, or a line).
 pub async fn after_mutation(client: &Client, target: &Target, answer: Value, no_wait: bool) -> Result<(), CliError> {
+    if answer["dry_run"] == true {
+        super::show(target, &answer, super::cluster::describe_preview);
+        return Ok(());
+    }
     let id = answer["operation"]["id"].as_str().unwrap_or_default().to_string();
     let kind = answer["operation"]["kind"].as_str().unwrap_or("operation").to_string();
     if no_wait {

@@ -1,6 +1,7 @@
 //! Cluster and instance endpoints. Every mutation goes to the cluster's
 //! actor (through the supervisor for create) and answers 202 with the
-//! operation once it is journaled.
+//! operation once it is journaled; with `?dry_run=true`, 200 with what it
+//! would do and nothing changed (`actors/cluster/preview.rs`).
 
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
@@ -11,10 +12,10 @@ use super::dto::{
     ClusterDto, ClusterSummaryDto, ConfigBody, CreateClusterBody, OperationDto, ResizeBody, ScaleBody, UpgradeBody,
 };
 use super::error::ApiError;
-use crate::actors::cluster::{OpRequest, RunOperation};
+use crate::actors::cluster::{OpRequest, Preview, RunOperation};
 use crate::actors::read_model::Reservation;
 use crate::actors::registry::ClusterHandle;
-use crate::actors::supervisor::{Create, CreateCluster, RoleRequest};
+use crate::actors::supervisor::{Create, CreateCluster, PreviewCreate, RoleRequest};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
@@ -35,13 +36,29 @@ fn cluster_actor(state: &AppState, name: &str) -> Result<(ClusterHandle, Reserva
     Ok((handle, slot))
 }
 
-async fn run(state: &AppState, name: &str, req: OpRequest) -> Result<HttpResponse, ApiError> {
+/// `?dry_run=true` on a mutating route.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DryRun {
+    #[serde(default)]
+    dry_run: bool,
+}
+
+async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: bool) -> Result<HttpResponse, ApiError> {
     let (handle, slot) = cluster_actor(state, name)?;
+    if dry_run {
+        let preview = handle.addr.send(Preview(req, slot)).await.map_err(mailbox)??;
+        return Ok(HttpResponse::Ok().json(preview));
+    }
     let op = handle.addr.send(RunOperation(req, slot)).await.map_err(mailbox)??;
     Ok(accepted(&op))
 }
 
-pub async fn create(state: web::Data<AppState>, body: web::Json<CreateClusterBody>) -> Result<HttpResponse, ApiError> {
+pub async fn create(
+    state: web::Data<AppState>,
+    body: web::Json<CreateClusterBody>,
+    q: web::Query<DryRun>,
+) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     let roles = b
         .roles
@@ -57,6 +74,10 @@ pub async fn create(state: web::Data<AppState>, body: web::Json<CreateClusterBod
         config: b.config,
     };
     let slot = state.reserve_supervisor()?;
+    if q.dry_run {
+        let preview = state.supervisor.send(PreviewCreate(req, slot)).await.map_err(mailbox)??;
+        return Ok(HttpResponse::Ok().json(preview));
+    }
     let op = state.supervisor.send(Create(req, slot)).await.map_err(mailbox)??;
     Ok(accepted(&op))
 }
@@ -94,16 +115,28 @@ pub async fn get(state: web::Data<AppState>, path: web::Path<String>) -> Result<
     Ok(HttpResponse::Ok().json(ClusterDto::build(&c)))
 }
 
-pub async fn start(state: web::Data<AppState>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    run(&state, &path.into_inner(), OpRequest::Start).await
+pub async fn start(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    q: web::Query<DryRun>,
+) -> Result<HttpResponse, ApiError> {
+    run(&state, &path.into_inner(), OpRequest::Start, q.dry_run).await
 }
 
-pub async fn stop(state: web::Data<AppState>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    run(&state, &path.into_inner(), OpRequest::Stop).await
+pub async fn stop(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    q: web::Query<DryRun>,
+) -> Result<HttpResponse, ApiError> {
+    run(&state, &path.into_inner(), OpRequest::Stop, q.dry_run).await
 }
 
-pub async fn restart(state: web::Data<AppState>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    run(&state, &path.into_inner(), OpRequest::Restart).await
+pub async fn restart(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    q: web::Query<DryRun>,
+) -> Result<HttpResponse, ApiError> {
+    run(&state, &path.into_inner(), OpRequest::Restart, q.dry_run).await
 }
 
 #[derive(Deserialize)]
@@ -111,6 +144,8 @@ pub async fn restart(state: web::Data<AppState>, path: web::Path<String>) -> Res
 pub struct DeleteQuery {
     #[serde(default)]
     force: bool,
+    #[serde(default)]
+    dry_run: bool,
 }
 
 pub async fn delete(
@@ -118,32 +153,35 @@ pub async fn delete(
     path: web::Path<String>,
     q: web::Query<DeleteQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    run(&state, &path.into_inner(), OpRequest::Delete { force: q.force }).await
+    run(&state, &path.into_inner(), OpRequest::Delete { force: q.force }, q.dry_run).await
 }
 
 pub async fn reconfigure(
     state: web::Data<AppState>,
     path: web::Path<String>,
     body: web::Json<ConfigBody>,
+    q: web::Query<DryRun>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    run(&state, &path.into_inner(), OpRequest::Reconfigure { values: b.config, batch: b.batch }).await
+    run(&state, &path.into_inner(), OpRequest::Reconfigure { values: b.config, batch: b.batch }, q.dry_run).await
 }
 
 pub async fn upgrade(
     state: web::Data<AppState>,
     path: web::Path<String>,
     body: web::Json<UpgradeBody>,
+    q: web::Query<DryRun>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     crate::ids::validate_version(&b.version).map_err(|m| Error::invalid("invalid_request", format!("version: {m}")))?;
-    run(&state, &path.into_inner(), OpRequest::Upgrade { version: b.version, batch: b.batch }).await
+    run(&state, &path.into_inner(), OpRequest::Upgrade { version: b.version, batch: b.batch }, q.dry_run).await
 }
 
 pub async fn resize(
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
     body: web::Json<ResizeBody>,
+    q: web::Query<DryRun>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, role) = path.into_inner();
     let b = body.into_inner();
@@ -164,13 +202,14 @@ pub async fn resize(
         }
     };
     let limits = Limits { memory_bytes, cpu: b.resources.cpu };
-    run(&state, &name, OpRequest::Resize { role, limits, batch: b.batch }).await
+    run(&state, &name, OpRequest::Resize { role, limits, batch: b.batch }, q.dry_run).await
 }
 
 pub async fn scale(
     state: web::Data<AppState>,
     path: web::Path<String>,
     body: web::Json<ScaleBody>,
+    q: web::Query<DryRun>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     let req = match (b.add, b.remove) {
@@ -193,12 +232,13 @@ pub async fn scale(
             )));
         }
     };
-    run(&state, &path.into_inner(), req).await
+    run(&state, &path.into_inner(), req, q.dry_run).await
 }
 
 pub async fn instance_verb(
     state: web::Data<AppState>,
     path: web::Path<(String, String, String)>,
+    q: web::Query<DryRun>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, id, verb) = path.into_inner();
     let verb = match verb.as_str() {
@@ -207,5 +247,5 @@ pub async fn instance_verb(
         "restart" => InstanceVerb::Restart,
         other => return Err(ApiError(Error::not_found("instance action", other))),
     };
-    run(&state, &name, OpRequest::Instance { id: InstanceId::new(id), verb }).await
+    run(&state, &name, OpRequest::Instance { id: InstanceId::new(id), verb }, q.dry_run).await
 }

@@ -162,6 +162,17 @@ fn every_verb_against_flotilla_dev_with_exit_codes_and_json() {
         assert!(page(&i).contains("bonjour-cli"), "{} still serves the old page", i["id"]);
     }
 
+    // --dry-run: the preview, and nothing changed.
+    let preview = d.json(&["cluster", "config", "demo", "greeting=never-applied", "--dry-run"]);
+    assert_eq!(preview["dry_run"], true, "{preview:#}");
+    let human = d.ok(&["cluster", "scale", "demo", "server", "--add", "1", "--dry-run"]);
+    assert!(
+        human.starts_with("dry run of ScaleOut: nothing was changed") && human.contains("new demo-server-"),
+        "{human}"
+    );
+    assert_eq!(instances(&d.cluster("demo")).len(), 2);
+    assert!(page(&instances(&d.cluster("demo"))[0]).contains("bonjour-cli"));
+
     // Stop, start, restart; one instance's restart changes only its pid.
     d.ok(&["cluster", "stop", "demo"]);
     assert_eq!(statuses(&d.cluster("demo")), vec!["Stopped".to_string(); 2]);

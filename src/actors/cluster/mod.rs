@@ -20,6 +20,7 @@
 
 mod ops;
 mod prepare;
+mod preview;
 mod steps;
 
 use std::cell::RefCell;
@@ -51,6 +52,7 @@ use crate::storage::records::{
 use crate::storage::{WriteOp, events};
 
 pub use prepare::MAX_BATCH;
+pub use preview::{Preview, create_preview};
 
 /// What the actor owns, shared with the running operation's context (both
 /// live on the actor's arbiter thread; borrows never cross an `.await`).

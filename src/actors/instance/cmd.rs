@@ -69,7 +69,7 @@ pub struct ChangeRule {
 
 impl ChangeRule {
     /// What the process owes after `changed` (paths, or `ENV_CHANGED`).
-    pub(super) fn owed(&self, changed: &[String]) -> Option<PendingRestart> {
+    pub(crate) fn owed(&self, changed: &[String]) -> Option<PendingRestart> {
         if changed.iter().any(|c| c == ENV_CHANGED) {
             return Some(PendingRestart::Restart);
         }

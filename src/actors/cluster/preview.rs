@@ -1,0 +1,205 @@
+//! `?dry_run=true`: what a request would do, decided exactly as the real
+//! request is (the same validation, placement and plan), with nothing
+//! journaled, sent or changed: the ports placed for new instances go back
+//! and the role's ordinal counter is restored.
+//!
+//! A previewed create's instance ids differ from the real create's (each
+//! create draws a new cluster id, and ids carry part of it); role, ordinal,
+//! node and ports are the same.
+//!
+//! For every rolling step the preview says what each member would do. It
+//! renders each member's files and environment as they are and as the
+//! change would make them (new config, new membership), and applies the
+//! role's change modes as the instance actor does after a real write:
+//! unchanged, reload (the role's `reload` hook), signal, or restart. An
+//! upgrade or resize replaces each member (stop, install, start).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use serde_json::{Value, json};
+
+use super::{ClusterActor, Prepared};
+use crate::actors::instance::ChangeRule;
+use crate::actors::read_model::Reservation;
+use crate::actors::render::RenderBase;
+use crate::error::Error;
+use crate::ids::InstanceId;
+use crate::operations::{Action, Rolling};
+use crate::protocol::messages::ENV_CHANGED;
+use crate::spec::ComponentSpec;
+use crate::storage::records::{InstanceRecord, PendingRestart};
+
+use super::OpRequest;
+
+/// Previews `OpRequest` on the cluster: the answer of `?dry_run=true`.
+pub struct Preview(pub OpRequest, pub Reservation);
+
+impl Message for Preview {
+    type Result = Result<Value, Error>;
+}
+
+impl Handler<Preview> for ClusterActor {
+    type Result = Result<Value, Error>;
+
+    fn handle(&mut self, msg: Preview, _ctx: &mut Context<Self>) -> Self::Result {
+        let Preview(req, slot) = msg;
+        slot.begin("preview");
+        let answer = self.preview(req);
+        self.stats.end(answer.as_ref().err().map(|e| e.to_string()));
+        answer
+    }
+}
+
+impl ClusterActor {
+    fn preview(&mut self, req: OpRequest) -> Result<Value, Error> {
+        if self.creating {
+            return Err(Error::not_found("cluster", self.core.borrow().record.name.clone()));
+        }
+        if let Some(running) = self.core.borrow().record.operation {
+            let name = self.core.borrow().record.name.clone();
+            return Err(Error::conflict(
+                "cluster_busy",
+                format!("cluster {name} is busy with operation {running}; retry when it has ended"),
+            ));
+        }
+        let saved = self.core.borrow().record.clone();
+        let prepared = self.package().and_then(|(_, spec)| self.prepare(req, &spec).map(|p| (p, spec)));
+        // `prepare` counts the ordinals it hands out: put the counter back.
+        self.core.borrow_mut().record = saved;
+        let (prepared, spec) = prepared?;
+        for p in &prepared.pending {
+            self.shared.ports.release(&p.node, p.ports.values().copied());
+        }
+        let effects = self.effects(&prepared, &spec)?;
+        Ok(describe(&prepared, effects))
+    }
+
+    /// What each member of each rolling step would do.
+    fn effects(&self, prepared: &Prepared, spec: &Arc<ComponentSpec>) -> Result<BTreeMap<String, Value>, Error> {
+        let now = self.core.borrow().record.clone();
+        let members = self.core.borrow().members();
+        // The cluster as the change leaves it: its config, its members.
+        let mut after = now.clone();
+        let mut removed: Vec<InstanceId> = Vec::new();
+        for step in &prepared.plan.steps {
+            match &step.action {
+                Action::SetConfig(values) => after.config = values.clone(),
+                Action::Forget(ids) => removed.extend(ids.iter().cloned()),
+                _ => {}
+            }
+        }
+        let mut after_members: Vec<Arc<InstanceRecord>> =
+            members.iter().filter(|m| !removed.contains(&m.id)).cloned().collect();
+        after_members.extend(prepared.pending.iter().cloned().map(Arc::new));
+        let before_base = RenderBase::new(spec, &now, &members, &self.shared.read_model);
+        let after_base = RenderBase::new(spec, &after, &after_members, &self.shared.read_model);
+        let by_id: BTreeMap<&InstanceId, &Arc<InstanceRecord>> = members.iter().map(|m| (&m.id, m)).collect();
+        let mut out = BTreeMap::new();
+        for step in &prepared.plan.steps {
+            let per_member: BTreeMap<String, String> = match &step.action {
+                Action::Reconfigure(Rolling { ids, .. }) => ids
+                    .iter()
+                    .filter_map(|id| by_id.get(id))
+                    .map(|m| Ok((m.id.to_string(), change(spec, &before_base, &after_base, m)?)))
+                    .collect::<Result<_, Error>>()?,
+                Action::Roll(Rolling { ids, .. }) => {
+                    ids.iter().map(|id| (id.to_string(), "replace (stop, install, start)".to_string())).collect()
+                }
+                _ => continue,
+            };
+            out.insert(step.name.clone(), json!(per_member));
+        }
+        Ok(out)
+    }
+}
+
+/// What member `m` would do after a write of its files: as the instance
+/// actor decides after a real `WriteFiles`.
+fn change(
+    spec: &Arc<ComponentSpec>,
+    before: &RenderBase,
+    after: &RenderBase,
+    m: &InstanceRecord,
+) -> Result<String, Error> {
+    let (old_files, old_env) = before.files_and_env(m)?;
+    let (new_files, new_env) = after.files_and_env(m)?;
+    let old: BTreeMap<&str, (&[u8], u32)> =
+        old_files.iter().map(|f| (f.path.as_str(), (f.contents.as_slice(), f.mode))).collect();
+    let mut changed: Vec<String> = new_files
+        .iter()
+        .filter(|f| old.get(f.path.as_str()) != Some(&(f.contents.as_slice(), f.mode)))
+        .map(|f| f.path.clone())
+        .collect();
+    if old_env != new_env {
+        changed.push(ENV_CHANGED.to_string());
+    }
+    let rule = ChangeRule { spec: spec.clone(), role: m.role.clone() };
+    let has_reload = spec.role(&m.role).is_some_and(|r| r.reload.is_some());
+    Ok(match rule.owed(&changed) {
+        None if changed.is_empty() => "unchanged".into(),
+        None => format!("files change ({}); no action (change mode noop)", changed.join(", ")),
+        Some(PendingRestart::Reload) if has_reload => format!("reload ({})", changed.join(", ")),
+        Some(PendingRestart::Signal(s)) => format!("signal {s} ({})", changed.join(", ")),
+        Some(_) => format!("restart ({})", changed.join(", ")),
+    })
+}
+
+/// The preview of a create the supervisor validated and placed
+/// (`pending`, whose ports the caller gives back).
+pub fn create_preview(spec: &ComponentSpec, pending: Vec<InstanceRecord>, params: String) -> Value {
+    let groups = super::group_by_order(spec, pending.iter());
+    let p = Prepared {
+        kind: crate::storage::records::OperationKind::Create,
+        plan: crate::operations::create::plan(&groups),
+        params,
+        pending,
+        on_success: None,
+        force: false,
+    };
+    describe(&p, BTreeMap::new())
+}
+
+/// The preview's JSON.
+fn describe(p: &Prepared, effects: BTreeMap<String, Value>) -> Value {
+    let steps: Vec<Value> = p
+        .plan
+        .steps
+        .iter()
+        .map(|s| {
+            let mut step = json!({
+                "name": s.name,
+                "action": s.action.label(),
+                "instances": s.action.instances().iter().map(|i| i.as_str()).collect::<Vec<_>>(),
+                "undo": s.undo.iter().map(|u| u.label()).collect::<Vec<_>>(),
+            });
+            if let Some(e) = effects.get(&s.name) {
+                step["members"] = e.clone();
+            }
+            step
+        })
+        .collect();
+    let new: Vec<Value> = p
+        .pending
+        .iter()
+        .map(|i| {
+            json!({
+                "id": i.id.as_str(),
+                "role": i.role,
+                "ordinal": i.ordinal,
+                "node": i.node.as_str(),
+                "host": i.host,
+                "ports": i.ports,
+            })
+        })
+        .collect();
+    json!({
+        "dry_run": true,
+        "valid": true,
+        "kind": p.kind,
+        "params": serde_json::from_str::<Value>(&p.params).unwrap_or(Value::Null),
+        "steps": steps,
+        "new_instances": new,
+    })
+}
