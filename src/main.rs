@@ -149,20 +149,8 @@ enum Command {
     },
 }
 
-/// A client writing to a closed pipe (`flotilla events | head`) ends as
-/// other command-line tools do, by SIGPIPE, instead of panicking in
-/// `println!` (Rust ignores SIGPIPE by default).
-#[allow(unsafe_code)]
-fn default_sigpipe() {
-    use nix::sys::signal::{SigHandler, Signal, signal};
-    // SAFETY: restores the default disposition of one signal before any
-    // thread starts; no handler runs Rust code.
-    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
-}
-
 /// Runs one client command; exits with its code on failure.
 fn client<F: std::future::Future<Output = Result<(), flotilla::cli::CliError>>>(f: F) -> anyhow::Result<()> {
-    default_sigpipe();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     if let Err(e) = rt.block_on(f) {
         eprintln!("flotilla: {e}");

@@ -164,6 +164,8 @@ impl Actor for Supervisor {
                 if let Ok(w) = events::append(&events::operation("operation.ended", &op)) {
                     writes.push(w);
                 }
+                metrics::counter!("flotilla_operations_total", "kind" => format!("{:?}", op.kind), "result" => "Failed")
+                    .increment(1);
                 // Ended now: counted with its cluster's ended ones (or the
                 // deleted clusters') for retention.
                 let created = crate::storage::keys::nanos(op.created_at);
@@ -421,7 +423,7 @@ impl Handler<PreviewCreate> for Supervisor {
             let params = serde_json::to_string(&req).unwrap_or_default();
             Ok(crate::actors::cluster::create_preview(&view.spec, pending, params))
         });
-        self.stats.end(None);
+        self.stats.end(answer.as_ref().err().map(|e| e.to_string()));
         answer
     }
 }

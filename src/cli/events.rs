@@ -1,6 +1,7 @@
 //! `flotilla events`: the event stream, one line per event (or the JSON
-//! of each with `--json`), resuming after a dropped connection from the
-//! last event it printed.
+//! of each with `--json`), resuming after a dropped connection (a master
+//! restart) from the last event it printed, retrying with backoff until the
+//! master answers again.
 
 use serde_json::Value;
 
@@ -29,8 +30,20 @@ pub async fn run(args: EventsArgs, target: &Target) -> Result<(), CliError> {
     }
     let path = if query.is_empty() { "/events".to_string() } else { format!("/events?{}", query.join("&")) };
     let mut last = args.after;
+    let mut backoff = std::time::Duration::from_millis(500);
     loop {
-        let mut resp = client.get_stream(&path, last).await?;
+        // A master that is restarting (refused, or 503 while it starts) is
+        // waited for; a refused token or a bad request ends the command.
+        let mut resp = match client.get_stream(&path, last).await {
+            Ok(r) => r,
+            Err(CliError::Unreachable(_) | CliError::Api { status: 503, .. }) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        backoff = std::time::Duration::from_millis(500);
         let mut buf: Vec<u8> = Vec::new();
         loop {
             let chunk = match resp.chunk().await {
@@ -53,16 +66,16 @@ pub async fn run(args: EventsArgs, target: &Target) -> Result<(), CliError> {
                 }
                 last = v["id"].as_u64().or(last);
                 if target.json {
-                    println!("{v}");
+                    super::out(format!("{v}"));
                 } else {
-                    println!(
+                    super::out(format!(
                         "{:>8}  {}  {:<24} {:<12} {}",
                         v["id"],
                         v["at"].as_str().unwrap_or(""),
                         v["kind"].as_str().unwrap_or(""),
                         v["cluster"].as_str().unwrap_or("-"),
                         v["data"]
-                    );
+                    ));
                 }
             }
         }

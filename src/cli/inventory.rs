@@ -55,6 +55,7 @@ fn pack(path: &std::path::Path) -> Result<(String, String, Vec<u8>), CliError> {
 }
 
 pub async fn package(cmd: PackageCmd, target: &Target) -> Result<(), CliError> {
+    super::no_dry_run(target, "package")?;
     let client = Client::new(target)?;
     match cmd {
         PackageCmd::Push { path } => {

@@ -72,13 +72,33 @@ impl CliError {
     }
 }
 
+/// Prints a line on stdout. A reader that went away (`flotilla events |
+/// head`) ends the command quietly, as other command-line tools do (SIGPIPE
+/// stays ignored: a write to a closed socket must be an error, not a kill).
+pub fn out(line: impl std::fmt::Display) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if writeln!(stdout, "{line}").and_then(|()| stdout.flush()).is_err() {
+        std::process::exit(0);
+    }
+}
+
 /// Prints `v` as JSON when `--json` was given, else `human(v)`.
 pub fn show(target: &Target, v: &Value, human: impl FnOnce(&Value) -> String) {
     if target.json {
-        println!("{v:#}");
+        out(format!("{v:#}"));
     } else {
-        println!("{}", human(v));
+        out(human(v));
     }
+}
+
+/// `--dry-run` applies to cluster verbs only: anywhere else it is refused
+/// rather than ignored (the verb would really run).
+pub fn no_dry_run(target: &Target, what: &str) -> Result<(), CliError> {
+    if target.dry_run {
+        return Err(CliError::Usage(format!("--dry-run is for cluster verbs; {what} has none")));
+    }
+    Ok(())
 }
 
 /// A string field (empty when missing), a number or `-`.

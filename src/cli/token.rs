@@ -19,21 +19,22 @@ pub enum TokenCmd {
 }
 
 pub async fn run(cmd: TokenCmd, target: &Target) -> Result<(), CliError> {
+    super::no_dry_run(target, "token")?;
     let client = Client::new(target)?;
     match cmd {
         TokenCmd::Create { name } => {
             let v = client.call(Method::POST, "/tokens", Some(&json!({ "name": name }))).await?;
             if target.json {
-                println!("{v:#}");
+                super::out(format!("{v:#}"));
             } else {
                 eprintln!("token {} ({name}) created; it is shown only now:", v["token"]["id"].as_str().unwrap_or("?"));
-                println!("{}", v["secret"].as_str().unwrap_or_default());
+                super::out(v["secret"].as_str().unwrap_or_default());
             }
         }
         TokenCmd::Ls => {
             let v = client.call(Method::GET, "/tokens", None).await?;
             if target.json {
-                println!("{v:#}");
+                super::out(format!("{v:#}"));
             } else {
                 let rows: Vec<Vec<String>> = v["tokens"]
                     .as_array()
@@ -48,7 +49,7 @@ pub async fn run(cmd: TokenCmd, target: &Target) -> Result<(), CliError> {
                             .collect()
                     })
                     .unwrap_or_default();
-                println!("{}", table(&["ID", "NAME", "CREATED"], &rows));
+                super::out(table(&["ID", "NAME", "CREATED"], &rows));
             }
         }
         TokenCmd::Revoke { id } => {
@@ -57,9 +58,9 @@ pub async fn run(cmd: TokenCmd, target: &Target) -> Result<(), CliError> {
             }
             let v = client.call(Method::DELETE, &format!("/tokens/{id}"), None).await?;
             if target.json {
-                println!("{v:#}");
+                super::out(format!("{v:#}"));
             } else {
-                println!("revoked token {id}");
+                super::out(format!("revoked token {id}"));
             }
         }
     }

@@ -84,11 +84,11 @@ pub async fn after_mutation(client: &Client, target: &Target, answer: Value, no_
     }
     let op = follow(client, target, &id).await?;
     if target.json {
-        println!("{op:#}");
+        super::out(format!("{op:#}"));
     }
     outcome(op)?;
     if !target.json {
-        println!("{kind} {id} succeeded");
+        super::out(format!("{kind} {id} succeeded"));
     }
     Ok(())
 }

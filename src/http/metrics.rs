@@ -36,6 +36,8 @@ const BATCH: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.
 /// exporter's upkeep so its buckets do not grow.
 pub fn install() -> Result<PrometheusHandle, String> {
     let handle = PrometheusBuilder::new()
+        // A node that is gone stops being scraped-set: its age goes away.
+        .idle_timeout(metrics_util::MetricKindMask::GAUGE, Some(Duration::from_secs(300)))
         .set_buckets_for_metric(Matcher::Full("flotilla_store_batch_requests".into()), BATCH)
         .and_then(|b| b.set_buckets(SECONDS))
         .map_err(|e| e.to_string())?
@@ -62,13 +64,23 @@ pub async fn track(
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = Instant::now();
-    let method = req.method().to_string();
+    // A fixed set: any other token would mint a series per request.
+    let method: &'static str = match req.method().as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    };
     let res = next.call(req).await?;
     // `/api/v1/clusters/:name`: braces in label values trip some parsers.
     let route =
         res.request().match_pattern().map_or_else(|| "unmatched".into(), |p| p.replace('{', ":").replace('}', ""));
     let status = res.status().as_u16().to_string();
-    let labels = [("method", method), ("route", route), ("status", status)];
+    let labels = [("method", method.to_string()), ("route", route), ("status", status)];
     metrics::counter!("flotilla_http_requests_total", &labels).increment(1);
     metrics::histogram!("flotilla_http_request_duration_seconds", &labels).record(started.elapsed().as_secs_f64());
     Ok(res)
@@ -121,7 +133,9 @@ fn read_model_gauges(state: &AppState) {
     for (status, n) in nodes {
         metrics::gauge!("flotilla_nodes", "status" => status).set(n as f64);
     }
-    let mut depth: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
+    // Every kind, so one with no actor left reads 0, not its last value.
+    let mut depth: BTreeMap<&'static str, (u64, u64)> =
+        ["supervisor", "cluster", "node_manager"].iter().map(|k| (*k, (0, 0))).collect();
     for a in rm.actors() {
         let d = depth.entry(a.kind).or_default();
         d.0 += a.mailbox;

@@ -169,4 +169,16 @@ async fn a_dry_run_changes_nothing_and_predicts_the_real_call() {
             "{role}: restarted {restarted} (previewed: web restarts, api reloads, fixed untouched)"
         );
     }
+
+    // A member the operator stopped: its files are written, it stays stopped.
+    let web = id_of(&role_instances(&c, "web")[0]);
+    env.run_ok(&format!("/clusters/dr/instances/{web}/stop"), None).await;
+    let (status, p) = env.patch("/clusters/dr/config?dry_run=true", json!({"config": {"greeting": "third"}})).await;
+    assert_eq!(status, StatusCode::OK, "{p:#}");
+    let said = preview_of(&p, "reconfigure")["members"][&web].as_str().unwrap().to_string();
+    assert!(said.ends_with("stays stopped"), "{said}");
+    env.run_op_patch("/clusters/dr/config", json!({"config": {"greeting": "third"}})).await;
+    let c = env.cluster("dr").await;
+    let i = c["instances"].as_array().unwrap().iter().find(|i| i["id"] == web.as_str()).unwrap();
+    assert_eq!(i["status"], "Stopped", "previewed: {said}");
 }

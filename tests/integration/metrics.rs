@@ -54,7 +54,13 @@ async fn metrics_parse_need_the_token_and_move_with_an_operation() {
     let resp = none.get(format!("{}/metrics", root(&env))).send().await.unwrap();
     assert_eq!(resp.status(), reqwest::StatusCode::UNAUTHORIZED, "the token is needed by default");
 
+    // A made-up method is counted as "other", never as a label of its own.
+    let odd = reqwest::Method::from_bytes(b"FROBNICATE1").unwrap();
+    let _ = env.client.request(odd, format!("{}/clusters", env.api)).send().await.unwrap();
+
     let before = scrape(&env).await;
+    assert!(!before.iter().any(|s| s.labels.values().any(|v| v == "FROBNICATE1")), "a method became a label");
+    assert!(value(&before, "flotilla_http_requests_total", &[("method", "other")]).is_some());
     assert_eq!(value(&before, "flotilla_nodes", &[("status", "Ready")]), Some(3.0));
     assert_eq!(value(&before, "flotilla_clusters", &[("status", "Active")]), Some(0.0));
     assert_eq!(value(&before, "flotilla_operations_total", &[("kind", "Create")]), None);

@@ -11,8 +11,10 @@
 //! renders each member's files and environment as they are and as the
 //! change would make them (new config, new membership), and applies the
 //! role's change modes as the instance actor does after a real write:
-//! unchanged, reload (the role's `reload` hook), signal, or restart. An
-//! upgrade or resize replaces each member (stop, install, start).
+//! unchanged, reload (the role's `reload` hook), signal, or restart,
+//! combined with what it already owed, its status and whether it must run.
+//! An upgrade or resize replaces each member not yet at the target version
+//! and limits (stop, install, start).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,10 +28,10 @@ use crate::actors::read_model::Reservation;
 use crate::actors::render::RenderBase;
 use crate::error::Error;
 use crate::ids::InstanceId;
-use crate::operations::{Action, Rolling};
+use crate::operations::Action;
 use crate::protocol::messages::ENV_CHANGED;
 use crate::spec::ComponentSpec;
-use crate::storage::records::{InstanceRecord, PendingRestart};
+use crate::storage::records::{ClusterRecord, InstanceRecord, InstanceStatus, PendingRestart};
 
 use super::OpRequest;
 
@@ -86,10 +88,17 @@ impl ClusterActor {
         for step in &prepared.plan.steps {
             match &step.action {
                 Action::SetConfig(values) => after.config = values.clone(),
+                Action::SetPackage(p) => after.package = p.clone(),
+                Action::SetLimits { role, limits } => after.roles.entry(role.clone()).or_default().limits = *limits,
                 Action::Forget(ids) => removed.extend(ids.iter().cloned()),
                 _ => {}
             }
         }
+        // An upgrade rolls onto the new version's spec.
+        let after_spec = match &after.package {
+            p if *p == now.package => spec.clone(),
+            p => self.shared.read_model.package(&p.name, &p.version).map(|v| v.spec).unwrap_or_else(|| spec.clone()),
+        };
         let mut after_members: Vec<Arc<InstanceRecord>> =
             members.iter().filter(|m| !removed.contains(&m.id)).cloned().collect();
         after_members.extend(prepared.pending.iter().cloned().map(Arc::new));
@@ -99,14 +108,21 @@ impl ClusterActor {
         let mut out = BTreeMap::new();
         for step in &prepared.plan.steps {
             let per_member: BTreeMap<String, String> = match &step.action {
-                Action::Reconfigure(Rolling { ids, .. }) => ids
+                Action::Reconfigure(r) => r
+                    .ids
                     .iter()
                     .filter_map(|id| by_id.get(id))
-                    .map(|m| Ok((m.id.to_string(), change(spec, &before_base, &after_base, m)?)))
+                    .map(|m| {
+                        let must_run = r.running.contains(&m.id);
+                        Ok((m.id.to_string(), change(spec, &before_base, &after_base, m, must_run)?))
+                    })
                     .collect::<Result<_, Error>>()?,
-                Action::Roll(Rolling { ids, .. }) => {
-                    ids.iter().map(|id| (id.to_string(), "replace (stop, install, start)".to_string())).collect()
-                }
+                Action::Roll(r) => r
+                    .ids
+                    .iter()
+                    .filter_map(|id| by_id.get(id))
+                    .map(|m| (m.id.to_string(), roll(&after_spec, &after, m, r.running.contains(&m.id))))
+                    .collect(),
                 _ => continue,
             };
             out.insert(step.name.clone(), json!(per_member));
@@ -115,13 +131,17 @@ impl ClusterActor {
     }
 }
 
-/// What member `m` would do after a write of its files: as the instance
-/// actor decides after a real `WriteFiles`.
+/// What member `m` would do in a rolling reconfigure, decided as the real
+/// step decides (`steps.rs`): its files are written; a member that must
+/// run and owes something (what the new files need, combined with what an
+/// earlier change left owed, or a start because it is not running) gets a
+/// reload or a signal when that is all it owes and it runs, else a restart.
 fn change(
     spec: &Arc<ComponentSpec>,
     before: &RenderBase,
     after: &RenderBase,
     m: &InstanceRecord,
+    must_run: bool,
 ) -> Result<String, Error> {
     let (old_files, old_env) = before.files_and_env(m)?;
     let (new_files, new_env) = after.files_and_env(m)?;
@@ -137,13 +157,50 @@ fn change(
     }
     let rule = ChangeRule { spec: spec.clone(), role: m.role.clone() };
     let has_reload = spec.role(&m.role).is_some_and(|r| r.reload.is_some());
-    Ok(match rule.owed(&changed) {
-        None if changed.is_empty() => "unchanged".into(),
-        None => format!("files change ({}); no action (change mode noop)", changed.join(", ")),
-        Some(PendingRestart::Reload) if has_reload => format!("reload ({})", changed.join(", ")),
-        Some(PendingRestart::Signal(s)) => format!("signal {s} ({})", changed.join(", ")),
-        Some(_) => format!("restart ({})", changed.join(", ")),
+    let new = rule.owed(&changed).unwrap_or(PendingRestart::No);
+    let owed = m.pending_restart.max(new);
+    let running = m.status == InstanceStatus::Running;
+    let mut why: Vec<String> = changed.clone();
+    if owed != new {
+        why.push("owed by an earlier change".into());
+    }
+    if !running {
+        why.push(format!("{:?}", m.status));
+    }
+    let why = why.join(", ");
+    Ok(if !must_run {
+        if changed.is_empty() {
+            "unchanged; stays stopped".into()
+        } else {
+            format!("files written ({why}); stays stopped")
+        }
+    } else if owed == PendingRestart::No && running {
+        if changed.is_empty() {
+            "unchanged".into()
+        } else {
+            format!("files written ({why}); no action (change mode noop)")
+        }
+    } else {
+        match owed {
+            PendingRestart::Reload if has_reload && running => format!("reload ({why})"),
+            PendingRestart::Signal(s) if running => format!("signal {s} ({why})"),
+            _ => format!("restart ({why})"),
+        }
     })
+}
+
+/// What member `m` would do in a roll (upgrade, resize), as `steps.rs`
+/// decides: replaced when it is not at the target version and limits,
+/// started when it must run and is found stopped, else left alone.
+fn roll(spec: &ComponentSpec, after: &ClusterRecord, m: &InstanceRecord, must_run: bool) -> String {
+    let target = crate::actors::render::target(spec, after, m);
+    if m.applied.as_ref() != Some(&target) {
+        if must_run { "replace (stop, install, start)".into() } else { "replace (stop, install; stays stopped)".into() }
+    } else if must_run && m.status != InstanceStatus::Running {
+        "start (found stopped)".into()
+    } else {
+        format!("unchanged (already at {} with these limits)", target.package_version)
+    }
 }
 
 /// The preview of a create the supervisor validated and placed
