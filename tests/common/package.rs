@@ -14,6 +14,15 @@ pub struct PackageBuilder {
 }
 
 impl PackageBuilder {
+    /// The plainest real package: one role `svc` (1 to 5 instances) whose
+    /// start script records its start time and sleeps.
+    pub fn sleeper(name: &str) -> Self {
+        let spec = format!(
+            "[component]\nname = \"{name}\"\nversion = \"1.0.0\"\n\n[[roles]]\nname = \"svc\"\ncount = {{ min = 1, max = 5 }}\nstart = [\"bin/start.sh\"]\nstop_grace = \"2s\"\n"
+        );
+        PackageBuilder::new(name, "1.0.0").spec(&spec).script("bin/start.sh", super::scripts::RECORD_AND_SLEEP)
+    }
+
     pub fn new(name: &str, version: &str) -> Self {
         PackageBuilder { name: name.into(), version: version.into(), spec: None, files: Vec::new() }
     }

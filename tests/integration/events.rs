@@ -8,21 +8,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::scripts::RECORD_AND_SLEEP;
 use crate::common::sse::{Sse, SseReader};
 use crate::common::{PackageBuilder, TestEnv, id_of, role_instances};
-
-const SPEC: &str = r#"
-[component]
-name = "ev"
-version = "1.0.0"
-
-[[roles]]
-name = "svc"
-count = { min = 1, max = 5 }
-start = ["bin/start.sh"]
-stop_grace = "2s"
-"#;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -48,7 +35,7 @@ async fn a_scripted_sequence_arrives_in_order_and_a_reconnect_gets_exactly_what_
     let mut env = TestEnv::start("events").await;
     let mut all = SseReader::open(&env.client, &env.api, "?after=0", None).await;
     let mut ops_only = SseReader::open(&env.client, &env.api, "?cluster=ev&kind=operation.", None).await;
-    env.upload(&PackageBuilder::new("ev", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP)).await;
+    env.upload(&PackageBuilder::sleeper("ev")).await;
 
     // Create with 2, scale out by 1, stop, delete.
     let body = json!({"name": "ev", "package": {"name": "ev", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}});
@@ -162,7 +149,7 @@ async fn bad_ids_are_refused_or_dropped_and_a_revoked_token_ends_its_stream() {
     let (status, _) = env.delete(&format!("/tokens/{}", made["token"]["id"].as_str().unwrap())).await;
     assert_eq!(status, reqwest::StatusCode::OK);
     // Any event wakes the stream; a new token makes none, so create a package.
-    env.upload(&PackageBuilder::new("ev", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP)).await;
+    env.upload(&PackageBuilder::sleeper("ev")).await;
     env.create_active(
         json!({"name": "wake", "package": {"name": "ev", "version": "1.0.0"}, "roles": {"svc": {"count": 1}}}),
     )

@@ -9,7 +9,6 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::json;
 
-use crate::common::scripts::RECORD_AND_SLEEP;
 use crate::common::{PackageBuilder, TestEnv, pid_of, role_instances};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,8 +51,7 @@ fn a_failed_start_is_one_line_with_its_causes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigusr2_dumps_the_actors_and_the_instance_slots() {
     let env = TestEnv::start("logs-dump").await;
-    let spec = "[component]\nname = \"dmp\"\nversion = \"1.0.0\"\n\n[[roles]]\nname = \"svc\"\ncount = { min = 1, max = 3 }\nstart = [\"bin/start.sh\"]\nstop_grace = \"2s\"\n";
-    env.upload(&PackageBuilder::new("dmp", "1.0.0").spec(spec).script("bin/start.sh", RECORD_AND_SLEEP)).await;
+    env.upload(&PackageBuilder::sleeper("dmp")).await;
     let c = env
         .create_active(
             json!({"name": "dmp", "package": {"name": "dmp", "version": "1.0.0"}, "roles": {"svc": {"count": 1}}}),

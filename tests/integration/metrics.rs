@@ -5,20 +5,7 @@
 use prometheus_parse::{Sample, Scrape, Value};
 use serde_json::json;
 
-use crate::common::scripts::RECORD_AND_SLEEP;
 use crate::common::{PackageBuilder, TestEnv};
-
-const SPEC: &str = r#"
-[component]
-name = "mx"
-version = "1.0.0"
-
-[[roles]]
-name = "svc"
-count = { min = 1, max = 5 }
-start = ["bin/start.sh"]
-stop_grace = "2s"
-"#;
 
 fn root(env: &TestEnv) -> String {
     env.api.trim_end_matches("/api/v1").to_string()
@@ -69,7 +56,7 @@ async fn metrics_parse_need_the_token_and_move_with_an_operation() {
         assert!((0.0..10.0).contains(&age), "{n}: {age}");
     }
 
-    env.upload(&PackageBuilder::new("mx", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP)).await;
+    env.upload(&PackageBuilder::sleeper("mx")).await;
     env.create_active(
         json!({"name": "mx", "package": {"name": "mx", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}}),
     )
