@@ -329,7 +329,7 @@ pub fn place_instances(
 }
 
 impl Supervisor {
-    fn validate_create(&self, req: &CreateCluster) -> Result<(ClusterRecord, Vec<InstanceRecord>), Error> {
+    pub(crate) fn validate_create(&self, req: &CreateCluster) -> Result<(ClusterRecord, Vec<InstanceRecord>), Error> {
         validate_name(&req.name).map_err(|m| Error::invalid("invalid_name", format!("name: {m}")))?;
         if self.shared.registry.contains(&req.name) {
             return Err(Error::AlreadyExists { kind: "cluster", id: req.name.clone() });
@@ -394,37 +394,6 @@ impl Supervisor {
             }
         }
         Ok((record, pending))
-    }
-}
-
-/// `POST /clusters?dry_run=true`: the create validated and placed as a real
-/// one would be, its plan answered, nothing kept (the ports go back).
-pub struct PreviewCreate(pub CreateCluster, pub Reservation);
-
-impl Message for PreviewCreate {
-    type Result = Result<serde_json::Value, Error>;
-}
-
-impl Handler<PreviewCreate> for Supervisor {
-    type Result = Result<serde_json::Value, Error>;
-
-    fn handle(&mut self, msg: PreviewCreate, _ctx: &mut Context<Self>) -> Self::Result {
-        let PreviewCreate(req, slot) = msg;
-        slot.begin("preview create");
-        let answer = self.validate_create(&req).and_then(|(record, pending)| {
-            for p in &pending {
-                self.shared.ports.release(&p.node, p.ports.values().copied());
-            }
-            let view = self
-                .shared
-                .read_model
-                .package(&record.package.name, &record.package.version)
-                .ok_or_else(|| Error::not_found("package", &record.package))?;
-            let params = serde_json::to_string(&req).unwrap_or_default();
-            Ok(crate::actors::cluster::create_preview(&view.spec, pending, params))
-        });
-        self.stats.end(answer.as_ref().err().map(|e| e.to_string()));
-        answer
     }
 }
 

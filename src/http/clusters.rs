@@ -12,10 +12,10 @@ use super::dto::{
     ClusterDto, ClusterSummaryDto, ConfigBody, CreateClusterBody, OperationDto, ResizeBody, ScaleBody, UpgradeBody,
 };
 use super::error::ApiError;
-use crate::actors::cluster::{OpRequest, Preview, RunOperation};
+use crate::actors::cluster::{OpRequest, Preview, PreviewCreate, RunOperation};
 use crate::actors::read_model::Reservation;
 use crate::actors::registry::ClusterHandle;
-use crate::actors::supervisor::{Create, CreateCluster, PreviewCreate, RoleRequest};
+use crate::actors::supervisor::{Create, CreateCluster, RoleRequest};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;

@@ -52,7 +52,7 @@ use crate::storage::records::{
 use crate::storage::{WriteOp, events};
 
 pub use prepare::MAX_BATCH;
-pub use preview::{Preview, create_preview};
+pub use preview::{Preview, PreviewCreate};
 
 /// What the actor owns, shared with the running operation's context (both
 /// live on the actor's arbiter thread; borrows never cross an `.await`).

@@ -26,6 +26,7 @@ use super::{ClusterActor, Prepared};
 use crate::actors::instance::ChangeRule;
 use crate::actors::read_model::Reservation;
 use crate::actors::render::RenderBase;
+use crate::actors::supervisor::{CreateCluster, Supervisor};
 use crate::error::Error;
 use crate::ids::InstanceId;
 use crate::operations::Action;
@@ -205,7 +206,7 @@ fn roll(spec: &ComponentSpec, after: &ClusterRecord, m: &InstanceRecord, must_ru
 
 /// The preview of a create the supervisor validated and placed
 /// (`pending`, whose ports the caller gives back).
-pub fn create_preview(spec: &ComponentSpec, pending: Vec<InstanceRecord>, params: String) -> Value {
+fn create_preview(spec: &ComponentSpec, pending: Vec<InstanceRecord>, params: String) -> Value {
     let groups = super::group_by_order(spec, pending.iter());
     let p = Prepared {
         kind: crate::storage::records::OperationKind::Create,
@@ -259,4 +260,35 @@ fn describe(p: &Prepared, effects: BTreeMap<String, Value>) -> Value {
         "steps": steps,
         "new_instances": new,
     })
+}
+
+/// `POST /clusters?dry_run=true`: the create validated and placed as a real
+/// one would be, its plan answered, nothing kept (the ports go back).
+pub struct PreviewCreate(pub CreateCluster, pub Reservation);
+
+impl Message for PreviewCreate {
+    type Result = Result<serde_json::Value, Error>;
+}
+
+impl Handler<PreviewCreate> for Supervisor {
+    type Result = Result<serde_json::Value, Error>;
+
+    fn handle(&mut self, msg: PreviewCreate, _ctx: &mut Context<Self>) -> Self::Result {
+        let PreviewCreate(req, slot) = msg;
+        slot.begin("preview create");
+        let answer = self.validate_create(&req).and_then(|(record, pending)| {
+            for p in &pending {
+                self.shared().ports.release(&p.node, p.ports.values().copied());
+            }
+            let view = self
+                .shared()
+                .read_model
+                .package(&record.package.name, &record.package.version)
+                .ok_or_else(|| Error::not_found("package", &record.package))?;
+            let params = serde_json::to_string(&req).unwrap_or_default();
+            Ok(create_preview(&view.spec, pending, params))
+        });
+        self.stats().end(answer.as_ref().err().map(|e| e.to_string()));
+        answer
+    }
 }
