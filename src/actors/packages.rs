@@ -45,6 +45,8 @@ impl Drop for UploadGuard<'_> {
 pub enum Uploaded {
     Created(PackageRecord),
     Unchanged(PackageRecord),
+    /// A dry run: the package passed every check and would be created.
+    WouldCreate(PackageRecord, Arc<ComponentSpec>),
 }
 
 impl Packages {
@@ -59,7 +61,8 @@ impl Packages {
 
     /// Stores an upload. The body is streamed to disk; nothing is recorded
     /// unless the whole package is good.
-    pub async fn upload<S, E>(&self, name: &str, version: &str, body: S) -> Result<Uploaded, Error>
+    /// With `dry_run`, every check runs and nothing is kept.
+    pub async fn upload<S, E>(&self, name: &str, version: &str, body: S, dry_run: bool) -> Result<Uploaded, Error>
     where
         S: Stream<Item = Result<Bytes, E>> + Unpin,
         E: std::fmt::Display,
@@ -85,7 +88,7 @@ impl Packages {
             }
         };
         drop(file);
-        let result = self.register(name, version, &tmp, sha256, size).await;
+        let result = self.register(name, version, &tmp, sha256, size, dry_run).await;
         // On success the temp file was renamed away; on failure it goes.
         let _ = tokio::fs::remove_file(&tmp).await;
         result
@@ -127,6 +130,7 @@ impl Packages {
         tmp: &std::path::Path,
         sha256: String,
         size: u64,
+        dry_run: bool,
     ) -> Result<Uploaded, Error> {
         let existing = self.shared.read_model.package(name, version).map(|p| p.record);
         if let Some(existing) = existing {
@@ -149,7 +153,6 @@ impl Packages {
                 ),
             ));
         }
-        self.shared.blobs.persist(tmp, &sha256).await.map_err(Error::from)?;
         let record = PackageRecord {
             version: RECORD_VERSION,
             name: name.to_string(),
@@ -159,6 +162,10 @@ impl Packages {
             spec_toml: info.spec_toml,
             uploaded_at: OffsetDateTime::now_utc(),
         };
+        if dry_run {
+            return Ok(Uploaded::WouldCreate(record, Arc::new(spec)));
+        }
+        self.shared.blobs.persist(tmp, &record.sha256).await.map_err(Error::from)?;
         self.shared.store.try_commit(vec![WriteOp::put_package(&record)?]).await?;
         self.shared.read_model.put_package(PackageView { record: Arc::new(record.clone()), spec: Arc::new(spec) });
         Ok(Uploaded::Created(record))
@@ -172,6 +179,8 @@ pub struct DeletePackage {
     pub name: String,
     pub version: String,
     pub slot: super::read_model::Reservation,
+    /// Check only: in use, or missing, refuses as the real delete does.
+    pub dry_run: bool,
 }
 
 impl Handler<DeletePackage> for Supervisor {
@@ -179,7 +188,7 @@ impl Handler<DeletePackage> for Supervisor {
 
     fn handle(&mut self, msg: DeletePackage, _ctx: &mut Context<Self>) -> Self::Result {
         let shared = self.shared().clone();
-        let DeletePackage { name, version, slot } = msg;
+        let DeletePackage { name, version, slot, dry_run } = msg;
         slot.begin("delete package");
         self.stats().end(None);
         let msg = (name, version);
@@ -208,6 +217,14 @@ impl Handler<DeletePackage> for Supervisor {
                 "package_in_use",
                 format!("package {}/{} is used by clusters: {}", msg.0, msg.1, users.join(", ")),
             ))));
+        }
+        if dry_run {
+            let found = shared.read_model.package(&msg.0, &msg.1).is_some();
+            return Box::pin(futures::future::ready(if found {
+                Ok(())
+            } else {
+                Err(Error::not_found("package", format!("{}/{}", msg.0, msg.1)))
+            }));
         }
         // Removed from the read model first: a create that runs after this
         // handler no longer finds the package.

@@ -86,6 +86,28 @@ impl ApiTokens {
         self.table.load().is_empty()
     }
 
+    /// What [`create`](Self::create) would refuse, without creating (a dry run).
+    pub fn check_create(&self, name: &str) -> Result<(), Error> {
+        validate_name(name).map_err(|m| Error::invalid("invalid_name", format!("token name: {m}")))?;
+        if self.table.load().len() >= MAX_TOKENS {
+            return Err(Error::conflict("too_many_tokens", format!("at most {MAX_TOKENS} tokens; revoke one first")));
+        }
+        Ok(())
+    }
+
+    /// What [`revoke`](Self::revoke) would refuse, without revoking (a dry run).
+    pub fn check_revoke(&self, id: &str) -> Result<Arc<TokenRecord>, Error> {
+        let table = self.table.load();
+        let record = table.get(id).cloned().ok_or_else(|| Error::not_found("token", id))?;
+        if table.len() == 1 {
+            return Err(Error::conflict(
+                "last_token",
+                format!("token {id} is the only one left; create another before revoking it"),
+            ));
+        }
+        Ok(record)
+    }
+
     /// Creates a token named `name`; answers once it is durable.
     pub async fn create(self: &Arc<Self>, name: &str) -> Result<NewToken, Error> {
         self.create_then(name, |_| Ok(())).await

@@ -6,7 +6,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::wait::after_mutation;
-use super::{CliError, Client, Target, field, show, table};
+use super::{CliError, Client, Target, dry, field, show, table};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ClusterCmd {
@@ -228,15 +228,6 @@ async fn verb(client: &Client, target: &Target, verb: &str, v: Verb) -> Result<(
     };
     let answer = client.call(Method::POST, &dry(target, &path), None).await?;
     after_mutation(client, target, answer, v.no_wait).await
-}
-
-/// `path` with `dry_run=true` when `--dry-run` was given.
-fn dry(target: &Target, path: &str) -> String {
-    match (target.dry_run, path.contains('?')) {
-        (false, _) => path.to_string(),
-        (true, true) => format!("{path}&dry_run=true"),
-        (true, false) => format!("{path}?dry_run=true"),
-    }
 }
 
 /// A preview for people: each step, its instances, what each member does.

@@ -55,13 +55,16 @@ fn pack(path: &std::path::Path) -> Result<(String, String, Vec<u8>), CliError> {
 }
 
 pub async fn package(cmd: PackageCmd, target: &Target) -> Result<(), CliError> {
-    super::no_dry_run(target, "package")?;
     let client = Client::new(target)?;
     match cmd {
         PackageCmd::Push { path } => {
             let (name, version, bytes) = pack(&path)?;
-            let v = client.put_bytes(&format!("/packages/{name}/{version}"), bytes).await?;
-            show(target, &v, |v| format!("{name}:{version} uploaded (sha256 {})", field(v, "sha256")));
+            let v = client.put_bytes(&super::dry(target, &format!("/packages/{name}/{version}")), bytes).await?;
+            if target.dry_run {
+                show(target, &v, super::describe_dry);
+            } else {
+                show(target, &v, |v| format!("{name}:{version} uploaded (sha256 {})", field(&v["package"], "sha256")));
+            }
         }
         PackageCmd::Ls => {
             let v = client.get("/packages").await?;
@@ -80,8 +83,13 @@ pub async fn package(cmd: PackageCmd, target: &Target) -> Result<(), CliError> {
             });
         }
         PackageCmd::Rm { name, version } => {
-            let v = client.call(Method::DELETE, &format!("/packages/{name}/{version}"), None).await?;
-            show(target, &v, |_| format!("{name}:{version} deleted"));
+            let v =
+                client.call(Method::DELETE, &super::dry(target, &format!("/packages/{name}/{version}")), None).await?;
+            if target.dry_run {
+                show(target, &v, super::describe_dry);
+            } else {
+                show(target, &v, |_| format!("{name}:{version} deleted"));
+            }
         }
     }
     Ok(())

@@ -40,8 +40,9 @@ pub struct Target {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
-    /// For a mutating verb: show what it would do (steps, new instances,
-    /// which members restart or reload); change nothing.
+    /// For a mutating verb (cluster, package, token): show what it would do
+    /// (for clusters: steps, new instances, which members restart or
+    /// reload); change nothing. Read-only verbs ignore it.
     #[arg(long, global = true)]
     pub dry_run: bool,
 }
@@ -92,13 +93,18 @@ pub fn show(target: &Target, v: &Value, human: impl FnOnce(&Value) -> String) {
     }
 }
 
-/// `--dry-run` applies to cluster verbs only: anywhere else it is refused
-/// rather than ignored (the verb would really run).
-pub fn no_dry_run(target: &Target, what: &str) -> Result<(), CliError> {
-    if target.dry_run {
-        return Err(CliError::Usage(format!("--dry-run is for cluster verbs; {what} has none")));
+/// `path` with `dry_run=true` when `--dry-run` was given.
+pub fn dry(target: &Target, path: &str) -> String {
+    match (target.dry_run, path.contains('?')) {
+        (false, _) => path.to_string(),
+        (true, true) => format!("{path}&dry_run=true"),
+        (true, false) => format!("{path}?dry_run=true"),
     }
-    Ok(())
+}
+
+/// A dry run's answer for people.
+pub fn describe_dry(v: &Value) -> String {
+    format!("dry run: would {}; nothing was changed", v["would"].as_str().unwrap_or("do it"))
 }
 
 /// A string field (empty when missing), a number or `-`.

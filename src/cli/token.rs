@@ -19,12 +19,13 @@ pub enum TokenCmd {
 }
 
 pub async fn run(cmd: TokenCmd, target: &Target) -> Result<(), CliError> {
-    super::no_dry_run(target, "token")?;
     let client = Client::new(target)?;
     match cmd {
         TokenCmd::Create { name } => {
-            let v = client.call(Method::POST, "/tokens", Some(&json!({ "name": name }))).await?;
-            if target.json {
+            let v = client.call(Method::POST, &super::dry(target, "/tokens"), Some(&json!({ "name": name }))).await?;
+            if target.dry_run {
+                super::show(target, &v, super::describe_dry);
+            } else if target.json {
                 super::out(format!("{v:#}"));
             } else {
                 eprintln!("token {} ({name}) created; it is shown only now:", v["token"]["id"].as_str().unwrap_or("?"));
@@ -56,8 +57,10 @@ pub async fn run(cmd: TokenCmd, target: &Target) -> Result<(), CliError> {
             if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
                 return Err(CliError::Usage(format!("{id:?} is not a token id (see `flotilla token ls`)")));
             }
-            let v = client.call(Method::DELETE, &format!("/tokens/{id}"), None).await?;
-            if target.json {
+            let v = client.call(Method::DELETE, &super::dry(target, &format!("/tokens/{id}")), None).await?;
+            if target.dry_run {
+                super::show(target, &v, super::describe_dry);
+            } else if target.json {
                 super::out(format!("{v:#}"));
             } else {
                 super::out(format!("revoked token {id}"));

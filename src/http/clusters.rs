@@ -41,7 +41,7 @@ fn cluster_actor(state: &AppState, name: &str) -> Result<(ClusterHandle, Reserva
 #[serde(deny_unknown_fields)]
 pub struct DryRun {
     #[serde(default)]
-    dry_run: bool,
+    pub dry_run: bool,
 }
 
 async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: bool) -> Result<HttpResponse, ApiError> {

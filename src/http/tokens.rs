@@ -1,5 +1,6 @@
 //! `/api/v1/tokens`: create (the secret is in this answer only), list,
-//! revoke. `flotilla token create|ls|revoke` calls these.
+//! revoke. `flotilla token create|ls|revoke` calls these. Create and revoke
+//! take `?dry_run=true`: checked, not done.
 
 use actix_web::{HttpResponse, web};
 use serde::{Deserialize, Serialize};
@@ -31,7 +32,17 @@ pub struct CreateToken {
 }
 
 /// `POST /tokens`: `201` with the token whole, shown this once.
-pub async fn create(state: web::Data<AppState>, body: web::Json<CreateToken>) -> Result<HttpResponse, ApiError> {
+pub async fn create(
+    state: web::Data<AppState>,
+    body: web::Json<CreateToken>,
+    q: web::Query<super::clusters::DryRun>,
+) -> Result<HttpResponse, ApiError> {
+    if q.dry_run {
+        state.tokens.check_create(&body.name)?;
+        return Ok(
+            HttpResponse::Ok().json(json!({ "dry_run": true, "valid": true, "would": "create", "name": body.name }))
+        );
+    }
     let new = state.tokens.create(&body.name).await?;
     tracing::info!(id = %new.record.id, name = %new.record.name, "API token created");
     Ok(HttpResponse::Created().json(json!({ "token": TokenDto::from(&new.record), "secret": new.token })))
@@ -43,7 +54,16 @@ pub async fn list(state: web::Data<AppState>) -> HttpResponse {
 }
 
 /// `DELETE /tokens/{id}`: refused from this answer on.
-pub async fn revoke(state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub async fn revoke(
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    q: web::Query<super::clusters::DryRun>,
+) -> Result<HttpResponse, ApiError> {
+    if q.dry_run {
+        let record = state.tokens.check_revoke(&id)?;
+        return Ok(HttpResponse::Ok()
+            .json(json!({ "dry_run": true, "valid": true, "would": "revoke", "token": TokenDto::from(&*record) })));
+    }
     let record = state.tokens.revoke(&id).await?;
     tracing::info!(id = %record.id, name = %record.name, "API token revoked");
     Ok(HttpResponse::Ok().json(json!({ "revoked": TokenDto::from(&record) })))

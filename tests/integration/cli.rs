@@ -196,9 +196,12 @@ fn every_verb_against_flotilla_dev_with_exit_codes_and_json() {
     assert!(pushed.contains("web:1.0.1"), "{pushed}");
     d.ok(&["cluster", "upgrade", "demo", "1.0.1"]);
     assert_eq!(d.cluster("demo")["package"]["version"], "1.0.1");
-    let (code, _, err) = d.run(&["package", "rm", "web", "1.0.0", "--dry-run"], &[]);
-    assert_eq!(code, 2, "--dry-run is refused where it does not apply: {err}");
+    let out = d.ok(&["package", "rm", "web", "1.0.0", "--dry-run"]);
+    assert!(out.contains("would delete web/1.0.0; nothing was changed"), "{out}");
     assert!(d.json(&["package", "ls"])["packages"].as_array().unwrap().iter().any(|p| p["version"] == "1.0.0"));
+    let (code, _, err) = d.run(&["package", "rm", "web", "1.0.1", "--dry-run"], &[]);
+    assert_eq!(code, 1, "in use: refused as the real delete is: {err}");
+    assert!(err.contains("package_in_use"), "{err}");
     d.ok(&["package", "rm", "web", "1.0.0"]);
     assert!(
         !d.json(&["package", "ls"])["packages"]

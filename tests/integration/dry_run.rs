@@ -182,3 +182,54 @@ async fn a_dry_run_changes_nothing_and_predicts_the_real_call() {
     let i = c["instances"].as_array().unwrap().iter().find(|i| i["id"] == web.as_str()).unwrap();
     assert_eq!(i["status"], "Stopped", "previewed: {said}");
 }
+
+/// Package and token dry runs: checked exactly as the real call, nothing kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn package_and_token_dry_runs_check_and_keep_nothing() {
+    let env = TestEnv::start_sim("dry-run-pkg", &[], 1).await;
+    let blobs = || std::fs::read_dir(env.master_dir().join("packages")).map(|d| d.count()).unwrap_or(0);
+    let pkg = crate::common::sim::package("svc", "1.0.0", 3);
+
+    // An upload previewed: valid, its roles named, nothing stored.
+    let blobs_before = blobs();
+    let (status, p) = env.put_bytes("/packages/svc/1.0.0?dry_run=true", pkg.build()).await;
+    assert_eq!(status, StatusCode::OK, "{p:#}");
+    assert_eq!((p["would"].as_str(), p["package"]["name"].as_str()), (Some("create"), Some("svc")), "{p:#}");
+    let (_, list) = env.get("/packages").await;
+    assert!(list["packages"].as_array().unwrap().is_empty(), "a previewed upload stores nothing: {list:#}");
+    assert_eq!(blobs(), blobs_before, "no package file kept");
+    // A broken package is refused the same way either way.
+    let broken = PackageBuilder::new("svc", "1.0.1").spec("[component]\nname = \"svc\"\n");
+    let (dry_status, dry) = env.put_bytes("/packages/svc/1.0.1?dry_run=true", broken.build()).await;
+    let (real_status, real) = env.put_bytes("/packages/svc/1.0.1", broken.build()).await;
+    assert!(dry_status.is_client_error(), "{dry:#}");
+    assert_eq!((dry_status, &dry["error"]["code"]), (real_status, &real["error"]["code"]));
+
+    // A delete previewed: refused while in use, checked when free.
+    env.upload(&pkg).await;
+    env.create_active(json!({"name": "u", "package": {"name": "svc", "version": "1.0.0"}})).await;
+    let (status, body) = env.delete("/packages/svc/1.0.0?dry_run=true").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("package_in_use")), "{body:#}");
+    let (status, _) = env.delete("/packages/svc/9.9.9?dry_run=true").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // Tokens: a create previewed creates none; revoking the only one is
+    // refused; revoking another is checked and the token keeps working.
+    let (status, p) = env.post("/tokens?dry_run=true", json!({"name": "ci"})).await;
+    assert_eq!((status, p["would"].as_str()), (StatusCode::OK, Some("create")), "{p:#}");
+    assert!(p.get("secret").is_none());
+    let (_, list) = env.get("/tokens").await;
+    assert_eq!(list["tokens"].as_array().unwrap().len(), 1, "{list:#}");
+    let (status, _) = env.post("/tokens?dry_run=true", json!({"name": "Not A Name"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let first = env.token.split('_').nth(1).unwrap().to_string();
+    let (status, body) = env.delete(&format!("/tokens/{first}?dry_run=true")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("last_token")));
+    let (_, made) = env.post("/tokens", json!({"name": "second"})).await;
+    let second = made["token"]["id"].as_str().unwrap().to_string();
+    let (status, p) = env.delete(&format!("/tokens/{second}?dry_run=true")).await;
+    assert_eq!((status, p["would"].as_str()), (StatusCode::OK, Some("revoke")), "{p:#}");
+    let still = crate::common::env::client_with_token(made["secret"].as_str().unwrap());
+    let resp = still.get(format!("{}/nodes", env.api)).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "a previewed revoke revokes nothing");
+}
