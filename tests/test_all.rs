@@ -24,6 +24,7 @@ mod integration {
     mod failing_start;
     mod grandchild;
     mod hooks;
+    mod instance_logs;
     mod lifecycle;
     mod logs;
     mod master_restart;

@@ -402,6 +402,9 @@ async fn handle(
                         AgentRequest::Signal { instance, generation, signal } => {
                             node.signal(&instance, generation, signal).await
                         }
+                        AgentRequest::ReadLog { instance, stream, from, max_bytes } => {
+                            node.read_log(&instance, stream, from, max_bytes).await
+                        }
                         AgentRequest::Ping => AgentResponse::Pong,
                         _ => failure(FailureKind::BadRequest, "unexpected request"),
                     };
@@ -426,6 +429,7 @@ fn request_kind(r: &AgentRequest) -> &'static str {
         AgentRequest::RunHook { .. } => "run-hook",
         AgentRequest::CheckHealth { .. } => "check-health",
         AgentRequest::Signal { .. } => "signal",
+        AgentRequest::ReadLog { .. } => "read-log",
         AgentRequest::Ping => "ping",
     }
 }

@@ -82,6 +82,19 @@ pub enum ClusterCmd {
         #[arg(long)]
         no_wait: bool,
     },
+    /// An instance's log from its agent: the last lines, or followed.
+    Logs {
+        name: String,
+        instance: String,
+        /// stderr instead of stdout.
+        #[arg(long)]
+        stderr: bool,
+        #[arg(long, default_value_t = 100)]
+        tail: u32,
+        /// Keep printing what the process writes (Ctrl-C to stop).
+        #[arg(long, short)]
+        follow: bool,
+    },
     /// Delete a cluster (`--force`: go on past agents that cannot be reached).
     Delete {
         name: String,
@@ -211,6 +224,19 @@ pub async fn run(cmd: ClusterCmd, target: &Target) -> Result<(), CliError> {
                 .call(Method::PATCH, &dry(target, &format!("/clusters/{name}/roles/{role}")), Some(&body))
                 .await?;
             after_mutation(&client, target, answer, no_wait).await?;
+        }
+        ClusterCmd::Logs { name, instance, stderr, tail, follow } => {
+            let stream = if stderr { "stderr" } else { "stdout" };
+            let path =
+                format!("/clusters/{name}/instances/{instance}/logs?stream={stream}&tail={tail}&follow={follow}");
+            let mut resp = client.get_stream(&path, None).await?;
+            use std::io::Write;
+            let mut stdout = std::io::stdout();
+            while let Some(chunk) = resp.chunk().await.map_err(|e| CliError::Unreachable(e.to_string()))? {
+                if stdout.write_all(&chunk).and_then(|()| stdout.flush()).is_err() {
+                    std::process::exit(0);
+                }
+            }
         }
         ClusterCmd::Delete { name, force, no_wait } => {
             let path = if force { format!("/clusters/{name}?force=true") } else { format!("/clusters/{name}") };

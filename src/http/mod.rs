@@ -12,6 +12,7 @@ mod clusters;
 pub mod dto;
 pub mod error;
 mod events;
+mod logs;
 pub mod metrics;
 mod packages;
 mod status;
@@ -86,6 +87,7 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: 
                 .route("/clusters/{name}/config", web::patch().to(clusters::reconfigure))
                 .route("/clusters/{name}/upgrade", web::post().to(clusters::upgrade))
                 .route("/clusters/{name}/roles/{role}", web::patch().to(clusters::resize))
+                .route("/clusters/{name}/instances/{id}/logs", web::get().to(logs::logs))
                 .route("/clusters/{name}/instances/{id}/{verb}", web::post().to(clusters::instance_verb)),
         )
         .route("/metrics", web::get().to(metrics::scrape))

@@ -32,7 +32,7 @@ use crate::ids::{InstanceId, NodeId};
 
 /// Bumped on any incompatible change to these types. Both sides refuse a
 /// peer with another version, with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Size of one `InstallData` chunk sent by the master.
 pub const INSTALL_CHUNK_BYTES: usize = 1024 * 1024;
@@ -207,7 +207,33 @@ pub enum AgentRequest {
         generation: u64,
         signal: i32,
     },
+    /// Reads an installed instance's log (`logs/stdout.log` or
+    /// `logs/stderr.log`): its last `Tail(n)` lines, or what follows byte
+    /// `Offset(o)` (from the start if the log is shorter: it was cut), at
+    /// most `max_bytes`. Answers `LogChunk`. (Since protocol 4.)
+    ReadLog {
+        instance: InstanceId,
+        stream: LogStream,
+        from: LogFrom,
+        max_bytes: u32,
+    },
     Ping,
+}
+
+/// Which of an instance's logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LogStream {
+    Stdout,
+    Stderr,
+}
+
+/// Where a `ReadLog` starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LogFrom {
+    /// The last this many lines.
+    Tail(u32),
+    /// After this many bytes.
+    Offset(u64),
 }
 
 /// The header of a package install: everything the agent needs to create or
@@ -309,6 +335,12 @@ pub enum AgentResponse {
         delivered: bool,
     },
     Pong,
+    /// Answer to `ReadLog`: the bytes read and the offset to ask from next.
+    LogChunk {
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        next_offset: u64,
+    },
     Failed(CommandFailure),
 }
 

@@ -162,6 +162,11 @@ fn every_verb_against_flotilla_dev_with_exit_codes_and_json() {
         assert!(page(&i).contains("bonjour-cli"), "{} still serves the old page", i["id"]);
     }
 
+    // The instance's own log: http.server logs each request on stderr.
+    let first = instances(&d.cluster("demo"))[0].clone();
+    let log = d.ok(&["cluster", "logs", "demo", first["id"].as_str().unwrap(), "--stderr", "--tail", "5"]);
+    assert!(log.contains("\"GET / HTTP/1.1\" 200"), "{log}");
+
     // --dry-run: the preview, and nothing changed.
     let preview = d.json(&["cluster", "config", "demo", "greeting=never-applied", "--dry-run"]);
     assert_eq!(preview["dry_run"], true, "{preview:#}");

@@ -37,6 +37,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/clusters/demo/upgrade"),
     ("PATCH", "/clusters/demo/roles/server"),
     ("POST", "/clusters/demo/instances/demo-server-1-abcdef/restart"),
+    ("GET", "/clusters/demo/instances/demo-server-1-abcdef/logs"),
     ("POST", "/tokens"),
     ("GET", "/tokens"),
     ("DELETE", "/tokens/000000000000"),

@@ -25,6 +25,7 @@ use crate::storage::records::RECORD_VERSION;
 use crate::storage::{AgentStore, WriteOp};
 
 mod install;
+mod logs;
 
 /// How the agent treats the run-as users of specs.
 #[derive(Debug, Clone)]

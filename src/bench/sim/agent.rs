@@ -374,6 +374,10 @@ impl SimAgent {
             AgentRequest::Signal { instance, generation, .. } => {
                 self.later(tx, slots, request_id, l.other, move |s| s.signal(&instance, generation)).await
             }
+            // Simulated processes write no logs.
+            AgentRequest::ReadLog { .. } => {
+                Self::reply(tx, request_id, AgentResponse::LogChunk { data: Vec::new(), next_offset: 0 }).await
+            }
             AgentRequest::Ping => Self::reply(tx, request_id, AgentResponse::Pong).await,
         }
     }

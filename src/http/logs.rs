@@ -1,0 +1,104 @@
+//! `GET /clusters/{name}/instances/{id}/logs?stream=stdout|stderr&tail=N&follow=true`:
+//! an instance's log, read from its agent (`ReadLog`). Without `follow`, the
+//! last `tail` lines (default 100). With it, those lines and then what the
+//! process writes, as a chunked `text/plain` stream: the master asks its
+//! agent for what follows every [`POLL`] while the client stays, so neither
+//! side keeps state per reader and a client that leaves costs nothing.
+
+use std::time::Duration;
+
+use actix_web::{HttpResponse, web};
+use bytes::Bytes;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::actors::node_link::NodeLink;
+use crate::error::Error;
+use crate::ids::InstanceId;
+use crate::protocol::messages::{AgentRequest, AgentResponse, LogFrom, LogStream};
+
+/// How often a followed log is read again.
+const POLL: Duration = Duration::from_millis(300);
+/// The most bytes one read asks for.
+const CHUNK: u32 = 64 * 1024;
+/// At most this many lines of `tail`.
+const MAX_TAIL: u32 = 10_000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogsQuery {
+    stream: Option<String>,
+    tail: Option<u32>,
+    #[serde(default)]
+    follow: bool,
+}
+
+pub async fn logs(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    q: web::Query<LogsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (name, id) = path.into_inner();
+    let stream = match q.stream.as_deref().unwrap_or("stdout") {
+        "stdout" => LogStream::Stdout,
+        "stderr" => LogStream::Stderr,
+        other => return Err(ApiError(Error::invalid("invalid_query", format!("stream {other:?}: stdout or stderr")))),
+    };
+    let tail = q.tail.unwrap_or(100).min(MAX_TAIL);
+    let cluster = state.shared.read_model.cluster(&name).ok_or_else(|| Error::not_found("cluster", &name))?;
+    let id = InstanceId::new(id);
+    let node =
+        cluster.instances.get(&id).map(|i| i.record.node.clone()).ok_or_else(|| Error::not_found("instance", &id))?;
+    let link =
+        state.shared.links.get(&node).ok_or_else(|| Error::unavailable(format!("node {node} is not connected")))?;
+    let (first, mut next) = read(&link, &id, stream, LogFrom::Tail(tail)).await?;
+    if !q.follow {
+        return Ok(HttpResponse::Ok().content_type("text/plain; charset=utf-8").body(first));
+    }
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    actix_web::rt::spawn(async move {
+        if tx.send(Bytes::from(first)).await.is_err() {
+            return;
+        }
+        loop {
+            tokio::select! {
+                () = tx.closed() => return,
+                () = tokio::time::sleep(POLL) => {}
+            }
+            match read(&link, &id, stream, LogFrom::Offset(next)).await {
+                Ok((data, n)) => {
+                    next = n;
+                    if !data.is_empty() && tx.send(Bytes::from(data)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Bytes::from(format!("\n[flotilla: the log stream ended: {}]\n", e.0))).await;
+                    return;
+                }
+            }
+        }
+    });
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    });
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; charset=utf-8")
+        .insert_header(("cache-control", "no-cache"))
+        .streaming(body))
+}
+
+/// One `ReadLog` through `link`: (bytes, the offset to read from next).
+async fn read(link: &NodeLink, id: &InstanceId, stream: LogStream, from: LogFrom) -> Result<(Vec<u8>, u64), ApiError> {
+    let req = AgentRequest::ReadLog { instance: id.clone(), stream, from, max_bytes: CHUNK };
+    match link.call(req, "ReadLog").await {
+        Ok(AgentResponse::LogChunk { data, next_offset }) => Ok((data, next_offset)),
+        Ok(AgentResponse::Failed(f)) => {
+            Err(ApiError(Error::unavailable(format!("the agent could not read the log: {}", f.message))))
+        }
+        Ok(other) => Err(ApiError(Error::unavailable(format!("unexpected answer to ReadLog: {other:?}")))),
+        Err(e) => Err(ApiError(Error::unavailable(format!("reading the log: {}", crate::error::ErrorChain(&e))))),
+    }
+}
