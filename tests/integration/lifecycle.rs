@@ -32,11 +32,14 @@ fn assert_running(i: &Value) -> u32 {
     assert_eq!(i["status"], "Running", "{i:#}");
     let pid = pid_of(i);
     assert!(pid_alive(pid), "{} reports pid {pid}, which is not alive", i["id"]);
-    assert!(
-        instance_pids(i["id"].as_str().unwrap()).contains(&pid),
-        "pid {pid} does not carry the marker of {}",
-        i["id"]
-    );
+    // A process caught inside its `exec` (the start script execs `sleep`)
+    // can show an empty environ for a moment: look again before failing.
+    let id = i["id"].as_str().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while !instance_pids(id).contains(&pid) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(instance_pids(id).contains(&pid), "pid {pid} does not carry the marker of {id}");
     pid
 }
 
