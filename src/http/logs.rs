@@ -2,8 +2,10 @@
 //! an instance's log, read from its agent (`ReadLog`). Without `follow`, the
 //! last `tail` lines (default 100). With it, those lines and then what the
 //! process writes, as a chunked `text/plain` stream: the master asks its
-//! agent for what follows every [`POLL`] while the client stays, so neither
-//! side keeps state per reader and a client that leaves costs nothing.
+//! agent for what follows every [`POLL`] (less often while the log is
+//! quiet) while the client stays, so neither side keeps state per reader;
+//! a client that left is noticed at the next write, and a log silent for
+//! [`IDLE_END`] ends its stream.
 
 use std::time::Duration;
 
@@ -19,8 +21,13 @@ use crate::error::Error;
 use crate::ids::InstanceId;
 use crate::protocol::messages::{AgentRequest, AgentResponse, LogFrom, LogStream};
 
-/// How often a followed log is read again.
+/// How often a followed log is read again while it grows; a quiet log is
+/// read less and less often, down to every [`POLL_QUIET`].
 const POLL: Duration = Duration::from_millis(300);
+const POLL_QUIET: Duration = Duration::from_secs(5);
+/// A followed log silent this long ends its stream (saying so): a client
+/// that left is only noticed when a write to it fails.
+const IDLE_END: Duration = Duration::from_secs(3600);
 /// The most bytes one read asks for.
 const CHUNK: u32 = 64 * 1024;
 /// At most this many lines of `tail`.
@@ -62,15 +69,25 @@ pub async fn logs(
         if tx.send(Bytes::from(first)).await.is_err() {
             return;
         }
+        let (mut wait, mut last_data) = (POLL, tokio::time::Instant::now());
         loop {
             tokio::select! {
                 () = tx.closed() => return,
-                () = tokio::time::sleep(POLL) => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+            if last_data.elapsed() >= IDLE_END {
+                let _ = tx.send(Bytes::from_static(b"\n[flotilla: no output for an hour; the stream ends]\n")).await;
+                return;
             }
             match read(&link, &id, stream, LogFrom::Offset(next)).await {
                 Ok((data, n)) => {
                     next = n;
-                    if !data.is_empty() && tx.send(Bytes::from(data)).await.is_err() {
+                    if data.is_empty() {
+                        wait = (wait * 2).min(POLL_QUIET);
+                        continue;
+                    }
+                    (wait, last_data) = (POLL, tokio::time::Instant::now());
+                    if tx.send(Bytes::from(data)).await.is_err() {
                         return;
                     }
                 }
