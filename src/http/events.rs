@@ -118,9 +118,7 @@ pub async fn stream(
         None => drop(actix_web::rt::spawn(client.feed(live, newest, false))),
         Some(n) => drop(actix_web::rt::spawn(client.feed(live, n, true))),
     }
-    let body = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
-    });
+    let body = super::channel_body(rx);
     Ok(HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header(("cache-control", "no-cache"))

@@ -98,9 +98,7 @@ pub async fn logs(
             }
         }
     });
-    let body = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
-    });
+    let body = super::channel_body(rx);
     Ok(HttpResponse::Ok()
         .content_type("text/plain; charset=utf-8")
         .insert_header(("cache-control", "no-cache"))

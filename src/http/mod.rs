@@ -53,6 +53,14 @@ impl AppState {
     }
 }
 
+/// A streaming response body fed by `rx` (the event stream, followed logs):
+/// it ends when the sender is dropped.
+fn channel_body(
+    rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) })
+}
+
 /// Registers every route under `/api/v1`.
 pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: usize) {
     cfg.app_data(web::Data::new(state))

@@ -51,7 +51,7 @@ use crate::storage::records::{
 };
 use crate::storage::{WriteOp, events};
 
-pub use prepare::MAX_BATCH;
+pub use prepare::{MAX_BATCH, group_by_order};
 pub use preview::{Preview, PreviewCreate};
 
 /// What the actor owns, shared with the running operation's context (both
@@ -290,25 +290,6 @@ impl ClusterActor {
             }
         }
     }
-}
-
-/// Groups instances by their role's order, ascending; ids sorted within a group.
-pub fn group_by_order<'a>(
-    spec: &ComponentSpec,
-    instances: impl Iterator<Item = &'a InstanceRecord>,
-) -> Vec<(i32, Vec<InstanceId>)> {
-    let mut groups: BTreeMap<i32, Vec<(String, u32, InstanceId)>> = BTreeMap::new();
-    for i in instances {
-        let order = spec.role(&i.role).map(|r| r.order).unwrap_or_default();
-        groups.entry(order).or_default().push((i.role.clone(), i.ordinal, i.id.clone()));
-    }
-    groups
-        .into_iter()
-        .map(|(order, mut v)| {
-            v.sort();
-            (order, v.into_iter().map(|(_, _, id)| id).collect())
-        })
-        .collect()
 }
 
 impl Actor for ClusterActor {

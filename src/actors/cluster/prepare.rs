@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::{ClusterActor, OpRequest, Prepared, group_by_order};
+use super::{ClusterActor, OpRequest, Prepared};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
@@ -259,6 +259,25 @@ impl ClusterActor {
         core.record.roles.entry(role.to_string()).or_default().next_ordinal = next + add;
         Ok(pending)
     }
+}
+
+/// Groups instances by their role's order, ascending; ids sorted within a group.
+pub fn group_by_order<'a>(
+    spec: &ComponentSpec,
+    instances: impl Iterator<Item = &'a InstanceRecord>,
+) -> Vec<(i32, Vec<InstanceId>)> {
+    let mut groups: std::collections::BTreeMap<i32, Vec<(String, u32, InstanceId)>> = Default::default();
+    for i in instances {
+        let order = spec.role(&i.role).map(|r| r.order).unwrap_or_default();
+        groups.entry(order).or_default().push((i.role.clone(), i.ordinal, i.id.clone()));
+    }
+    groups
+        .into_iter()
+        .map(|(order, mut v)| {
+            v.sort();
+            (order, v.into_iter().map(|(_, _, id)| id).collect())
+        })
+        .collect()
 }
 
 pub(super) fn require_active(status: ClusterStatus, what: &str) -> Result<(), Error> {
