@@ -25,6 +25,11 @@ pub struct DevArgs {
     /// Folder of example components to load (each a folder with component.toml).
     #[arg(long)]
     pub examples: Option<PathBuf>,
+    /// The ports each agent gives its instances, `FROM-TO`. Every dev
+    /// environment puts its agents on 127.0.0.11, .12, ...: two at once
+    /// on one machine need ranges that do not overlap.
+    #[arg(long, default_value = "20000-29999")]
+    pub port_range: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +128,7 @@ async fn start_and_wait(
             .args(["--address", &address])
             .arg("--data-dir")
             .arg(dir.join(format!("agent-{i}")))
-            .args(["--port-range", "20000-29999"])
+            .args(["--port-range", &args.port_range])
             // Dev mode runs instances as the user who ran `flotilla dev`.
             .args(["--default-run-as", &me])
             .arg("--allow-root")
@@ -231,6 +236,7 @@ fn print_banner(api: &str, token: &str, dir: &Path, agents: u8, loaded: &[String
         r#"
 flotilla dev is running: a master and {agents} agents (127.0.0.11 ...).
 
+  dashboard   {api}/#token={token}
   admin API   {api}/api/v1
   API token   {token}
   endpoints   {dir}/endpoints.json (API URL and token: the CLI reads it)

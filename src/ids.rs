@@ -10,7 +10,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// Checks a user-facing name: `[a-z0-9][a-z0-9-]{0,62}`.
+/// Checks a user-facing name: `[a-z0-9][a-z0-9-]{0,62}` (the API
+/// description says so as a pattern: `http/dto.rs`, `http/packages.rs`).
 ///
 /// Returns a message describing the violation (the caller adds the field).
 pub fn validate_name(name: &str) -> Result<(), String> {

@@ -18,6 +18,7 @@ mod integration {
     mod cli;
     mod crash;
     mod daemon;
+    mod dashboard;
     mod delete;
     mod dry_run;
     mod events;
@@ -29,8 +30,10 @@ mod integration {
     mod logs;
     mod master_restart;
     mod metrics;
+    mod openapi;
     mod order;
     mod overload;
+    mod paging;
     mod protocol_battery;
     mod resize;
     mod retention;

@@ -2,7 +2,10 @@
 //! (`actors::tokens`); without a valid one it is answered `401
 //! unauthorized` (with `WWW-Authenticate: Bearer`) before any handler
 //! runs. `GET /api/v1/health` is left open while the `open_health` setting
-//! is on (the default), for load balancers and process supervisors.
+//! is on (the default), for load balancers and process supervisors. The
+//! API description, `/api/v1/openapi.json`, is always open: it is published
+//! documentation (no secret, no state), and tools read it before they
+//! have a token.
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -20,6 +23,8 @@ pub struct AuthedToken(pub String);
 
 /// The path left open by `open_health`.
 const HEALTH: &str = "/api/v1/health";
+/// The path always open.
+pub const OPENAPI: &str = "/api/v1/openapi.json";
 
 pub async fn require_token(
     req: ServiceRequest,
@@ -28,7 +33,7 @@ pub async fn require_token(
     let Some(state) = req.app_data::<web::Data<AppState>>() else {
         return Err(ApiError(Error::Internal { message: "no app state for the token check".into() }).into());
     };
-    let open = state.open_health && req.path() == HEALTH;
+    let open = req.path() == OPENAPI || (state.open_health && req.path() == HEALTH);
     if !open {
         let id = check(state, req.headers().get(actix_web::http::header::AUTHORIZATION))?;
         req.extensions_mut().insert(AuthedToken(id));

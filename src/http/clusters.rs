@@ -5,14 +5,15 @@
 
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
-use serde_json::json;
+use utoipa::IntoParams;
 
 use super::AppState;
 use super::dto::{
-    ClusterDto, ClusterSummaryDto, ConfigBody, CreateClusterBody, OperationDto, ResizeBody, ScaleBody, UpgradeBody,
+    ClusterDto, ClusterPage, ClusterSummaryDto, ConfigBody, CreateClusterBody, OperationDto, OperationEnvelope,
+    ResizeBody, ScaleBody, UpgradeBody,
 };
 use super::error::ApiError;
-use crate::actors::cluster::{OpRequest, Preview, PreviewCreate, RunOperation};
+use crate::actors::cluster::{OpRequest, PlanPreview, Preview, PreviewCreate, RunOperation};
 use crate::actors::read_model::Reservation;
 use crate::actors::registry::ClusterHandle;
 use crate::actors::supervisor::{Create, CreateCluster, RoleRequest};
@@ -22,7 +23,7 @@ use crate::operations::lifecycle::InstanceVerb;
 use crate::storage::records::{Limits, OperationRecord, PackageRef};
 
 fn accepted(op: &OperationRecord) -> HttpResponse {
-    HttpResponse::Accepted().json(json!({ "operation": OperationDto::from(op) }))
+    HttpResponse::Accepted().json(OperationEnvelope { operation: OperationDto::from(op) })
 }
 
 fn mailbox(e: actix::MailboxError) -> ApiError {
@@ -37,11 +38,37 @@ fn cluster_actor(state: &AppState, name: &str) -> Result<(ClusterHandle, Reserva
 }
 
 /// `?dry_run=true` on a mutating route.
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct DryRun {
+    /// Check and plan, change nothing: `200` with what it would do.
     #[serde(default)]
     pub dry_run: bool,
+}
+
+/// What a cluster or instance mutation answers (for the API description).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // Describes the answers of `run`; never built.
+pub enum Mutation {
+    /// Accepted: the operation, journaled; `GET /operations/{id}?wait=S` follows it
+    #[response(status = 202)]
+    Accepted(OperationEnvelope),
+    /// `?dry_run=true`: what it would do; nothing was changed
+    #[response(status = 200)]
+    Preview(PlanPreview),
+    #[response(status = 400)]
+    BadRequest(#[ref_response] super::error::BadRequest),
+    #[response(status = 404)]
+    NotFound(#[ref_response] super::error::NotFound),
+    #[response(status = 409)]
+    Conflict(#[ref_response] super::error::Conflict),
+    #[response(status = 422)]
+    SpecViolation(#[ref_response] super::error::SpecViolation),
+    #[response(status = 500)]
+    Internal(#[ref_response] super::error::Internal),
+    #[response(status = 503)]
+    Unavailable(#[ref_response] super::error::Unavailable),
 }
 
 async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: bool) -> Result<HttpResponse, ApiError> {
@@ -54,6 +81,12 @@ async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: bool) -> Res
     Ok(accepted(&op))
 }
 
+/// Creates a cluster
+///
+/// `202` with the operation once it is journaled (`GET /operations/{id}?wait=S`
+/// follows it); with `?dry_run=true`, `200` with the plan and the placement.
+#[utoipa::path(post, path = "/api/v1/clusters", operation_id = "create_cluster", tag = "clusters", params(DryRun),
+    responses(Mutation, (status = 413, response = super::error::TooLarge)))]
 pub async fn create(
     state: web::Data<AppState>,
     body: web::Json<CreateClusterBody>,
@@ -82,8 +115,9 @@ pub async fn create(
     Ok(accepted(&op))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct PageQuery {
     /// At most this many (default 100, at most 1000).
     limit: Option<usize>,
@@ -91,9 +125,14 @@ pub struct PageQuery {
     after: Option<String>,
 }
 
-/// `GET /clusters`: summaries (status, counts per role and status, the
-/// running operation), by name, a page at a time; `next` is the cursor of
-/// the next page. The instances are in `GET /clusters/{name}`.
+/// The clusters
+///
+/// Summaries (status, counts per role and status, the running operation),
+/// by name, a page at a time; `next` is the cursor of the next page. The
+/// instances are in `GET /clusters/{name}`.
+#[utoipa::path(get, path = "/api/v1/clusters", operation_id = "list_clusters", tag = "clusters", params(PageQuery), responses(
+    (status = 200, description = "A page of clusters", body = ClusterPage),
+    (status = 400, response = super::error::BadRequest)))]
 pub async fn list(state: web::Data<AppState>, q: web::Query<PageQuery>) -> HttpResponse {
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let clusters = state.shared.read_model.clusters();
@@ -106,15 +145,36 @@ pub async fn list(state: web::Data<AppState>, q: web::Query<PageQuery>) -> HttpR
         None => clusters.values().take(limit).map(|c| ClusterSummaryDto::build(&c.load())).collect(),
     };
     let next = (page.len() == limit).then(|| page.last().map(|c| c.name.clone())).flatten();
-    HttpResponse::Ok().json(json!({ "clusters": page, "total": clusters.len(), "next": next }))
+    HttpResponse::Ok().json(ClusterPage { clusters: page, total: clusters.len(), next })
 }
 
-pub async fn get(state: web::Data<AppState>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct GetQuery {
+    /// `false`: leave the instance list out (the counts by status stay);
+    /// page it with `GET /clusters/{name}/instances`.
+    instances: Option<bool>,
+}
+
+/// One cluster, with its instances
+#[utoipa::path(get, path = "/api/v1/clusters/{name}", operation_id = "get_cluster", tag = "clusters",
+    params(("name" = String, Path, description = "The cluster's name", example = "demo"), GetQuery), responses(
+    (status = 200, description = "The cluster", body = ClusterDto),
+    (status = 400, response = super::error::BadRequest),
+    (status = 404, response = super::error::NotFound)))]
+pub async fn get(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    q: web::Query<GetQuery>,
+) -> Result<HttpResponse, ApiError> {
     let name = path.into_inner();
     let c = state.shared.read_model.cluster(&name).ok_or_else(|| Error::not_found("cluster", &name))?;
-    Ok(HttpResponse::Ok().json(ClusterDto::build(&c)))
+    Ok(HttpResponse::Ok().json(ClusterDto::build(&c, q.instances.unwrap_or(true))))
 }
 
+/// Starts every instance of a cluster
+#[utoipa::path(post, path = "/api/v1/clusters/{name}/start", operation_id = "start_cluster", tag = "clusters", params(("name" = String, Path, description = "The cluster's name", example = "demo"), DryRun), responses(Mutation))]
 pub async fn start(
     state: web::Data<AppState>,
     path: web::Path<String>,
@@ -123,6 +183,8 @@ pub async fn start(
     run(&state, &path.into_inner(), OpRequest::Start, q.dry_run).await
 }
 
+/// Stops every instance of a cluster
+#[utoipa::path(post, path = "/api/v1/clusters/{name}/stop", operation_id = "stop_cluster", tag = "clusters", params(("name" = String, Path, description = "The cluster's name", example = "demo"), DryRun), responses(Mutation))]
 pub async fn stop(
     state: web::Data<AppState>,
     path: web::Path<String>,
@@ -131,6 +193,8 @@ pub async fn stop(
     run(&state, &path.into_inner(), OpRequest::Stop, q.dry_run).await
 }
 
+/// Restarts a cluster, a batch at a time
+#[utoipa::path(post, path = "/api/v1/clusters/{name}/restart", operation_id = "restart_cluster", tag = "clusters", params(("name" = String, Path, description = "The cluster's name", example = "demo"), DryRun), responses(Mutation))]
 pub async fn restart(
     state: web::Data<AppState>,
     path: web::Path<String>,
@@ -139,15 +203,21 @@ pub async fn restart(
     run(&state, &path.into_inner(), OpRequest::Restart, q.dry_run).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct DeleteQuery {
+    /// Delete even when stopping or removing an instance fails.
     #[serde(default)]
     force: bool,
+    /// Check and plan, change nothing: `200` with what it would do.
     #[serde(default)]
     dry_run: bool,
 }
 
+/// Deletes a cluster: stops and removes every instance
+#[utoipa::path(delete, path = "/api/v1/clusters/{name}", operation_id = "delete_cluster", tag = "clusters",
+    params(("name" = String, Path, description = "The cluster's name", example = "demo"), DeleteQuery), responses(Mutation))]
 pub async fn delete(
     state: web::Data<AppState>,
     path: web::Path<String>,
@@ -156,6 +226,12 @@ pub async fn delete(
     run(&state, &path.into_inner(), OpRequest::Delete { force: q.force }, q.dry_run).await
 }
 
+/// Changes a cluster's config
+///
+/// Instances whose files change reload, are signalled or restart, `batch`
+/// at a time, as the role's change modes say.
+#[utoipa::path(patch, path = "/api/v1/clusters/{name}/config", operation_id = "configure_cluster", tag = "clusters", params(("name" = String, Path, description = "The cluster's name", example = "demo"), DryRun),
+    responses(Mutation, (status = 413, response = super::error::TooLarge)))]
 pub async fn reconfigure(
     state: web::Data<AppState>,
     path: web::Path<String>,
@@ -166,6 +242,9 @@ pub async fn reconfigure(
     run(&state, &path.into_inner(), OpRequest::Reconfigure { values: b.config, batch: b.batch }, q.dry_run).await
 }
 
+/// Upgrades a cluster to another version of its package, `batch` at a time
+#[utoipa::path(post, path = "/api/v1/clusters/{name}/upgrade", operation_id = "upgrade_cluster", tag = "clusters", params(("name" = String, Path, description = "The cluster's name", example = "demo"), DryRun),
+    responses(Mutation, (status = 413, response = super::error::TooLarge)))]
 pub async fn upgrade(
     state: web::Data<AppState>,
     path: web::Path<String>,
@@ -177,6 +256,10 @@ pub async fn upgrade(
     run(&state, &path.into_inner(), OpRequest::Upgrade { version: b.version, batch: b.batch }, q.dry_run).await
 }
 
+/// Gives a role new resource limits (vertical scale), `batch` at a time
+#[utoipa::path(patch, path = "/api/v1/clusters/{name}/roles/{role}", operation_id = "resize_role", tag = "clusters",
+    params(("name" = String, Path, description = "The cluster's name", example = "demo"), ("role" = String, Path, description = "The role", example = "server"), DryRun),
+    responses(Mutation, (status = 413, response = super::error::TooLarge)))]
 pub async fn resize(
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
@@ -205,6 +288,9 @@ pub async fn resize(
     run(&state, &name, OpRequest::Resize { role, limits, batch: b.batch }, q.dry_run).await
 }
 
+/// Adds instances to a role (`add`), or removes given ones (`remove`)
+#[utoipa::path(post, path = "/api/v1/clusters/{name}/scale", operation_id = "scale_cluster", tag = "clusters", params(("name" = String, Path, description = "The cluster's name", example = "demo"), DryRun),
+    responses(Mutation, (status = 413, response = super::error::TooLarge)))]
 pub async fn scale(
     state: web::Data<AppState>,
     path: web::Path<String>,
@@ -235,17 +321,45 @@ pub async fn scale(
     run(&state, &path.into_inner(), req, q.dry_run).await
 }
 
-pub async fn instance_verb(
+async fn instance_verb(
+    state: &AppState,
+    path: web::Path<(String, String)>,
+    q: web::Query<DryRun>,
+    verb: InstanceVerb,
+) -> Result<HttpResponse, ApiError> {
+    let (name, id) = path.into_inner();
+    run(state, &name, OpRequest::Instance { id: InstanceId::new(id), verb }, q.dry_run).await
+}
+
+/// Starts one instance
+#[utoipa::path(post, path = "/api/v1/clusters/{name}/instances/{id}/start", operation_id = "start_instance", tag = "instances",
+    params(("name" = String, Path, description = "The cluster's name", example = "demo"), ("id" = String, Path, description = "The instance's id"), DryRun), responses(Mutation))]
+pub async fn start_instance(
     state: web::Data<AppState>,
-    path: web::Path<(String, String, String)>,
+    path: web::Path<(String, String)>,
     q: web::Query<DryRun>,
 ) -> Result<HttpResponse, ApiError> {
-    let (name, id, verb) = path.into_inner();
-    let verb = match verb.as_str() {
-        "start" => InstanceVerb::Start,
-        "stop" => InstanceVerb::Stop,
-        "restart" => InstanceVerb::Restart,
-        other => return Err(ApiError(Error::not_found("instance action", other))),
-    };
-    run(&state, &name, OpRequest::Instance { id: InstanceId::new(id), verb }, q.dry_run).await
+    instance_verb(&state, path, q, InstanceVerb::Start).await
+}
+
+/// Stops one instance
+#[utoipa::path(post, path = "/api/v1/clusters/{name}/instances/{id}/stop", operation_id = "stop_instance", tag = "instances",
+    params(("name" = String, Path, description = "The cluster's name", example = "demo"), ("id" = String, Path, description = "The instance's id"), DryRun), responses(Mutation))]
+pub async fn stop_instance(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    q: web::Query<DryRun>,
+) -> Result<HttpResponse, ApiError> {
+    instance_verb(&state, path, q, InstanceVerb::Stop).await
+}
+
+/// Restarts one instance
+#[utoipa::path(post, path = "/api/v1/clusters/{name}/instances/{id}/restart", operation_id = "restart_instance", tag = "instances",
+    params(("name" = String, Path, description = "The cluster's name", example = "demo"), ("id" = String, Path, description = "The instance's id"), DryRun), responses(Mutation))]
+pub async fn restart_instance(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    q: web::Query<DryRun>,
+) -> Result<HttpResponse, ApiError> {
+    instance_verb(&state, path, q, InstanceVerb::Restart).await
 }

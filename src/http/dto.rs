@@ -1,11 +1,31 @@
 //! Request and response bodies of the admin API. These are not the storage
 //! records: the API's shapes can stay stable while records evolve. Request
-//! bodies refuse unknown fields.
+//! bodies refuse unknown fields. Every body derives `ToSchema`: the API
+//! description (`openapi.rs`) is generated from these very types, so it
+//! cannot drift from what is answered. The resources are here; the
+//! answers wrapping them, the master's own status, tokens and previews are
+//! in `dto/`.
+
+mod envelopes;
+mod previews;
+mod status;
+mod tokens;
+
+pub use envelopes::{
+    ClusterPage, NodePage, OperationEnvelope, OperationPage, PackageDetail, PackageEnvelope, PackageList,
+};
+pub use previews::{PackageCheckDto, PackagePreview, PackageUploadAnswer};
+pub use status::{ActorDto, ActorsDto, HealthDto};
+pub use tokens::{
+    CreateTokenBody, CreatedToken, RevokeAnswer, RevokedToken, TokenCreatePreview, TokenDto, TokenList,
+    TokenRevokePreview,
+};
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+use utoipa::ToSchema;
 
 use crate::actors::read_model::{ClusterSnapshot, NodeEntry, PackageView};
 use crate::storage::records::{
@@ -13,89 +33,134 @@ use crate::storage::records::{
     OperationStatus, StepStatus,
 };
 
-#[derive(Debug, Deserialize)]
+/// An uploaded package, by name and version.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PackageBody {
     pub name: String,
     pub version: String,
 }
 
-#[derive(Debug, Deserialize, Default)]
+/// One role of a new cluster.
+#[derive(Debug, Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RoleBody {
+    /// How many instances (the role's minimum when left out).
     pub count: Option<u32>,
+    /// Place them on these nodes only.
+    #[schema(min_items = 1)]
     pub nodes: Option<Vec<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /clusters`.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "name": "demo",
+    "package": { "name": "web", "version": "1.0.0" },
+    "roles": { "server": { "count": 2 } },
+    "config": { "greeting": "hello" }
+}))]
 pub struct CreateClusterBody {
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,62}$")]
     pub name: String,
     pub package: PackageBody,
+    /// Role name to its size and placement; a role left out gets its minimum.
     #[serde(default)]
     pub roles: BTreeMap<String, RoleBody>,
+    /// Config values, typed by the package's `component.toml`.
     #[serde(default)]
     pub config: BTreeMap<String, serde_json::Value>,
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /clusters/{name}/scale`: exactly one of `add` and `remove`.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({ "role": "server", "add": 1 }))]
 pub struct ScaleBody {
     pub role: String,
+    /// Add this many instances.
     pub add: Option<u32>,
+    /// Remove these instances (by id).
+    #[schema(min_items = 1)]
     pub remove: Option<Vec<String>>,
+    /// Place the added ones on these nodes only (with `add`).
+    #[schema(min_items = 1)]
     pub nodes: Option<Vec<String>>,
 }
 
 /// `PATCH /clusters/{name}/config`: new values; instances whose files change
 /// reload, are signalled or restart `batch` at a time (default: a quarter of
 /// each role; one at a time in a quorum role).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({ "config": { "greeting": "bonjour" } }))]
 pub struct ConfigBody {
+    /// The values to change; the others stay.
     pub config: BTreeMap<String, serde_json::Value>,
+    /// Instances changed at a time.
     #[serde(default)]
     pub batch: Option<usize>,
 }
 
 /// `POST /clusters/{name}/upgrade`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({ "version": "1.0.0" }))]
 pub struct UpgradeBody {
+    /// A version of the cluster's package.
+    #[schema(pattern = "^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,63}$")]
     pub version: String,
+    /// Instances replaced at a time.
     #[serde(default)]
     pub batch: Option<usize>,
 }
 
 /// `PATCH /clusters/{name}/roles/{role}`: vertical scale.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({ "resources": { "memory": "256M", "cpu": 0.5 } }))]
 pub struct ResizeBody {
     pub resources: ResourcesBody,
+    /// Instances replaced at a time.
     #[serde(default)]
     pub batch: Option<usize>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResourcesBody {
     /// `"512M"`, `"2G"`, or a number of bytes.
+    #[schema(schema_with = memory_schema)]
     pub memory: Option<serde_json::Value>,
+    /// CPUs (`0.5`: half of one).
     pub cpu: Option<f64>,
 }
 
-#[derive(Debug, Serialize)]
+/// `resources.memory`: a string with a unit, or bytes.
+fn memory_schema() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    OneOfBuilder::new()
+        .item(ObjectBuilder::new().schema_type(Type::String).description(Some("With a unit: `512M`, `2G`")))
+        .item(ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0)).description(Some("Bytes")))
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .description(Some("The memory limit: `\"512M\"`, `\"2G\"`, or a number of bytes"))
+        .build()
+        .into()
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 pub struct PackageRefDto {
     pub name: String,
     pub version: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct RoleDto {
     pub count: u32,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct InstanceDto {
     pub id: String,
     pub cluster: String,
@@ -130,7 +195,7 @@ impl From<&InstanceRecord> for InstanceDto {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ClusterDto {
     pub name: String,
     pub id: String,
@@ -140,6 +205,8 @@ pub struct ClusterDto {
     pub config: BTreeMap<String, serde_json::Value>,
     pub roles: BTreeMap<String, RoleDto>,
     pub instances: Vec<InstanceDto>,
+    /// Instances by status.
+    pub instance_counts: BTreeMap<String, u32>,
     pub operation: Option<String>,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
@@ -148,12 +215,13 @@ pub struct ClusterDto {
 }
 
 impl ClusterDto {
-    pub fn build(snap: &ClusterSnapshot) -> Self {
+    /// With every instance, or (`with_instances` false) only their counts.
+    pub fn build(snap: &ClusterSnapshot, with_instances: bool) -> Self {
         let c = &snap.record;
-        let instances = snap.sorted_instances();
+        let instances = if with_instances { snap.sorted_instances() } else { Vec::new() };
         let mut roles: BTreeMap<String, RoleDto> = c.roles.keys().map(|r| (r.clone(), RoleDto { count: 0 })).collect();
-        for i in &instances {
-            roles.entry(i.record.role.clone()).or_insert(RoleDto { count: 0 }).count += 1;
+        for (role, n) in &snap.counts.roles {
+            roles.entry(role.clone()).or_insert(RoleDto { count: 0 }).count = *n;
         }
         ClusterDto {
             name: c.name.clone(),
@@ -164,6 +232,7 @@ impl ClusterDto {
             config: c.config.iter().map(|(k, v)| (k.clone(), v.to_json())).collect(),
             roles,
             instances: instances.iter().map(|i| InstanceDto::from(&*i.record)).collect(),
+            instance_counts: instance_counts(snap).into_iter().collect(),
             operation: c.operation.map(|o| o.to_string()),
             created_at: c.created_at,
             updated_at: c.updated_at,
@@ -195,7 +264,7 @@ pub fn instance_counts(snap: &ClusterSnapshot) -> Vec<(String, u32)> {
 }
 
 /// A cluster in `GET /clusters`: no instance list, counts instead.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ClusterSummaryDto {
     pub name: String,
     pub id: String,
@@ -232,7 +301,7 @@ impl ClusterSummaryDto {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct StepDto {
     pub name: String,
     pub status: StepStatus,
@@ -240,7 +309,7 @@ pub struct StepDto {
     pub results: Vec<ResultDto>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ResultDto {
     pub instance: String,
     pub ok: bool,
@@ -263,13 +332,13 @@ impl From<&InstanceResult> for ResultDto {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ProgressDto {
     pub done: usize,
     pub total: usize,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct OperationDto {
     pub id: String,
     pub kind: OperationKind,
@@ -312,7 +381,7 @@ impl From<&OperationRecord> for OperationDto {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct NodeDto {
     pub id: String,
     pub address: String,
@@ -355,7 +424,7 @@ impl NodeDto {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct PackageDto {
     pub name: String,
     pub version: String,

@@ -1,13 +1,39 @@
 //! The one place where errors become HTTP answers:
-//! `{"error": {"code", "message", "request_id"}}` with a stable `code`.
-//! The request id is also logged with the error, so an operator can find
-//! the log line of any error a client saw.
+//! `{"error": {"code", "message", "request_id"}}` ([`ErrorBody`]) with a
+//! stable `code`. The request id is also logged with the error, so an
+//! operator can find the log line of any error a client saw. The
+//! responses the API description names (`openapi.rs`) are declared here,
+//! beside the code that sets their headers.
 
 use actix_web::http::StatusCode;
+use actix_web::http::header::{ALLOW, RETRY_AFTER, WWW_AUTHENTICATE};
 use actix_web::{HttpResponse, ResponseError};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::{ToResponse, ToSchema};
 
 use crate::error::Error;
+
+/// Every error answer of the API.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, for programs: `not_found`, `already_exists`, `invalid_json`,
+    /// `invalid_query`, `invalid_path`, `cluster_busy`, `spec_violation`,
+    /// `too_large`, `unavailable`, `overloaded`, `unauthorized`,
+    /// `method_not_allowed`, `internal`, ...
+    pub code: String,
+    /// For people; its wording may change.
+    pub message: String,
+    /// Also in the `X-Request-Id` header and in the master's log line.
+    pub request_id: String,
+    /// The field at fault (`spec_violation` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
 
 /// An API error: the domain error, answered as JSON.
 #[derive(Debug)]
@@ -50,27 +76,50 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let (status, code) = self.parts();
-        let request_id = uuid::Uuid::new_v4().to_string();
-        if status.is_server_error() {
-            tracing::error!(%request_id, code, error = %self.0, "request failed");
-        } else {
-            tracing::info!(%request_id, code, error = %self.0, "request refused");
-        }
-        let mut body = json!({ "error": { "code": code, "message": self.0.to_string(), "request_id": request_id } });
-        if let Error::SpecViolation { field, .. } = &self.0 {
-            body["error"]["field"] = json!(field);
-        }
-        let mut resp = HttpResponse::build(status);
-        resp.insert_header(("x-request-id", request_id));
+        let field = match &self.0 {
+            Error::SpecViolation { field, .. } => Some(field.clone()),
+            _ => None,
+        };
+        let mut headers: Vec<(actix_web::http::header::HeaderName, String)> = Vec::new();
         if self.0.retryable() {
             // Overload and shutdown pass within moments: say when to retry.
-            resp.insert_header(("retry-after", "1"));
+            headers.push((RETRY_AFTER, "1".into()));
         }
         if let Error::Unauthorized { .. } = &self.0 {
-            resp.insert_header(("www-authenticate", "Bearer realm=\"flotilla\""));
+            headers.push((WWW_AUTHENTICATE, "Bearer realm=\"flotilla\"".into()));
         }
-        resp.json(body)
+        answer(status, code, self.0.to_string(), field, headers)
     }
+}
+
+/// An error answer; the request id is drawn here and logged with it.
+fn answer(
+    status: StatusCode,
+    code: &str,
+    message: String,
+    field: Option<String>,
+    headers: Vec<(actix_web::http::header::HeaderName, String)>,
+) -> HttpResponse {
+    let request_id = uuid::Uuid::new_v4().to_string();
+    if status.is_server_error() {
+        tracing::error!(%request_id, code, error = %message, "request failed");
+    } else {
+        tracing::info!(%request_id, code, error = %message, "request refused");
+    }
+    let mut resp = HttpResponse::build(status);
+    resp.insert_header(("x-request-id", request_id.clone()));
+    for h in headers {
+        resp.insert_header(h);
+    }
+    resp.json(ErrorBody { error: ErrorDetail { code: code.to_string(), message, request_id, field } })
+}
+
+/// `405 method_not_allowed` for a method a known path does not take, with
+/// `Allow` listing those it does (`methods`, lowercase as in the route table).
+pub fn method_not_allowed(method: &actix_web::http::Method, methods: &[&str]) -> HttpResponse {
+    let allow = methods.iter().map(|m| m.to_ascii_uppercase()).collect::<Vec<_>>().join(", ");
+    let message = format!("{method} is not allowed here; this path takes {allow}");
+    answer(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message, None, vec![(ALLOW, allow)])
 }
 
 /// Maps actix's JSON body errors to our codes (unknown field, bad type, too big).
@@ -97,3 +146,59 @@ pub fn query_error(err: actix_web::error::QueryPayloadError, _req: &actix_web::H
 pub fn path_error(err: actix_web::error::PathError, _req: &actix_web::HttpRequest) -> actix_web::Error {
     ApiError(Error::invalid("invalid_path", format!("invalid path: {err}"))).into()
 }
+
+// The error answers as the API description names them (`openapi.rs`).
+
+/// The request is malformed: a body, query or path that does not parse
+/// (`invalid_json`, `invalid_content_type`, `invalid_query`, `invalid_path`)
+/// or a value out of its domain (`invalid_request`, `invalid_name`, ...).
+#[derive(ToResponse)]
+#[response(headers(("X-Request-Id" = String)))]
+pub struct BadRequest(pub ErrorBody);
+
+/// No valid API token (`unauthorized`): send `Authorization: Bearer <token>`.
+#[derive(ToResponse)]
+#[response(headers(
+    ("WWW-Authenticate" = String, description = "`Bearer realm=\"flotilla\"`"),
+    ("X-Request-Id" = String)
+))]
+pub struct Unauthorized(pub ErrorBody);
+
+/// No such thing (`not_found`).
+#[derive(ToResponse)]
+#[response(headers(("X-Request-Id" = String)))]
+pub struct NotFound(pub ErrorBody);
+
+/// The request conflicts with the current state: `already_exists`, or a
+/// stable code such as `cluster_busy` (an operation runs; retry when it
+/// has ended).
+#[derive(ToResponse)]
+#[response(headers(("X-Request-Id" = String)))]
+pub struct Conflict(pub ErrorBody);
+
+/// The body is over its size cap (`too_large`).
+#[derive(ToResponse)]
+#[response(headers(("X-Request-Id" = String)))]
+pub struct TooLarge(pub ErrorBody);
+
+/// Well-formed, but against the component spec or a topology rule
+/// (`spec_violation`, with `field`).
+#[derive(ToResponse)]
+#[response(headers(("X-Request-Id" = String)))]
+pub struct SpecViolation(pub ErrorBody);
+
+/// Refused before anything happened: a full mailbox or write queue
+/// (`overloaded`), or an actor, a node or the store unavailable for a
+/// moment (`unavailable`). Retry after `Retry-After` seconds.
+#[derive(ToResponse)]
+#[response(headers(
+    ("Retry-After" = String, description = "Seconds to wait before retrying"),
+    ("X-Request-Id" = String)
+))]
+pub struct Unavailable(pub ErrorBody);
+
+/// A bug or a failure of the store (`internal`); the master's log has the
+/// line with this request id.
+#[derive(ToResponse)]
+#[response(headers(("X-Request-Id" = String)))]
+pub struct Internal(pub ErrorBody);

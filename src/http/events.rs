@@ -26,9 +26,10 @@ use std::time::Duration;
 
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use bytes::Bytes;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
+use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::auth::AuthedToken;
@@ -49,12 +50,70 @@ const PAGE: usize = 500;
 /// (and finds clients that left).
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct EventsQuery {
+    /// Replay the retained events after this one first (as `Last-Event-ID`,
+    /// which wins when both are given).
     after: Option<u64>,
+    /// Only this cluster's events.
     cluster: Option<String>,
+    /// Only these kinds, comma-separated; one ending in `.` or `*` matches
+    /// by prefix (`operation.`).
     kind: Option<String>,
+}
+
+/// The `data:` of one event.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventData {
+    /// The event's number, as in `id:`: increasing, also across restarts.
+    pub id: u64,
+    /// When it happened (RFC 3339).
+    pub at: String,
+    /// As in `event:`: `cluster.status`, `instance.status`,
+    /// `operation.created`, `operation.step_started`, `node.status`, ...
+    pub kind: String,
+    /// The cluster it concerns, if any.
+    pub cluster: Option<String>,
+    /// What changed; its fields depend on `kind`.
+    pub data: Value,
+}
+
+/// The `data:` of the final `dropped` event.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DroppedData {
+    pub reason: String,
+}
+
+/// One message of the stream as an SSE client reads it (as OpenAPI 3.2's
+/// `itemSchema` would describe it; before 3.2, the media type's `schema`
+/// describes each event of a `text/event-stream`).
+#[derive(ToSchema)]
+#[allow(dead_code)] // The framing's description; `message` and `dropped` write it.
+pub struct SseEvent {
+    /// The event's number (resume after it with `Last-Event-ID`); empty on
+    /// `dropped`, which clears the browser's last id.
+    id: String,
+    /// The event's kind (as `EventData.kind`), or `dropped`.
+    event: String,
+    #[schema(schema_with = sse_data_schema)]
+    data: String,
+}
+
+/// `data:`: a string holding JSON.
+fn sse_data_schema() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    use utoipa::openapi::{Ref, RefOr};
+    let content =
+        OneOfBuilder::new().item(Ref::from_schema_name("EventData")).item(Ref::from_schema_name("DroppedData")).build();
+    let mut data = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .content_media_type("application/json")
+        .description(Some("JSON: an `EventData`, or a `DroppedData` on `dropped`"))
+        .build();
+    data.content_schema = Some(Box::new(RefOr::T(content.into())));
+    data
 }
 
 /// Which events a client asked for.
@@ -75,6 +134,30 @@ impl Filter {
     }
 }
 
+/// The event stream (server-sent events)
+///
+/// Every state change as it is stored: cluster status and description,
+/// instance status and pid, operation created / step started / step ended
+/// / progress / ended, node status, actor started / stopped / failed.
+/// Each message is `id: N`, `event: KIND` and `data: JSON` (an
+/// `EventData`), then a blank line; a line starting with `:` is a comment
+/// (one opens the stream, one keeps it alive every 15 s of silence).
+///
+/// With `Last-Event-ID` (or `?after=N`) the retained events after `N` come
+/// first, then the live ones, with no gap and no repeat. A client asking
+/// for events no longer kept or past the newest, one too slow to keep up,
+/// or one whose token is revoked gets a final `event: dropped` (its `data`
+/// a `DroppedData`, its `id:` empty so the browser forgets its last id) and
+/// the stream ends: reload the state and reconnect without `Last-Event-ID`.
+#[utoipa::path(get, path = "/api/v1/events", operation_id = "events", tag = "events",
+    params(EventsQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event")),
+    responses(
+        (status = 200, description = "An endless stream of events", body = SseEvent,
+            content_type = "text/event-stream"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)))]
 pub async fn stream(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -138,16 +221,22 @@ async fn newest(store: &Arc<dyn MetaStore>) -> Result<u64, ApiError> {
 
 /// One SSE message.
 fn message(e: &EventRecord) -> Bytes {
-    let data: Value = serde_json::from_str(&e.data).unwrap_or(Value::Null);
-    let at = e.at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
-    let body = json!({ "id": e.seq, "at": at, "kind": e.kind, "cluster": e.cluster, "data": data });
+    let body = EventData {
+        id: e.seq,
+        at: e.at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
+        kind: e.kind.clone(),
+        cluster: e.cluster.clone(),
+        data: serde_json::from_str(&e.data).unwrap_or(Value::Null),
+    };
+    let body = serde_json::to_string(&body).unwrap_or_default();
     Bytes::from(format!("id: {}\nevent: {}\ndata: {body}\n\n", e.seq, e.kind))
 }
 
 /// The final event of a dropped stream; its empty `id:` clears the
 /// browser's last event id, so its reconnect starts afresh.
 fn dropped(reason: &str) -> Bytes {
-    Bytes::from(format!("id:\nevent: dropped\ndata: {}\n\n", json!({ "reason": reason })))
+    let data = serde_json::to_string(&DroppedData { reason: reason.to_string() }).unwrap_or_default();
+    Bytes::from(format!("id:\nevent: dropped\ndata: {data}\n\n"))
 }
 
 /// One client's stream.

@@ -13,6 +13,7 @@ use actix_web::{HttpResponse, web};
 use bytes::Bytes;
 use serde::Deserialize;
 use tokio::sync::mpsc;
+use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::error::ApiError;
@@ -33,25 +34,51 @@ const CHUNK: u32 = 64 * 1024;
 /// At most this many lines of `tail`.
 const MAX_TAIL: u32 = 10_000;
 
-#[derive(Deserialize)]
+/// Which of an instance's logs.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamName {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct LogsQuery {
-    stream: Option<String>,
+    /// `stdout` (the default) or `stderr`.
+    stream: Option<StreamName>,
+    /// The last this many lines first (default 100, at most 10000).
     tail: Option<u32>,
+    /// Keep the answer open and send what the process writes next.
     #[serde(default)]
     follow: bool,
 }
 
+/// An instance's log
+///
+/// Without `follow`, the last `tail` lines. With it, those lines and then
+/// what the process writes, as a chunked `text/plain` stream that ends
+/// when the client leaves, the instance goes away, or the log stays
+/// silent for an hour (a last bracketed line says why).
+#[utoipa::path(get, path = "/api/v1/clusters/{name}/instances/{id}/logs", operation_id = "instance_logs", tag = "instances",
+    params(("name" = String, Path, description = "The cluster's name", example = "demo"),
+        ("id" = String, Path, description = "The instance's id"), LogsQuery),
+    responses(
+        (status = 200, description = "The log's text (a stream with `follow=true`)", body = String,
+            content_type = "text/plain; charset=utf-8"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 404, response = super::error::NotFound),
+        (status = 503, response = super::error::Unavailable)))]
 pub async fn logs(
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
     q: web::Query<LogsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, id) = path.into_inner();
-    let stream = match q.stream.as_deref().unwrap_or("stdout") {
-        "stdout" => LogStream::Stdout,
-        "stderr" => LogStream::Stderr,
-        other => return Err(ApiError(Error::invalid("invalid_query", format!("stream {other:?}: stdout or stderr")))),
+    let stream = match q.stream.unwrap_or(StreamName::Stdout) {
+        StreamName::Stdout => LogStream::Stdout,
+        StreamName::Stderr => LogStream::Stderr,
     };
     let tail = q.tail.unwrap_or(100).min(MAX_TAIL);
     let cluster = state.shared.read_model.cluster(&name).ok_or_else(|| Error::not_found("cluster", &name))?;

@@ -86,6 +86,17 @@ pub async fn track(
     Ok(res)
 }
 
+/// The master's metrics, in Prometheus text format
+///
+/// At the root, as Prometheus expects. Needs a token unless the
+/// `open_metrics` setting is on.
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "status",
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Prometheus text exposition format 0.0.4", body = String,
+            content_type = "text/plain; version=0.0.4"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 503, response = super::error::Unavailable)))]
 pub async fn scrape(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     if !state.open_metrics {
         super::auth::check(&state, req.headers().get(actix_web::http::header::AUTHORIZATION))?;

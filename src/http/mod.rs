@@ -5,15 +5,20 @@
 //! Accepted` with the operation once its record is durable; `GET
 //! /operations/{id}?wait=S` long-polls its end. A full mailbox or write
 //! queue answers `503 overloaded` with `Retry-After`, before anything of
-//! the request happened. Every route needs an API token (`auth.rs`).
+//! the request happened. Every route needs an API token (`auth.rs`), but
+//! the API description, `GET /api/v1/openapi.json` (`openapi.rs`),
+//! generated from these handlers and their bodies (`dto.rs`).
 
 pub(crate) mod auth;
 mod clusters;
+mod dashboard;
 pub mod dto;
 pub mod error;
 mod events;
+mod instances;
 mod logs;
 pub mod metrics;
+pub mod openapi;
 mod packages;
 mod status;
 mod tokens;
@@ -61,43 +66,67 @@ fn channel_body(
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) })
 }
 
-/// Registers every route under `/api/v1`.
+/// Declares the routes under `/api/v1`: each path once, with its handler
+/// per method. Another method on a listed path answers `405` with `Allow`
+/// (a resource's default service); [`API_ROUTES`] lists the table for the
+/// test that holds the API description (`openapi.rs`) to it.
+macro_rules! api_routes {
+    ($($path:literal => [$($method:ident $handler:path),+ $(,)?]),* $(,)?) => {
+        /// Every route under `/api/v1`: (path, methods).
+        pub const API_ROUTES: &[(&str, &[&str])] = &[$(($path, &[$(stringify!($method)),+])),*];
+
+        fn api_resources(scope: actix_web::Scope) -> actix_web::Scope {
+            scope$(.service(resource($path, &[$(stringify!($method)),+])$(.route(web::$method().to($handler)))+))*
+        }
+    };
+}
+
+api_routes! {
+    "/health" => [get status::health],
+    "/openapi.json" => [get openapi::document],
+    "/tokens" => [post tokens::create, get tokens::list],
+    "/tokens/{id}" => [delete tokens::revoke],
+    "/actors" => [get status::actors],
+    "/events" => [get events::stream],
+    "/nodes" => [get status::list_nodes],
+    "/nodes/{id}" => [get status::get_node],
+    "/operations" => [get status::list_operations],
+    "/operations/{id}" => [get status::get_operation],
+    "/packages" => [get packages::list],
+    "/packages/{name}/{version}" => [put packages::upload, get packages::get, delete packages::delete],
+    "/clusters" => [post clusters::create, get clusters::list],
+    "/clusters/{name}" => [get clusters::get, delete clusters::delete],
+    "/clusters/{name}/start" => [post clusters::start],
+    "/clusters/{name}/stop" => [post clusters::stop],
+    "/clusters/{name}/restart" => [post clusters::restart],
+    "/clusters/{name}/scale" => [post clusters::scale],
+    "/clusters/{name}/config" => [patch clusters::reconfigure],
+    "/clusters/{name}/upgrade" => [post clusters::upgrade],
+    "/clusters/{name}/roles/{role}" => [patch clusters::resize],
+    "/clusters/{name}/instances" => [get instances::list],
+    "/clusters/{name}/instances/{id}/logs" => [get logs::logs],
+    "/clusters/{name}/instances/{id}/start" => [post clusters::start_instance],
+    "/clusters/{name}/instances/{id}/stop" => [post clusters::stop_instance],
+    "/clusters/{name}/instances/{id}/restart" => [post clusters::restart_instance],
+}
+
+/// A path that answers `405` to any method but `methods`.
+fn resource(path: &str, methods: &'static [&'static str]) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(move |req: actix_web::HttpRequest| async move {
+        error::method_not_allowed(req.method(), methods)
+    }))
+}
+
+/// Registers every route: the API under `/api/v1` (behind the token
+/// check), `/metrics`, and the dashboard.
 pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: usize) {
     cfg.app_data(web::Data::new(state))
         .app_data(web::JsonConfig::default().limit(max_json_bytes).error_handler(error::json_error))
         .app_data(web::QueryConfig::default().error_handler(error::query_error))
         .app_data(web::PathConfig::default().error_handler(error::path_error))
-        .service(
-            web::scope("/api/v1")
-                .wrap(actix_web::middleware::from_fn(auth::require_token))
-                .route("/health", web::get().to(status::health))
-                .route("/tokens", web::post().to(tokens::create))
-                .route("/tokens", web::get().to(tokens::list))
-                .route("/tokens/{id}", web::delete().to(tokens::revoke))
-                .route("/actors", web::get().to(status::actors))
-                .route("/events", web::get().to(events::stream))
-                .route("/nodes", web::get().to(status::list_nodes))
-                .route("/nodes/{id}", web::get().to(status::get_node))
-                .route("/operations", web::get().to(status::list_operations))
-                .route("/operations/{id}", web::get().to(status::get_operation))
-                .route("/packages", web::get().to(packages::list))
-                .route("/packages/{name}/{version}", web::put().to(packages::upload))
-                .route("/packages/{name}/{version}", web::get().to(packages::get))
-                .route("/packages/{name}/{version}", web::delete().to(packages::delete))
-                .route("/clusters", web::post().to(clusters::create))
-                .route("/clusters", web::get().to(clusters::list))
-                .route("/clusters/{name}", web::get().to(clusters::get))
-                .route("/clusters/{name}", web::delete().to(clusters::delete))
-                .route("/clusters/{name}/start", web::post().to(clusters::start))
-                .route("/clusters/{name}/stop", web::post().to(clusters::stop))
-                .route("/clusters/{name}/restart", web::post().to(clusters::restart))
-                .route("/clusters/{name}/scale", web::post().to(clusters::scale))
-                .route("/clusters/{name}/config", web::patch().to(clusters::reconfigure))
-                .route("/clusters/{name}/upgrade", web::post().to(clusters::upgrade))
-                .route("/clusters/{name}/roles/{role}", web::patch().to(clusters::resize))
-                .route("/clusters/{name}/instances/{id}/logs", web::get().to(logs::logs))
-                .route("/clusters/{name}/instances/{id}/{verb}", web::post().to(clusters::instance_verb)),
-        )
-        .route("/metrics", web::get().to(metrics::scrape))
+        .service(api_resources(web::scope("/api/v1")).wrap(actix_web::middleware::from_fn(auth::require_token)))
+        .service(resource("/metrics", &["get"]).route(web::get().to(metrics::scrape)))
+        .route("/", web::get().to(dashboard::index))
+        .route("/ui/{file}", web::get().to(dashboard::asset))
         .default_service(web::to(status::not_found));
 }

@@ -6,36 +6,41 @@ use std::time::Duration;
 
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
-use serde_json::json;
 use time::OffsetDateTime;
+use utoipa::IntoParams;
 
 use super::AppState;
-use super::dto::{NodeDto, OperationDto};
+use super::dto::{ActorDto, ActorsDto, HealthDto, NodeDto, NodePage, OperationDto, OperationEnvelope, OperationPage};
 use super::error::ApiError;
 use crate::error::Error;
 use crate::ids::{NodeId, OperationId};
 
-/// `GET /health`: liveness and the counters a load test reads.
+/// Liveness and the counters a load test reads
+///
+/// Open without a token while the `open_health` setting is on (the default).
+#[utoipa::path(get, path = "/api/v1/health", operation_id = "health", tag = "status",
+    security((), ("bearer" = [])),
+    responses((status = 200, description = "The master is alive", body = HealthDto)))]
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {
     let rm = &state.shared.read_model;
-    let store = rm.store().stats();
-    HttpResponse::Ok().json(json!({
-        "status": "ok",
-        "clusters": rm.clusters().len(),
-        "nodes": rm.nodes().len(),
-        "packages": rm.packages().len(),
-        "running_operations": rm.running_operations().len(),
-        "instance_transitions": rm.counters.instance_transitions.load(std::sync::atomic::Ordering::Relaxed),
-        "store": store,
-    }))
+    HttpResponse::Ok().json(HealthDto {
+        status: "ok".into(),
+        clusters: rm.clusters().len(),
+        nodes: rm.nodes().len(),
+        packages: rm.packages().len(),
+        running_operations: rm.running_operations().len(),
+        instance_transitions: rm.counters.instance_transitions.load(std::sync::atomic::Ordering::Relaxed),
+        store: rm.store().stats(),
+    })
 }
 
 pub async fn not_found() -> Result<HttpResponse, ApiError> {
     Err(ApiError(Error::not_found("route", "no such endpoint; see /api/v1")))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ActorsQuery {
     /// Only this cluster's actor and its instance actors.
     cluster: Option<String>,
@@ -43,45 +48,52 @@ pub struct ActorsQuery {
     limit: Option<usize>,
 }
 
-/// `GET /actors`: the supervisor, cluster actors, node managers, and
-/// instance actors (those of `?cluster=`, or the first `limit` overall),
-/// each with its mailbox, what it handles now and for how long.
+/// The supervision tree
+///
+/// The supervisor, cluster actors, node managers, and instance actors
+/// (those of `?cluster=`, or the first `limit` overall), each with its
+/// mailbox, what it handles now and for how long.
+#[utoipa::path(get, path = "/api/v1/actors", operation_id = "list_actors", tag = "status", params(ActorsQuery), responses(
+    (status = 200, description = "The actors", body = ActorsDto),
+    (status = 400, response = super::error::BadRequest)))]
 pub async fn actors(state: web::Data<AppState>, q: web::Query<ActorsQuery>) -> HttpResponse {
     let rm = &state.shared.read_model;
     let now_ms = u64::try_from(OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
-    let mut out: Vec<serde_json::Value> = rm
+    let mut out: Vec<ActorDto> = rm
         .actors()
         .into_iter()
         .filter(|a| q.cluster.as_ref().is_none_or(|c| a.kind == "cluster" && &a.id == c))
-        .map(|a| {
-            json!({
-                "kind": a.kind, "id": a.id, "parent": a.parent, "state": a.state,
-                "current": a.current, "current_ms": a.current_ms, "mailbox": a.mailbox,
-                "oldest_message_ms": a.oldest_message_ms, "handled": a.handled, "last_error": a.last_error,
-            })
-        })
+        .map(ActorDto::from)
         .collect();
     let limit = q.limit.unwrap_or(1000).min(10_000);
     let clusters = rm.clusters();
     let mut instance_total = 0usize;
+    let mut listed = 0usize;
     for (name, cell) in clusters.iter().filter(|(n, _)| q.cluster.as_ref().is_none_or(|c| c == *n)) {
         let snap = cell.load();
         instance_total += snap.instances.len();
         for e in snap.instances.values() {
-            if out.len() >= limit + 3 {
+            if listed >= limit {
                 break;
             }
+            listed += 1;
             let (current, since, queued, oldest, handled) = e.stats.read();
             let age = |at: u64| (at > 0).then(|| now_ms.saturating_sub(at));
-            out.push(json!({
-                "kind": "instance", "id": e.record.id, "parent": format!("cluster/{name}"),
-                "state": format!("{:?}", e.record.status), "current": current, "current_ms": age(since),
-                "mailbox": queued, "oldest_message_ms": age(oldest), "handled": handled,
-                "last_error": e.record.last_error,
-            }));
+            out.push(ActorDto {
+                kind: "instance".into(),
+                id: e.record.id.to_string(),
+                parent: Some(format!("cluster/{name}")),
+                state: format!("{:?}", e.record.status),
+                current: current.map(|c| c.to_string()),
+                current_ms: age(since),
+                mailbox: u64::from(queued),
+                oldest_message_ms: age(oldest),
+                handled,
+                last_error: e.record.last_error.clone(),
+            });
         }
     }
-    HttpResponse::Ok().json(json!({ "actors": out, "instance_actors": instance_total }))
+    HttpResponse::Ok().json(ActorsDto { actors: out, instance_actors: instance_total })
 }
 
 fn node_dto(state: &AppState, n: &crate::actors::read_model::NodeEntry, with_instances: bool) -> NodeDto {
@@ -91,8 +103,9 @@ fn node_dto(state: &AppState, n: &crate::actors::read_model::NodeEntry, with_ins
     NodeDto::build(n, status, now, with_instances)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct NodesQuery {
     /// At most this many (default 1000, at most 10000).
     limit: Option<usize>,
@@ -100,8 +113,13 @@ pub struct NodesQuery {
     after: Option<String>,
 }
 
-/// `GET /nodes`: by id, a page at a time (`next` is the cursor), each with
-/// its status, heartbeat age and instance count.
+/// The nodes
+///
+/// By id, a page at a time (`next` is the cursor), each with its status,
+/// heartbeat age and instance count.
+#[utoipa::path(get, path = "/api/v1/nodes", operation_id = "list_nodes", tag = "nodes", params(NodesQuery), responses(
+    (status = 200, description = "A page of nodes", body = NodePage),
+    (status = 400, response = super::error::BadRequest)))]
 pub async fn list_nodes(state: web::Data<AppState>, q: web::Query<NodesQuery>) -> HttpResponse {
     let limit = q.limit.unwrap_or(1000).clamp(1, 10_000);
     let nodes = state.shared.read_model.nodes();
@@ -114,10 +132,15 @@ pub async fn list_nodes(state: web::Data<AppState>, q: web::Query<NodesQuery>) -
         None => nodes.values().take(limit).map(|n| node_dto(&state, n, false)).collect(),
     };
     let next = (page.len() == limit).then(|| page.last().map(|n| n.id.clone())).flatten();
-    HttpResponse::Ok().json(json!({ "nodes": page, "total": nodes.len(), "next": next }))
+    HttpResponse::Ok().json(NodePage { nodes: page, total: nodes.len(), next })
 }
 
-/// `GET /nodes/{id}`: one node, with the ids of its instances.
+/// One node, with the ids of its instances
+#[utoipa::path(get, path = "/api/v1/nodes/{id}", operation_id = "get_node", tag = "nodes",
+    params(("id" = String, Path, description = "The node's id", example = "node-1")),
+    responses(
+        (status = 200, description = "The node", body = NodeDto),
+        (status = 404, response = super::error::NotFound)))]
 pub async fn get_node(state: web::Data<AppState>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = NodeId::new(path.into_inner());
     match state.shared.read_model.node(&id) {
@@ -126,23 +149,40 @@ pub async fn get_node(state: web::Data<AppState>, path: web::Path<String>) -> Re
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct OpsQuery {
+    /// Only this cluster's operations (none when it does not exist).
     cluster: Option<String>,
     /// At most this many (default 100, at most 1000).
     limit: Option<usize>,
     /// The id of the last operation of the previous page.
+    #[param(format = "uuid")]
     after: Option<String>,
 }
 
+/// An operation id as the API shows it: a hyphenated UUID (the other
+/// spellings `uuid` parses are refused, as the API description says).
 fn parse_op_id(raw: &str) -> Result<OperationId, Error> {
-    raw.parse().map_err(|_| Error::invalid("invalid_id", format!("{raw:?} is not an operation id")))
+    let hyphenated = raw.len() == 36;
+    hyphenated
+        .then(|| raw.parse().ok())
+        .flatten()
+        .ok_or_else(|| Error::invalid("invalid_id", format!("{raw:?} is not an operation id")))
 }
 
-/// `GET /operations`: newest first, a page at a time (`next` is the
-/// cursor for `?after=`), without per-instance results (those are in
-/// `GET /operations/{id}`).
+/// The operations
+///
+/// Newest first, a page at a time (`next` is the cursor for `?after=`),
+/// without per-instance results (those are in `GET /operations/{id}`).
+#[utoipa::path(get, path = "/api/v1/operations", operation_id = "list_operations", tag = "operations", params(OpsQuery), responses(
+    (status = 200, description = "A page of operations", body = OperationPage),
+    (status = 400, response = super::error::BadRequest),
+    (status = 404, description = "The `after` cursor names no operation (deleted with its cluster, or never \
+        one): start again without it", body = super::error::ErrorBody),
+    (status = 500, response = super::error::Internal),
+    (status = 503, response = super::error::Unavailable)))]
 pub async fn list_operations(state: web::Data<AppState>, q: web::Query<OpsQuery>) -> Result<HttpResponse, ApiError> {
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let after = q.after.as_deref().map(parse_op_id).transpose()?;
@@ -151,7 +191,7 @@ pub async fn list_operations(state: web::Data<AppState>, q: web::Query<OpsQuery>
         // ones; a deleted cluster's name finds nothing.
         Some(name) => match state.shared.read_model.cluster(name) {
             Some(c) => Some(c.record.id),
-            None => return Ok(HttpResponse::Ok().json(json!({ "operations": [], "next": null }))),
+            None => return Ok(HttpResponse::Ok().json(OperationPage { operations: Vec::new(), next: None })),
         },
         None => None,
     };
@@ -162,24 +202,45 @@ pub async fn list_operations(state: web::Data<AppState>, q: web::Query<OpsQuery>
         .map_err(Error::from)?;
     let next = (page.len() == limit).then(|| page.last().map(|o| o.id.to_string())).flatten();
     let dtos: Vec<OperationDto> = page.iter().map(OperationDto::from).collect();
-    Ok(HttpResponse::Ok().json(json!({ "operations": dtos, "next": next })))
+    Ok(HttpResponse::Ok().json(OperationPage { operations: dtos, next }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct WaitQuery {
-    /// Seconds to wait for the operation to end (at most 120).
+    /// Seconds to wait for the operation to end (0 to 120).
+    #[param(maximum = 120)]
     wait: Option<u64>,
 }
 
+/// The longest `?wait=`, in seconds.
+const MAX_WAIT: u64 = 120;
+
+/// One operation, with every step's per-instance results
+///
+/// `?wait=S` long-polls: the answer comes when the operation ends, or
+/// after `S` seconds with it as it is then.
+#[utoipa::path(get, path = "/api/v1/operations/{id}", operation_id = "get_operation", tag = "operations",
+    params(("id" = String, Path, format = "uuid", description = "The operation's id"), WaitQuery),
+    responses(
+        (status = 200, description = "The operation", body = OperationEnvelope),
+        (status = 400, response = super::error::BadRequest),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)))]
 pub async fn get_operation(
     state: web::Data<AppState>,
     path: web::Path<String>,
     q: web::Query<WaitQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_op_id(&path.into_inner())?;
+    let wait = q.wait.unwrap_or(0);
+    if wait > MAX_WAIT {
+        return Err(ApiError(Error::invalid("invalid_query", format!("wait: at most {MAX_WAIT} seconds, got {wait}"))));
+    }
     let rm = state.shared.read_model.clone();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait.unwrap_or(0).min(120));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
     loop {
         // Register for the wake-up before looking, so a change between the
         // look and the wait is not missed.
@@ -202,7 +263,7 @@ pub async fn get_operation(
             return Err(ApiError(Error::not_found("operation", id)));
         };
         if op.status.is_terminal() || tokio::time::Instant::now() >= deadline {
-            return Ok(HttpResponse::Ok().json(json!({ "operation": OperationDto::from(&*op) })));
+            return Ok(HttpResponse::Ok().json(OperationEnvelope { operation: OperationDto::from(&*op) }));
         }
         let _ = tokio::time::timeout_at(deadline, notified).await;
     }

@@ -3,68 +3,75 @@
 //! take `?dry_run=true`: checked, not done.
 
 use actix_web::{HttpResponse, web};
-use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use super::AppState;
+use super::clusters::DryRun;
+use super::dto::{
+    CreateTokenBody, CreatedToken, RevokeAnswer, RevokedToken, TokenCreatePreview, TokenDto, TokenList,
+    TokenRevokePreview,
+};
 use super::error::ApiError;
-use crate::storage::records::TokenRecord;
 
-/// A token as lists show it: never its secret, never its hash.
-#[derive(Serialize)]
-pub struct TokenDto {
-    pub id: String,
-    pub name: String,
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: time::OffsetDateTime,
-}
-
-impl From<&TokenRecord> for TokenDto {
-    fn from(r: &TokenRecord) -> Self {
-        TokenDto { id: r.id.clone(), name: r.name.clone(), created_at: r.created_at }
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateToken {
-    name: String,
-}
-
-/// `POST /tokens`: `201` with the token whole, shown this once.
+/// Creates an API token
+///
+/// `201` with the token whole, shown this once; with `?dry_run=true`, `200`
+/// and nothing created.
+#[utoipa::path(post, path = "/api/v1/tokens", operation_id = "create_token", tag = "tokens", params(DryRun), responses(
+    (status = 201, description = "Created: `secret` is shown this once", body = CreatedToken),
+    (status = 200, description = "`?dry_run=true`: it would be created", body = TokenCreatePreview),
+    (status = 400, response = super::error::BadRequest),
+    (status = 409, response = super::error::Conflict),
+    (status = 413, response = super::error::TooLarge),
+    (status = 500, response = super::error::Internal),
+    (status = 503, response = super::error::Unavailable)))]
 pub async fn create(
     state: web::Data<AppState>,
-    body: web::Json<CreateToken>,
-    q: web::Query<super::clusters::DryRun>,
+    body: web::Json<CreateTokenBody>,
+    q: web::Query<DryRun>,
 ) -> Result<HttpResponse, ApiError> {
     if q.dry_run {
         state.tokens.check_create(&body.name)?;
-        return Ok(
-            HttpResponse::Ok().json(json!({ "dry_run": true, "valid": true, "would": "create", "name": body.name }))
-        );
+        let would = TokenCreatePreview { dry_run: true, valid: true, would: "create".into(), name: body.name.clone() };
+        return Ok(HttpResponse::Ok().json(would));
     }
     let new = state.tokens.create(&body.name).await?;
     tracing::info!(id = %new.record.id, name = %new.record.name, "API token created");
-    Ok(HttpResponse::Created().json(json!({ "token": TokenDto::from(&new.record), "secret": new.token })))
+    Ok(HttpResponse::Created().json(CreatedToken { token: TokenDto::from(&new.record), secret: new.token }))
 }
 
+/// The API tokens (never their secrets)
+#[utoipa::path(get, path = "/api/v1/tokens", operation_id = "list_tokens", tag = "tokens",
+    responses((status = 200, description = "Every token", body = TokenList)))]
 pub async fn list(state: web::Data<AppState>) -> HttpResponse {
     let tokens: Vec<TokenDto> = state.tokens.list().iter().map(|r| TokenDto::from(&**r)).collect();
-    HttpResponse::Ok().json(json!({ "tokens": tokens }))
+    HttpResponse::Ok().json(TokenList { tokens })
 }
 
-/// `DELETE /tokens/{id}`: refused from this answer on.
+/// Revokes an API token
+///
+/// Refused from this answer on, streams opened with it included. The last
+/// token cannot be revoked (`409 last_token`).
+#[utoipa::path(delete, path = "/api/v1/tokens/{id}", operation_id = "revoke_token", tag = "tokens",
+    params(("id" = String, Path, description = "The token's id (not its secret)"), DryRun),
+    responses(
+        (status = 200, description = "Revoked, or (`?dry_run=true`) what would be", body = RevokeAnswer),
+        (status = 400, response = super::error::BadRequest),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)))]
 pub async fn revoke(
     state: web::Data<AppState>,
     id: web::Path<String>,
-    q: web::Query<super::clusters::DryRun>,
+    q: web::Query<DryRun>,
 ) -> Result<HttpResponse, ApiError> {
     if q.dry_run {
         let record = state.tokens.check_revoke(&id)?;
-        return Ok(HttpResponse::Ok()
-            .json(json!({ "dry_run": true, "valid": true, "would": "revoke", "token": TokenDto::from(&*record) })));
+        let would =
+            TokenRevokePreview { dry_run: true, valid: true, would: "revoke".into(), token: TokenDto::from(&*record) };
+        return Ok(HttpResponse::Ok().json(RevokeAnswer::DryRun(would)));
     }
     let record = state.tokens.revoke(&id).await?;
     tracing::info!(id = %record.id, name = %record.name, "API token revoked");
-    Ok(HttpResponse::Ok().json(json!({ "revoked": TokenDto::from(&record) })))
+    Ok(HttpResponse::Ok().json(RevokeAnswer::Revoked(RevokedToken { revoked: TokenDto::from(&record) })))
 }

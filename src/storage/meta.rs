@@ -59,7 +59,7 @@ pub trait MetaStore: Send + Sync + 'static {
 }
 
 /// Write statistics of a store.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, utoipa::ToSchema)]
 pub struct StoreStats {
     /// Durable batches (one sync each).
     pub batches: u64,

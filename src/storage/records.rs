@@ -109,7 +109,7 @@ impl std::fmt::Display for PackageRef {
 }
 
 /// Cluster statuses: the seeds' Sahara vocabulary (DESIGN.md §7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum ClusterStatus {
     Validating,
     Installing,
@@ -206,7 +206,7 @@ pub struct ClusterRecord {
     pub updated_at: OffsetDateTime,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum InstanceStatus {
     Pending,
     Installing,
@@ -289,7 +289,7 @@ impl PendingRestart {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum NodeStatus {
     Ready,
     Unknown,
@@ -328,7 +328,7 @@ pub struct PackageRecord {
     pub uploaded_at: OffsetDateTime,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum OperationKind {
     Create,
     Start,
@@ -346,7 +346,7 @@ pub enum OperationKind {
     Resize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum OperationStatus {
     Pending,
     Running,
@@ -362,7 +362,7 @@ impl OperationStatus {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum StepStatus {
     Pending,
     Running,

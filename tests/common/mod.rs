@@ -2,6 +2,7 @@
 //! agents, or simulated ones), admin API helpers, an in-memory package
 //! builder, and `/proc` readers to check the real processes.
 
+pub mod dev;
 pub mod env;
 pub mod fake_master;
 pub mod http;

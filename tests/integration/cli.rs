@@ -3,99 +3,13 @@
 //! `--json` output parsed, and what it did checked through the API and on
 //! the instances' own pages.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 
-/// `flotilla dev` in a temp dir, stopped (Ctrl-C) when dropped.
-struct Dev {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Dev {
-    fn start() -> Dev {
-        let dir = tempfile::Builder::new().prefix("flotilla-cli-").tempdir().expect("temp dir");
-        let log = std::fs::File::create(dir.path().join("dev.log")).expect("log");
-        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(["dev", "--http-addr", "127.0.0.1:0", "--agents", "3", "--data-dir"])
-            .arg(dir.path())
-            .arg("--examples")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/components"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start flotilla dev");
-        let dev = Dev { child, dir };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !dev.endpoints().exists() {
-            assert!(Instant::now() < deadline, "flotilla dev wrote no endpoints.json in 60 s:\n{}", dev.log());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        dev
-    }
-
-    fn endpoints(&self) -> PathBuf {
-        self.dir.path().join("endpoints.json")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("dev.log")).unwrap_or_default()
-    }
-
-    /// `flotilla ARGS --endpoints ...` with `env`: (exit code, stdout, stderr).
-    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-        let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(args)
-            .arg("--endpoints")
-            .arg(self.endpoints())
-            .env_remove("FLOTILLA_API")
-            .env_remove("FLOTILLA_TOKEN")
-            .envs(env.iter().copied())
-            .output()
-            .expect("run flotilla");
-        let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
-        (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
-    }
-
-    /// Runs a verb that must succeed; its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let (code, out, err) = self.run(args, &[]);
-        assert_eq!(code, 0, "flotilla {args:?}: exit {code}\nstdout: {out}\nstderr: {err}\n{}", self.log());
-        out
-    }
-
-    /// Runs a verb with `--json`; its output parsed.
-    fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.push("--json");
-        let out = self.ok(&all);
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("flotilla {args:?} --json: not JSON ({e}): {out}"))
-    }
-
-    fn cluster(&self, name: &str) -> Value {
-        self.json(&["cluster", "get", name])
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::common::dev::Dev;
 
 fn instances(c: &Value) -> Vec<Value> {
     c["instances"].as_array().cloned().unwrap_or_default()

@@ -52,7 +52,7 @@ use crate::storage::records::{
 use crate::storage::{WriteOp, events};
 
 pub use prepare::{MAX_BATCH, group_by_order};
-pub use preview::{Preview, PreviewCreate};
+pub use preview::{PlacedInstance, PlanPreview, Preview, PreviewCreate, PreviewStep};
 
 /// What the actor owns, shared with the running operation's context (both
 /// live on the actor's arbiter thread; borrows never cross an `.await`).
@@ -199,7 +199,12 @@ impl ClusterActor {
         let cell = ClusterCell::new(start.record.clone());
         let s = stats.clone();
         let addr = ClusterActor::start_in_arbiter(&arbiter, move |_ctx| {
-            let env = Rc::new(ClusterEnv { shared: shared.clone(), cell: cell.clone(), progress: Arc::default() });
+            let env = Rc::new(ClusterEnv {
+                shared: shared.clone(),
+                cell: cell.clone(),
+                progress: Arc::default(),
+                answered: AtomicU64::new(0),
+            });
             let handles: BTreeMap<InstanceId, InstanceHandle> =
                 start.instances.into_iter().map(|r| (r.id.clone(), InstanceActor::quiet(r, env.clone()))).collect();
             cell.put_instances(handles.values().map(|h| h.entry()));

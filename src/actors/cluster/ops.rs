@@ -268,6 +268,9 @@ impl ClusterOps {
         let work = self.run_action_now(action);
         tokio::pin!(work);
         let mut seen = self.progress();
+        let answered = || self.env.answered.load(Ordering::Relaxed);
+        let base = answered();
+        let total = action.instances().len();
         loop {
             match tokio::time::timeout(PROGRESS_EVERY, &mut work).await {
                 Ok(r) => return r,
@@ -276,7 +279,8 @@ impl ClusterOps {
                     if now != seen
                         && let Some((op, step)) = self.running.borrow().clone()
                     {
-                        let e = events::progress(&op, &self.cluster_name(), step, now);
+                        let done = (answered() - base).min(total as u64);
+                        let e = events::progress(&op, &self.cluster_name(), step, done, total);
                         crate::actors::announce::announce(&self.shared, vec![e]);
                     }
                     seen = now;

@@ -20,7 +20,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::{ClusterActor, Prepared};
 use crate::actors::instance::ChangeRule;
@@ -32,19 +33,66 @@ use crate::ids::InstanceId;
 use crate::operations::Action;
 use crate::protocol::messages::ENV_CHANGED;
 use crate::spec::ComponentSpec;
-use crate::storage::records::{ClusterRecord, InstanceRecord, InstanceStatus, PendingRestart};
+use crate::storage::records::{ClusterRecord, InstanceRecord, InstanceStatus, OperationKind, PendingRestart};
 
 use super::OpRequest;
+
+/// The answer of `?dry_run=true` on a cluster mutation: what it would do,
+/// decided as the real request is; nothing was journaled or changed.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PlanPreview {
+    /// Always true: nothing was done.
+    pub dry_run: bool,
+    /// Always true: an invalid request is answered with its error instead.
+    pub valid: bool,
+    /// The operation it would start.
+    pub kind: OperationKind,
+    /// The parameters the operation would be recorded with.
+    pub params: Value,
+    /// The plan's steps, in order.
+    pub steps: Vec<PreviewStep>,
+    /// The instances it would add, placed as the real request would place them.
+    pub new_instances: Vec<PlacedInstance>,
+}
+
+/// One step of a previewed plan.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PreviewStep {
+    pub name: String,
+    /// `install`, `start`, `stop`, `reconfigure`, `roll`, ...
+    pub action: String,
+    /// The instances it touches.
+    pub instances: Vec<String>,
+    /// What undoes it when a later step fails.
+    pub undo: Vec<String>,
+    /// Rolling steps: what each member would do (instance id to `reload
+    /// (...)`, `restart (...)`, `replace (...)`, `unchanged`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub members: Option<BTreeMap<String, String>>,
+}
+
+/// A new instance as the preview places it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PlacedInstance {
+    /// A real create draws other ids (they carry the cluster's id).
+    pub id: String,
+    pub role: String,
+    pub ordinal: u32,
+    pub node: String,
+    pub host: String,
+    /// Port name to port.
+    pub ports: BTreeMap<String, u16>,
+}
 
 /// Previews `OpRequest` on the cluster: the answer of `?dry_run=true`.
 pub struct Preview(pub OpRequest, pub Reservation);
 
 impl Message for Preview {
-    type Result = Result<Value, Error>;
+    type Result = Result<PlanPreview, Error>;
 }
 
 impl Handler<Preview> for ClusterActor {
-    type Result = Result<Value, Error>;
+    type Result = Result<PlanPreview, Error>;
 
     fn handle(&mut self, msg: Preview, _ctx: &mut Context<Self>) -> Self::Result {
         let Preview(req, slot) = msg;
@@ -56,7 +104,7 @@ impl Handler<Preview> for ClusterActor {
 }
 
 impl ClusterActor {
-    fn preview(&mut self, req: OpRequest) -> Result<Value, Error> {
+    fn preview(&mut self, req: OpRequest) -> Result<PlanPreview, Error> {
         if self.creating {
             return Err(Error::not_found("cluster", self.core.borrow().record.name.clone()));
         }
@@ -80,7 +128,7 @@ impl ClusterActor {
     }
 
     /// What each member of each rolling step would do.
-    fn effects(&self, prepared: &Prepared, spec: &Arc<ComponentSpec>) -> Result<BTreeMap<String, Value>, Error> {
+    fn effects(&self, prepared: &Prepared, spec: &Arc<ComponentSpec>) -> Result<BTreeMap<String, Members>, Error> {
         let now = self.core.borrow().record.clone();
         let members = self.core.borrow().members();
         // The cluster as the change leaves it: its config, its members.
@@ -126,11 +174,14 @@ impl ClusterActor {
                     .collect(),
                 _ => continue,
             };
-            out.insert(step.name.clone(), json!(per_member));
+            out.insert(step.name.clone(), per_member);
         }
         Ok(out)
     }
 }
+
+/// Instance id to what it would do, for one rolling step.
+type Members = BTreeMap<String, String>;
 
 /// What member `m` would do in a rolling reconfigure, decided as the real
 /// step decides (`steps.rs`): its files are written; a member that must
@@ -206,7 +257,7 @@ fn roll(spec: &ComponentSpec, after: &ClusterRecord, m: &InstanceRecord, must_ru
 
 /// The preview of a create the supervisor validated and placed
 /// (`pending`, whose ports the caller gives back).
-fn create_preview(spec: &ComponentSpec, pending: Vec<InstanceRecord>, params: String) -> Value {
+fn create_preview(spec: &ComponentSpec, pending: Vec<InstanceRecord>, params: String) -> PlanPreview {
     let groups = super::group_by_order(spec, pending.iter());
     let p = Prepared {
         kind: crate::storage::records::OperationKind::Create,
@@ -219,47 +270,40 @@ fn create_preview(spec: &ComponentSpec, pending: Vec<InstanceRecord>, params: St
     describe(&p, BTreeMap::new())
 }
 
-/// The preview's JSON.
-fn describe(p: &Prepared, effects: BTreeMap<String, Value>) -> Value {
-    let steps: Vec<Value> = p
+/// The preview of a prepared plan.
+fn describe(p: &Prepared, mut effects: BTreeMap<String, Members>) -> PlanPreview {
+    let steps = p
         .plan
         .steps
         .iter()
-        .map(|s| {
-            let mut step = json!({
-                "name": s.name,
-                "action": s.action.label(),
-                "instances": s.action.instances().iter().map(|i| i.as_str()).collect::<Vec<_>>(),
-                "undo": s.undo.iter().map(|u| u.label()).collect::<Vec<_>>(),
-            });
-            if let Some(e) = effects.get(&s.name) {
-                step["members"] = e.clone();
-            }
-            step
+        .map(|s| PreviewStep {
+            name: s.name.clone(),
+            action: s.action.label().to_string(),
+            instances: s.action.instances().iter().map(|i| i.to_string()).collect(),
+            undo: s.undo.iter().map(|u| u.label().to_string()).collect(),
+            members: effects.remove(&s.name),
         })
         .collect();
-    let new: Vec<Value> = p
+    let new_instances = p
         .pending
         .iter()
-        .map(|i| {
-            json!({
-                "id": i.id.as_str(),
-                "role": i.role,
-                "ordinal": i.ordinal,
-                "node": i.node.as_str(),
-                "host": i.host,
-                "ports": i.ports,
-            })
+        .map(|i| PlacedInstance {
+            id: i.id.to_string(),
+            role: i.role.clone(),
+            ordinal: i.ordinal,
+            node: i.node.to_string(),
+            host: i.host.clone(),
+            ports: i.ports.to_map(),
         })
         .collect();
-    json!({
-        "dry_run": true,
-        "valid": true,
-        "kind": p.kind,
-        "params": serde_json::from_str::<Value>(&p.params).unwrap_or(Value::Null),
-        "steps": steps,
-        "new_instances": new,
-    })
+    PlanPreview {
+        dry_run: true,
+        valid: true,
+        kind: p.kind,
+        params: serde_json::from_str::<Value>(&p.params).unwrap_or(Value::Null),
+        steps,
+        new_instances,
+    }
 }
 
 /// `POST /clusters?dry_run=true`: the create validated and placed as a real
@@ -267,11 +311,11 @@ fn describe(p: &Prepared, effects: BTreeMap<String, Value>) -> Value {
 pub struct PreviewCreate(pub CreateCluster, pub Reservation);
 
 impl Message for PreviewCreate {
-    type Result = Result<serde_json::Value, Error>;
+    type Result = Result<PlanPreview, Error>;
 }
 
 impl Handler<PreviewCreate> for Supervisor {
-    type Result = Result<serde_json::Value, Error>;
+    type Result = Result<PlanPreview, Error>;
 
     fn handle(&mut self, msg: PreviewCreate, _ctx: &mut Context<Self>) -> Self::Result {
         let PreviewCreate(req, slot) = msg;

@@ -124,4 +124,6 @@ pub struct ClusterEnv {
     /// Bumped whenever a command of the cluster moves (an answer, a package
     /// chunk sent): the step watchdog's sign of life.
     pub progress: Arc<AtomicU64>,
+    /// Instance commands answered (the `done` of `operation.progress`).
+    pub answered: AtomicU64,
 }

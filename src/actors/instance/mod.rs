@@ -148,6 +148,7 @@ impl InstanceActor {
                         tracing::warn!(error = %out.result.message, "instance command failed");
                     }
                     me.env.progress.fetch_add(1, Ordering::Relaxed);
+                    me.env.answered.fetch_add(1, Ordering::Relaxed);
                     out
                 }),
             )

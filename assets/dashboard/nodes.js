@@ -1,0 +1,67 @@
+// Nodes: status, heartbeat age, address, instances, simulated or real, a
+// page at a time. Status changes arrive as events; heartbeat ages are
+// sampled (read every 2 s while this view is open and the tab visible).
+
+import { api, seg } from './api.js';
+import { age, badge, fill, h, table } from './ui.js';
+
+const PAGE = 200;
+
+export function nodesView(root, { live }) {
+  const info = h('p', { class: 'muted' });
+  const { table: t, body } = table([
+    ['Node'], ['Status'], ['Connected'], ['Kind'], ['Address'], ['Heartbeat age', 'num'], ['Instances', 'num'],
+    ['Ports'], ['Agent'], ['Labels'],
+  ], { id: 'nodes' });
+  const pager = h('div', { class: 'pager' });
+  fill(root, h('h1', {}, 'Nodes'), info, t, pager);
+  const cursors = [null];
+  let page = 0;
+  let timer = null;
+  let stopped = false;
+
+  const row = (n) => h('tr', { dataset: { node: n.id } },
+    h('td', { class: 'mono' }, n.id),
+    h('td', { class: 'status' }, badge(n.status)),
+    h('td', { class: 'connected' }, n.connected ? 'yes' : 'no'),
+    h('td', {}, n.simulated ? h('span', { class: 'badge warn', title: 'flotilla bench: the real protocol, no real processes' }, 'simulated') : 'real'),
+    h('td', { class: 'mono' }, n.address),
+    h('td', { class: 'num' }, age(n.heartbeat_age_ms)),
+    h('td', { class: 'num' }, n.instance_count),
+    h('td', { class: 'mono' }, `${n.port_range[0]}–${n.port_range[1]}`),
+    h('td', {}, n.agent_version),
+    h('td', { class: 'mono' }, Object.entries(n.labels || {}).map(([k, v]) => `${k}=${v}`).join(' ')));
+
+  async function refresh() {
+    if (stopped) return;
+    clearTimeout(timer);
+    try {
+      const after = cursors[page];
+      const r = await api('GET', `/nodes?limit=${PAGE}${after ? `&after=${seg(after)}` : ''}`);
+      fill(body, r.nodes.map(row));
+      cursors[page + 1] = r.next;
+      const ready = r.nodes.filter((n) => n.status === 'Ready').length;
+      fill(info, `${r.total} nodes · this page: ${ready} ready of ${r.nodes.length}`);
+      fill(pager,
+        h('button', { class: 'quiet', disabled: page === 0, onclick: () => { page -= 1; refresh(); } }, '← Previous'),
+        h('span', { class: 'muted' }, `page ${page + 1}`),
+        h('button', { class: 'quiet', disabled: !r.next, onclick: () => { page += 1; refresh(); } }, 'Next →'));
+    } catch (e) {
+      fill(info, h('span', { class: 'error-text' }, e.message));
+    }
+    if (!stopped) timer = setTimeout(tick, 2000);
+  }
+  function tick() {
+    if (document.visibilityState === 'visible') refresh(); else timer = setTimeout(tick, 2000);
+  }
+
+  const off = live.subscribe((e) => {
+    if (e.kind !== 'node.status') return;
+    const tr = body.querySelector(`tr[data-node="${CSS.escape(e.data.node)}"]`);
+    if (!tr) return;
+    fill(tr.querySelector('.status'), badge(e.data.status));
+    fill(tr.querySelector('.connected'), e.data.connected ? 'yes' : 'no');
+  });
+  refresh();
+  return () => { stopped = true; clearTimeout(timer); off(); };
+}

@@ -1,0 +1,192 @@
+// Drives the dashboard in Debian's Chromium as an operator would, against
+// a running `flotilla dev` with a cluster `demo` of the `web` package
+// (tests/integration/dashboard.rs sets that up and runs this script).
+//
+//   node dashboard.mjs LOGIN_URL OUT_DIR
+//
+// Asserts on what the page shows, never on the API. Screenshots go to
+// OUT_DIR. Prints one JSON line with what it saw; exits non-zero (with the
+// reason) on the first failed expectation.
+
+import { chromium } from 'playwright-core';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+
+const [, , loginUrl, outDir] = process.argv;
+if (!loginUrl || !outDir) {
+  console.error('usage: node dashboard.mjs LOGIN_URL OUT_DIR');
+  process.exit(2);
+}
+const CHROMIUM = '/usr/bin/chromium';
+if (!existsSync(CHROMIUM)) {
+  console.error(`${CHROMIUM} is missing: scripts/setup.sh installs Debian's chromium`);
+  process.exit(3);
+}
+
+const seen = { steps: [] };
+const problems = [];
+const step = (s) => { seen.steps.push(s); console.error(`dashboard: ${s}`); };
+function expect(cond, what) {
+  if (!cond) throw new Error(`expected ${what}`);
+}
+
+const browser = await chromium.launch({
+  executablePath: CHROMIUM,
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync'],
+});
+const page = await browser.newPage({ viewport: { width: 1440, height: 1000 } });
+page.setDefaultTimeout(30_000);
+page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+page.on('console', (m) => { if (m.type() === 'error') problems.push(`console error: ${m.text()}`); });
+page.on('response', (r) => { if (r.status() >= 400) problems.push(`${r.status()} for ${r.url()}`); });
+const requests = [];
+page.on('request', (r) => requests.push(r.url()));
+const shot = (name) => page.screenshot({ path: join(outDir, `${name}.png`), fullPage: true });
+const text = (sel) => page.locator(sel).first().innerText();
+
+try {
+  // Log in with the URL `flotilla dev` printed: the token leaves the
+  // address bar and stays in this tab's sessionStorage.
+  await page.goto(loginUrl);
+  await page.waitForFunction(() => !location.hash.includes('token'));
+  expect(!page.url().includes('token'), `the token gone from the address bar, not ${page.url()}`);
+  const stored = await page.evaluate(() => sessionStorage.getItem('flotilla.token'));
+  expect(stored && loginUrl.endsWith(stored), 'the token kept in sessionStorage');
+  step('logged in');
+
+  // The actor tree of a 3-node dev master.
+  await page.locator('#actor-tree tr[data-kind="supervisor"]').waitFor();
+  await page.waitForFunction(() => document.querySelectorAll('#actor-tree tr[data-kind="node_manager"]').length === 3);
+  const managers = await page.locator('#actor-tree tr[data-kind="node_manager"]').allInnerTexts();
+  expect(managers.every((t) => t.includes('connected')), `3 connected node managers: ${JSON.stringify(managers)}`);
+  await page.locator('#actor-tree tr[data-kind="cluster"][data-id="demo"]').waitFor();
+  await page.locator('#live.on').waitFor();
+  seen.managers = managers.length;
+  await shot('1-actors');
+  // Expanding the cluster shows its instance actors.
+  await page.locator('#actor-tree tr[data-kind="cluster"][data-id="demo"] .toggle').click();
+  await page.waitForFunction(() => document.querySelectorAll('#actor-tree tr[data-kind="instance"]').length === 2);
+  await shot('2-actor-tree-expanded');
+  step('actor tree: supervisor, 3 node managers, cluster demo with 2 instance actors');
+
+  // The cluster's page, from the clusters list.
+  await page.locator('#nav a[data-view="clusters"]').click();
+  await page.locator('#clusters tr[data-cluster="demo"] a').click();
+  await page.waitForFunction(() => document.querySelectorAll('#instances tr[data-instance]').length === 2);
+  const status = await text('#cluster-status');
+  expect(status.includes('Active'), `demo Active, not ${status}`);
+  // A marker that a reload would wipe, and every progress bar value the
+  // operation panel ever draws (each render makes new bars).
+  await page.evaluate(() => {
+    window.__noReload = true;
+    window.__bars = [];
+    new MutationObserver((records) => {
+      for (const r of records) {
+        for (const n of r.addedNodes) {
+          if (!(n instanceof Element)) continue;
+          for (const b of n.querySelectorAll('.op-progress [role=progressbar]')) window.__bars.push(Number(b.getAttribute('aria-valuenow')));
+        }
+      }
+    }).observe(document.getElementById('cluster-operation'), { childList: true, subtree: true });
+  });
+
+  // A scale-out from the page: the form, the previewed plan, confirm.
+  await page.locator('button[data-action="scale"]').click();
+  await page.locator('#dialog input[name="add"]').fill('2');
+  await page.locator('#dialog-ok').click();
+  await page.locator('#plan').waitFor();
+  const plan = await text('#plan');
+  expect(plan.includes('Placement') && plan.includes('server #'), `a plan placing the new instances: ${plan}`);
+  await shot('3-scale-preview');
+  await page.locator('#dialog-ok').click();
+  step('scale-out confirmed');
+
+  // The operation's bar advances and the new instances appear, live.
+  await page.locator('#cluster-operation .op-status [data-status="Succeeded"]').waitFor({ timeout: 60_000 });
+  await page.waitForFunction(() => {
+    const rows = [...document.querySelectorAll('#instances tr[data-instance]')];
+    return rows.length === 4 && rows.every((r) => r.querySelector('.status').innerText.trim() === 'Running' && /^\d+$/.test(r.querySelector('.pid').innerText.trim()));
+  }, null, { timeout: 30_000 });
+  seen.bars = await page.evaluate(() => window.__bars);
+  expect(await page.evaluate(() => window.__noReload === true), 'no page reload');
+  expect(seen.bars.some((v) => v > 0 && v < 100), `the bar seen part way: ${JSON.stringify(seen.bars)}`);
+  expect(seen.bars.at(-1) === 100, `the bar ending full: ${JSON.stringify(seen.bars)}`);
+  const ascending = seen.bars.every((v, i) => i === 0 || v >= seen.bars[i - 1]);
+  expect(ascending, `the bar only advancing: ${JSON.stringify(seen.bars)}`);
+  expect((await text('#cluster-head')).includes('server ×4'), 'the role at 4');
+  await shot('4-scaled-out');
+  step(`scale-out done without reload; bar went ${JSON.stringify(seen.bars)}`);
+
+  // How far behind the master the page was so far: each event's age when
+  // it arrived (master and browser share this machine's clock). Measured
+  // before the disconnect below, whose replayed events are old by design.
+  await page.waitForTimeout(300);
+  seen.maxLagMs = Number(await page.locator('#live').getAttribute('data-max-lag-ms'));
+  expect(seen.maxLagMs >= 0 && seen.maxLagMs < 1000, `events shown within a second of their commit: ${seen.maxLagMs} ms`);
+
+  // Kill one instance's process (its pid as the page shows it) while the
+  // page's event stream is cut, and watch the page show the restart with
+  // a new pid once the stream resumes: only the replay from Last-Event-ID
+  // can bring it (the instance rows change only by events).
+  const row = page.locator('#instances tr[data-instance]').first();
+  const id = await row.getAttribute('data-instance');
+  const oldPid = Number((await row.locator('.pid').innerText()).trim());
+  expect(existsSync(`/proc/${oldPid}`), `pid ${oldPid} alive before the kill`);
+  await page.route('**/api/v1/events', (r) => r.abort());
+  await page.evaluate(() => window.flotilla.live.ctrl.abort());
+  await page.locator('#live.off').waitFor();
+  process.kill(oldPid, 'SIGKILL');
+  await page.waitForTimeout(3000);
+  const during = Number((await row.locator('.pid').innerText()).trim());
+  expect(during === oldPid, `the old pid still shown while disconnected (${during})`);
+  await page.unroute('**/api/v1/events');
+  await page.locator('#live.on').waitFor();
+  // The aborted requests were expected.
+  problems.splice(0, problems.length, ...problems.filter((p) => !p.includes('ERR_FAILED')));
+  await page.waitForFunction(([iid, old]) => {
+    const r = document.querySelector(`#instances tr[data-instance="${iid}"]`);
+    const pid = Number(r?.querySelector('.pid').innerText.trim());
+    return r && r.querySelector('.status').innerText.trim() === 'Running' && pid > 0 && pid !== old;
+  }, [id, oldPid], { timeout: 30_000 });
+  const newPid = Number((await row.locator('.pid').innerText()).trim());
+  expect(existsSync(`/proc/${newPid}`), `the new pid ${newPid} alive`);
+  const comm = readFileSync(`/proc/${newPid}/cmdline`, 'utf8');
+  expect(comm.length > 0, 'the new process has a command line');
+  expect(await page.evaluate(() => window.__noReload === true), 'still no page reload');
+  seen.restart = { instance: id, oldPid, newPid };
+  await shot('5-restarted');
+  step(`instance ${id} killed (pid ${oldPid}) while disconnected; shown restarted (pid ${newPid}) after the resume`);
+
+  // The other views show the same master.
+  await page.locator('#nav a[data-view="operations"]').click();
+  await page.locator('#operations tr[data-operation]').first().waitFor();
+  const ops = await page.locator('#operations tr[data-operation]').allInnerTexts();
+  expect(ops.some((t) => t.includes('ScaleOut') && t.includes('Succeeded')), `a succeeded ScaleOut: ${ops[0]}`);
+  await page.locator('#operations tr[data-operation] a').first().click();
+  await page.locator('.operation .steps').waitFor();
+  await shot('6-operation');
+  await page.locator('#nav a[data-view="nodes"]').click();
+  await page.waitForFunction(() => document.querySelectorAll('#nodes tr[data-node]').length === 3);
+  const nodes = await page.locator('#nodes tr[data-node]').allInnerTexts();
+  expect(nodes.every((t) => t.includes('Ready') && t.includes('real')), `3 real Ready nodes: ${JSON.stringify(nodes)}`);
+  await shot('7-nodes');
+  await page.locator('#nav a[data-view="events"]').click();
+  await page.locator('#events tbody tr').first().waitFor();
+  const events = await page.locator('#events tbody tr').allInnerTexts();
+  expect(events.some((t) => t.includes('instance.status')), 'instance events in the feed');
+  await shot('8-events');
+  step('operations, nodes and events views');
+
+  // The token is only ever in a header: no request URL carries it.
+  expect(!requests.some((u) => u.includes(stored)), 'no request URL with the token');
+  expect(problems.length === 0, `no page errors: ${problems.join('; ')}`);
+  console.log(JSON.stringify({ ok: true, ...seen }));
+} catch (e) {
+  await shot('failure').catch(() => {});
+  console.log(JSON.stringify({ ok: false, error: e.message, problems, ...seen }));
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}

@@ -1,0 +1,116 @@
+//! `flotilla dev` as a user starts it (a master and three real agents, the
+//! example packages loaded), for the tests that drive it from outside: the
+//! CLI, the dashboard, schemathesis.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// `flotilla dev` in a temp dir, stopped (Ctrl-C) when dropped.
+pub struct Dev {
+    child: Child,
+    pub dir: tempfile::TempDir,
+}
+
+/// A port range of its own for each dev environment of this test run:
+/// they all put their agents on 127.0.0.11-13, and run at once.
+fn own_ports() -> String {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 30;
+    let from = 30_000 + n * 1000;
+    format!("{from}-{}", from + 999)
+}
+
+impl Dev {
+    pub fn start() -> Dev {
+        let dir = tempfile::Builder::new().prefix("flotilla-dev-").tempdir().expect("temp dir");
+        let log = std::fs::File::create(dir.path().join("dev.log")).expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["dev", "--http-addr", "127.0.0.1:0", "--agents", "3", "--port-range", &own_ports()])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .arg("--examples")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/components"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start flotilla dev");
+        let dev = Dev { child, dir };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !dev.endpoints().exists() {
+            assert!(Instant::now() < deadline, "flotilla dev wrote no endpoints.json in 60 s:\n{}", dev.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        dev
+    }
+
+    pub fn endpoints(&self) -> PathBuf {
+        self.dir.path().join("endpoints.json")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("dev.log")).unwrap_or_default()
+    }
+
+    /// `flotilla ARGS --endpoints ...` with `env`: (exit code, stdout, stderr).
+    pub fn run(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .arg("--endpoints")
+            .arg(self.endpoints())
+            .env_remove("FLOTILLA_API")
+            .env_remove("FLOTILLA_TOKEN")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run flotilla");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+        (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+    }
+
+    /// Runs a verb that must succeed; its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let (code, out, err) = self.run(args, &[]);
+        assert_eq!(code, 0, "flotilla {args:?}: exit {code}\nstdout: {out}\nstderr: {err}\n{}", self.log());
+        out
+    }
+
+    /// Runs a verb with `--json`; its output parsed.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let out = self.ok(&all);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("flotilla {args:?} --json: not JSON ({e}): {out}"))
+    }
+
+    pub fn cluster(&self, name: &str) -> Value {
+        self.json(&["cluster", "get", name])
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Dev {
+    /// What `endpoints.json` says: (API URL, token).
+    pub fn api(&self) -> (String, String) {
+        let text = std::fs::read_to_string(self.endpoints()).expect("endpoints.json");
+        let v: Value = serde_json::from_str(&text).expect("endpoints.json is JSON");
+        (v["api_url"].as_str().expect("api_url").to_string(), v["token"].as_str().expect("token").to_string())
+    }
+}
