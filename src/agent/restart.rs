@@ -75,7 +75,7 @@ impl Node {
                 return; // a newer process, or stopped already
             }
             rec.pid = None;
-            let unexpected = rec.desired_running;
+            let unexpected = rec.desired_running && !node.closing.load(std::sync::atomic::Ordering::SeqCst);
             let r = rec.clone();
             drop(guard);
             let _ = node.persist(&r).await;
@@ -111,7 +111,7 @@ impl Node {
             let slot = self.slot(id);
             let guard = slot.lock("restart check").await;
             let rec = guard.as_ref()?;
-            if !rec.desired_running || rec.pid.is_some() {
+            if !rec.desired_running || rec.pid.is_some() || self.closing.load(std::sync::atomic::Ordering::SeqCst) {
                 return None;
             }
             rec.generation

@@ -191,6 +191,21 @@ impl TestEnv {
         let _ = a.wait();
     }
 
+    /// Waits up to `within` for agent `i` to exit (after a signal); its
+    /// exit status, or `None` if it still runs.
+    pub fn wait_agent_exit(&mut self, i: usize, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.agents[i - 1].try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// Starts agent `i` again on its data dir, after [`TestEnv::kill_agent`].
     pub async fn restart_agent(&mut self, i: usize) {
         self.agents[i - 1] = self.spawn_agent(i);

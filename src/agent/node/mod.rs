@@ -95,6 +95,9 @@ pub struct Node {
     pub outbox: Arc<super::outbox::Outbox>,
     pub(super) restart_policy: Mutex<RestartPolicy>,
     pub(super) restarts: RestartHistory,
+    /// The agent is stopping its instances to exit (`stop_all`): an exit
+    /// now is one it caused, never restarted.
+    pub(super) closing: std::sync::atomic::AtomicBool,
 }
 
 pub fn failure(kind: FailureKind, message: impl Into<String>) -> AgentResponse {
@@ -152,6 +155,7 @@ impl Node {
             outbox: Arc::default(),
             restart_policy: Mutex::default(),
             restarts: RestartHistory::default(),
+            closing: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -515,16 +519,20 @@ impl Node {
 
     /// Stops every instance (dev mode's Ctrl-C: leave no process behind).
     pub async fn stop_all(&self) {
+        // First, so no exit from here on is taken for a crash: a watcher
+        // that already saw one and waits out its restart delay finds the
+        // flag and starts nothing.
+        self.closing.store(true, std::sync::atomic::Ordering::SeqCst);
         let ids: Vec<InstanceId> = lock(&self.slots).keys().cloned().collect();
         let mut tasks = Vec::new();
         for id in ids {
             tasks.push(async move {
                 let slot = self.slot(&id);
                 let guard = slot.lock("stop all").await;
+                // The record still says "wanted running" (and the watcher
+                // stores it so): the agent's next start brings it back.
                 if let Some(rec) = guard.as_ref() {
-                    let mut r = rec.clone();
-                    r.desired_running = false;
-                    if let Err(AgentResponse::Failed(f)) = self.stop_processes(&id, &r).await {
+                    if let Err(AgentResponse::Failed(f)) = self.stop_processes(&id, rec).await {
                         tracing::error!(instance = %id, error = %f.message, "cannot stop instance at exit");
                     }
                 }
