@@ -107,7 +107,10 @@ export async function clusterAction(kind, c, { selected = [] } = {}) {
     if (!Object.keys(config).length) { toast('Nothing changed'); return; }
     body = { config, ...batchValue() };
   } else if (kind === 'upgrade') {
-    const versions = (await api('GET', '/packages')).packages.filter((p) => p.name === c.package.name && p.version !== c.package.version);
+    let versions;
+    try {
+      versions = (await api('GET', '/packages')).packages.filter((p) => p.name === c.package.name && p.version !== c.package.version);
+    } catch (e) { toast(`packages: ${e.message}`, 'bad'); return; }
     if (!versions.length) { toast(`No other version of ${c.package.name} is uploaded`, 'bad'); return; }
     const version = h('select', { name: 'version' }, versions.map((p) => h('option', { value: p.version }, p.version)));
     if (!(await ask(`Upgrade ${c.name} from ${c.package.version}`, [['Version', version], ['Batch', batch]]))) return;

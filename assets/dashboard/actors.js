@@ -93,6 +93,9 @@ export function actorsView(root, { live }) {
     }
     for (const n of nodes) rows.push(row(n, 1));
     fill(body, rows);
+    // Rates only of the actors shown: none kept for actors gone or folded.
+    const shown = new Set(rows.map((r) => r.dataset.kind && `${r.dataset.kind}/${r.dataset.id}`));
+    for (const k of [...rates.keys()]) if (!shown.has(k)) rates.delete(k);
     const failed = actors.filter(isFailed).length;
     fill(info, `${clusters.length} cluster actors, ${nodes.length} node managers, ${top.instance_actors} instance actors`,
       failed ? h('span', { class: 'error-text' }, ` · ${failed} failed`) : '',

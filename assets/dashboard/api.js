@@ -10,7 +10,9 @@ const unauthorized = new Set();
 export function takeTokenFromFragment() {
   const m = location.hash.match(/^#token=([^&]+)/);
   if (!m) return;
-  sessionStorage.setItem(KEY, decodeURIComponent(m[1]));
+  let t = m[1];
+  try { t = decodeURIComponent(t); } catch { /* as given */ }
+  sessionStorage.setItem(KEY, t);
   history.replaceState(null, '', location.pathname + location.search + '#/actors');
 }
 

@@ -34,8 +34,10 @@ function route() {
   unmount = null;
   const raw = location.hash.replace(/^#\/?/, '');
   const [path, qs] = raw.split('?');
-  const parts = path.split('/').filter(Boolean).map(decodeURIComponent);
-  const name = ROUTES[parts[0]] ? parts[0] : 'actors';
+  const parts = path.split('/').filter(Boolean).map((p) => {
+    try { return decodeURIComponent(p); } catch { return p; }
+  });
+  const name = Object.hasOwn(ROUTES, parts[0] ?? '') ? parts[0] : 'actors';
   const [list, one] = ROUTES[name];
   for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.dataset.view === name);
   const view = parts.length > 1 && one ? one : list;

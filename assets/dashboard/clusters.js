@@ -6,7 +6,7 @@
 import { api, seg } from './api.js';
 import { clusterAction, instanceAction } from './actions.js';
 import { operationPanel } from './operations.js';
-import { badge, coalescer, fill, h, table, when } from './ui.js';
+import { badge, coalescer, fill, h, sequencer, table, when } from './ui.js';
 
 const PAGE = 100;
 const INSTANCE_PAGE = 100;
@@ -31,14 +31,17 @@ export function clustersView(root, { live }) {
     h('td', { class: 'mono' }, `${c.package.name}:${c.package.version}`),
     h('td', {}, badge(c.status), h('div', { class: 'muted' }, c.status_description)),
     h('td', {}, roles(c.roles)),
-    h('td', {}, counts(c.instances ?? c.instance_counts)),
+    h('td', {}, counts(c.instance_counts ?? c.instances)),
     h('td', {}, c.operation ? h('a', { class: 'mono', href: `#/operations/${seg(c.operation)}` }, c.operation) : '–'),
     h('td', {}, when(c.updated_at)));
 
+  const pageReads = sequencer();
   async function refresh() {
+    const ticket = pageReads();
     try {
       const after = cursors[page];
       const r = await api('GET', `/clusters?limit=${PAGE}${after ? `&after=${seg(after)}` : ''}`);
+      if (!ticket.latest()) return;
       fill(body, r.clusters.map(row));
       cursors[page + 1] = r.next;
       fill(info, r.total ? `${r.total} clusters` : 'No clusters yet: create one with `flotilla cluster create`.');
@@ -54,14 +57,21 @@ export function clustersView(root, { live }) {
   // One cluster's row is read again (its summary, no instances) at most
   // every 200 ms however many of its events arrive.
   const soon = coalescer(200);
+  const reads = new Map();
   const reread = async (name) => {
-    const tr = body.querySelector(`tr[data-cluster="${CSS.escape(name)}"]`);
-    if (!tr) return;
+    if (!body.querySelector(`tr[data-cluster="${CSS.escape(name)}"]`)) return;
+    if (!reads.has(name)) reads.set(name, sequencer());
+    const ticket = reads.get(name)();
+    let fresh = null;
     try {
-      tr.replaceWith(row(await api('GET', `/clusters/${seg(name)}?instances=false`)));
+      fresh = await api('GET', `/clusters/${seg(name)}?instances=false`);
     } catch (e) {
-      if (e.status === 404) tr.remove();
+      if (e.status !== 404) return;
     }
+    // The row as it is now (a page read may have replaced it meanwhile).
+    const tr = body.querySelector(`tr[data-cluster="${CSS.escape(name)}"]`);
+    if (!tr || !ticket.latest()) return;
+    if (fresh) tr.replaceWith(row(fresh)); else tr.remove();
   };
   const off = live.subscribe((e) => {
     if (e.kind === 'cluster.created' || e.kind === 'cluster.deleted') soon('page', refresh);
@@ -100,9 +110,12 @@ export function clusterView(root, { live, params }) {
   let page = 0;
   const selected = new Set();
   let gone = false;
+  let stopped = false;
+  const headReads = sequencer();
+  const pageReads = sequencer();
 
   function showOperation(id) {
-    if (id === panelId) return;
+    if (stopped || id === panelId) return;
     if (id === null && panel) return; // keep the ended operation in view
     panel?.dispose();
     panelId = id;
@@ -131,12 +144,16 @@ export function clusterView(root, { live, params }) {
   }
 
   async function loadHead() {
-    if (gone) return;
+    if (gone || stopped) return;
+    const ticket = headReads();
     try {
-      cluster = await api('GET', `/clusters/${seg(name)}?instances=false`);
+      const c = await api('GET', `/clusters/${seg(name)}?instances=false`);
+      if (stopped || !ticket.latest()) return;
+      cluster = c;
       renderHead();
       showOperation(cluster.operation ?? null);
     } catch (e) {
+      if (stopped) return;
       if (e.status === 404) { gone = true; fill(head, h('h1', {}, name), h('p', { class: 'error-text' }, 'This cluster was deleted.')); }
       else fill(head, h('p', { class: 'error-text' }, e.message));
     }
@@ -165,14 +182,16 @@ export function clusterView(root, { live, params }) {
   // read that began before an event came shows what the event said.
   const said = new Map();
   async function loadInstances() {
-    if (gone) return;
+    if (gone || stopped) return;
     const began = live.received;
+    const ticket = pageReads();
     try {
       const q = new URLSearchParams({ limit: INSTANCE_PAGE });
       if (cursors[page]) q.set('after', cursors[page]);
       if (roleFilter.value) q.set('role', roleFilter.value);
       if (statusFilter.value) q.set('status', statusFilter.value);
       const r = await api('GET', `/clusters/${seg(name)}/instances?${q}`);
+      if (stopped || !ticket.latest()) return;
       for (const i of r.instances) {
         const e = said.get(i.id);
         if (e && e.n > began) Object.assign(i, { status: e.status, pid: e.pid, last_error: e.error });
@@ -219,6 +238,7 @@ export function clusterView(root, { live, params }) {
       if (statusFilter.value) soon('page', loadInstances);
       soon('head', loadHead);
     } else if (e.kind === 'instance.added' || e.kind === 'instance.removed') {
+      if (e.kind === 'instance.removed') { said.delete(d.instance); selected.delete(d.instance); }
       soon('page', loadInstances);
       soon('head', loadHead);
     } else if (e.kind === 'operation.created') {
@@ -228,5 +248,5 @@ export function clusterView(root, { live, params }) {
   const offResync = live.onResync(() => { loadHead(); loadInstances(); });
   loadHead();
   loadInstances();
-  return () => { off(); offResync(); panel?.dispose(); };
+  return () => { stopped = true; off(); offResync(); panel?.dispose(); };
 }

@@ -15,6 +15,7 @@ export class Live {
     this.state = 'connecting';
     this.lagMs = null;
     this.received = 0;
+    this.needResync = false;
     this.stateListeners = new Set();
     this.resyncListeners = new Set();
     this.connected = new Promise((r) => { this.markConnected = r; });
@@ -33,12 +34,16 @@ export class Live {
 
   async run() {
     let backoff = 250;
-    let resync = false;
+    let connectedBefore = false;
     for (;;) {
       if (!token()) { await sleep(500); continue; }
       this.ctrl = new AbortController();
       try {
         const headers = authHeaders({ Accept: 'text/event-stream' });
+        // Without an id to resume from (none seen yet, or the master said
+        // events were lost), a reconnect cannot replay the gap: the views
+        // read everything again once it is live.
+        const resync = this.needResync || (connectedBefore && this.lastId === null);
         if (this.lastId !== null) headers['Last-Event-ID'] = String(this.lastId);
         const rsp = await fetch('/api/v1/events', { headers, signal: this.ctrl.signal, cache: 'no-store' });
         if (!rsp.ok) {
@@ -47,12 +52,13 @@ export class Live {
         }
         this.setState('live');
         this.markConnected();
+        connectedBefore = true;
         backoff = 250;
         if (resync) {
-          resync = false;
+          this.needResync = false;
           for (const fn of this.resyncListeners) fn();
         }
-        resync = await this.read(rsp.body);
+        await this.read(rsp.body);
         this.setState('reconnecting', 'the stream ended');
       } catch (e) {
         this.setState('reconnecting', e.message);
@@ -62,25 +68,24 @@ export class Live {
     }
   }
 
-  /** Reads one stream to its end; true when the master dropped us. */
+  /** Reads one stream to its end. */
   async read(body) {
     const reader = body.pipeThrough(new TextDecoderStream()).getReader();
     let buf = '';
-    let dropped = false;
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) return dropped;
+      if (done) return;
       buf += value;
       let end;
       while ((end = buf.indexOf('\n\n')) >= 0) {
         const block = buf.slice(0, end);
         buf = buf.slice(end + 2);
-        if (this.dispatch(block)) dropped = true;
+        this.dispatch(block);
       }
     }
   }
 
-  /** One SSE block; true for the master's final `dropped` event. */
+  /** One SSE block. The master's final `dropped` means events were lost. */
   dispatch(block) {
     let id; let kind = 'message'; const data = [];
     for (const line of block.split('\n')) {
@@ -94,10 +99,10 @@ export class Live {
       else if (field === 'data') data.push(value);
     }
     if (id !== undefined) this.lastId = id === '' ? null : Number(id);
-    if (kind === 'dropped') return true;
-    if (data.length === 0) return false;
+    if (kind === 'dropped') { this.needResync = true; return; }
+    if (data.length === 0) return;
     let e;
-    try { e = JSON.parse(data.join('\n')); } catch { return false; }
+    try { e = JSON.parse(data.join('\n')); } catch { return; }
     this.received += 1;
     const at = Date.parse(e.at);
     if (!Number.isNaN(at)) {
@@ -107,6 +112,5 @@ export class Live {
     for (const fn of this.handlers) {
       try { fn(e); } catch (err) { console.error('event handler', err); }
     }
-    return false;
   }
 }

@@ -5,7 +5,7 @@
 // once; a step's results are read when it ends.
 
 import { api, seg } from './api.js';
-import { badge, bar, coalescer, duration, fill, h, table, when } from './ui.js';
+import { badge, bar, coalescer, duration, fill, h, sequencer, table, when } from './ui.js';
 
 const PAGE = 50;
 const TERMINAL = ['Succeeded', 'Failed', 'RolledBack', 'Cancelled'];
@@ -30,7 +30,8 @@ function stepBar(s, live) {
     const ok = s.results.filter((r) => r.ok).length;
     return bar(ok, Math.max(n, 1), { ok: false, label: `${ok}/${n} ok` });
   }
-  if (s.status === 'Running' && live) return bar(live.done, live.total, { label: `${live.done}/${live.total}` });
+  if (s.status === 'Running' && live && live.total > 0) return bar(live.done, live.total, { label: `${live.done}/${live.total}` });
+  if (s.status === 'Running' && live) return bar(0, 1, { label: `${live.done} commands answered` });
   if (s.status === 'Running') return bar(0, 1, { label: 'running' });
   return bar(0, 1, { label: s.status === 'Undone' ? 'undone' : '' });
 }
@@ -96,9 +97,12 @@ export function operationPanel(id, live, { onEnd } = {}) {
   const eventSteps = new Map();
   let eventStatus = null;
 
+  const reads = sequencer();
   async function load() {
+    const ticket = reads();
     try {
       const r = await api('GET', `/operations/${seg(id)}`);
+      if (disposed || !ticket.latest()) return;
       op = r.operation;
       op.steps.forEach((s, i) => {
         const said = eventSteps.get(i);
@@ -108,30 +112,28 @@ export function operationPanel(id, live, { onEnd } = {}) {
       render();
       if (TERMINAL.includes(op.status) && !ended) { ended = true; onEnd?.(op); }
     } catch (e) {
-      fill(el, h('p', { class: 'error-text' }, `operation ${id}: ${e.message}`));
+      if (!disposed) fill(el, h('p', { class: 'error-text' }, `operation ${id}: ${e.message}`));
     }
   }
 
   const soon = coalescer(250);
+  // What an event says is kept even before the first read has answered,
+  // and merged into every read (see `load`).
   const off = live.subscribe((e) => {
-    if (e.data?.operation !== id || !op) return;
+    if (e.data?.operation !== id) return;
     const d = e.data;
     if (e.kind === 'operation.progress') {
       progress.set(d.step, { done: d.done, total: d.total });
-      render();
     } else if (e.kind === 'operation.step_started' || e.kind === 'operation.step_ended') {
-      if (op.steps[d.step]) op.steps[d.step].status = d.status;
       eventSteps.set(d.step, d.status);
-      if (e.kind === 'operation.step_ended') progress.delete(d.step);
-      render();
-      if (e.kind === 'operation.step_ended') soon(id, load);
+      if (op?.steps[d.step]) op.steps[d.step].status = d.status;
+      if (e.kind === 'operation.step_ended') { progress.delete(d.step); soon(id, load); }
     } else if (e.kind === 'operation.ended') {
-      op.status = d.status;
       eventStatus = d.status;
-      op.error = d.error;
-      render();
+      if (op) { op.status = d.status; op.error = d.error; }
       soon(id, load);
     }
+    if (op) render(); else soon(id, load);
   });
   const offResync = live.onResync(load);
   load();

@@ -106,6 +106,16 @@ export function confirmDialog(title, body, { ok = 'Confirm', danger = false } = 
 }
 
 /**
+ * Orders overlapping reads: `const ticket = next()` before a read, and
+ * after it `ticket.latest()` says whether no later read began meanwhile
+ * (an older answer must not overwrite a newer one).
+ */
+export function sequencer() {
+  let n = 0;
+  return () => { const mine = ++n; return { latest: () => mine === n }; };
+}
+
+/**
  * Coalesces calls per key: `fn` runs at most every `ms` (the first at once,
  * the last always), so a burst of events costs a few reads, not one each.
  */

@@ -87,7 +87,13 @@ mod tests {
             );
         }
         assert!(page.contains("/ui/app.js") && page.contains("/ui/style.css"));
-        // No inline script or style: the CSP would refuse it.
-        assert!(!page.contains("<script>") && !page.contains("style=\""), "inline code in index.html");
+        // No inline script or style: the CSP would refuse it. Every
+        // <script> has a src and is empty; no <style> block, no style="".
+        for tag in page.split("<script").skip(1) {
+            let open = &tag[..tag.find('>').expect("a closed <script> tag")];
+            assert!(open.contains("src="), "an inline script: <script{open}>");
+            assert!(tag[open.len() + 1..].trim_start().starts_with("</script>"), "a script with a body");
+        }
+        assert!(!page.contains("<style") && !page.contains("style=\""), "inline style in index.html");
     }
 }

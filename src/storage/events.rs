@@ -12,7 +12,7 @@
 //! | `instance.added`, `instance.status`, `instance.removed` | `instance`, `role`, `node`, `status`, `pid`, `error` |
 //! | `operation.created`, `operation.ended` | `operation`, `kind`, `status`, `error` |
 //! | `operation.step_started`, `operation.step_ended` | `operation`, `step` (index), `name`, `status`, `error`, `ok`, `failed` |
-//! | `operation.progress` | `operation`, `step`, `done` of `total` (the step's instance commands answered) |
+//! | `operation.progress` | `operation`, `step`, `done` (instance commands answered in the step), `total` (its instances when each gets one command, else 0) |
 //! | `node.status` | `node`, `status`, `connected` |
 //! | `actor.started`, `actor.stopped`, `actor.failed` | `actor` (kind), `id`, `reason` |
 
@@ -112,7 +112,8 @@ pub fn steps_changed(before: &[StepStatus], r: &OperationRecord) -> Vec<EventRec
         .collect()
 }
 
-/// `done` of the step's `total` instance commands answered so far.
+/// `done` instance commands of the step answered so far, of `total` (0
+/// when the step sends each instance several).
 pub fn progress(operation: &str, cluster: &str, step: usize, done: u64, total: usize) -> EventRecord {
     let data = json!({ "operation": operation, "step": step, "done": done, "total": total });
     event("operation.progress", Some(cluster), data)

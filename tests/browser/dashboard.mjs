@@ -115,7 +115,7 @@ try {
   expect(seen.bars.at(-1) === 100, `the bar ending full: ${JSON.stringify(seen.bars)}`);
   const ascending = seen.bars.every((v, i) => i === 0 || v >= seen.bars[i - 1]);
   expect(ascending, `the bar only advancing: ${JSON.stringify(seen.bars)}`);
-  expect((await text('#cluster-head')).includes('server ×4'), 'the role at 4');
+  await page.waitForFunction(() => document.getElementById('cluster-head').innerText.includes('server ×4'));
   await shot('4-scaled-out');
   step(`scale-out done without reload; bar went ${JSON.stringify(seen.bars)}`);
 
@@ -124,7 +124,9 @@ try {
   // before the disconnect below, whose replayed events are old by design.
   await page.waitForTimeout(300);
   seen.maxLagMs = Number(await page.locator('#live').getAttribute('data-max-lag-ms'));
-  expect(seen.maxLagMs >= 0 && seen.maxLagMs < 1000, `events shown within a second of their commit: ${seen.maxLagMs} ms`);
+  // (The figure itself, ~60 ms here, is in BENCHMARKS.md; the bound only
+  // catches a page that polls or sits on events, under a loaded CI.)
+  expect(seen.maxLagMs >= 0 && seen.maxLagMs < 3000, `events shown within 3 s of their commit: ${seen.maxLagMs} ms`);
 
   // Kill one instance's process (its pid as the page shows it) while the
   // page's event stream is cut, and watch the page show the restart with
@@ -179,7 +181,8 @@ try {
   await shot('8-events');
   step('operations, nodes and events views');
 
-  // The token is only ever in a header: no request URL carries it.
+  // The token is only ever in a header: no request carries it in its URL
+  // (a query string, a path); the login URL's fragment is never sent.
   expect(!requests.some((u) => u.includes(stored)), 'no request URL with the token');
   expect(problems.length === 0, `no page errors: ${problems.join('; ')}`);
   console.log(JSON.stringify({ ok: true, ...seen }));

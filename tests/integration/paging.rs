@@ -72,6 +72,14 @@ async fn a_big_cluster_is_read_a_page_at_a_time() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(ordinals(next["instances"].as_array().unwrap()), (11..=20).collect::<Vec<u64>>(), "{next:#}");
     assert_eq!(next["total"], 24);
+    // Exactly two full pages: no empty third one.
+    let (items, sizes) = all_pages(&env, "/clusters/pg/instances?limit=12").await;
+    assert_eq!((sizes, items.len()), (vec![12, 12], 24));
+    // The page size is bounded both ways.
+    let (_, one) = env.get("/clusters/pg/instances?limit=0").await;
+    assert_eq!(one["instances"].as_array().unwrap().len(), 1, "limit 0 reads as 1");
+    let (_, big) = env.get("/clusters/pg/instances?limit=100000").await;
+    assert_eq!(big["instances"].as_array().unwrap().len(), 24);
 
     // The cluster without its instance list, with the counts.
     let (_, head) = env.get("/clusters/pg?instances=false").await;

@@ -270,7 +270,15 @@ impl ClusterOps {
         let mut seen = self.progress();
         let answered = || self.env.answered.load(Ordering::Relaxed);
         let base = answered();
-        let total = action.instances().len();
+        // Steps that send each instance one command say how many of them
+        // are answered; a rolling step sends each several (stop, install,
+        // start; or files, then a reload or restart) and says only that it
+        // moves (`total` 0).
+        let one_each = matches!(
+            action,
+            Action::Install(_) | Action::WriteFiles(_) | Action::Start(_) | Action::Stop(_) | Action::DeleteOnAgent(_)
+        );
+        let total = if one_each { action.instances().len() } else { 0 };
         loop {
             match tokio::time::timeout(PROGRESS_EVERY, &mut work).await {
                 Ok(r) => return r,
@@ -279,7 +287,7 @@ impl ClusterOps {
                     if now != seen
                         && let Some((op, step)) = self.running.borrow().clone()
                     {
-                        let done = (answered() - base).min(total as u64);
+                        let done = if one_each { (answered() - base).min(total as u64) } else { answered() - base };
                         let e = events::progress(&op, &self.cluster_name(), step, done, total);
                         crate::actors::announce::announce(&self.shared, vec![e]);
                     }
