@@ -531,10 +531,10 @@ impl Node {
                 let guard = slot.lock("stop all").await;
                 // The record still says "wanted running" (and the watcher
                 // stores it so): the agent's next start brings it back.
-                if let Some(rec) = guard.as_ref() {
-                    if let Err(AgentResponse::Failed(f)) = self.stop_processes(&id, rec).await {
-                        tracing::error!(instance = %id, error = %f.message, "cannot stop instance at exit");
-                    }
+                if let Some(rec) = guard.as_ref()
+                    && let Err(AgentResponse::Failed(f)) = self.stop_processes(&id, rec).await
+                {
+                    tracing::error!(instance = %id, error = %f.message, "cannot stop instance at exit");
                 }
             });
         }
