@@ -6,7 +6,7 @@
 import { api, seg } from './api.js';
 import { clusterAction, instanceAction } from './actions.js';
 import { operationPanel } from './operations.js';
-import { badge, coalescer, fill, h, sequencer, table, when } from './ui.js';
+import { Pager, badge, coalescer, fill, h, sequencer, table, when } from './ui.js';
 
 const PAGE = 100;
 const INSTANCE_PAGE = 100;
@@ -21,10 +21,8 @@ export function clustersView(root, { live }) {
   const { table: t, body } = table([
     ['Cluster'], ['Package'], ['Status'], ['Roles'], ['Instances'], ['Operation'], ['Updated'],
   ], { id: 'clusters' });
-  const pager = h('div', { class: 'pager' });
-  fill(root, h('h1', {}, 'Clusters'), info, t, pager);
-  const cursors = [null];
-  let page = 0;
+  const pager = new Pager(() => refresh());
+  fill(root, h('h1', {}, 'Clusters'), info, t, pager.el);
 
   const row = (c) => h('tr', { dataset: { cluster: c.name } },
     h('td', {}, h('a', { href: `#/clusters/${seg(c.name)}` }, c.name)),
@@ -39,16 +37,12 @@ export function clustersView(root, { live }) {
   async function refresh() {
     const ticket = pageReads();
     try {
-      const after = cursors[page];
+      const { after } = pager;
       const r = await api('GET', `/clusters?limit=${PAGE}${after ? `&after=${seg(after)}` : ''}`);
       if (!ticket.latest()) return;
       fill(body, r.clusters.map(row));
-      cursors[page + 1] = r.next;
+      pager.shown(r.next);
       fill(info, r.total ? `${r.total} clusters` : 'No clusters yet: create one with `flotilla cluster create`.');
-      fill(pager,
-        h('button', { class: 'quiet', disabled: page === 0, onclick: () => { page -= 1; refresh(); } }, '← Previous'),
-        h('span', { class: 'muted' }, `page ${page + 1}`),
-        h('button', { class: 'quiet', disabled: !r.next, onclick: () => { page += 1; refresh(); } }, 'Next →'));
     } catch (e) {
       fill(info, h('span', { class: 'error-text' }, e.message));
     }
@@ -94,20 +88,18 @@ export function clusterView(root, { live, params }) {
   const { table: t, body } = table([
     [''], ['Instance'], ['Role'], ['Node'], ['Address'], ['Ports'], ['Status'], ['PID', 'num'], ['Gen', 'num'], ['Last error'], [''],
   ], { id: 'instances' });
-  const pager = h('div', { class: 'pager' });
+  const pager = new Pager(() => loadInstances());
   const instInfo = h('span', { class: 'muted' });
   fill(root,
     h('p', {}, h('a', { href: '#/clusters' }, '← Clusters')),
     head, opSlot,
     h('h2', {}, 'Instances'),
     h('div', { class: 'toolbar' }, roleFilter, statusFilter, instInfo),
-    t, pager);
+    t, pager.el);
 
   let cluster = null;
   let panel = null;
   let panelId = null;
-  const cursors = [null];
-  let page = 0;
   const selected = new Set();
   let gone = false;
   let stopped = false;
@@ -187,7 +179,7 @@ export function clusterView(root, { live, params }) {
     const ticket = pageReads();
     try {
       const q = new URLSearchParams({ limit: INSTANCE_PAGE });
-      if (cursors[page]) q.set('after', cursors[page]);
+      if (pager.after) q.set('after', pager.after);
       if (roleFilter.value) q.set('role', roleFilter.value);
       if (statusFilter.value) q.set('status', statusFilter.value);
       const r = await api('GET', `/clusters/${seg(name)}/instances?${q}`);
@@ -197,17 +189,13 @@ export function clusterView(root, { live, params }) {
         if (e && e.n > began) Object.assign(i, { status: e.status, pid: e.pid, last_error: e.error });
       }
       fill(body, r.instances.map(instRow));
-      cursors[page + 1] = r.next;
+      pager.shown(r.next, `page ${pager.page + 1} of ${Math.max(1, Math.ceil(r.total / INSTANCE_PAGE))}`);
       fill(instInfo, `${r.total} instances`, selected.size ? ` · ${selected.size} selected` : '');
-      fill(pager,
-        h('button', { class: 'quiet', disabled: page === 0, onclick: () => { page -= 1; loadInstances(); } }, '← Previous'),
-        h('span', { class: 'muted' }, `page ${page + 1} of ${Math.max(1, Math.ceil(r.total / INSTANCE_PAGE))}`),
-        h('button', { class: 'quiet', disabled: !r.next, onclick: () => { page += 1; loadInstances(); } }, 'Next →'));
     } catch (e) {
       if (e.status !== 404) fill(instInfo, h('span', { class: 'error-text' }, e.message));
     }
   }
-  const refilter = () => { page = 0; cursors.length = 1; loadInstances(); };
+  const refilter = () => { pager.reset(); loadInstances(); };
   roleFilter.addEventListener('change', refilter);
   statusFilter.addEventListener('change', refilter);
 

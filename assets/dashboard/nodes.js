@@ -3,7 +3,7 @@
 // sampled (read every 2 s while this view is open and the tab visible).
 
 import { api, seg } from './api.js';
-import { age, badge, fill, h, table } from './ui.js';
+import { Pager, age, badge, fill, h, table } from './ui.js';
 
 const PAGE = 200;
 
@@ -13,10 +13,8 @@ export function nodesView(root, { live }) {
     ['Node'], ['Status'], ['Connected'], ['Kind'], ['Address'], ['Heartbeat age', 'num'], ['Instances', 'num'],
     ['Ports'], ['Agent'], ['Labels'],
   ], { id: 'nodes' });
-  const pager = h('div', { class: 'pager' });
-  fill(root, h('h1', {}, 'Nodes'), info, t, pager);
-  const cursors = [null];
-  let page = 0;
+  const pager = new Pager(() => refresh());
+  fill(root, h('h1', {}, 'Nodes'), info, t, pager.el);
   let timer = null;
   let stopped = false;
 
@@ -36,16 +34,12 @@ export function nodesView(root, { live }) {
     if (stopped) return;
     clearTimeout(timer);
     try {
-      const after = cursors[page];
+      const { after } = pager;
       const r = await api('GET', `/nodes?limit=${PAGE}${after ? `&after=${seg(after)}` : ''}`);
       fill(body, r.nodes.map(row));
-      cursors[page + 1] = r.next;
+      pager.shown(r.next);
       const ready = r.nodes.filter((n) => n.status === 'Ready').length;
       fill(info, `${r.total} nodes · this page: ${ready} ready of ${r.nodes.length}`);
-      fill(pager,
-        h('button', { class: 'quiet', disabled: page === 0, onclick: () => { page -= 1; refresh(); } }, '← Previous'),
-        h('span', { class: 'muted' }, `page ${page + 1}`),
-        h('button', { class: 'quiet', disabled: !r.next, onclick: () => { page += 1; refresh(); } }, 'Next →'));
     } catch (e) {
       fill(info, h('span', { class: 'error-text' }, e.message));
     }

@@ -5,7 +5,7 @@
 // once; a step's results are read when it ends.
 
 import { api, seg } from './api.js';
-import { badge, bar, coalescer, duration, fill, h, sequencer, table, when } from './ui.js';
+import { Pager, badge, bar, coalescer, duration, fill, h, sequencer, table, when } from './ui.js';
 
 const PAGE = 50;
 const TERMINAL = ['Succeeded', 'Failed', 'RolledBack', 'Cancelled'];
@@ -155,12 +155,10 @@ export function operationsView(root, { live, query }) {
   const { table: t, body } = table([
     ['Operation'], ['Kind'], ['Cluster'], ['Status'], ['Progress'], ['Started'], ['Duration'], ['Error'],
   ], { id: 'operations' });
-  const pager = h('div', { class: 'pager' });
+  const pager = new Pager(() => refresh(), { back: '← Newer', forward: 'Older →' });
   fill(root, h('h1', {}, 'Operations'),
     h('div', { class: 'toolbar' }, h('label', {}, 'Cluster', filter), h('button', { class: 'quiet', onclick: apply }, 'Filter')),
-    info, t, pager);
-  const cursors = [null];
-  let page = 0;
+    info, t, pager.el);
   const shown = new Map();
 
   const row = (op) => h('tr', { dataset: { operation: op.id } },
@@ -180,7 +178,7 @@ export function operationsView(root, { live, query }) {
 
   async function refresh() {
     try {
-      const after = cursors[page];
+      const { after } = pager;
       const q = new URLSearchParams({ limit: PAGE });
       if (cluster) q.set('cluster', cluster);
       if (after) q.set('after', after);
@@ -188,12 +186,8 @@ export function operationsView(root, { live, query }) {
       shown.clear();
       for (const op of r.operations) shown.set(op.id, op);
       fill(body, r.operations.map(row));
-      cursors[page + 1] = r.next;
+      pager.shown(r.next);
       fill(info, r.operations.length ? '' : 'No operations.');
-      fill(pager,
-        h('button', { class: 'quiet', disabled: page === 0, onclick: () => { page -= 1; refresh(); } }, '← Newer'),
-        h('span', { class: 'muted' }, `page ${page + 1}`),
-        h('button', { class: 'quiet', disabled: !r.next, onclick: () => { page += 1; refresh(); } }, 'Older →'));
     } catch (e) {
       fill(info, h('span', { class: 'error-text' }, e.message));
     }
@@ -203,7 +197,7 @@ export function operationsView(root, { live, query }) {
   const off = live.subscribe((e) => {
     if (!e.kind.startsWith('operation.')) return;
     if (e.kind === 'operation.created') {
-      if (page === 0 && (!cluster || e.cluster === cluster)) soon('page', refresh);
+      if (pager.page === 0 && (!cluster || e.cluster === cluster)) soon('page', refresh);
       return;
     }
     const op = shown.get(e.data.operation);

@@ -77,6 +77,35 @@ export function duration(fromIso, toIso) {
   return age(end - Date.parse(fromIso));
 }
 
+/**
+ * Server-side paging by cursor: `pager.after` is the current page's cursor
+ * (`null` on the first), `pager.shown(next, label)` after each read, and
+ * the buttons call `load()` for the page they move to.
+ */
+export class Pager {
+  constructor(load, { back = '← Previous', forward = 'Next →' } = {}) {
+    this.load = load;
+    this.labels = [back, forward];
+    this.cursors = [null];
+    this.page = 0;
+    this.el = h('div', { class: 'pager' });
+  }
+
+  get after() { return this.cursors[this.page]; }
+
+  /** Back to the first page (a filter changed). */
+  reset() { this.page = 0; this.cursors.length = 1; }
+
+  shown(next, label = `page ${this.page + 1}`) {
+    this.cursors[this.page + 1] = next;
+    const go = (d) => () => { this.page += d; this.load(); };
+    fill(this.el,
+      h('button', { class: 'quiet', disabled: this.page === 0, onclick: go(-1) }, this.labels[0]),
+      h('span', { class: 'muted' }, label),
+      h('button', { class: 'quiet', disabled: !next, onclick: go(1) }, this.labels[1]));
+  }
+}
+
 /** A table: `cols` is [[header, class]...]; returns {table, body}. */
 export function table(cols, attrs = {}) {
   const body = h('tbody');
