@@ -39,6 +39,7 @@ mod integration {
     mod resize;
     mod retention;
     mod rolling;
+    mod run_as_gone;
     mod scale;
     mod tokens;
     mod upgrade;

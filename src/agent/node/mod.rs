@@ -100,6 +100,13 @@ pub struct Node {
     pub(super) closing: std::sync::atomic::AtomicBool,
 }
 
+/// What stopping an instance's processes did.
+struct Stopped {
+    was_running: bool,
+    /// Why its stop command was not run, when it was not.
+    skipped: Option<String>,
+}
+
 pub fn failure(kind: FailureKind, message: impl Into<String>) -> AgentResponse {
     AgentResponse::Failed(CommandFailure {
         kind,
@@ -408,13 +415,17 @@ impl Node {
             return failure(FailureKind::Internal, e);
         }
         match self.stop_processes(id, rec).await {
-            Ok(was_running) => {
+            Ok(stopped) => {
                 rec.pid = None;
                 let r = rec.clone();
                 if let Err(e) = self.persist(&r).await {
                     return failure(FailureKind::Internal, e);
                 }
-                AgentResponse::Stopped { was_running }
+                // Stopped, but not as the package asked: the operator hears.
+                match stopped.skipped {
+                    Some(reason) => failure(FailureKind::Stop, reason),
+                    None => AgentResponse::Stopped { was_running: stopped.was_running },
+                }
             }
             Err(resp) => resp,
         }
@@ -447,12 +458,34 @@ impl Node {
         AgentResponse::Signalled { delivered }
     }
 
-    async fn stop_processes(&self, id: &InstanceId, rec: &AgentInstanceRecord) -> Result<bool, AgentResponse> {
-        let run_as = users::resolve(&rec.run_as).unwrap_or_else(|_| users::current());
+    /// Stops the instance's processes: its stop command, then TERM and
+    /// KILL for what is left. A root agent runs that command as the
+    /// instance's user and never as its own: when the user no longer
+    /// resolves (removed from the node), the command is skipped and the
+    /// tree gets TERM, then KILL after the grace; `skipped` says so.
+    async fn stop_processes(&self, id: &InstanceId, rec: &AgentInstanceRecord) -> Result<Stopped, AgentResponse> {
+        let resolved =
+            if nix::unistd::geteuid().is_root() { users::resolve(&rec.run_as) } else { Ok(users::current()) };
+        let (run_as, skipped, spec) = match resolved {
+            Ok(u) => (u, None, std::borrow::Cow::Borrowed(&rec.process)),
+            Err(e) => {
+                let reason = format!(
+                    "run_as {}: {e}; its stop command was not run (never as the agent's own user): its processes got TERM, then KILL after {} ms",
+                    rec.run_as, rec.process.stop_grace_ms
+                );
+                let mut spec = rec.process.clone();
+                spec.stop = None;
+                // Only the stop command runs as `run_as`, and there is none.
+                (users::current(), Some(reason), std::borrow::Cow::Owned(spec))
+            }
+        };
         let dir = self.instance_dir(id);
-        let req =
-            StopRequest { instance: id, dir: &dir, spec: &rec.process, run_as: &run_as, current: rec.pid.as_ref() };
-        self.processes.stop(&req).await.map_err(|e| process_failure(FailureKind::Stop, &e))
+        let req = StopRequest { instance: id, dir: &dir, spec: &spec, run_as: &run_as, current: rec.pid.as_ref() };
+        let was_running = self.processes.stop(&req).await.map_err(|e| process_failure(FailureKind::Stop, &e))?;
+        if let Some(reason) = &skipped {
+            tracing::warn!(instance = %id, "{reason}");
+        }
+        Ok(Stopped { was_running, skipped })
     }
 
     pub async fn delete(&self, id: &InstanceId, generation: u64) -> AgentResponse {
