@@ -76,8 +76,14 @@ impl Fixture {
         self.ctl.cgroup_of(&self.id)
     }
 
-    /// Checks that nothing of the instance is left anywhere.
+    /// Checks that nothing of the instance is left anywhere. A process
+    /// SIGKILLed a moment ago may still be on its way out: it gets 2 s,
+    /// far more than dying takes and far less than a leak lasts.
     fn assert_nothing_left(&self) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !self.marked().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert_eq!(self.marked(), Vec::<u32>::new(), "processes with the instance marker survive");
         assert_eq!(self.ctl.instance_pids(&self.id), Vec::<u32>::new());
         if let Some(cg) = self.cgroup() {
