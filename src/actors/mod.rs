@@ -44,7 +44,12 @@ pub mod placement;
 pub mod read_model;
 pub mod registry;
 pub mod render;
+pub mod supervised;
 pub mod supervisor;
+#[cfg(test)]
+mod supervision_tests;
+#[cfg(test)]
+mod test_support;
 pub mod tokens;
 
 use std::sync::Arc;

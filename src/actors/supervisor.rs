@@ -71,17 +71,40 @@ pub struct Escalate {
     pub cluster: String,
     pub operation: Option<OperationId>,
     pub description: String,
+    /// The member whose failure it is, if one.
+    pub instance: Option<InstanceId>,
     /// True when the cluster actor already recorded `Error` (an operation's
     /// end writes the cluster's status and the operation in one batch).
     pub recorded: bool,
     pub slot: Reservation,
 }
 
+/// A cluster actor panicked (see `actors::supervised`): it is started again
+/// from the cluster's stored records.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ClusterPanicked {
+    pub name: String,
+    pub cluster: ClusterId,
+    /// The dead actor's counters: which incarnation it was.
+    pub stats: Arc<ActorStats>,
+    pub reason: String,
+    pub slot: Reservation,
+}
+
+/// Restarts of one cluster's actor allowed within [`RESTART_WINDOW`]; past
+/// them it stays down (answering `503`) until the master restarts, as
+/// Erlang's supervisors give up on a child that keeps crashing.
+const MAX_RESTARTS: usize = 3;
+const RESTART_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub struct Supervisor {
     shared: Shared,
     boot: Option<Boot>,
     stats: Arc<ActorStats>,
     gone: GoneOperations,
+    /// When each cluster's actor was last restarted after a panic.
+    restarts: HashMap<String, VecDeque<std::time::Instant>>,
 }
 
 /// What the supervisor starts from.
@@ -114,7 +137,7 @@ impl Supervisor {
         let stats = shared.supervisor.clone();
         shared.read_model.register_actor(&stats);
         let limit = shared.limits.operations_retained;
-        Supervisor { shared, boot: Some(boot), stats, gone: GoneOperations::new(limit, []).0 }
+        Supervisor { shared, boot: Some(boot), stats, gone: GoneOperations::new(limit, []).0, restarts: HashMap::new() }
     }
 }
 
@@ -144,6 +167,9 @@ impl Actor for Supervisor {
         // (no stored plan, or its cluster is gone) ends Failed, saying so,
         // and its cluster goes Error so the operator looks before acting.
         let mut resumable: HashMap<OperationId, OperationRecord> = HashMap::new();
+        // Those that cannot be, as stored: shown as they are if their end
+        // cannot be recorded.
+        let mut held: HashMap<OperationId, OperationRecord> = HashMap::new();
         for mut op in boot.operations {
             if op.status.is_terminal() {
                 continue;
@@ -153,6 +179,7 @@ impl Actor for Supervisor {
                 self.shared.read_model.put_operation(&op);
                 resumable.insert(op.id, op);
             } else {
+                held.insert(op.id, op.clone());
                 op.status = OperationStatus::Failed;
                 op.error = Some("interrupted: the master stopped while this operation ran".into());
                 op.ended_at = Some(now);
@@ -183,11 +210,13 @@ impl Actor for Supervisor {
         let (gone, trims) = GoneOperations::new(self.shared.limits.operations_retained, gone);
         self.gone = gone;
         writes.extend(trims);
+        // (as decided, as stored, resume): what is shown is the decided
+        // record once its write is durable, the stored one otherwise.
         let mut clusters = Vec::new();
-        for mut c in boot.clusters {
+        for stored in boot.clusters {
+            let mut c = stored.clone();
             let resume = c.operation.and_then(|id| resumable.remove(&id));
             if let Some(op) = c.operation.filter(|_| resume.is_none()) {
-                let before = c.clone();
                 c.operation = None;
                 c.status = ClusterStatus::Error;
                 c.status_description = format!(
@@ -196,15 +225,26 @@ impl Actor for Supervisor {
                 if let Ok(w) = WriteOp::put_cluster(&c) {
                     writes.push(w);
                 }
-                if let Some(w) = events::cluster_changed(&before, &c).and_then(|e| events::append(&e).ok()) {
+                if let Some(w) = events::cluster_changed(&stored, &c).and_then(|e| events::append(&e).ok()) {
                     writes.push(w);
                 }
             }
-            clusters.push((c, resume));
+            clusters.push((c, stored, resume));
         }
         let mut started = boot.started;
-        let start_all = move |act: &mut Supervisor, ctx: &mut Context<Supervisor>| {
-            for (c, resume) in clusters {
+        let start_all = move |act: &mut Supervisor, ctx: &mut Context<Supervisor>, durable: bool| {
+            for (decided, stored, resume) in clusters {
+                // A decision the store did not take is not shown: the
+                // cluster stays busy with the interrupted operation (`409`
+                // names it) until a master can record its end.
+                let c = if durable {
+                    decided
+                } else {
+                    if let Some(op) = stored.operation.and_then(|id| held.get(&id)) {
+                        act.shared.read_model.put_operation(op);
+                    }
+                    stored
+                };
                 let instances = by_cluster.remove(&c.id).unwrap_or_default();
                 let name = c.name.clone();
                 let history = history.remove(&c.id).unwrap_or_default();
@@ -217,18 +257,24 @@ impl Actor for Supervisor {
             }
         };
         if writes.is_empty() {
-            start_all(self, ctx);
+            start_all(self, ctx, true);
             return;
         }
         // What the boot decided (interrupted operations that cannot go on)
         // is durable before any cluster shows it.
-        let store = self.shared.store.clone();
-        ctx.wait(async move { store.commit(writes).await }.into_actor(self).map(move |res, act, ctx| {
-            if let Err(e) = res {
-                tracing::error!(error = %e, "cannot record what the boot decided (interrupted operations, old operations of deleted clusters)");
-            }
-            start_all(act, ctx);
-        }));
+        let shared = self.shared.clone();
+        let retries = super::cluster::END_RETRIES;
+        let what = "what the boot decided";
+        ctx.wait(
+            async move { super::cluster::commit_retrying(&shared, writes, &retries, what).await }
+                .into_actor(self)
+                .map(move |res, act, ctx| {
+                    if let Err(e) = &res {
+                        tracing::error!(error = %crate::error::ErrorChain(e), "cannot record what the boot decided (interrupted operations that cannot be resumed, old operations of deleted clusters): those clusters stay busy with their operations until a master can record their end");
+                    }
+                    start_all(act, ctx, res.is_ok());
+                }),
+        );
     }
 }
 
@@ -463,25 +509,118 @@ impl Handler<Escalate> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, msg: Escalate, _ctx: &mut Context<Self>) {
-        let Escalate { cluster, operation, description, recorded, slot } = msg;
+        let Escalate { cluster, operation, instance, description, recorded, slot } = msg;
         slot.begin("escalate");
         tracing::error!(%cluster, ?operation, reason = %description, "cluster failed");
-        crate::actors::announce::actor(
-            &self.shared,
-            "actor.failed",
-            "cluster",
-            &cluster,
-            Some(&cluster),
-            Some(&description),
-        );
         self.stats.end(Some(format!("{cluster}: {description}")));
         if recorded {
+            // Its Error is durable already: the event may follow.
+            crate::actors::announce::actor(
+                &self.shared,
+                "actor.failed",
+                "cluster",
+                &cluster,
+                Some(&cluster),
+                Some(&description),
+            );
             return;
         }
+        // The cluster writes the event with its Error status.
         if let Some(h) = self.shared.registry.get(&cluster) {
             let slot = Reservation::counted(&h.stats);
-            h.addr.do_send(EnterError { description, operation, slot });
+            h.addr.do_send(EnterError { description, operation, instance, slot });
         }
+    }
+}
+
+impl Handler<ClusterPanicked> for Supervisor {
+    type Result = ();
+
+    /// Starts the cluster's actor again from its stored records (the dead
+    /// one's memory is not trusted), and resumes the operation it was
+    /// running from its journal, as a master restart would.
+    fn handle(&mut self, msg: ClusterPanicked, ctx: &mut Context<Self>) {
+        let ClusterPanicked { name, cluster, stats, reason, slot } = msg;
+        slot.begin("restart cluster actor");
+        self.stats.end(Some(format!("cluster actor {name} panicked: {reason}")));
+        self.shared.read_model.unregister_actor(&stats);
+        // A later incarnation (or none: deleted) is not this one's to replace.
+        if !self.shared.registry.get(&name).is_some_and(|h| Arc::ptr_eq(&h.stats, &stats)) {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let recent = self.restarts.entry(name.clone()).or_default();
+        recent.retain(|t| now.duration_since(*t) < RESTART_WINDOW);
+        if recent.len() >= MAX_RESTARTS {
+            tracing::error!(cluster = %name, %reason, restarts = recent.len(), "cluster actor panicked again; it keeps crashing, so it stays down until the master restarts");
+            let why = format!("panicked: {reason}; {} restarts within {RESTART_WINDOW:?}, not restarted", recent.len());
+            crate::actors::announce::actor(&self.shared, "actor.failed", "cluster", &name, Some(&name), Some(&why));
+            return;
+        }
+        recent.push_back(now);
+        tracing::error!(cluster = %name, %reason, "cluster actor panicked; restarting it from its stored records");
+        let shared = self.shared.clone();
+        let why = format!("panicked: {reason}; restarted from its stored records");
+        let failed = events::actor("actor.failed", "cluster", &name, Some(&name), Some(&why));
+        let load = async move {
+            // The event's write also lets every write queued before it (the
+            // dead actor's last ones) land before the records are read.
+            let event = events::append(&failed)?;
+            match shared.store.commit(vec![event]).await {
+                Ok(()) | Err(crate::storage::StorageError::Frozen) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot record an event"),
+            }
+            let store = shared.store.clone();
+            tokio::task::spawn_blocking(move || crate::storage::meta::load_cluster(&*store, &cluster))
+                .await
+                .map_err(|e| crate::storage::StorageError::Codec(e.to_string()))?
+        };
+        ctx.spawn(load.into_actor(self).map(move |loaded, act, ctx| act.restart_cluster(ctx, &name, &stats, loaded)));
+    }
+}
+
+impl Supervisor {
+    fn restart_cluster(
+        &mut self,
+        ctx: &mut Context<Self>,
+        name: &str,
+        dead: &Arc<ActorStats>,
+        loaded: Result<Option<crate::storage::meta::StoredCluster>, crate::storage::StorageError>,
+    ) {
+        if !self.shared.registry.get(name).is_some_and(|h| Arc::ptr_eq(&h.stats, dead)) {
+            return;
+        }
+        let stored = match loaded {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                // Its create never became durable: there is nothing to run.
+                tracing::warn!(cluster = %name, "the panicked cluster actor's cluster is not stored; its name is free");
+                self.shared.registry.remove(name);
+                self.shared.read_model.remove_cluster(name);
+                return;
+            }
+            Err(e) => {
+                tracing::error!(cluster = %name, error = %crate::error::ErrorChain(&e), "cannot read the cluster to restart its actor; it stays down until the master restarts");
+                return;
+            }
+        };
+        // Its running operation goes on from its journal; one that cannot
+        // (ended meanwhile, or no plan) is not resumed, and the cluster
+        // stays busy with it until a master restart ends it.
+        let resume = stored.operation.filter(|o| !o.status.is_terminal() && o.resume.is_some());
+        if let Some(op) = &resume {
+            tracing::info!(cluster = %name, operation = %op.id, "the restarted cluster actor resumes its operation");
+            self.shared.read_model.put_operation(op);
+        }
+        let start = Start {
+            record: stored.record,
+            instances: stored.instances,
+            resume,
+            history: stored.history,
+            visible: true,
+        };
+        let handle = ClusterActor::start(start, self.shared.clone(), ctx.address());
+        self.shared.registry.insert(name, handle);
     }
 }
 
@@ -531,12 +670,18 @@ impl Handler<NodeInventory> for Supervisor {
         let ours = self.shared.read_model.node(&msg.0).map(|n| n.instances()).unwrap_or_default();
         let reports: HashMap<&InstanceId, &crate::protocol::messages::InstanceReport> =
             msg.1.iter().map(|r| (&r.instance, r)).collect();
+        // The connection whose Hello carried the inventory (the newest: an
+        // older one's inventory is then taken as this one's, and ignored
+        // for instances already commanded on it; the newer one's follows).
+        let connection = self.shared.links.get(&msg.0).map(|l| l.connection);
         for (id, cluster) in ours.iter() {
             let report = reports.get(id);
             let observation = Observation::Inventory {
                 present: report.is_some(),
                 running: report.is_some_and(|r| r.running),
                 pid: report.and_then(|r| r.pid),
+                generation: report.map(|r| r.generation),
+                connection,
             };
             if let Some(h) = self.shared.registry.get(cluster) {
                 // Not bounded by the mailbox: one message per instance of a

@@ -46,14 +46,21 @@ pub trait OperationContext {
     /// Makes the record durable and visible (journal), before returning,
     /// with the results of the steps `steps`: those whose results changed
     /// since the last journal write that succeeded (the others' are stored
-    /// already). The runner keeps a step here until a write carried it.
+    /// already). Retries a write that fails for a moment; an error means
+    /// the journal cannot be written, and the runner stops the operation.
     async fn journal(&self, record: &OperationRecord, steps: &[usize]) -> Result<(), String>;
     /// Shows a cluster status while a step runs.
     async fn set_status(&self, status: ClusterStatus, description: &str) -> Result<(), String>;
-    /// Records the operation's end: the final record (status set) made
-    /// durable and visible together with whatever the end changes (the
+    /// Records the operation's end: the final record (status set), with
+    /// the results of the steps `steps` (those no journal write carried),
+    /// made durable and visible together with whatever the end changes (the
     /// cluster's status), so no reader sees one without the other.
-    async fn complete(&self, record: &OperationRecord, outcome: &runner::Outcome) -> Result<(), String>;
+    async fn complete(
+        &self,
+        record: &OperationRecord,
+        steps: &[usize],
+        outcome: &runner::Outcome,
+    ) -> Result<(), String>;
     /// How long `action` may go without progress before the watchdog
     /// fails its step.
     fn deadline(&self, action: &Action) -> Duration;

@@ -8,6 +8,12 @@
 //! "unsaved" until a write carried it, so a failed write loses nothing: the
 //! next one that succeeds brings the disk up to date.
 //!
+//! A journal write that fails (the context has retried it already) stops
+//! the operation where it is: nothing more is done or undone, since none
+//! of it could be recorded, and the operation ends [`Outcome::Halted`]
+//! (the end carries the results no write carried). Readers only ever see
+//! what a write made durable.
+//!
 //! The watchdog fails a step that makes no progress for its deadline
 //! ([`OperationContext::progress`]); a step that keeps moving may take as
 //! long as it needs (a 1,000-instance install streams for minutes).
@@ -27,6 +33,12 @@ pub enum Outcome {
         error: String,
         undone: bool,
         rolled_back: bool,
+    },
+    /// Its journal could not be written at `step`: it stopped there,
+    /// nothing more done and nothing undone.
+    Halted {
+        step: String,
+        error: String,
     },
 }
 
@@ -54,7 +66,10 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
     record.status = OperationStatus::Running;
     // Steps whose results no successful journal write has carried yet.
     let mut unsaved = Vec::new();
-    journal(ctx, record, &mut unsaved, None).await;
+    let first = record.steps.iter().find(|s| s.status != StepStatus::Done).map(|s| s.name.clone());
+    if let Err(e) = journal(ctx, record, &mut unsaved, None).await {
+        return halt(ctx, record, &unsaved, first.unwrap_or_default(), e).await;
+    }
 
     let unwinding = record.steps.iter().rposition(|s| {
         matches!(s.status, StepStatus::Failed | StepStatus::Undoing | StepStatus::Undone | StepStatus::UndoFailed)
@@ -85,13 +100,20 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
             failure = Some((i, format!("cannot record cluster status: {e}")));
             break;
         }
+        let before = record.steps[i].status;
         record.steps[i].status = StepStatus::Running;
-        journal(ctx, record, &mut unsaved, None).await;
+        if let Err(e) = journal(ctx, record, &mut unsaved, None).await {
+            // Not started: the end says so.
+            record.steps[i].status = before;
+            return halt(ctx, record, &unsaved, step.name.clone(), e).await;
+        }
         match run_with_deadline(ctx, &step.action).await {
             Ok(results) => {
                 record.steps[i].status = StepStatus::Done;
                 record.steps[i].results = results;
-                journal(ctx, record, &mut unsaved, Some(i)).await;
+                if let Err(e) = journal(ctx, record, &mut unsaved, Some(i)).await {
+                    return halt(ctx, record, &unsaved, step.name.clone(), e).await;
+                }
             }
             Err(f) if step.best_effort => {
                 // Recorded, not fatal: the step is done as far as it could be.
@@ -99,13 +121,17 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
                 record.steps[i].status = StepStatus::Done;
                 record.steps[i].error = Some(format!("best effort, not all done: {}", f.message));
                 record.steps[i].results = f.results;
-                journal(ctx, record, &mut unsaved, Some(i)).await;
+                if let Err(e) = journal(ctx, record, &mut unsaved, Some(i)).await {
+                    return halt(ctx, record, &unsaved, step.name.clone(), e).await;
+                }
             }
             Err(f) => {
                 record.steps[i].status = StepStatus::Failed;
                 record.steps[i].error = Some(f.message.clone());
                 record.steps[i].results = f.results;
-                journal(ctx, record, &mut unsaved, Some(i)).await;
+                if let Err(e) = journal(ctx, record, &mut unsaved, Some(i)).await {
+                    return halt(ctx, record, &unsaved, step.name.clone(), e).await;
+                }
                 failure = Some((i, f.message));
                 break;
             }
@@ -113,9 +139,8 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
     }
 
     let Some((failed_at, error)) = failure else {
-        flush(ctx, record, &mut unsaved).await;
         finish(record, OperationStatus::Succeeded, None);
-        complete(ctx, record, Outcome::Succeeded).await;
+        complete(ctx, record, &unsaved, Outcome::Succeeded).await;
         return Outcome::Succeeded;
     };
 
@@ -133,8 +158,13 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
         if plan.steps[i].undo.is_empty() || record.steps[i].status == StepStatus::Undone {
             continue;
         }
+        let name = plan.steps[i].name.clone();
+        let before = record.steps[i].status;
         record.steps[i].status = StepStatus::Undoing;
-        journal(ctx, record, &mut unsaved, None).await;
+        if let Err(e) = journal(ctx, record, &mut unsaved, None).await {
+            record.steps[i].status = before;
+            return halt(ctx, record, &unsaved, name, e).await;
+        }
         record.steps[i].status = StepStatus::Undone;
         for undo in &plan.steps[i].undo {
             if let Err(f) = run_with_deadline(ctx, undo).await {
@@ -146,9 +176,10 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
                 // Go on: undo as much as can be undone, and say what was not.
             }
         }
-        journal(ctx, record, &mut unsaved, Some(i)).await;
+        if let Err(e) = journal(ctx, record, &mut unsaved, Some(i)).await {
+            return halt(ctx, record, &unsaved, name, e).await;
+        }
     }
-    flush(ctx, record, &mut unsaved).await;
     let step = plan.steps[failed_at].name.clone();
     // RolledBack only when every step that ran (the failed one included)
     // was put back; anything less is Failed, however much was undone.
@@ -161,14 +192,31 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
     };
     finish(record, status, Some(message));
     let outcome = Outcome::Failed { step, error, undone, rolled_back };
-    complete(ctx, record, outcome.clone()).await;
+    complete(ctx, record, &unsaved, outcome.clone()).await;
     outcome
 }
 
-async fn complete<C: OperationContext>(ctx: &C, record: &OperationRecord, outcome: Outcome) {
-    if let Err(e) = ctx.complete(record, &outcome).await {
+async fn complete<C: OperationContext>(ctx: &C, record: &OperationRecord, unsaved: &[usize], outcome: Outcome) {
+    if let Err(e) = ctx.complete(record, unsaved, &outcome).await {
         tracing::error!(operation = %record.id, error = %e, "cannot record the end of an operation");
     }
+}
+
+/// Ends the operation at `step` because its journal could not be written:
+/// `Failed`, saying so; nothing more is run, nothing is undone.
+async fn halt<C: OperationContext>(
+    ctx: &C,
+    record: &mut OperationRecord,
+    unsaved: &[usize],
+    step: String,
+    error: String,
+) -> Outcome {
+    tracing::error!(operation = %record.id, %step, %error, "the journal cannot be written: the operation stops here");
+    let error = format!("its journal could not be written ({error}); nothing more was done and nothing was undone");
+    finish(record, OperationStatus::Failed, Some(format!("stopped at step {step}: {error}")));
+    let outcome = Outcome::Halted { step, error };
+    complete(ctx, record, unsaved, outcome.clone()).await;
+    outcome
 }
 
 async fn run_with_deadline<C: OperationContext>(
@@ -204,36 +252,26 @@ fn finish(record: &mut OperationRecord, status: OperationStatus, error: Option<S
 
 /// Journals `record` with the results of `step` (the one that just
 /// changed, if any) and of every step in `unsaved`.
+///
+/// A write that fails (the context retried it) is the caller's to stop
+/// on: going on would change the world with nothing recorded of it, and
+/// the next master would resume from a journal that is behind. The steps
+/// it would have written stay in `unsaved`, for the end to carry.
 async fn journal<C: OperationContext>(
     ctx: &C,
     record: &OperationRecord,
     unsaved: &mut Vec<usize>,
     step: Option<usize>,
-) {
+) -> Result<(), String> {
     if let Some(i) = step
         && !unsaved.contains(&i)
     {
         unsaved.push(i);
         unsaved.sort_unstable();
     }
-    // A journal write that fails leaves the in-memory record ahead of the
-    // disk; the operation goes on (its effects are real) and the error is
-    // logged. The steps it would have written stay in `unsaved`, so the
-    // next successful write carries their results too: a write carries
-    // only the steps named, and one that named only its own step left the
-    // results of a step whose write had failed lost for good.
-    match ctx.journal(record, unsaved).await {
-        Ok(()) => unsaved.clear(),
-        Err(e) => tracing::error!(operation = %record.id, error = %e, "cannot journal operation"),
-    }
-}
-
-/// Before the end is recorded (which writes the header only): results
-/// still unsaved after a failed write get one more try.
-async fn flush<C: OperationContext>(ctx: &C, record: &OperationRecord, unsaved: &mut Vec<usize>) {
-    if !unsaved.is_empty() {
-        journal(ctx, record, unsaved, None).await;
-    }
+    ctx.journal(record, unsaved).await?;
+    unsaved.clear();
+    Ok(())
 }
 
 fn kind_label(record: &OperationRecord) -> String {
@@ -262,6 +300,8 @@ mod tests {
         journal_calls: RefCell<usize>,
         /// The steps each successful journal write carried, in order.
         saved: RefCell<Vec<Vec<usize>>>,
+        /// The steps whose results the end carried, and its status.
+        ended: RefCell<Option<(Vec<usize>, OperationStatus)>>,
         hang: RefCell<Option<String>>,
         /// Progress made while hanging (a slow step that still advances).
         moves: RefCell<u64>,
@@ -306,8 +346,9 @@ mod tests {
             self.saved.borrow_mut().push(steps.to_vec());
             Ok(())
         }
-        async fn complete(&self, _r: &OperationRecord, _o: &Outcome) -> Result<(), String> {
+        async fn complete(&self, r: &OperationRecord, steps: &[usize], _o: &Outcome) -> Result<(), String> {
             *self.journaled.borrow_mut() += 1;
+            *self.ended.borrow_mut() = Some((steps.to_vec(), r.status));
             Ok(())
         }
         async fn set_status(&self, s: ClusterStatus, _d: &str) -> Result<(), String> {
@@ -459,33 +500,59 @@ mod tests {
     /// Journal writes of `plan()`: 0 the start, then per step k: 2k+1
     /// running, 2k+2 done (with its results).
     #[tokio::test]
-    async fn a_failed_journal_write_leaves_its_results_to_the_next_one() {
-        // Step 0's write fails: the next write (step 1 running) carries it.
+    async fn a_journal_write_that_fails_stops_the_operation_where_it_is() {
+        // Step 0's end cannot be written: nothing more runs, nothing is
+        // undone (none of it could be recorded), and the end carries step
+        // 0's results.
         let ctx = Fake::default();
         ctx.fail_journal.borrow_mut().push(2);
         let mut r = record();
-        assert_eq!(run(&ctx, &mut r, &plan()).await, Outcome::Succeeded);
-        let saved = ctx.saved.borrow().clone();
-        assert_eq!(saved, vec![vec![], vec![], vec![0], vec![1], vec![], vec![2]], "{saved:?}");
+        let out = run(&ctx, &mut r, &plan()).await;
+        assert!(
+            matches!(&out, Outcome::Halted { step, error } if step == "install" && error.contains("journal write 2 failed")),
+            "{out:?}"
+        );
+        assert_eq!(*ctx.log.borrow(), vec!["Install:a"]);
+        assert_eq!(r.status, OperationStatus::Failed);
+        assert!(r.error.as_deref().unwrap_or_default().contains("could not be written"), "{:?}", r.error);
+        assert_eq!(r.steps[0].status, StepStatus::Done);
+        assert_eq!(*ctx.ended.borrow(), Some((vec![0], OperationStatus::Failed)));
 
-        // Two writes in a row fail, the last of them the last step's: the
-        // write before the end carries both steps' results.
+        // The write that marks step 1 running fails: it never runs, and the
+        // end says it is still pending.
         let ctx = Fake::default();
-        ctx.fail_journal.borrow_mut().extend([4, 5, 6]);
+        ctx.fail_journal.borrow_mut().push(3);
         let mut r = record();
-        assert_eq!(run(&ctx, &mut r, &plan()).await, Outcome::Succeeded);
-        let saved = ctx.saved.borrow().clone();
-        assert_eq!(saved, vec![vec![], vec![], vec![0], vec![], vec![1, 2]], "{saved:?}");
+        assert!(matches!(run(&ctx, &mut r, &plan()).await, Outcome::Halted { step, .. } if step == "start-0"));
+        assert_eq!(*ctx.log.borrow(), vec!["Install:a"]);
+        assert_eq!(r.steps[1].status, StepStatus::Pending);
+        assert_eq!(*ctx.ended.borrow(), Some((vec![], OperationStatus::Failed)));
 
-        // While unwinding too: the failed step's write fails, its undo's
-        // write carries it along.
+        // The first write fails: nothing runs at all.
+        let ctx = Fake::default();
+        ctx.fail_journal.borrow_mut().push(0);
+        let mut r = record();
+        assert!(matches!(run(&ctx, &mut r, &plan()).await, Outcome::Halted { step, .. } if step == "install"));
+        assert!(ctx.log.borrow().is_empty());
+
+        // While unwinding: the failed step's write fails, so nothing of the
+        // undo runs (it could not be recorded either).
         let ctx = Fake::default();
         ctx.fail.borrow_mut().push("Start:b".into());
         ctx.fail_journal.borrow_mut().push(6);
         let mut r = record();
-        assert!(matches!(run(&ctx, &mut r, &plan()).await, Outcome::Failed { .. }));
-        let carried: Vec<usize> = ctx.saved.borrow().iter().flatten().copied().collect();
-        assert!(carried.contains(&2), "step 2's results were never written: {:?}", ctx.saved.borrow());
+        assert!(matches!(run(&ctx, &mut r, &plan()).await, Outcome::Halted { step, .. } if step == "start-1"));
+        assert_eq!(*ctx.log.borrow(), vec!["Install:a", "Start:a", "Start:b"]);
+        assert_eq!(r.steps[2].status, StepStatus::Failed);
+        assert_eq!(*ctx.ended.borrow(), Some((vec![2], OperationStatus::Failed)));
+
+        // An undo's write fails: the older steps are not undone.
+        let ctx = Fake::default();
+        ctx.fail.borrow_mut().push("Start:b".into());
+        ctx.fail_journal.borrow_mut().push(8);
+        let mut r = record();
+        assert!(matches!(run(&ctx, &mut r, &plan()).await, Outcome::Halted { step, .. } if step == "start-1"));
+        assert_eq!(*ctx.log.borrow(), vec!["Install:a", "Start:a", "Start:b", "Stop:b"]);
     }
 
     #[tokio::test]

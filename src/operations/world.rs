@@ -191,7 +191,7 @@ impl OperationContext for World {
     async fn set_status(&self, _s: ClusterStatus, _d: &str) -> Result<(), String> {
         Ok(())
     }
-    async fn complete(&self, _r: &OperationRecord, _o: &Outcome) -> Result<(), String> {
+    async fn complete(&self, _r: &OperationRecord, _steps: &[usize], _o: &Outcome) -> Result<(), String> {
         Ok(())
     }
     fn deadline(&self, _a: &Action) -> Duration {

@@ -134,6 +134,49 @@ pub fn load_boot(store: &dyn MetaStore) -> Result<MasterSnapshot, StorageError> 
     })
 }
 
+/// One cluster as the store holds it: what its actor is restarted from.
+#[derive(Debug, Clone)]
+pub struct StoredCluster {
+    pub record: ClusterRecord,
+    pub instances: Vec<InstanceRecord>,
+    /// The operation it is busy with (with its results and plan), if any.
+    pub operation: Option<OperationRecord>,
+    /// Its other operations still stored (created nanos, id), oldest first.
+    pub history: std::collections::VecDeque<(u64, OperationId)>,
+}
+
+/// Reads one cluster, `None` when it is not stored (blocking).
+pub fn load_cluster(store: &dyn MetaStore, id: &ClusterId) -> Result<Option<StoredCluster>, StorageError> {
+    let key = keys::cluster_key(id);
+    let Some(raw) = store.get(master_cf::CLUSTERS, &key)? else {
+        return Ok(None);
+    };
+    let record: ClusterRecord = db::decode_value(master_cf::CLUSTERS, &key, &raw)?;
+    let scan = Scan { prefix: keys::cluster_instances_prefix(id), ..Scan::default() };
+    let instances = store
+        .scan(master_cf::INSTANCES, &scan, usize::MAX)?
+        .iter()
+        .map(|(k, v)| db::decode_value(master_cf::INSTANCES, k, v))
+        .collect::<Result<Vec<InstanceRecord>, _>>()?;
+    let operation = match record.operation {
+        Some(op) => operation(store, &op)?.map(|mut o| {
+            plan(store, &op).map(|p| {
+                o.resume = p;
+                o
+            })
+        }),
+        None => None,
+    }
+    .transpose()?;
+    let history = store
+        .scan(master_cf::CLUSTER_OPS, &Scan { prefix: key, ..Scan::default() }, usize::MAX)?
+        .iter()
+        .filter_map(|(k, _)| Some((keys::nanos_of_index_key(k, true)?, keys::op_of_index_key(k)?)))
+        .filter(|(_, op)| Some(*op) != record.operation)
+        .collect();
+    Ok(Some(StoredCluster { record, instances, operation, history }))
+}
+
 /// Decodes every value of `cf` (boot).
 pub fn load<T: serde::de::DeserializeOwned>(store: &dyn MetaStore, cf: &'static str) -> Result<Vec<T>, StorageError> {
     store.scan(cf, &Scan::default(), usize::MAX)?.iter().map(|(k, v)| db::decode_value(cf, k, v)).collect()

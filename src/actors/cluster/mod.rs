@@ -38,7 +38,7 @@ use super::instance::{ClusterEnv, InstanceActor, InstanceHandle, Observation};
 use super::node_manager::Ack;
 use super::read_model::{ActorStats, ClusterCell, Reservation};
 use super::registry::ClusterHandle;
-use super::supervisor::{Escalate, Supervisor};
+use super::supervisor::{ClusterPanicked, Escalate, Supervisor};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId, OperationId};
 use crate::operations::Plan;
@@ -51,6 +51,7 @@ use crate::storage::records::{
 };
 use crate::storage::{WriteOp, events};
 
+pub(crate) use ops::{END_RETRIES, commit_retrying};
 pub use prepare::{MAX_BATCH, group_by_order};
 pub use preview::{PlacedInstance, PlanPreview, Preview, PreviewCreate, PreviewStep};
 
@@ -145,7 +146,17 @@ pub struct InstanceObserved {
 pub struct EnterError {
     pub description: String,
     pub operation: Option<OperationId>,
+    /// The member whose failure it is, if one.
+    pub instance: Option<InstanceId>,
     pub slot: Reservation,
+}
+
+/// A member's failure that came while an operation ran: escalated when the
+/// operation has ended, if the cluster is `Active` then and the member
+/// still failed (the operation did not put it right).
+struct Deferred {
+    instance: Option<InstanceId>,
+    description: String,
 }
 
 pub struct ClusterActor {
@@ -158,7 +169,10 @@ pub struct ClusterActor {
     resume: Option<OperationRecord>,
     /// Its create is not durable yet (or failed): it takes nothing else, so
     /// no operation can be recorded for a cluster that does not exist.
+    /// Until then nothing shows it (actors list, events).
     creating: bool,
+    /// Member failures to escalate once the running operation has ended.
+    deferred: Vec<Deferred>,
 }
 
 /// What a cluster actor starts from.
@@ -194,35 +208,54 @@ impl ClusterActor {
         let name = start.record.name.clone();
         let stats = ActorStats::new("cluster", name.as_str(), Some("supervisor".into()));
         stats.set_state(format!("{:?}", start.record.status));
-        shared.read_model.register_actor(&stats);
+        if start.visible {
+            shared.read_model.register_actor(&stats);
+        }
         let arbiter = shared.arbiter_for(STARTED.fetch_add(1, Ordering::Relaxed));
         let cell = ClusterCell::new(start.record.clone());
         let s = stats.clone();
-        let addr = ClusterActor::start_in_arbiter(&arbiter, move |_ctx| {
-            let env = Rc::new(ClusterEnv {
-                shared: shared.clone(),
-                cell: cell.clone(),
-                progress: Arc::default(),
-                answered: AtomicU64::new(0),
-            });
-            let handles: BTreeMap<InstanceId, InstanceHandle> =
-                start.instances.into_iter().map(|r| (r.id.clone(), InstanceActor::quiet(r, env.clone()))).collect();
-            cell.put_instances(handles.values().map(|h| h.entry()));
-            if start.visible {
-                shared.read_model.add_cluster(&name, cell.clone());
+        // A panic is reported to the supervisor, which starts the actor
+        // again from the store (`supervisor::ClusterPanicked`).
+        let on_panic = {
+            let (supervisor, stats, name, id) = (supervisor.clone(), stats.clone(), name.clone(), start.record.id);
+            let counter = shared.supervisor.clone();
+            move || -> super::supervised::OnPanic {
+                Box::new(move |reason| {
+                    let slot = Reservation::counted(&counter);
+                    supervisor.do_send(ClusterPanicked { name, cluster: id, stats, reason, slot });
+                })
             }
-            let core =
-                Core { record: start.record, instances: handles, pending: BTreeMap::new(), history: start.history };
-            ClusterActor {
-                core: Rc::new(RefCell::new(core)),
-                env,
-                shared,
-                supervisor,
-                stats: s,
-                resume: start.resume,
-                creating: !start.visible,
-            }
-        });
+        };
+        let addr = super::supervised::start_in_arbiter(
+            &arbiter,
+            move |_ctx| {
+                let env = Rc::new(ClusterEnv {
+                    shared: shared.clone(),
+                    cell: cell.clone(),
+                    progress: Arc::default(),
+                    answered: AtomicU64::new(0),
+                });
+                let handles: BTreeMap<InstanceId, InstanceHandle> =
+                    start.instances.into_iter().map(|r| (r.id.clone(), InstanceActor::quiet(r, env.clone()))).collect();
+                cell.put_instances(handles.values().map(|h| h.entry()));
+                if start.visible {
+                    shared.read_model.add_cluster(&name, cell.clone());
+                }
+                let core =
+                    Core { record: start.record, instances: handles, pending: BTreeMap::new(), history: start.history };
+                ClusterActor {
+                    core: Rc::new(RefCell::new(core)),
+                    env,
+                    shared,
+                    supervisor,
+                    stats: s,
+                    resume: start.resume,
+                    creating: !start.visible,
+                    deferred: Vec::new(),
+                }
+            },
+            on_panic,
+        );
         ClusterHandle { addr, stats }
     }
 
@@ -253,6 +286,7 @@ impl ClusterActor {
             supervisor: self.supervisor.clone(),
             journaled: Default::default(),
             running: Default::default(),
+            ended: Default::default(),
         }
     }
 
@@ -270,28 +304,110 @@ impl ClusterActor {
             tracing::Instrument::instrument(
                 async move {
                     let outcome = runner::run(&ops, &mut op, &plan).await;
-                    (outcome, op)
+                    (outcome, op, ops.ended.get())
                 },
                 span,
             )
             .into_actor(self)
-            .map(move |(outcome, op), act, ctx| act.finish(ctx, outcome, op, kind)),
+            .map(move |(outcome, op, recorded), act, ctx| act.finish(ctx, outcome, op, kind, recorded)),
         );
     }
 
-    /// After an operation has completed (its end and the cluster's new
-    /// status are durable and published by `ClusterOps::complete`).
-    fn finish(&mut self, ctx: &mut Context<Self>, outcome: Outcome, op: OperationRecord, kind: OperationKind) {
+    /// After an operation has completed: its end and the cluster's new
+    /// status are durable and published by `ClusterOps::complete`, unless
+    /// `recorded` is false: then nothing of the end is shown, and the
+    /// cluster stays busy with the operation until the next master resumes
+    /// or ends it from its journal.
+    fn finish(
+        &mut self,
+        ctx: &mut Context<Self>,
+        outcome: Outcome,
+        op: OperationRecord,
+        kind: OperationKind,
+        recorded: bool,
+    ) {
+        if !recorded {
+            let why = format!("the end of operation {} is not recorded; busy with it until the master restarts", op.id);
+            self.stats.end(Some(why.clone()));
+            self.stats.set_state(format!("paused: {why}"));
+            return;
+        }
         match outcome {
             Outcome::Succeeded if kind == OperationKind::Delete => {
                 tracing::info!(cluster = %op.cluster, "cluster deleted");
                 ctx.stop();
+                return;
             }
             Outcome::Succeeded => self.stats.set_state("idle"),
-            Outcome::Failed { error, .. } => {
+            Outcome::Failed { error, .. } | Outcome::Halted { error, .. } => {
                 self.stats.end(Some(error));
                 let status = self.core.borrow().record.status;
                 self.stats.set_state(format!("{status:?}"));
+            }
+        }
+        self.escalate_deferred(&op);
+    }
+
+    /// Escalates the member failures that came while `op` ran and that it
+    /// did not put right, now that the cluster is free (an `Active`
+    /// cluster only: one the operation left in `Error` or stopped says so
+    /// already).
+    fn escalate_deferred(&mut self, op: &OperationRecord) {
+        let deferred = std::mem::take(&mut self.deferred);
+        let core = self.core.borrow();
+        if deferred.is_empty() || core.record.operation.is_some() || core.record.status != ClusterStatus::Active {
+            return;
+        }
+        let still: Vec<String> = deferred
+            .into_iter()
+            .filter(|d| match &d.instance {
+                Some(id) => core.instances.get(id).is_some_and(|h| {
+                    matches!(
+                        h.record().status,
+                        crate::storage::records::InstanceStatus::Failed | crate::storage::records::InstanceStatus::Lost
+                    )
+                }),
+                None => true,
+            })
+            .map(|d| d.description)
+            .collect();
+        if still.is_empty() {
+            return;
+        }
+        let name = core.record.name.clone();
+        let description = format!("while operation {} ({:?}) ran: {}", op.id, op.kind, still.join("; "));
+        tracing::warn!(cluster = %name, reason = %description, "member failures during an operation, escalated now that it ended");
+        let slot = Reservation::counted(&self.shared.supervisor);
+        self.supervisor.do_send(Escalate {
+            cluster: name,
+            operation: None,
+            instance: None,
+            description,
+            recorded: false,
+            slot,
+        });
+    }
+
+    /// Keeps a member's failure for when the running operation has ended.
+    fn defer(&mut self, instance: Option<InstanceId>, description: String) {
+        let (name, running) = {
+            let c = self.core.borrow();
+            (c.record.name.clone(), c.record.operation)
+        };
+        tracing::warn!(cluster = %name, operation = ?running, reason = %description, "a member failed while an operation runs; escalated when it ends unless the operation puts it right");
+        self.stats.end(Some(description.clone()));
+        self.deferred.push(Deferred { instance, description });
+    }
+}
+
+/// An actor's instances are retired with it: commands a dead actor (one
+/// that panicked) left running write nothing more, so the actor started in
+/// its place from the store is the only writer of their records.
+impl Drop for ClusterActor {
+    fn drop(&mut self) {
+        if let Ok(core) = self.core.try_borrow() {
+            for h in core.instances.values() {
+                h.set_forgotten(true);
             }
         }
     }
@@ -302,7 +418,9 @@ impl Actor for ClusterActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let name = self.core.borrow().record.name.clone();
-        crate::actors::announce::actor(&self.shared, "actor.started", "cluster", &name, Some(&name), None);
+        if !self.creating {
+            crate::actors::announce::actor(&self.shared, "actor.started", "cluster", &name, Some(&name), None);
+        }
         let Some(op) = self.resume.take() else { return };
         let Some(r) = op.resume.clone() else { return };
         tracing::info!(operation = %op.id, kind = ?op.kind, cluster = %op.cluster, "resuming an operation interrupted by a master restart");
@@ -345,6 +463,10 @@ impl Actor for ClusterActor {
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         self.shared.read_model.unregister_actor(&self.stats);
+        if self.creating {
+            // Never shown: a create that did not become durable.
+            return;
+        }
         let name = self.core.borrow().record.name.clone();
         crate::actors::announce::actor(&self.shared, "actor.stopped", "cluster", &name, Some(&name), None);
     }
@@ -480,7 +602,17 @@ impl Handler<RunOperation> for ClusterActor {
                         if is_create {
                             // The cluster appears once its create is durable.
                             act.shared.read_model.add_cluster(&cluster.name, act.env.cell.clone());
+                            act.shared.read_model.register_actor(&act.stats);
                             act.creating = false;
+                            let name = &cluster.name;
+                            crate::actors::announce::actor(
+                                &act.shared,
+                                "actor.started",
+                                "cluster",
+                                name,
+                                Some(name),
+                                None,
+                            );
                         }
                         act.shared.read_model.put_operation(&op);
                         act.spawn_operation(ctx, prepared, op.clone());
@@ -534,12 +666,27 @@ impl Handler<InstanceObserved> for ClusterActor {
                 let c = act.core.borrow();
                 (c.record.operation.is_some(), c.record.status, c.record.name.clone())
             };
-            // During an operation the operation reports failures
-            // itself. Otherwise an Active cluster whose member died
-            // is in Error, saying which member, where and why.
-            if failed && !busy && status == ClusterStatus::Active {
+            if !failed {
+                return;
+            }
+            let description = format!("member {instance} failed: {description}");
+            if busy {
+                // The operation may not touch this member (a scale-out
+                // adds others): kept, and escalated once it has ended if
+                // the member is still failed then.
+                act.defer(Some(instance), description);
+            } else if status == ClusterStatus::Active {
+                // An Active cluster whose member died is in Error, saying
+                // which member, where and why.
                 let slot = Reservation::counted(&act.shared.supervisor);
-                act.supervisor.do_send(Escalate { cluster: name, operation: None, description, recorded: false, slot });
+                act.supervisor.do_send(Escalate {
+                    cluster: name,
+                    operation: None,
+                    instance: Some(instance),
+                    description,
+                    recorded: false,
+                    slot,
+                });
             }
         }))
     }
@@ -549,28 +696,46 @@ impl Handler<EnterError> for ClusterActor {
     type Result = ResponseActFuture<Self, ()>;
 
     fn handle(&mut self, msg: EnterError, _ctx: &mut Context<Self>) -> Self::Result {
-        let EnterError { description, slot, .. } = msg;
+        let EnterError { description, instance, slot, .. } = msg;
         slot.begin("enter error");
         self.stats.end(None);
         if self.core.borrow().record.operation.is_some() {
-            // An operation started meanwhile; its own end decides the status.
+            // An operation started meanwhile: kept for when it has ended.
+            self.defer(instance, description);
             return Box::pin(fut::ready(()));
         }
-        self.stats.set_state("Error");
         let ops = self.ops(None);
+        let name = self.core.borrow().record.name.clone();
+        // The failure's event is durable with the status it causes, and
+        // neither is shown before.
+        let failed = events::actor("actor.failed", "cluster", &name, Some(&name), Some(&description));
         Box::pin(
             async move {
-                let saved = ops
-                    .save_cluster(|r| {
-                        r.status = ClusterStatus::Error;
-                        r.status_description = description;
-                    })
-                    .await;
-                if let Err(e) = saved {
-                    tracing::error!(error = %e, "cannot persist Error status");
+                let event = events::append(&failed).map_err(|e| e.to_string());
+                match event {
+                    Ok(event) => {
+                        ops.save_cluster_with(
+                            |r| {
+                                r.status = ClusterStatus::Error;
+                                r.status_description = description;
+                            },
+                            vec![event],
+                            &ops::END_RETRIES,
+                        )
+                        .await
+                    }
+                    Err(e) => Err(e),
                 }
             }
-            .into_actor(self),
+            .into_actor(self)
+            .map(|saved, act, _| match saved {
+                Ok(()) => act.stats.set_state("Error"),
+                Err(e) => {
+                    // Not shown: the cluster stays as the store has it.
+                    tracing::error!(error = %e, "cannot record the Error status of a cluster");
+                    act.stats.end(Some(format!("cannot record the Error status: {e}")));
+                }
+            }),
         )
     }
 }
@@ -579,6 +744,21 @@ impl Handler<EnterError> for ClusterActor {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Shutdown(pub Reservation);
+
+/// Makes the actor panic (the supervision tests).
+#[cfg(test)]
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Panic;
+
+#[cfg(test)]
+impl Handler<Panic> for ClusterActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Panic, _ctx: &mut Context<Self>) {
+        panic!("injected panic in cluster {}", self.core.borrow().record.name);
+    }
+}
 
 impl Handler<Shutdown> for ClusterActor {
     type Result = ();

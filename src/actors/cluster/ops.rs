@@ -47,6 +47,38 @@ pub(super) struct ClusterOps {
     /// The operation and the step that runs now (as last journaled), for
     /// `operation.progress` events.
     pub running: RefCell<Option<(String, usize)>>,
+    /// The operation's end is durable (and published).
+    pub ended: std::cell::Cell<bool>,
+}
+
+/// How long a failed journal write waits before each new try: a moment's
+/// trouble passes, a store that stays broken stops the operation soon.
+const JOURNAL_RETRIES: [Duration; 3] = [Duration::from_millis(100), Duration::from_millis(500), Duration::from_secs(2)];
+
+/// How long a failed end of an operation (or a cluster's `Error`) waits
+/// before each new try.
+pub(crate) const END_RETRIES: [Duration; 3] = [Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(4)];
+
+/// Commits `ops`, trying again after each of `waits` while it fails; a
+/// frozen store (the master is shutting down) is not tried again.
+pub(crate) async fn commit_retrying(
+    shared: &Shared,
+    ops: Vec<WriteOp>,
+    waits: &[Duration],
+    what: &str,
+) -> Result<(), crate::storage::StorageError> {
+    let mut written = shared.store.commit(ops.clone()).await;
+    for wait in waits {
+        match &written {
+            Ok(()) | Err(crate::storage::StorageError::Frozen) => break,
+            Err(e) => {
+                tracing::error!(error = %crate::error::ErrorChain(e), "cannot record {what}; trying again in {wait:?}");
+                tokio::time::sleep(*wait).await;
+                written = shared.store.commit(ops.clone()).await;
+            }
+        }
+    }
+    written
 }
 
 /// How often a running step's progress may become an event.
@@ -77,6 +109,17 @@ impl ClusterOps {
     /// The busy mark (`operation`) is the actor's own and is kept as it is
     /// then (a request may have taken the cluster meanwhile).
     pub async fn save_cluster(&self, change: impl FnOnce(&mut ClusterRecord)) -> Result<(), String> {
+        self.save_cluster_with(change, Vec::new(), &[]).await
+    }
+
+    /// [`save_cluster`](Self::save_cluster) with `extra` writes in the same
+    /// batch, tried again after each of `retries` while it fails.
+    pub async fn save_cluster_with(
+        &self,
+        change: impl FnOnce(&mut ClusterRecord),
+        extra: Vec<WriteOp>,
+        retries: &[Duration],
+    ) -> Result<(), String> {
         let mut snapshot = self.core.borrow().record.clone();
         change(&mut snapshot);
         snapshot.updated_at = OffsetDateTime::now_utc();
@@ -84,7 +127,10 @@ impl ClusterOps {
         if let Some(e) = events::cluster_changed(&self.core.borrow().record, &snapshot) {
             ops.push(events::append(&e).map_err(|e| e.to_string())?);
         }
-        self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
+        ops.extend(extra);
+        commit_retrying(&self.shared, ops, retries, "a cluster record")
+            .await
+            .map_err(|e| crate::error::ErrorChain(&e).to_string())?;
         {
             let mut core = self.core.borrow_mut();
             snapshot.operation = core.record.operation;
@@ -331,7 +377,9 @@ impl OperationContext for ClusterOps {
         for e in events::steps_changed(&self.journaled.borrow(), record) {
             ops.push(events::append(&e).map_err(|e| e.to_string())?);
         }
-        self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
+        commit_retrying(&self.shared, ops, &JOURNAL_RETRIES, "the journal of an operation")
+            .await
+            .map_err(|e| crate::error::ErrorChain(&e).to_string())?;
         *self.journaled.borrow_mut() = record.steps.iter().map(|s| s.status).collect();
         let running = record.steps.iter().position(|s| matches!(s.status, StepStatus::Running | StepStatus::Undoing));
         *self.running.borrow_mut() = running.map(|i| (record.id.to_string(), i));
@@ -339,7 +387,7 @@ impl OperationContext for ClusterOps {
         Ok(())
     }
 
-    async fn complete(&self, record: &OperationRecord, outcome: &Outcome) -> Result<(), String> {
+    async fn complete(&self, record: &OperationRecord, steps: &[usize], outcome: &Outcome) -> Result<(), String> {
         let verb = format!("{:?}", self.kind).to_lowercase();
         let name = self.cluster_name();
         let kind = format!("{:?}", self.kind);
@@ -350,6 +398,12 @@ impl OperationContext for ClusterOps {
         ended.resume = None;
         let mut end =
             vec![WriteOp::put_operation(&ended).map_err(|e| e.to_string())?, WriteOp::delete_op_plan(&ended.id)];
+        // Results no journal write carried (the last one failed).
+        for &i in steps {
+            if let Some(s) = ended.steps.get(i) {
+                end.push(WriteOp::put_step_results(&ended.id, i, &s.results).map_err(|e| e.to_string())?);
+            }
+        }
         // Step changes a failed journal write left unannounced, then the end.
         for e in events::steps_changed(&self.journaled.borrow(), &ended) {
             end.push(events::append(&e).map_err(|e| e.to_string())?);
@@ -361,7 +415,10 @@ impl OperationContext for ClusterOps {
                 events::event("cluster.deleted", Some(&name), serde_json::json!({ "id": cluster_id.to_string() }));
             let mut ops = vec![WriteOp::delete_cluster(&cluster_id), events::append(&gone).map_err(|e| e.to_string())?];
             ops.append(&mut end);
-            self.shared.store.commit(ops).await.map_err(|e| e.to_string())?;
+            commit_retrying(&self.shared, ops, &END_RETRIES, "the end of a delete")
+                .await
+                .map_err(|e| format!("the end of the delete is not recorded ({e}); the cluster stays busy with it until the master restarts"))?;
+            self.ended.set(true);
             self.shared.read_model.remove_cluster(&name);
             // The name is free before anyone can see the delete has ended.
             let slot = Reservation::counted(&self.shared.supervisor);
@@ -396,6 +453,13 @@ impl OperationContext for ClusterOps {
                 let tail = if *undone { "" } else { "; the rollback failed too, see the operation's steps" };
                 (Some(ClusterStatus::Error), format!("{verb} failed at step {step}: {error}{tail}"), true)
             }
+            Outcome::Halted { step, error } => (
+                Some(ClusterStatus::Error),
+                format!(
+                    "{verb} stopped at step {step}: {error}; check the instances, then start, stop or delete the cluster"
+                ),
+                true,
+            ),
         };
         // The cluster as the operation leaves it, on a copy: the actor's
         // record changes (and the cluster stops being busy) only once the
@@ -423,17 +487,7 @@ impl OperationContext for ClusterOps {
         // busy with the operation: clients never see an end the store does
         // not hold, and the next master resumes the operation (or ends it)
         // from its journal.
-        let mut written = self.shared.store.commit(ops.clone()).await;
-        for wait in [1, 2, 4] {
-            match &written {
-                Ok(()) | Err(crate::storage::StorageError::Frozen) => break,
-                Err(e) => {
-                    tracing::error!(operation = %record.id, error = %e, "cannot record the end of an operation; trying again");
-                    tokio::time::sleep(Duration::from_secs(wait)).await;
-                    written = self.shared.store.commit(ops.clone()).await;
-                }
-            }
-        }
+        let written = commit_retrying(&self.shared, ops, &END_RETRIES, "the end of an operation").await;
         if let Err(e) = written {
             return Err(format!(
                 "the end of the operation is not recorded ({e}); the cluster stays busy with it until the master restarts"
@@ -449,6 +503,7 @@ impl OperationContext for ClusterOps {
             core.record = snapshot.clone();
             core.history = history;
         }
+        self.ended.set(true);
         self.env.cell.set_record(snapshot);
         self.shared.read_model.put_operation(&ended);
         if escalate {
@@ -457,6 +512,7 @@ impl OperationContext for ClusterOps {
                 slot,
                 cluster: name,
                 operation: Some(record.id),
+                instance: None,
                 description,
                 recorded: true,
             });

@@ -112,8 +112,13 @@ pub enum Observation {
     Exited { pid: u32, description: String, restarting: bool },
     /// How the agent's restart went: the new pid, or why it failed.
     Restarted { pid: Option<u32>, error: Option<String> },
-    /// The agent's inventory after it (re)connected.
-    Inventory { present: bool, running: bool, pid: Option<u32> },
+    /// The agent's inventory after it (re)connected: whether it holds the
+    /// instance, at which `generation` (the last command it applied), and
+    /// the connection whose `Hello` carried it (`connection`: the master's
+    /// link id). It describes the agent before any command of that
+    /// connection, so it is ignored once one was sent, or when it is older
+    /// than the instance's generation.
+    Inventory { present: bool, running: bool, pid: Option<u32>, generation: Option<u64>, connection: Option<u64> },
 }
 
 /// What the instance actors of one cluster share (all on its arbiter).

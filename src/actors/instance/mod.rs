@@ -46,6 +46,11 @@ pub struct InstanceActor {
     /// its mailbox (a command the watchdog abandoned, an observation) must
     /// not write the record back.
     forgotten: std::cell::Cell<bool>,
+    /// The link (connection id) the last command that may change what the
+    /// agent holds was sent on: an inventory from that connection's
+    /// `Hello` predates it (in memory: after a master restart every
+    /// connection is new).
+    sent_on: std::cell::Cell<Option<u64>>,
     /// The mailbox: one message at a time, in arrival order.
     mailbox: tokio::sync::Mutex<()>,
     stats: Arc<InstanceStats>,
@@ -102,6 +107,7 @@ impl InstanceActor {
             record: RefCell::new(Arc::new(record)),
             written: Default::default(),
             forgotten: Default::default(),
+            sent_on: Default::default(),
             mailbox: tokio::sync::Mutex::new(()),
             stats: Arc::default(),
             env,
@@ -269,6 +275,9 @@ impl InstanceActor {
         let reply = match link {
             None => Err(NodeError::Disconnected(node.clone())),
             Some(link) => {
+                if !probe {
+                    self.sent_on.set(Some(link.connection));
+                }
                 let instance = id.clone();
                 match cmd {
                     InstanceCmd::Install(p) => {

@@ -7,10 +7,22 @@ impl InstanceActor {
     /// What an observation means for the record, applied durably; answers
     /// whether the instance newly failed (`None`: not applied).
     pub(super) async fn apply(&self, observation: Observation) -> Option<bool> {
-        let (status, desired, pid, node) = {
+        let (status, desired, pid, node, generation) = {
             let r = self.record.borrow();
-            (r.status, r.desired, r.pid, r.node.clone())
+            (r.status, r.desired, r.pid, r.node.clone(), r.generation)
         };
+        if let Observation::Inventory { generation: seen, connection, .. } = &observation {
+            // Older than what the master has since told the agent: the
+            // agent had not applied the newer command when it took the
+            // inventory (or, at the connection's start, had not got it).
+            // Applying it would mark a healthy instance Lost or Failed.
+            let stale_generation = seen.is_some_and(|g| g < generation);
+            let commanded_since = connection.is_some() && *connection == self.sent_on.get();
+            if stale_generation || commanded_since {
+                tracing::debug!(instance = %self.id(), ?seen, generation, "an inventory older than the instance's current state; ignored");
+                return Some(false);
+            }
+        }
         // Decide the new (status, pid, error) from what was observed; None
         // when the observation changes nothing.
         let change: Option<(InstanceStatus, Option<u32>, Option<String>)> = match observation {

@@ -1,0 +1,239 @@
+//! The master's actors driven directly (a real store, no agent process:
+//! the test answers the link itself): what readers are shown only once it
+//! is durable, a panicking cluster actor started again from the store, an
+//! inventory older than the instance, a member crash during an operation.
+
+use std::time::Duration;
+
+use super::cluster::{OpRequest, Panic};
+use super::test_support::{Harness, cluster, eventually, is_cluster_write, is_journal, is_new_operation};
+use crate::operations::lifecycle::InstanceVerb;
+use crate::protocol::messages::{AgentRequest, AgentResponse};
+use crate::storage::records::{ClusterStatus, InstanceStatus, OperationStatus};
+
+fn run<F: std::future::Future>(f: F) -> F::Output {
+    actix::System::new().block_on(f)
+}
+
+/// A journal write that fails (and fails again when tried again) stops the
+/// operation: it ends Failed saying why, the cluster Error, no step ran,
+/// and no reader was shown a step the store does not hold.
+#[test]
+fn a_journal_write_that_fails_ends_the_operation_and_shows_nothing_unrecorded() {
+    run(async {
+        let h = Harness::new();
+        let (c, members) = cluster("j", 1);
+        h.persist(&c, &members).await;
+        let _sup = h.boot(vec![c.clone()], members.clone()).await;
+        let mut agent = h.link("n1", 1);
+        // The first write and its three retries.
+        h.store.fail(4, is_journal);
+        let op = h.run("j", OpRequest::Stop).await.expect("accepted");
+        eventually("the operation's end", || h.published("j").operation.is_none()).await;
+        let stored = h.stored_operation(&op.id);
+        assert_eq!(stored.status, OperationStatus::Failed);
+        let error = stored.error.clone().unwrap_or_default();
+        assert!(error.contains("journal could not be written") && error.contains("injected"), "{error}");
+        assert!(stored.steps.iter().all(|s| s.status == crate::storage::records::StepStatus::Pending), "{stored:?}");
+        let cluster = h.published("j");
+        assert_eq!(cluster.status, ClusterStatus::Error);
+        assert!(cluster.status_description.contains("journal could not be written"), "{}", cluster.status_description);
+        assert_eq!(Some((*cluster).clone()), h.stored_cluster(&c), "readers see what the store holds");
+        // Nothing was sent to the agent, and no step was announced.
+        assert!(tokio::time::timeout(Duration::from_millis(200), agent.request()).await.is_err());
+        let steps: Vec<_> = h.events().into_iter().filter(|(k, _)| k.starts_with("operation.step")).collect();
+        assert!(steps.is_empty(), "{steps:?}");
+        assert_eq!(h.store.refused.load(std::sync::atomic::Ordering::SeqCst), 4);
+    });
+}
+
+/// With the store refusing every write (frozen: the master is shutting
+/// down), the operation pauses: nothing is shown past what is durable, and
+/// the cluster stays busy with it for the next master to resume.
+#[test]
+fn an_operation_whose_store_refuses_every_write_pauses_without_showing_anything() {
+    run(async {
+        let h = Harness::new();
+        let (c, members) = cluster("f", 1);
+        h.persist(&c, &members).await;
+        let _sup = h.boot(vec![c.clone()], members.clone()).await;
+        let _agent = h.link("n1", 1);
+        // The operation's creation lands; everything after it is refused.
+        h.store.freeze_for(|ops| is_journal(ops) || (is_cluster_write(ops) && !is_new_operation(ops)));
+        let op = h.run("f", OpRequest::Stop).await.expect("accepted");
+        let stats = h.handle("f").stats;
+        eventually("the pause", || stats.snapshot().state.starts_with("paused")).await;
+        assert_eq!(h.published("f").operation, Some(op.id), "still busy with it");
+        assert_eq!(h.published("f").status, ClusterStatus::Active);
+        let shown = h.shared.read_model.running_operations().get(&op.id).cloned().expect("shown as running");
+        assert_eq!(shown.status, OperationStatus::Pending, "as created: nothing later is durable");
+        assert_eq!(h.stored_operation(&op.id).status, OperationStatus::Pending);
+        let busy = h.run("f", OpRequest::Start).await.expect_err("busy");
+        assert!(busy.to_string().contains(&op.id.to_string()), "{busy}");
+    });
+}
+
+/// A create whose write fails never shows the cluster: not in the read
+/// model, not among the actors, no event.
+#[test]
+fn a_create_that_is_not_durable_never_appears() {
+    run(async {
+        let h = Harness::new();
+        let sup = h.boot(Vec::new(), Vec::new()).await;
+        h.store.fail(1, is_cluster_write);
+        let req = super::supervisor::CreateCluster {
+            name: "new".into(),
+            package: crate::storage::records::PackageRef { name: "t".into(), version: "1".into() },
+            roles: Default::default(),
+            config: Default::default(),
+        };
+        let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
+        let res = sup.send(super::supervisor::Create(req.clone(), slot)).await.unwrap();
+        assert!(res.is_err());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(h.shared.read_model.cluster("new").is_none());
+        assert!(!h.shared.read_model.actors().iter().any(|a| a.id == "new"), "not among the actors");
+        assert!(h.events().iter().all(|(_, d)| d["data"]["id"] != "new"), "{:?}", h.events());
+        // Once durable, it appears, with its actor and its event.
+        let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
+        sup.send(super::supervisor::Create(req, slot)).await.unwrap().expect("created");
+        assert!(h.shared.read_model.cluster("new").is_some());
+        eventually("actor.started", || h.events().iter().any(|(k, d)| k == "actor.started" && d["id"] == "new")).await;
+    });
+}
+
+/// A cluster actor that panics mid-operation is started again from the
+/// store, goes on with the operation from its journal, and answers again.
+#[test]
+fn a_panicking_cluster_actor_is_restarted_from_the_store_and_resumes() {
+    run(async {
+        let h = Harness::new();
+        let (c, members) = cluster("p", 2);
+        h.persist(&c, &members).await;
+        let _sup = h.boot(vec![c.clone()], members.clone()).await;
+        let mut agent = h.link("n1", 1);
+        let op = h.run("p", OpRequest::Stop).await.expect("accepted");
+        // The first stop reaches the agent, which does not answer yet.
+        let (_first, req) = agent.request().await;
+        assert!(matches!(req, AgentRequest::Stop { .. }), "{req:?}");
+        let dead = h.handle("p");
+        dead.addr.do_send(Panic);
+        eventually("a new cluster actor", || !std::sync::Arc::ptr_eq(&h.handle("p").stats, &dead.stats)).await;
+        // The operation goes on: every member is stopped (again: stops are
+        // idempotent), and it ends.
+        agent.serve();
+        eventually("the operation's end", || h.published("p").operation.is_none()).await;
+        assert_eq!(h.stored_operation(&op.id).status, OperationStatus::Succeeded);
+        let snap = h.shared.read_model.cluster("p").unwrap();
+        assert_eq!(snap.record.status, ClusterStatus::Stopped);
+        assert_eq!(snap.instances.len(), 2);
+        assert!(snap.instances.values().all(|i| i.record.status == InstanceStatus::Stopped));
+        // It answers requests again.
+        let start = h.run("p", OpRequest::Start).await.expect("accepted after the restart");
+        assert_eq!(start.cluster, "p");
+        let events = h.events();
+        assert!(events.iter().any(|(k, d)| k == "actor.failed"
+            && d["reason"].as_str().is_some_and(|r| r.contains("injected panic") && r.contains("restarted"))));
+    });
+}
+
+/// An inventory taken before a command the master sent on the same
+/// connection does not mark the instance Lost.
+#[test]
+fn an_inventory_older_than_the_instance_is_ignored() {
+    run(async {
+        let h = Harness::new();
+        let (c, mut members) = cluster("i", 2);
+        members[0].status = InstanceStatus::Stopped;
+        members[0].desired = DesiredState::Stopped;
+        members[0].pid = None;
+        h.persist(&c, &members).await;
+        let sup = h.boot(vec![c.clone()], members.clone()).await;
+        let mut agent = h.link("n1", 7);
+        let id = members[0].id.clone();
+        h.run("i", OpRequest::Instance { id: id.clone(), verb: InstanceVerb::Start }).await.expect("accepted");
+        let (rid, req) = agent.request().await;
+        assert!(matches!(req, AgentRequest::Start { .. }), "{req:?}");
+        agent.answer(rid, AgentResponse::Started { pid: 4242, already_running: false });
+        eventually("the start's end", || h.published("i").operation.is_none()).await;
+        // The Hello of connection 7, taken before that start: the first
+        // member is not there yet (an agent that lost it would say the
+        // same), the second at an older generation than the master's.
+        let report =
+            |m: &crate::storage::records::InstanceRecord, generation| crate::protocol::messages::InstanceReport {
+                instance: m.id.clone(),
+                generation,
+                desired_running: true,
+                running: false,
+                pid: None,
+            };
+        let mut second = members[1].clone();
+        second.generation = 3;
+        h.persist(&c, std::slice::from_ref(&second)).await;
+        let _ = second;
+        let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
+        let reports = vec![report(&members[1], 0)];
+        sup.send(super::supervisor::NodeInventory { node: crate::ids::NodeId::new("n1"), reports, slot })
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let snap = h.shared.read_model.cluster("i").unwrap();
+        assert_eq!(snap.instances[&id].record.status, InstanceStatus::Running, "not Lost");
+        assert_eq!(snap.instances[&members[1].id].record.status, InstanceStatus::Running, "not Failed");
+        assert_eq!(snap.record.status, ClusterStatus::Active);
+
+        // The inventory of a later connection is applied.
+        let _agent = h.link("n1", 8);
+        let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
+        let reports = vec![report(&members[1], 1)];
+        sup.send(super::supervisor::NodeInventory { node: crate::ids::NodeId::new("n1"), reports, slot })
+            .await
+            .unwrap();
+        eventually("Lost", || {
+            h.shared.read_model.cluster("i").unwrap().instances[&id].record.status == InstanceStatus::Lost
+        })
+        .await;
+    });
+}
+
+/// A member that crashes while an operation runs on another member is
+/// escalated once the operation has ended (it was dropped: the cluster
+/// stayed Active with a dead member).
+#[test]
+fn a_member_crash_during_an_operation_on_others_is_escalated() {
+    run(async {
+        let h = Harness::new();
+        let (c, members) = cluster("d", 2);
+        h.persist(&c, &members).await;
+        let _sup = h.boot(vec![c.clone()], members.clone()).await;
+        let mut agent = h.link("n1", 1);
+        let (a, b) = (members[0].clone(), members[1].clone());
+        h.run("d", OpRequest::Instance { id: b.id.clone(), verb: InstanceVerb::Restart }).await.expect("accepted");
+        let (rid, req) = agent.request().await;
+        assert!(matches!(req, AgentRequest::Stop { .. }), "{req:?}");
+        // Member a dies meanwhile.
+        let handle = h.handle("d");
+        let exited = super::instance::Observation::Exited {
+            pid: a.pid.unwrap(),
+            description: "exited with code 137".into(),
+            restarting: false,
+        };
+        let slot = super::read_model::Reservation::counted(&handle.stats);
+        handle
+            .addr
+            .send(super::cluster::InstanceObserved { instance: a.id.clone(), observation: exited, ack: None, slot })
+            .await
+            .unwrap();
+        assert_eq!(h.published("d").status, ClusterStatus::Active, "the operation decides while it runs");
+        agent.answer(rid, AgentResponse::Stopped { was_running: true });
+        let (rid, req) = agent.request().await;
+        assert!(matches!(req, AgentRequest::Start { .. }), "{req:?}");
+        agent.answer(rid, AgentResponse::Started { pid: 5000, already_running: false });
+        eventually("Error", || h.published("d").status == ClusterStatus::Error).await;
+        let description = h.published("d").status_description.clone();
+        assert!(description.contains(a.id.as_str()) && description.contains("code 137"), "{description}");
+        assert_eq!(h.stored_cluster(&c).unwrap().status, ClusterStatus::Error, "durable");
+    });
+}
+
+use crate::storage::records::DesiredState;
