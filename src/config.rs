@@ -114,7 +114,14 @@ pub struct AgentConfig {
     pub port_range: String,
     pub labels: BTreeMap<String, String>,
     pub default_run_as: Option<String>,
+    /// Whether an instance may run as uid 0 or gid 0 (by whatever name).
     pub allow_root: bool,
+    /// The users a spec's `run_as` may name; empty: any user (but root,
+    /// unless `allow_root`). The agent's default user is always allowed.
+    pub allowed_run_as: Vec<String>,
+    /// Whether a spec's `env` may set dynamic-loader variables (`LD_*`,
+    /// `GCONV_PATH`).
+    pub allow_loader_env: bool,
     pub use_cgroups: bool,
     pub stop_instances_on_exit: bool,
     #[serde(with = "humantime_serde_compat")]
@@ -143,6 +150,8 @@ impl Default for AgentConfig {
             labels: BTreeMap::new(),
             default_run_as: None,
             allow_root: false,
+            allowed_run_as: Vec::new(),
+            allow_loader_env: false,
             use_cgroups: true,
             stop_instances_on_exit: false,
             reconnect_max_backoff: Duration::from_secs(5),
@@ -189,8 +198,15 @@ fn load<T: for<'de> Deserialize<'de>>(
         }
         builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
     }
-    builder = builder
-        .add_source(config::Environment::with_prefix(env_prefix).prefix_separator("_").try_parsing(true).source(env));
+    builder = builder.add_source(
+        config::Environment::with_prefix(env_prefix)
+            .prefix_separator("_")
+            .try_parsing(true)
+            // The agent's one list: `FLOTILLA_AGENT_ALLOWED_RUN_AS=app,web`.
+            .list_separator(",")
+            .with_list_parse_key("allowed_run_as")
+            .source(env),
+    );
     for (key, value) in overrides {
         builder = builder.set_override(*key, value.clone()).map_err(|e| ConfigError::Load(e.to_string()))?;
     }
@@ -283,6 +299,11 @@ impl AgentConfig {
             message: format!("{:?} is not an IP address", self.address),
         })?;
         self.ports()?;
+        if let Some(bad) =
+            self.allowed_run_as.iter().find(|u| u.is_empty() || u.contains([',', ':', '/']) || u.trim() != *u)
+        {
+            return Err(ConfigError::Invalid { key: "allowed_run_as", message: format!("{bad:?} is not a user name") });
+        }
         check_nonzero("reconnect_max_backoff", self.reconnect_max_backoff)?;
         check_nonzero("restart_window", self.restart_window)?;
         check_nonzero("restart_backoff", self.restart_backoff)?;
@@ -379,5 +400,26 @@ mod tests {
         assert!(err.contains("port_range"), "{err}");
         let ok = AgentConfig::load_with_env(None, env(&[]), &[("node_id", "n1".into())]).unwrap();
         assert_eq!(ok.ports().unwrap(), (20000, 29999));
+    }
+
+    #[test]
+    fn agent_run_as_and_loader_env_rules_load_from_file_and_env() {
+        let n1 = [("node_id", "n1".to_string())];
+        let ok = AgentConfig::load_with_env(None, env(&[]), &n1).unwrap();
+        assert!(ok.allowed_run_as.is_empty() && !ok.allow_loader_env && !ok.allow_root);
+
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("a.toml");
+        std::fs::write(&f, "allowed_run_as = [\"app\", \"web\"]\nallow_loader_env = true\n").unwrap();
+        let cfg = AgentConfig::load_with_env(Some(&f), env(&[]), &n1).unwrap();
+        assert_eq!(cfg.allowed_run_as, ["app", "web"]);
+        assert!(cfg.allow_loader_env);
+
+        let cfg = AgentConfig::load_with_env(None, env(&[("FLOTILLA_AGENT_ALLOWED_RUN_AS", "app,db")]), &n1).unwrap();
+        assert_eq!(cfg.allowed_run_as, ["app", "db"]);
+        let err = AgentConfig::load_with_env(None, env(&[("FLOTILLA_AGENT_ALLOWED_RUN_AS", "app,")]), &n1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("allowed_run_as"), "{err}");
     }
 }

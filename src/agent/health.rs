@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::hooks::describe_ms;
-use super::node::{Node, failure, not_installed, run_as_of};
+use super::node::{Node, failure, not_installed};
 use super::process::{Ending, ExitInfo, ExitWatch, OneShot, RunAs, run_oneshot};
 use crate::ids::InstanceId;
 use crate::protocol::messages::{AgentResponse, CommandFailure, FailureKind, HealthProbe};
@@ -226,7 +226,7 @@ impl Node {
             };
             let ctx = match rec.process.health.clone() {
                 None => None,
-                Some(probe) => match run_as_of(rec, FailureKind::Health) {
+                Some(probe) => match self.run_as_of(rec, FailureKind::Health) {
                     Ok(run_as) => Some(self.probe_context(id, probe, rec, run_as)),
                     Err(resp) => return resp,
                 },

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use super::node::{Node, admit, failure, run_as_of};
+use super::node::{Node, admit, failure};
 use super::process::oneshot::signal_name;
 use super::process::{Ending, OneShot, run_oneshot};
 use crate::ids::InstanceId;
@@ -59,7 +59,7 @@ impl Node {
             Ok(rec) => rec,
             Err(refused) => return refused,
         };
-        let run_as = match run_as_of(rec, FailureKind::Hook) {
+        let run_as = match self.run_as_of(rec, FailureKind::Hook) {
             Ok(u) => u,
             Err(resp) => return resp,
         };

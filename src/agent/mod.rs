@@ -58,7 +58,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let processes = process::ProcessController::new(&cfg.node_id, cfg.use_cgroups);
     let cgroups = processes.cgroups_enabled();
     let resource_limits = processes.resource_limits_enabled();
-    let policy = node::RunAsPolicy { default_run_as: cfg.default_run_as.clone(), allow_root: cfg.allow_root };
+    let policy = node::RunAsPolicy::from_config(&cfg);
     let node = node::Node::new(store, processes, &cfg.data_dir, policy, cfg.address.clone())
         .map_err(|source| AgentError::Io { path: cfg.data_dir.display().to_string(), source })?;
     node.set_restart_policy(restart::RestartPolicy {

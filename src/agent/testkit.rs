@@ -44,15 +44,19 @@ pub struct TestNode {
 }
 
 impl TestNode {
-    /// A node announcing 127.0.0.1.
+    /// A node announcing 127.0.0.1, allowing root.
     pub fn new() -> TestNode {
+        TestNode::with_policy(RunAsPolicy { allow_root: true, ..RunAsPolicy::default() })
+    }
+
+    /// A node announcing 127.0.0.1, with this run-as and env policy.
+    pub fn with_policy(policy: RunAsPolicy) -> TestNode {
         let tmp = tempfile::tempdir().unwrap();
         // Instances may run as `nobody`: the path to them must be searchable.
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let store = AgentStore::open(&tmp.path().join("db")).unwrap();
         let scope = format!("testkit-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
         let processes = ProcessController::new(&scope, false);
-        let policy = RunAsPolicy { default_run_as: None, allow_root: true };
         let node = Node::new(store, processes, tmp.path(), policy, "127.0.0.1".into()).unwrap();
         TestNode { node, ids: Mutex::default(), _tmp: tmp }
     }

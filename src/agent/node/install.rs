@@ -13,14 +13,14 @@ impl Node {
             // Not root: everything runs as the agent's own user.
             return Ok(users::current());
         }
-        let name = wanted.or(self.policy.default_run_as.as_deref()).unwrap_or("nobody");
-        if name == "root" && !self.policy.allow_root {
-            return Err(failure(
-                FailureKind::BadRequest,
-                "run_as = \"root\" is refused by this agent (allow_root = false)",
-            ));
+        let name = wanted.unwrap_or(self.policy.default_user());
+        let user =
+            users::resolve(name).map_err(|e| failure(FailureKind::BadRequest, format!("run_as {name:?}: {e}")))?;
+        // By uid and gid, not by name: an alias of root is root.
+        match self.policy.refuse_user(&user) {
+            Some(why) => Err(failure(FailureKind::BadRequest, why)),
+            None => Ok(user),
         }
-        users::resolve(name).map_err(|e| failure(FailureKind::BadRequest, format!("run_as {name:?}: {e}")))
     }
 
     /// Checks that a run-as user other than the agent's can reach the
@@ -80,6 +80,9 @@ impl Node {
             && let Some(r) = guard.as_ref()
         {
             self.refuse_install(begin, r)?;
+        }
+        if let Some(why) = self.policy.refuse_env(&begin.process.env) {
+            return Err(failure(FailureKind::BadRequest, format!("instance {}: {why}", begin.instance)));
         }
         let run_as = self.resolve_run_as(begin.run_as.as_deref())?;
         self.check_reachable(&run_as)?;
@@ -161,6 +164,88 @@ impl Node {
 mod tests {
     use super::*;
     use crate::agent::testkit::{TestNode, spec};
+
+    fn refused(r: AgentResponse, kind: FailureKind, says: &[&str]) {
+        match &r {
+            AgentResponse::Failed(f) if f.kind == kind && says.iter().all(|s| f.message.contains(s)) => {}
+            other => panic!("expected a {kind:?} failure saying {says:?}, got {other:?}"),
+        }
+    }
+
+    /// The agent's config, not the master, decides (issue 9): a spec's
+    /// loader variables are refused at install, when files change the
+    /// env, and at start and for hooks of a record that predates the rule.
+    #[tokio::test]
+    async fn loader_variables_in_the_env_are_refused_unless_the_agent_allows_them() {
+        let t = TestNode::with_policy(RunAsPolicy::default());
+        let id = InstanceId::new("loader-env");
+        let mut b = begin(&id, 1);
+        b.process.env.push(("LD_PRELOAD".into(), "/tmp/evil.so".into()));
+        refused(
+            t.node.check_install(&b).map(|_| ()).unwrap_err(),
+            FailureKind::BadRequest,
+            &["LD_PRELOAD", "allow_loader_env = false"],
+        );
+
+        let me = users::current().name;
+        let mut with_gconv = spec(&["sleep", "100"]);
+        with_gconv.env.push(("GCONV_PATH".into(), "/tmp".into()));
+        let old = t.install("old-record", &me, with_gconv, &[]).await;
+        refused(t.node.start(&old, 2).await, FailureKind::Start, &["GCONV_PATH"]);
+        assert_eq!(t.record(&old).await.pid, None, "nothing started");
+
+        let ok = t.install("ok", &me, spec(&["sleep", "100"]), &[]).await;
+        let env = vec![("LD_LIBRARY_PATH".to_string(), "/tmp".to_string())];
+        refused(
+            t.node.write_files(&ok, 2, vec![], Some(env.clone())).await,
+            FailureKind::BadRequest,
+            &["LD_LIBRARY_PATH"],
+        );
+        assert!(!t.record(&ok).await.process.env.iter().any(|(k, _)| k == "LD_LIBRARY_PATH"));
+
+        // Allowed by the agent's config: installed and started.
+        let open =
+            TestNode::with_policy(RunAsPolicy { allow_loader_env: true, allow_root: true, ..RunAsPolicy::default() });
+        assert!(open.node.check_install(&b).is_ok());
+        let mut ld = spec(&["sleep", "100"]);
+        ld.env = env;
+        let id = open.install("ld-ok", &me, ld, &[]).await;
+        assert!(matches!(open.node.start(&id, 2).await, AgentResponse::Started { .. }));
+        assert!(matches!(open.node.stop(&id, 3).await, AgentResponse::Stopped { was_running: true }));
+    }
+
+    /// Root is refused by uid and gid, at install and again at start; and
+    /// `allowed_run_as` limits the users a spec may name.
+    #[tokio::test]
+    async fn root_and_users_outside_allowed_run_as_are_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // a non-root agent runs everything as itself
+        }
+        let t = TestNode::with_policy(RunAsPolicy {
+            allowed_run_as: vec!["daemon".into(), "root".into()],
+            ..RunAsPolicy::default()
+        });
+        let id = InstanceId::new("who");
+        let named = |user: Option<&str>| InstallBegin { run_as: user.map(str::to_string), ..begin(&id, 1) };
+        refused(
+            t.node.check_install(&named(Some("root"))).map(|_| ()).unwrap_err(),
+            FailureKind::BadRequest,
+            &["\"root\" is uid 0 gid 0", "allow_root = false"],
+        );
+        refused(
+            t.node.check_install(&named(Some("bin"))).map(|_| ()).unwrap_err(),
+            FailureKind::BadRequest,
+            &["\"bin\"", "allowed_run_as (daemon, root)"],
+        );
+        assert_eq!(t.node.check_install(&named(Some("daemon"))).unwrap().name, "daemon");
+        assert_eq!(t.node.check_install(&named(None)).unwrap().name, "nobody", "the default is always allowed");
+
+        // A record naming root (installed before the rule, or the user
+        // database changed since): its start is refused, nothing runs.
+        let rooted = t.install("rooted", "root", spec(&["sleep", "100"]), &[]).await;
+        refused(t.node.start(&rooted, 2).await, FailureKind::Start, &["uid 0", "allow_root = false"]);
+        assert_eq!(t.record(&rooted).await.pid, None);
+    }
 
     fn begin(id: &InstanceId, generation: u64) -> InstallBegin {
         InstallBegin {

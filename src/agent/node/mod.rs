@@ -26,14 +26,10 @@ use crate::storage::{AgentStore, WriteOp};
 
 mod install;
 mod logs;
+mod policy;
 mod stop;
 
-/// How the agent treats the run-as users of specs.
-#[derive(Debug, Clone)]
-pub struct RunAsPolicy {
-    pub default_run_as: Option<String>,
-    pub allow_root: bool,
-}
+pub use policy::RunAsPolicy;
 
 /// One instance's slot: its record behind the lock that serializes
 /// commands, and who holds that lock now (for `SIGUSR2` dumps).
@@ -288,6 +284,9 @@ impl Node {
             Ok(rec) => rec,
             Err(refused) => return refused,
         };
+        if let Some(why) = env.as_deref().and_then(|e| self.policy.refuse_env(e)) {
+            return failure(FailureKind::BadRequest, format!("instance {id}: {why}"));
+        }
         let owner = match users::resolve(&rec.run_as) {
             Ok(u) if nix::unistd::geteuid().is_root() => Some((u.uid, u.gid)),
             _ => None,
@@ -343,7 +342,7 @@ impl Node {
             Ok(rec) => rec,
             Err(refused) => return refused,
         };
-        let run_as = match run_as_of(rec, FailureKind::Start) {
+        let run_as = match self.run_as_of(rec, FailureKind::Start) {
             Ok(u) => u,
             Err(resp) => return resp,
         };
@@ -421,14 +420,30 @@ impl Node {
     }
 }
 
-/// The user an instance's commands run as: its recorded run-as user when the
-/// agent is root, else the agent's own user. A user gone from the node fails
-/// the command with `kind`.
-pub(super) fn run_as_of(rec: &AgentInstanceRecord, kind: FailureKind) -> Result<users::RunAs, AgentResponse> {
-    if !nix::unistd::geteuid().is_root() {
-        return Ok(users::current());
+impl Node {
+    /// The user an instance's commands run as: its recorded run-as user when
+    /// the agent is root, else the agent's own user. Checked again against
+    /// this agent's policy (the record may predate it, or the user database
+    /// may have changed since the install): a user gone from the node, one
+    /// that is now root or not allowed, or a loader variable in the env
+    /// fails the command with `kind`.
+    pub(super) fn run_as_of(
+        &self,
+        rec: &AgentInstanceRecord,
+        kind: FailureKind,
+    ) -> Result<users::RunAs, AgentResponse> {
+        if let Some(why) = self.policy.refuse_env(&rec.process.env) {
+            return Err(failure(kind, format!("instance {}: {why}", rec.id)));
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Ok(users::current());
+        }
+        let user = users::resolve(&rec.run_as).map_err(|e| failure(kind, format!("run_as {}: {e}", rec.run_as)))?;
+        match self.policy.refuse_user(&user) {
+            Some(why) => Err(failure(kind, format!("instance {}: {why}", rec.id))),
+            None => Ok(user),
+        }
     }
-    users::resolve(&rec.run_as).map_err(|e| failure(kind, format!("run_as {}: {e}", rec.run_as)))
 }
 
 /// The instance's record for a command of `generation`, or the refusal:
