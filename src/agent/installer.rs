@@ -351,8 +351,11 @@ fn extract_blocking(
     let dirs: std::collections::HashMap<PathBuf, u32> = dirs.into_iter().collect();
     let mut dirs: Vec<_> = dirs.into_iter().collect();
     dirs.sort_by_key(|(d, _)| std::cmp::Reverse(d.components().count()));
+    // Directories the archive did not list (parents made on the way) got
+    // the agent's umask: first, while every directory is still searchable.
+    strip_other_write(staging)?;
     for (dir, mode) in &dirs {
-        fs::set_permissions(dir, fs::Permissions::from_mode(*mode))
+        fs::set_permissions(dir, fs::Permissions::from_mode(*mode & !WORLD_WRITABLE))
             .map_err(InstallError::io("set the mode of", dir))?;
     }
     io::copy(&mut source, &mut io::sink()).map_err(InstallError::io("read the package after", staging))?;
@@ -368,6 +371,30 @@ fn extract_blocking(
         summary: ExtractSummary { entries: tally.entries, bytes: tally.bytes, sha256 },
         raw_bytes: source.bytes,
     })
+}
+
+/// The mode bit no extracted file or directory keeps: another user on
+/// the node must not be able to change an instance's programs or files.
+const WORLD_WRITABLE: u32 = 0o002;
+
+/// Removes the world-writable bit from every directory under `root`
+/// (symlinks are neither followed nor changed).
+fn strip_other_write(root: &Path) -> Result<(), InstallError> {
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        let mode = fs::symlink_metadata(&dir).map_err(InstallError::io("stat", &dir))?.permissions().mode();
+        if mode & WORLD_WRITABLE != 0 {
+            fs::set_permissions(&dir, fs::Permissions::from_mode(mode & 0o7777 & !WORLD_WRITABLE))
+                .map_err(InstallError::io("set the mode of", &dir))?;
+        }
+        for entry in fs::read_dir(&dir).map_err(InstallError::io("read", &dir))? {
+            let entry = entry.map_err(InstallError::io("read", &dir))?;
+            if entry.file_type().map_err(InstallError::io("stat", &entry.path()))?.is_dir() {
+                todo.push(entry.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 fn unpack<R: Read>(
@@ -390,6 +417,7 @@ fn unpack<R: Read>(
     // only the 0o777 bits (preserve_permissions is off), never chowns, and
     // replaces an existing file instead of writing through it.
     entry.set_preserve_permissions(false);
+    entry.set_mask(WORLD_WRITABLE);
     entry.set_unpack_xattrs(false);
     match entry.unpack_in(staging) {
         Ok(true) => Ok(()),

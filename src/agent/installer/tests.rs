@@ -259,3 +259,29 @@ fn chown_tree_does_not_follow_links() {
     }
     assert!(chown_tree_nofollow(&dir.join("link"), uid, gid).is_err(), "the root itself must not be a link");
 }
+
+/// No extracted file or directory stays world-writable (issue 9): another
+/// user on the node could otherwise change an instance's programs.
+#[tokio::test]
+async fn extracted_files_and_dirs_lose_the_world_writable_bit() {
+    let entries = vec![
+        with_mode(dir("open"), 0o777),
+        with_mode(file("open/run.sh", b"#!/bin/sh\n"), 0o777),
+        with_mode(file("data.txt", b"x"), 0o666),
+        with_mode(file("implicit/deep/f", b"x"), 0o646),
+        symlink("link", "open/run.sh"),
+        file("component.toml", SPEC.as_bytes()),
+    ];
+    let (tmp, r) = extract_entries(&entries, &ExtractLimits::default()).await;
+    r.unwrap();
+    let staging = tmp.path().join("staging");
+    let mode = |p: &str| std::fs::symlink_metadata(staging.join(p)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("open"), 0o775);
+    assert_eq!(mode("open/run.sh"), 0o775);
+    assert_eq!(mode("data.txt"), 0o664);
+    assert_eq!(mode("implicit/deep/f"), 0o644);
+    for p in ["", "implicit", "implicit/deep"] {
+        assert_eq!(mode(p) & 0o002, 0, "{p:?} (made on the way) is world-writable: {:o}", mode(p));
+    }
+    assert_eq!(std::fs::read_link(staging.join("link")).unwrap(), Path::new("open/run.sh"));
+}
