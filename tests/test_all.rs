@@ -12,6 +12,7 @@ mod common;
 
 mod integration {
     mod agent_faults;
+    mod agent_policy;
     mod agent_shutdown;
     mod bad_inputs;
     mod big_scale;

@@ -55,6 +55,13 @@ impl Node {
         let slot = self.slot(id);
         // Held until the hook ended: see the module doc.
         let mut guard = slot.lock("hook").await;
+        if guard.is_none() && hook == "destroy" {
+            // Never installed here (its install failed) or already deleted:
+            // there is nothing to destroy, and refusing would veto the
+            // delete of a cluster whose create failed at install.
+            tracing::info!(instance = %id, generation, "destroy hook of an instance not installed on this node: nothing to do");
+            return AgentResponse::HookDone { exit_code: 0, stdout_tail: String::new(), stderr_tail: String::new() };
+        }
         let rec = match admit(&mut guard, id, generation) {
             Ok(rec) => rec,
             Err(refused) => return refused,

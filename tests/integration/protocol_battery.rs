@@ -470,12 +470,14 @@ async fn battery(kind: Kind) {
     assert_failed(&m, &got, FailureKind::Health, "CheckHealth of a stopped instance");
 
     // 10. Commands for an instance never installed (or whose install
-    // failed) are refused as unknown.
+    // failed) are refused as unknown, but a stop, which has nothing to do
+    // (a cluster whose install failed must still be deletable).
     for unknown in [id("battery-never"), bad_sha.clone()] {
         let u = unknown.clone();
+        let got = m.call(AgentRequest::Stop { instance: u.clone(), generation: 1 }).await;
+        assert_eq!(got, AgentResponse::Stopped { was_running: false }, "Stop of {u}, not installed");
         let requests = [
             AgentRequest::Start { instance: u.clone(), generation: 1, settle_ms: 0 },
-            AgentRequest::Stop { instance: u.clone(), generation: 1 },
             AgentRequest::WriteFiles { instance: u.clone(), generation: 1, files: vec![], env: None },
             AgentRequest::Signal { instance: u.clone(), generation: 1, signal: 1 },
             AgentRequest::CheckHealth { instance: u.clone(), timeout_ms: 1000 },

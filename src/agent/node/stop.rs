@@ -16,6 +16,13 @@ impl Node {
     pub async fn stop(&self, id: &InstanceId, generation: u64) -> AgentResponse {
         let slot = self.slot(id);
         let mut guard = slot.lock("stop").await;
+        if guard.is_none() {
+            // Never installed here (its install failed), or deleted: nothing
+            // of it runs, so the stop is done. Refusing it would leave a
+            // cluster whose create failed at install undeletable.
+            tracing::info!(instance = %id, generation, "stop of an instance not installed on this node: nothing to stop");
+            return AgentResponse::Stopped { was_running: false };
+        }
         let rec = match admit(&mut guard, id, generation) {
             Ok(rec) => rec,
             Err(refused) => return refused,
@@ -159,5 +166,27 @@ impl Node {
             });
         }
         futures::future::join_all(tasks).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::agent::testkit::TestNode;
+    use crate::ids::InstanceId;
+    use crate::protocol::messages::AgentResponse;
+
+    /// Stop and delete of an instance this node does not hold (its install
+    /// failed, or it was deleted) are done, not refused: `Error → delete`
+    /// always works.
+    #[tokio::test]
+    async fn stop_and_delete_of_an_instance_not_held_succeed() {
+        let t = TestNode::new();
+        let id = InstanceId::new("never-installed");
+        assert_eq!(t.node.stop(&id, 3).await, AgentResponse::Stopped { was_running: false });
+        let destroy = t.node.run_hook(&id, 3, "destroy", &["bin/destroy.sh".to_string()], 1000).await;
+        assert!(matches!(destroy, AgentResponse::HookDone { exit_code: 0, .. }), "{destroy:?}");
+        assert_eq!(t.node.delete(&id, 4).await, AgentResponse::Deleted { existed: false });
+        assert_eq!(t.node.stop(&id, 5).await, AgentResponse::Stopped { was_running: false }, "after the delete");
+        assert!(t.node.inventory().await.is_empty());
     }
 }

@@ -141,7 +141,8 @@ impl SimState {
     }
 
     pub fn stop(&mut self, id: &InstanceId, generation: u64) -> AgentResponse {
-        let Some(i) = self.instances.get_mut(id) else { return not_installed(id) };
+        // As the real agent: nothing of an instance not held runs.
+        let Some(i) = self.instances.get_mut(id) else { return AgentResponse::Stopped { was_running: false } };
         if generation < i.generation {
             return stale(id, generation, i.generation);
         }
