@@ -30,6 +30,11 @@ pub struct DevArgs {
     /// on one machine need ranges that do not overlap.
     #[arg(long, default_value = "20000-29999")]
     pub port_range: String,
+    /// Let the agents run an instance as root where its spec names root
+    /// (`run_as = "root"`). Without it they refuse root; either way an
+    /// instance whose spec names no user runs as `nobody`.
+    #[arg(long)]
+    pub allow_root: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +47,26 @@ pub enum DevError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Under root, instances run as `nobody`, which must be able to reach
+/// their directories under `dir`: says so at once (and how to fix it)
+/// rather than at the first install.
+fn warn_if_unreachable(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let closed = dir.ancestors().find(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 == 0));
+    if let Some(d) = closed {
+        eprintln!(
+            "flotilla dev: warning: instances run as nobody, who cannot reach {} ({} is not searchable by others): \
+             installs will fail; pass a --data-dir outside it (e.g. /var/tmp/flotilla-dev) or `chmod o+x {}`",
+            dir.display(),
+            d.display(),
+            d.display()
+        );
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -109,11 +134,7 @@ async fn start_and_wait(
     let endpoints = wait_for_endpoints(internal, children).await?;
     let api_url = endpoints["api_url"].as_str().unwrap_or_default().to_string();
     let agent_addr = endpoints["agent_addr"].as_str().unwrap_or_default().to_string();
-    let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
-        .ok()
-        .flatten()
-        .map(|u| u.name)
-        .unwrap_or_else(|| "nobody".into());
+    warn_if_unreachable(dir);
     // Written by the master (its first start) before it listens.
     let token_file = dir.join("master").join("token");
     let token = std::fs::read_to_string(&token_file)
@@ -129,9 +150,11 @@ async fn start_and_wait(
             .arg("--data-dir")
             .arg(dir.join(format!("agent-{i}")))
             .args(["--port-range", &args.port_range])
-            // Dev mode runs instances as the user who ran `flotilla dev`.
-            .args(["--default-run-as", &me])
-            .arg("--allow-root")
+            // Never as the user who ran `flotilla dev` (root, often): as
+            // `nobody`, or root only where a spec names it and the
+            // operator passed --allow-root.
+            .args(["--default-run-as", "nobody"])
+            .args(args.allow_root.then_some("--allow-root"))
             .arg("--stop-instances-on-exit")
             .kill_on_drop(true)
             .spawn()
