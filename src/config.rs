@@ -29,6 +29,12 @@ pub struct MasterConfig {
     pub http_addr: String,
     pub agent_addr: String,
     pub max_upload_bytes: u64,
+    /// An upload that sends no bytes for this long is refused.
+    #[serde(with = "humantime_serde_compat")]
+    pub upload_idle_timeout: Duration,
+    /// Once `upload_idle_timeout` has passed, an upload averaging fewer
+    /// bytes per second than this is refused.
+    pub upload_min_rate: u64,
     pub max_json_bytes: usize,
     #[serde(with = "humantime_serde_compat")]
     pub heartbeat_interval: Duration,
@@ -40,6 +46,12 @@ pub struct MasterConfig {
     pub agent_reply_timeout: Duration,
     #[serde(with = "humantime_serde_compat")]
     pub handshake_timeout: Duration,
+    /// Agent connections held at once (links and handshakes under way);
+    /// past it a new one is closed at once.
+    pub max_agent_connections: usize,
+    /// TLS and protocol handshakes of agents run at once; past it new
+    /// connections wait in the listen backlog.
+    pub max_agent_handshakes: usize,
     /// A frame an agent's connection cannot take within this closes the
     /// link: the agent stopped reading.
     #[serde(with = "humantime_serde_compat")]
@@ -75,12 +87,16 @@ impl Default for MasterConfig {
             http_addr: "127.0.0.1:7070".into(),
             agent_addr: "127.0.0.1:7071".into(),
             max_upload_bytes: 1024 * 1024 * 1024,
+            upload_idle_timeout: Duration::from_secs(30),
+            upload_min_rate: 16 * 1024,
             max_json_bytes: 1024 * 1024,
             heartbeat_interval: Duration::from_secs(2),
             node_unknown_after: Duration::from_secs(6),
             node_down_after: Duration::from_secs(30),
             agent_reply_timeout: Duration::from_secs(120),
             handshake_timeout: Duration::from_secs(10),
+            max_agent_connections: 20_000,
+            max_agent_handshakes: 256,
             agent_send_timeout: Duration::from_secs(10),
             endpoints_file: None,
             log_format: LogFormat::Text,
@@ -120,8 +136,10 @@ pub struct AgentConfig {
     /// unless `allow_root`). The agent's default user is always allowed.
     pub allowed_run_as: Vec<String>,
     /// Whether a spec's `env` may set dynamic-loader variables (`LD_*`,
-    /// `GCONV_PATH`).
+    /// `GCONV_PATH`, `GLIBC_TUNABLES`).
     pub allow_loader_env: bool,
+    /// Enrolls with this when the data dir holds no certificate yet.
+    pub join_token: Option<Secret>,
     pub use_cgroups: bool,
     pub stop_instances_on_exit: bool,
     #[serde(with = "humantime_serde_compat")]
@@ -152,6 +170,7 @@ impl Default for AgentConfig {
             allow_root: false,
             allowed_run_as: Vec::new(),
             allow_loader_env: false,
+            join_token: None,
             use_cgroups: true,
             stop_instances_on_exit: false,
             reconnect_max_backoff: Duration::from_secs(5),
@@ -161,6 +180,17 @@ impl Default for AgentConfig {
             restart_window: Duration::from_secs(300),
             restart_backoff: Duration::from_secs(1),
         }
+    }
+}
+
+/// A setting that must not reach a log line: `{:?}` prints `<secret>`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<secret>")
     }
 }
 
@@ -239,6 +269,7 @@ impl MasterConfig {
             return Err(ConfigError::Invalid { key: "max_json_bytes", message: "must be at least 1024".into() });
         }
         check_nonzero("heartbeat_interval", self.heartbeat_interval)?;
+        check_nonzero("upload_idle_timeout", self.upload_idle_timeout)?;
         if self.node_unknown_after <= self.heartbeat_interval {
             return Err(ConfigError::Invalid {
                 key: "node_unknown_after",
@@ -260,6 +291,8 @@ impl MasterConfig {
             ("writer_queue", self.writer_queue, 1 << 20),
             ("operations_retained", self.operations_retained, 1 << 20),
             ("events_retained", self.events_retained, 1 << 24),
+            ("max_agent_connections", self.max_agent_connections, 1 << 20),
+            ("max_agent_handshakes", self.max_agent_handshakes, 1 << 16),
         ] {
             let min = usize::from(key != "actor_threads");
             if v < min || v > max {

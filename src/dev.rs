@@ -121,6 +121,10 @@ pub async fn run(args: DevArgs) -> Result<(), DevError> {
         eprintln!("flotilla dev: {e}");
     }
     stop_children(children).await;
+    let left = sweep_instances(&dir);
+    if left > 0 {
+        eprintln!("flotilla dev: killed {left} instance process(es) an agent crash had left running");
+    }
     result
 }
 
@@ -140,32 +144,16 @@ async fn start_and_wait(
     let token = std::fs::read_to_string(&token_file)
         .map(|t| t.trim().to_string())
         .map_err(|e| DevError::Setup(format!("the master's API token {}: {e}", token_file.display())))?;
-    for i in 1..=args.agents {
-        let address = format!("127.0.0.{}", 10 + i as u32);
-        let child = Command::new(exe)
-            .arg("agent")
-            .args(["--node-id", &format!("node-{i}")])
-            .args(["--master", &agent_addr])
-            .args(["--address", &address])
-            .arg("--data-dir")
-            .arg(dir.join(format!("agent-{i}")))
-            .args(["--port-range", &args.port_range])
-            // Never as the user who ran `flotilla dev` (root, often): as
-            // `nobody`, or root only where a spec names it and the
-            // operator passed --allow-root.
-            .args(["--default-run-as", "nobody"])
-            .args(args.allow_root.then_some("--allow-root"))
-            .arg("--stop-instances-on-exit")
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| DevError::Spawn { what: format!("agent {i}"), source })?;
-        children.push((format!("agent-{i}"), child));
-    }
     let mut headers = reqwest::header::HeaderMap::new();
     let bearer = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(setup("the API token"))?;
     headers.insert(reqwest::header::AUTHORIZATION, bearer);
     let client =
         reqwest::Client::builder().no_proxy().default_headers(headers).build().map_err(setup("http client"))?;
+    let join_token = join_token(&client, &api_url, args.agents).await?;
+    let agent = AgentCommand { exe, dir, agent_addr: &agent_addr, args, join_token: &join_token };
+    for i in 1..=args.agents {
+        children.push((format!("agent-{i}"), agent.spawn(i)?));
+    }
     wait_for_nodes(&client, &api_url, args.agents as usize).await?;
     let examples = args.examples.clone().unwrap_or_else(default_examples);
     let loaded = load_examples(&client, &api_url, &examples).await;
@@ -182,8 +170,90 @@ async fn start_and_wait(
             eprintln!("\nflotilla dev: stopping agents (and their instances), then the master ...");
             Ok(())
         }
-        who = any_exit(children) => Err(DevError::Setup(format!("{who} exited; stopping everything"))),
+        who = supervise(children, &agent) => Err(DevError::Setup(format!("{who}; stopping everything"))),
     }
+}
+
+/// How `flotilla dev` starts (and starts again) agent `i`.
+struct AgentCommand<'a> {
+    exe: &'a Path,
+    dir: &'a Path,
+    agent_addr: &'a str,
+    args: &'a DevArgs,
+    join_token: &'a str,
+}
+
+impl AgentCommand<'_> {
+    fn spawn(&self, i: u8) -> Result<Child, DevError> {
+        Command::new(self.exe)
+            .arg("agent")
+            .args(["--node-id", &format!("node-{i}")])
+            .args(["--master", self.agent_addr])
+            .args(["--address", &format!("127.0.0.{}", 10 + i as u32)])
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("agent-{i}")))
+            .args(["--port-range", &self.args.port_range])
+            // Never as the user who ran `flotilla dev` (root, often): as
+            // `nobody`, or root only where a spec names it and the
+            // operator passed --allow-root.
+            .args(["--default-run-as", "nobody"])
+            .args(self.args.allow_root.then_some("--allow-root"))
+            .arg("--stop-instances-on-exit")
+            // Enrolls at its first start; later starts use its certificate.
+            .env("FLOTILLA_AGENT_JOIN_TOKEN", self.join_token)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| DevError::Spawn { what: format!("agent {i}"), source })
+    }
+}
+
+/// Agents restarted within [`RESTART_WINDOW`] before dev mode gives up.
+const MAX_RESTARTS: usize = 5;
+const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// Watches the children: an agent that dies is started again on its data
+/// dir (it re-adopts its running instances, as after any agent crash); the
+/// master's end, or an agent dying too often, ends dev mode. Returns why.
+async fn supervise(children: &mut [(String, Child)], agent: &AgentCommand<'_>) -> String {
+    let mut restarts: std::collections::HashMap<String, Vec<std::time::Instant>> = Default::default();
+    loop {
+        for (name, c) in children.iter_mut() {
+            let Ok(Some(status)) = c.try_wait() else { continue };
+            let Some(i) = name.strip_prefix("agent-").and_then(|n| n.parse::<u8>().ok()) else {
+                return format!("{name} exited ({status})");
+            };
+            let times = restarts.entry(name.clone()).or_default();
+            times.retain(|t| t.elapsed() < RESTART_WINDOW);
+            if times.len() >= MAX_RESTARTS {
+                return format!("{name} exited ({status}) {MAX_RESTARTS} times within {} s", RESTART_WINDOW.as_secs());
+            }
+            times.push(std::time::Instant::now());
+            eprintln!("flotilla dev: {name} exited ({status}); starting it again (it re-adopts its instances)");
+            match agent.spawn(i) {
+                Ok(new) => *c = new,
+                Err(e) => return format!("{name} exited ({status}) and could not be started again: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Kills every process still running from an instance directory under
+/// `dir` (an agent killed before it could stop its instances leaves them
+/// to init): dev mode leaves nothing running behind. Returns how many.
+fn sweep_instances(dir: &Path) -> usize {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return 0 };
+    let roots: Vec<PathBuf> = (1..=u8::MAX).map(|i| dir.join(format!("agent-{i}")).join("instances")).collect();
+    let mut killed = 0;
+    for entry in procs.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(cwd) = std::fs::read_link(format!("/proc/{pid}/cwd")) else { continue };
+        if roots.iter().any(|r| cwd.starts_with(r)) && pid != std::process::id() as i32 {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            killed += 1;
+        }
+    }
+    killed
 }
 
 fn default_examples() -> PathBuf {
@@ -206,6 +276,19 @@ async fn wait_for_endpoints(path: &Path, children: &mut [(String, Child)]) -> Re
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Err(DevError::Setup("the master did not start within 30 s".into()))
+}
+
+/// A join token the dev agents enroll with (one use each).
+async fn join_token(client: &reqwest::Client, api: &str, agents: u8) -> Result<String, DevError> {
+    let body = serde_json::json!({ "name": "dev", "uses": agents.max(1), "ttl_seconds": 600 });
+    let resp = client
+        .post(format!("{api}/api/v1/join-tokens"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(setup("making a join token"))?;
+    let v: serde_json::Value = resp.json().await.map_err(setup("the join token answer"))?;
+    v["secret"].as_str().map(str::to_string).ok_or_else(|| DevError::Setup(format!("no join token in {v}")))
 }
 
 async fn wait_for_nodes(client: &reqwest::Client, api: &str, n: usize) -> Result<(), DevError> {
@@ -284,17 +367,6 @@ Ctrl-C stops everything.
         dir = dir.display(),
         packages = if loaded.is_empty() { "(none)".to_string() } else { loaded.join(", ") },
     );
-}
-
-async fn any_exit(children: &mut [(String, Child)]) -> String {
-    loop {
-        for (name, c) in children.iter_mut() {
-            if let Ok(Some(status)) = c.try_wait() {
-                return format!("{name} ({status})");
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// SIGTERM to the agents, wait; then to the master, wait; KILL what is left.

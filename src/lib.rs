@@ -14,9 +14,10 @@
 //! | [`error`] | the domain `Error` (no HTTP in it) and `ErrorChain` |
 //! | [`ids`] | typed ids and the name rule |
 //! | [`fd_limit`] | the open-files limit raised at start, the original kept for children |
+//! | [`private_file`] | files only their owner reads (tokens, keys), written crash-safe |
 //! | [`spec`] | `component.toml`: model, validation, config typing, template rendering |
 //! | [`storage`] | RocksDB stores (master and agent), records, codec, the group-commit writer |
-//! | [`protocol`] | master <-> agent frames, messages, codec, handshake |
+//! | [`protocol`] | master <-> agent frames, messages, codec, handshake; TLS: the master's CA, agent credentials (`protocol::tls`) |
 //! | [`actors`] | master-side actors: supervisor, cluster, instance, node manager, read model |
 //! | [`operations`] | multi-step cluster operations as step lists with undo, and their runner |
 //! | [`http`] | the actix-web admin API: routes, DTOs, error mapping |
@@ -43,6 +44,7 @@ pub mod ids;
 pub mod master;
 pub mod operations;
 pub mod package;
+pub mod private_file;
 pub mod protocol;
 pub mod spec;
 pub mod storage;

@@ -90,6 +90,11 @@ enum Command {
         default_run_as: Option<String>,
         #[arg(long)]
         allow_root: bool,
+        /// Enroll with this join token (`flotilla node token create`) if
+        /// the data dir holds no certificate yet; ignored once enrolled.
+        /// Also FLOTILLA_AGENT_JOIN_TOKEN, which `ps` does not show.
+        #[arg(long)]
+        join_token: Option<String>,
         #[arg(long)]
         no_cgroups: bool,
         /// Stop every instance when the agent exits (dev mode).
@@ -227,6 +232,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             port_range,
             default_run_as,
             allow_root,
+            join_token,
             no_cgroups,
             stop_instances_on_exit,
             log_format,
@@ -238,6 +244,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ("address", address),
                 ("port_range", port_range),
                 ("default_run_as", default_run_as),
+                ("join_token", join_token),
             ] {
                 if let Some(v) = v {
                     o.push((k, v));

@@ -7,26 +7,21 @@ use std::sync::Arc;
 
 use actix::{Actor, Arbiter, ArbiterHandle};
 use actix_web::{App, HttpServer};
-use time::OffsetDateTime;
 use tokio::net::TcpListener;
-use tokio_util::codec::FramedWrite;
 
+use crate::actors::agent_listener::ListenerConfig;
 use crate::actors::node_link::NodeLinks;
-use crate::actors::node_manager::NodeManagerActor;
-use crate::actors::packages::Packages;
+use crate::actors::packages::{Packages, UploadLimits};
 use crate::actors::placement::PortAllocator;
 use crate::actors::read_model::{ActorStats, PackageView, ReadModel};
 use crate::actors::registry::Registry;
 use crate::actors::supervisor::{Boot, Supervisor};
 use crate::actors::tokens::ApiTokens;
+use crate::actors::trust::Trust;
 use crate::actors::{Limits, Shared, Timing};
 use crate::config::MasterConfig;
-use crate::protocol::codec::MasterCodec;
-use crate::protocol::handshake::master_handshake;
-use crate::protocol::messages::{MasterFrame, PROTOCOL_VERSION, Welcome};
 use crate::spec::ComponentSpec;
-use crate::storage::records::{NodeRecord, RECORD_VERSION};
-use crate::storage::{BlobStore, MasterStore, MetaStore, WriteOp, meta};
+use crate::storage::{BlobStore, MasterStore, MetaStore, meta};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MasterError {
@@ -51,6 +46,8 @@ pub enum MasterError {
     },
     #[error("cannot create the first API token")]
     Token(#[source] crate::error::Error),
+    #[error("cannot set up the agent link's TLS")]
+    Trust(#[source] crate::actors::trust::TrustError),
 }
 
 /// What `flotilla master --init` asks for: when the store has no API token
@@ -100,22 +97,7 @@ async fn first_token(tokens: &Arc<ApiTokens>, init: &Init) -> Result<(), MasterE
     Ok(())
 }
 
-/// Writes `bytes` to `path` readable by its owner only: a temp file
-/// created 0600 beside it, synced, then renamed over.
-pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(tmp, path)?;
-    // The rename itself durable too: the file must not vanish in a crash
-    // after what it holds was acted on (the first token is stored next).
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    std::fs::File::open(dir)?.sync_all()
-}
+pub use crate::private_file::write_private;
 
 /// Threads each of the master's runtimes (the system's, each actor
 /// arbiter's, each HTTP worker's) may run blocking work on: reads of package
@@ -192,6 +174,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     let store: Arc<dyn MetaStore> = Arc::new(store);
     let tokens = ApiTokens::load(store.clone()).map_err(MasterError::Storage)?;
     first_token(&tokens, &init).await?;
+    let trust = Trust::load(store.clone(), &cfg.data_dir.join("ca"), init != Init::No).map_err(MasterError::Trust)?;
     let read_model = ReadModel::new(store.clone());
     for p in snapshot.packages {
         match ComponentSpec::parse(&p.spec_toml) {
@@ -206,6 +189,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         read_model.register_node(n);
     }
     let timing = Timing {
+        heartbeat_interval: cfg.heartbeat_interval,
         agent_reply_timeout: cfg.agent_reply_timeout,
         agent_send_timeout: cfg.agent_send_timeout,
         node_unknown_after: cfg.node_unknown_after,
@@ -268,18 +252,38 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         .map_err(|source| MasterError::Listen { addr: cfg.agent_addr.clone(), source })?;
     let agent_addr =
         agent_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.agent_addr.clone(), source })?;
-    actix::spawn(accept_agents(agent_listener, shared.clone(), supervisor.clone(), cfg.clone()));
-
     let http_listener = std::net::TcpListener::bind(&cfg.http_addr)
         .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
     let http_addr =
         http_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
+    let listener_cfg = ListenerConfig {
+        heartbeat_interval: cfg.heartbeat_interval,
+        handshake_timeout: cfg.handshake_timeout,
+        own_addrs: vec![agent_addr, http_addr],
+        max_connections: cfg.max_agent_connections,
+        max_handshakes: cfg.max_agent_handshakes,
+    };
+    actix::spawn(crate::actors::agent_listener::run(
+        agent_listener,
+        shared.clone(),
+        supervisor.clone(),
+        trust.clone(),
+        listener_cfg,
+    ));
     let state = crate::http::AppState {
         supervisor,
         shared: shared.clone(),
-        packages: Packages::new(shared.clone(), cfg.max_upload_bytes),
+        packages: Packages::new(
+            shared.clone(),
+            UploadLimits {
+                max_bytes: cfg.max_upload_bytes,
+                idle: cfg.upload_idle_timeout,
+                min_rate: cfg.upload_min_rate,
+            },
+        ),
         max_upload_bytes: cfg.max_upload_bytes,
         tokens,
+        trust,
         open_health: cfg.open_health,
         open_metrics: cfg.open_metrics,
         metrics: match crate::http::metrics::install() {
@@ -363,82 +367,4 @@ pub fn write_endpoints(path: &std::path::Path, http: SocketAddr, agents: SocketA
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, serde_json::to_vec_pretty(&body).unwrap_or_default())?;
     std::fs::rename(tmp, path)
-}
-
-async fn accept_agents(listener: TcpListener, shared: Shared, supervisor: actix::Addr<Supervisor>, cfg: MasterConfig) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e, "accepting an agent connection failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let shared = shared.clone();
-        let supervisor = supervisor.clone();
-        let cfg = cfg.clone();
-        actix::spawn(async move {
-            if let Err(e) = admit(stream, peer, shared, supervisor, &cfg).await {
-                tracing::warn!(%peer, error = %e, "agent not admitted");
-            }
-        });
-    }
-}
-
-/// Handshake, registration, then hands the connection to a NodeManagerActor.
-async fn admit(
-    stream: tokio::net::TcpStream,
-    peer: SocketAddr,
-    shared: Shared,
-    supervisor: actix::Addr<Supervisor>,
-    cfg: &MasterConfig,
-) -> Result<(), String> {
-    let _ = stream.set_nodelay(true);
-    let mut framed = tokio_util::codec::Framed::new(stream, MasterCodec::default());
-    let welcome = Welcome {
-        protocol_version: PROTOCOL_VERSION,
-        heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64,
-    };
-    let hello = master_handshake(&mut framed, welcome, cfg.handshake_timeout)
-        .await
-        .map_err(|e| crate::error::ErrorChain(&e).to_string())?;
-    let node = hello.node_id.clone();
-    if let Err(m) = crate::ids::validate_name(node.as_str()) {
-        let _ = futures::SinkExt::send(&mut framed, MasterFrame::Refused { reason: format!("node id: {m}") }).await;
-        return Err(format!("bad node id {node}: {m}"));
-    }
-    let record = NodeRecord {
-        version: RECORD_VERSION,
-        id: node.clone(),
-        address: hello.address.clone(),
-        port_range: hello.port_range,
-        labels: hello.labels.clone(),
-        cgroups: hello.cgroups,
-        resource_limits: hello.resource_limits,
-        agent_version: hello.agent_version.clone(),
-        instance_root: hello.instance_root.clone(),
-        registered_at: OffsetDateTime::now_utc(),
-        simulated: hello.simulated,
-    };
-    // A node seen before with the same registration needs no write: a
-    // thousand agents reconnecting after a master restart cost no fsync.
-    let known = shared.read_model.node(&node).map(|n| n.record());
-    let changed = known.as_ref().is_none_or(|k| NodeRecord { registered_at: k.registered_at, ..record.clone() } != **k);
-    if changed {
-        let op = WriteOp::put_node(&record).map_err(|e| e.to_string())?;
-        shared.store.commit(vec![op]).await.map_err(|e| e.to_string())?;
-    }
-    let entry = match shared.read_model.node(&node) {
-        Some(e) if !changed => e,
-        _ => shared.read_model.register_node(record),
-    };
-    tracing::info!(%node, %peer, instances = hello.inventory.len(), simulated = hello.simulated, "agent registered");
-    let (reader, write_half) = crate::protocol::handshake::split_after_handshake(framed);
-    let writer = FramedWrite::new(write_half, MasterCodec::default());
-    let reports = hello.inventory;
-    NodeManagerActor::start_for(node.clone(), reader, writer, entry, shared.clone());
-    let slot = crate::actors::read_model::Reservation::counted(&shared.supervisor);
-    supervisor.do_send(crate::actors::supervisor::NodeInventory { node, reports, slot });
-    Ok(())
 }

@@ -22,6 +22,7 @@ mod integration {
     mod daemon;
     mod dashboard;
     mod delete;
+    mod dev_mode;
     mod dry_run;
     mod events;
     mod failing_start;
@@ -43,6 +44,7 @@ mod integration {
     mod run_as_gone;
     mod scale;
     mod tokens;
+    mod trust;
     mod upgrade;
     mod zookeeper;
 }

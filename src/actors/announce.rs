@@ -53,7 +53,18 @@ pub async fn watch_nodes(shared: Shared, every: std::time::Duration) {
         let mut changed = Vec::new();
         let nodes = shared.read_model.nodes();
         seen.retain(|id, _| nodes.contains_key(id));
+        let idle = crate::protocol::messages::idle_limit(shared.timing.heartbeat_interval);
         for (id, entry) in nodes.iter() {
+            // A link that has carried nothing (not even a heartbeat) for the
+            // idle limit is dead, whatever TCP thinks: close it, so the
+            // agent's next connection is not refused and commands fail now.
+            if entry.live.connected()
+                && entry.live.silence(now).is_some_and(|s| s > idle)
+                && let Some(link) = shared.links.get(id)
+            {
+                tracing::warn!(node = %id, idle_s = idle.as_secs(), "no frame from the agent within the idle limit; closing its link");
+                link.close();
+            }
             let state = (entry.live.status_at(now, unknown, down), entry.live.connected());
             if seen.get(id) != Some(&state) {
                 seen.insert(id.clone(), state);

@@ -26,11 +26,16 @@
 //!   stopping, failing; node status), and the node status watcher.
 //! - [`tokens::ApiTokens`]: the API tokens (hashed in the store, checked on
 //!   every `/api/v1` request).
+//! - [`agent_listener`]: TLS, enrollment, `Hello` checks and registration
+//!   of every agent connection.
+//! - [`trust::Trust`]: the agent link's CA, join tokens, and the certificate
+//!   issued to each node (who may be an agent of this master).
 //!
 //! Every mailbox is bounded (a sender reserves a place first; a full one
 //! answers `503 overloaded`), as is the store's write queue. RocksDB is
 //! only touched through the store (group commit, off the actor threads).
 
+pub mod agent_listener;
 pub mod announce;
 pub mod cluster;
 pub mod gone_operations;
@@ -45,12 +50,13 @@ pub mod read_model;
 pub mod registry;
 pub mod render;
 pub mod supervised;
-pub mod supervisor;
 #[cfg(test)]
 mod supervision_tests;
+pub mod supervisor;
 #[cfg(test)]
 mod test_support;
 pub mod tokens;
+pub mod trust;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +97,9 @@ impl Shared {
 /// Deadlines and liveness thresholds, from the master's config.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
+    /// How often agents send heartbeats, and the master sends one to an
+    /// agent it has sent nothing else for that long.
+    pub heartbeat_interval: Duration,
     pub agent_reply_timeout: Duration,
     /// A frame that cannot be handed to an agent's connection within this
     /// closes the link (the agent stopped reading).

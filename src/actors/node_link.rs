@@ -91,6 +91,15 @@ impl NodeLinks {
         self.0.load().get(node).cloned()
     }
 
+    /// How many agents are connected.
+    pub fn len(&self) -> usize {
+        self.0.load().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.load().is_empty()
+    }
+
     /// Registers `link`, returning the one it replaces (a half-open
     /// connection of the same node, which the caller closes).
     pub fn replace(&self, link: NodeLink) -> Option<NodeLink> {

@@ -27,7 +27,6 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use futures::SinkExt;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc;
 use tokio_util::codec::FramedWrite;
 
@@ -38,6 +37,7 @@ use super::node_link::{NodeLink, Outgoing, lock};
 use super::read_model::{ActorStats, NodeEntry, Reservation};
 use crate::ids::{InstanceId, NodeId};
 use crate::protocol::codec::{MasterCodec, ProtocolError};
+use crate::protocol::handshake::LinkWriter;
 use crate::protocol::messages::{AgentEvent, AgentFrame, MasterFrame};
 
 /// Frames waiting for the socket, per link.
@@ -124,7 +124,7 @@ impl NodeManagerActor {
     pub fn start_for(
         node: NodeId,
         reader: impl futures::Stream<Item = Result<AgentFrame, ProtocolError>> + Send + 'static,
-        writer: FramedWrite<OwnedWriteHalf, MasterCodec>,
+        writer: FramedWrite<LinkWriter, MasterCodec>,
         entry: Arc<NodeEntry>,
         shared: Shared,
     ) -> NodeLink {
@@ -143,7 +143,7 @@ impl NodeManagerActor {
             tracing::warn!(%node, "the node connected again; closing its previous (half-open) connection");
             old.close();
         }
-        actix::spawn(write_frames(writer, rx, link.clone(), timing.agent_send_timeout));
+        actix::spawn(write_frames(writer, rx, link.clone(), timing.agent_send_timeout, timing.heartbeat_interval));
         let stats = ActorStats::new("node_manager", node.as_str(), Some("supervisor".into()));
         shared.read_model.register_actor(&stats);
         entry.live.connect(connection);
@@ -337,12 +337,18 @@ pub fn exit_description(
 /// Owns the socket's write half. A write that takes longer than the send
 /// deadline means the agent stopped reading: the link is closed.
 async fn write_frames(
-    mut writer: FramedWrite<OwnedWriteHalf, MasterCodec>,
+    mut writer: FramedWrite<LinkWriter, MasterCodec>,
     mut rx: mpsc::Receiver<Outgoing>,
     link: NodeLink,
     deadline: Duration,
+    beat: Duration,
 ) {
     let mut permits = Vec::new();
+    // The agent takes a link it hears nothing on for dead: a heartbeat
+    // goes out whenever nothing else did for a beat.
+    let mut tick = tokio::time::interval(beat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_write = tokio::time::Instant::now();
     loop {
         let (frame, permit) = tokio::select! {
             f = rx.recv() => match f {
@@ -350,7 +356,14 @@ async fn write_frames(
                 None => break,
             },
             _ = link.closed.cancelled() => break,
+            _ = tick.tick() => {
+                if last_write.elapsed() < beat {
+                    continue;
+                }
+                (MasterFrame::Heartbeat, None)
+            }
         };
+        last_write = tokio::time::Instant::now();
         permits.extend(permit);
         // Every frame already queued goes out in the same write: under load
         // one syscall carries many commands, not one each.
@@ -450,10 +463,13 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
                 tracing::error!(node = %self.node, %reason, "agent refused the connection");
                 ctx.stop();
             }
-            Ok(AgentFrame::Hello(_)) => {
-                tracing::warn!(node = %self.node, "unexpected Hello after the handshake; closing");
+            Ok(AgentFrame::Hello(_) | AgentFrame::Enroll(_)) => {
+                tracing::warn!(node = %self.node, "unexpected Hello or Enroll after the handshake; closing");
                 ctx.stop();
             }
+            // The agent went away without TLS's goodbye (it exited, or its
+            // host did): a disconnect, not a bad frame.
+            Err(ProtocolError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => ctx.stop(),
             Err(e) => {
                 let msg = crate::error::ErrorChain(&e).to_string();
                 tracing::warn!(node = %self.node, error = %msg, "bad frame from agent; closing");

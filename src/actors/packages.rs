@@ -25,9 +25,19 @@ use crate::spec::ComponentSpec;
 use crate::storage::WriteOp;
 use crate::storage::records::{PackageRecord, RECORD_VERSION};
 
+/// How an upload's body must keep coming: a client that sends nothing for
+/// `idle`, or averages under `min_rate` bytes/s once `idle` has passed, is
+/// refused, and the version's upload slot is free again at once.
+#[derive(Debug, Clone, Copy)]
+pub struct UploadLimits {
+    pub max_bytes: u64,
+    pub idle: std::time::Duration,
+    pub min_rate: u64,
+}
+
 pub struct Packages {
     shared: Shared,
-    max_upload_bytes: u64,
+    limits: UploadLimits,
     /// Uploads in progress, so two uploads of one version don't race.
     uploading: Mutex<HashSet<(String, String)>>,
 }
@@ -50,8 +60,8 @@ pub enum Uploaded {
 }
 
 impl Packages {
-    pub fn new(shared: Shared, max_upload_bytes: u64) -> Arc<Self> {
-        Arc::new(Packages { shared, max_upload_bytes, uploading: Mutex::default() })
+    pub fn new(shared: Shared, limits: UploadLimits) -> Arc<Self> {
+        Arc::new(Packages { shared, limits, uploading: Mutex::default() })
     }
 
     pub fn check_names(name: &str, version: &str) -> Result<(), Error> {
@@ -101,14 +111,34 @@ impl Packages {
     {
         let mut hasher = Sha256::new();
         let mut size: u64 = 0;
-        while let Some(chunk) = body.next().await {
+        let UploadLimits { max_bytes, idle, min_rate } = self.limits;
+        let started = tokio::time::Instant::now();
+        loop {
+            let Ok(next) = tokio::time::timeout(idle, body.next()).await else {
+                return Err(Error::invalid(
+                    "upload_stalled",
+                    format!("no bytes of the upload for {} s (after {size} bytes); send it again", idle.as_secs_f64()),
+                ));
+            };
+            let Some(chunk) = next else { break };
             let chunk =
                 chunk.map_err(|e| Error::invalid("upload_failed", format!("reading the upload failed: {e}")))?;
             size += chunk.len() as u64;
-            if size > self.max_upload_bytes {
+            if size > max_bytes {
                 return Err(Error::TooLarge {
-                    message: format!("package is larger than the limit of {} bytes", self.max_upload_bytes),
+                    message: format!("package is larger than the limit of {max_bytes} bytes"),
                 });
+            }
+            let elapsed = started.elapsed();
+            if elapsed > idle && (size as f64) < min_rate as f64 * elapsed.as_secs_f64() {
+                return Err(Error::invalid(
+                    "upload_too_slow",
+                    format!(
+                        "the upload came at {:.0} bytes/s over {:.1} s; at least {min_rate} bytes/s are needed",
+                        size as f64 / elapsed.as_secs_f64(),
+                        elapsed.as_secs_f64()
+                    ),
+                ));
             }
             hasher.update(&chunk);
             file.write_all(&chunk).await.map_err(Error::internal)?;

@@ -178,6 +178,7 @@ impl Harness {
             registry: Registry::default(),
             ports: Arc::new(PortAllocator::from_instances(std::iter::empty())),
             timing: Timing {
+                heartbeat_interval: Duration::from_secs(1),
                 agent_reply_timeout: Duration::from_secs(5),
                 agent_send_timeout: Duration::from_secs(5),
                 node_unknown_after: Duration::from_secs(3),

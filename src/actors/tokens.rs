@@ -199,7 +199,7 @@ fn split(token: &str) -> Option<(&str, &str)> {
     (hex_of(id, ID_BYTES) && hex_of(secret, SECRET_BYTES)).then_some((id, secret))
 }
 
-fn random<const N: usize>() -> Result<[u8; N], Error> {
+pub(crate) fn random<const N: usize>() -> Result<[u8; N], Error> {
     let mut buf = [0u8; N];
     getrandom::fill(&mut buf).map_err(|e| Error::Internal { message: format!("no randomness for a token: {e}") })?;
     Ok(buf)

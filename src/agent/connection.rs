@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::codec::{Framed, FramedWrite};
@@ -33,10 +32,10 @@ use super::node::{Node, failure};
 use super::outbox::Outbox;
 use super::process::users::RunAs;
 use crate::protocol::codec::{AgentCodec, ProtocolError};
-use crate::protocol::handshake::agent_handshake;
+use crate::protocol::handshake::{LinkStream, LinkWriter, agent_handshake};
 use crate::protocol::messages::{
     AgentEvent, AgentFrame, AgentRequest, AgentResponse, FailureKind, Hello, InstallBegin, MasterFrame,
-    PROTOCOL_VERSION,
+    PROTOCOL_VERSION, idle_limit,
 };
 
 /// Who this agent is, for the handshake.
@@ -59,11 +58,13 @@ struct PendingInstall {
     extractor: StreamingExtractor,
 }
 
-/// Dials the master until `shutdown` fires; serves each connection until it drops.
+/// Dials the master until `shutdown` fires; serves each connection until
+/// it drops. `tls` holds this node's certificate (see [`super::enroll`]).
 pub async fn serve(
     node: Arc<Node>,
     identity: Identity,
     master: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
     handshake_timeout: Duration,
     max_backoff: Duration,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
@@ -73,7 +74,11 @@ pub async fn serve(
         if *shutdown.borrow() {
             return;
         }
-        match dial(master, &identity.address).await {
+        let connected = match dial(master, &identity.address).await {
+            Ok(tcp) => crate::protocol::tls::connect(tls.clone(), tcp, handshake_timeout).await,
+            Err(e) => Err(e),
+        };
+        match connected {
             Ok(stream) => {
                 backoff = Duration::from_millis(50);
                 let result = tokio::select! {
@@ -88,11 +93,16 @@ pub async fn serve(
                             "the master speaks another protocol version; upgrade one of them"
                         );
                     }
+                    Err(ProtocolError::Refused { reason }) => {
+                        tracing::error!(%reason, "the master refused this agent");
+                        // Asking again at once changes nothing: wait the longest.
+                        backoff = max_backoff;
+                    }
                     Err(e) => tracing::warn!(error = %crate::error::ErrorChain(&e), "connection to master ended"),
                     Ok(()) => tracing::warn!("master closed the connection"),
                 }
             }
-            Err(e) => tracing::debug!(error = %e, %master, "cannot reach master"),
+            Err(e) => tracing::warn!(error = %crate::error::ErrorChain(&e), %master, "cannot connect to the master"),
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
@@ -105,15 +115,18 @@ pub async fn serve(
 /// Connects from this node's address when it is local (so the master sees
 /// the node's own address), else from any.
 pub(crate) async fn dial(master: SocketAddr, address: &str) -> std::io::Result<TcpStream> {
-    if let Ok(ip) = address.parse::<std::net::IpAddr>()
-        && ip.is_ipv4() == master.is_ipv4()
-    {
-        let socket = if ip.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
-        if socket.bind(SocketAddr::new(ip, 0)).is_ok() {
-            return socket.connect(master).await;
+    let stream = match address.parse::<std::net::IpAddr>() {
+        Ok(ip) if ip.is_ipv4() == master.is_ipv4() => {
+            let socket = if ip.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+            match socket.bind(SocketAddr::new(ip, 0)) {
+                Ok(()) => socket.connect(master).await?,
+                Err(_) => TcpStream::connect(master).await?,
+            }
         }
-    }
-    TcpStream::connect(master).await
+        _ => TcpStream::connect(master).await?,
+    };
+    crate::protocol::socket::prepare(&stream)?;
+    Ok(stream)
 }
 
 /// How many requests one connection runs at once. The read loop waits for
@@ -130,10 +143,9 @@ static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 async fn session(
     node: &Arc<Node>,
     identity: &Identity,
-    stream: TcpStream,
+    stream: LinkStream,
     handshake_timeout: Duration,
 ) -> Result<(), ProtocolError> {
-    stream.set_nodelay(true).map_err(ProtocolError::Io)?;
     let mut framed = Framed::new(stream, AgentCodec::default());
     let hello = Hello {
         protocol_version: PROTOCOL_VERSION,
@@ -160,9 +172,13 @@ async fn session(
 
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
     let mut installs: HashMap<u64, PendingInstall> = HashMap::new();
+    let idle = idle_limit(beat);
     let result = loop {
         let frame = tokio::select! {
-            f = reader.next() => f,
+            f = tokio::time::timeout(idle, reader.next()) => match f {
+                Ok(f) => f,
+                Err(_) => break Err(ProtocolError::Timeout("hearing from the master (no frame, not even a heartbeat)")),
+            },
             // The writer ended: the socket broke, or reports overflowed and
             // a resync (a new Hello with the inventory) is due.
             w = &mut write_task => break match w {
@@ -185,7 +201,8 @@ async fn session(
                 }
             }
             MasterFrame::Ack { seq } => node.outbox.ack(seq),
-            MasterFrame::Welcome(_) | MasterFrame::Refused { .. } => {
+            MasterFrame::Heartbeat => {}
+            MasterFrame::Welcome(_) | MasterFrame::Refused { .. } | MasterFrame::Enrolled(_) => {
                 break Err(ProtocolError::Unexpected("handshake frame after the handshake".into()));
             }
         }
@@ -202,7 +219,7 @@ pub(crate) type LinkReader = crate::protocol::handshake::LinkReader<AgentCodec>;
 
 /// [`crate::protocol::handshake::split_after_handshake`] for the agent's
 /// codec; shared with the simulated agent.
-pub(crate) fn split_after_handshake(framed: Framed<TcpStream, AgentCodec>) -> (LinkReader, OwnedWriteHalf) {
+pub(crate) fn split_after_handshake(framed: Framed<LinkStream, AgentCodec>) -> (LinkReader, LinkWriter) {
     crate::protocol::handshake::split_after_handshake(framed)
 }
 
@@ -463,7 +480,8 @@ mod tests {
             framed.get_mut().write_all(&bytes).await.unwrap();
             framed // kept open, silent
         });
-        let mut framed = Framed::new(TcpStream::connect(addr).await.unwrap(), AgentCodec::default());
+        let stream: LinkStream = Box::new(TcpStream::connect(addr).await.unwrap());
+        let mut framed = Framed::new(stream, AgentCodec::default());
         let hello = Hello {
             protocol_version: PROTOCOL_VERSION,
             node_id: crate::ids::NodeId::new("n1"),

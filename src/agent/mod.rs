@@ -2,7 +2,8 @@
 //! packages into per-instance directories, writes rendered config, and runs,
 //! watches and stops the instances' processes (DESIGN.md §12).
 //!
-//! - [`connection`]: dial, handshake, request loop, heartbeats
+//! - [`connection`]: dial, TLS, handshake, request loop, heartbeats
+//! - [`enroll`]: this node's certificate, kept or got with a join token
 //! - [`node`]: the instance records and the command handlers
 //! - [`installer`]: streaming, checked tar extraction into a staging dir
 //! - [`files`]: rendered files, written atomically, never through a link
@@ -13,6 +14,7 @@
 //! - [`outbox`]: reports of exits and restarts, kept until the master acknowledges them
 
 pub mod connection;
+pub mod enroll;
 pub mod files;
 pub mod health;
 pub mod hooks;
@@ -37,6 +39,8 @@ pub enum AgentError {
     Config(#[source] crate::config::ConfigError),
     #[error("cannot open the agent's store")]
     Storage(#[source] crate::storage::StorageError),
+    #[error("cannot enroll with the master")]
+    Enroll(#[source] enroll::EnrollError),
     #[error("cannot prepare {path}")]
     Io {
         path: String,
@@ -54,6 +58,22 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     })?;
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|source| AgentError::Io { path: cfg.data_dir.display().to_string(), source })?;
+    let node_id = NodeId::new(cfg.node_id.clone());
+    let enrolling = enroll::credentials(
+        &cfg.data_dir,
+        &node_id,
+        cfg.join_token.as_ref().map(|t| t.0.as_str()),
+        master,
+        &cfg.address,
+        cfg.handshake_timeout,
+        cfg.reconnect_max_backoff,
+    );
+    tokio::pin!(shutdown);
+    let credentials = tokio::select! {
+        c = enrolling => c.map_err(AgentError::Enroll)?,
+        _ = &mut shutdown => return Ok(()),
+    };
+    let tls = credentials.client_config().map_err(|e| AgentError::Enroll(e.into()))?;
     let store = AgentStore::open(&cfg.data_dir.join("db")).map_err(AgentError::Storage)?;
     let processes = process::ProcessController::new(&cfg.node_id, cfg.use_cgroups);
     let cgroups = processes.cgroups_enabled();
@@ -70,7 +90,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     tracing::info!(node = %cfg.node_id, root = %node.root.display(), cgroups, resource_limits, "agent ready");
 
     let identity = connection::Identity {
-        node_id: NodeId::new(cfg.node_id.clone()),
+        node_id,
         address: cfg.address.clone(),
         port_range,
         labels: cfg.labels.clone(),
@@ -83,6 +103,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         Arc::clone(&node),
         identity,
         master,
+        tls,
         cfg.handshake_timeout,
         cfg.reconnect_max_backoff,
         stop_rx,

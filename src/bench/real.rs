@@ -54,7 +54,12 @@ pub async fn run(args: &RealArgs, setup: &mut Setup, report: &mut Report) -> Res
     };
     progress.set_message(format!("starting {} real agents", args.nodes));
     let master = setup.master.agent_addr.to_string();
-    let mut agents = start_agents(args.nodes, &setup.data_dir, &master, args.no_cgroups)?;
+    let made = api
+        .post("/join-tokens", &json!({ "name": "bench-real", "uses": args.nodes.max(1) }))
+        .await
+        .map_err(|e| format!("making a join token for the agents: {e}"))?;
+    let join_token = made["secret"].as_str().ok_or("the join token answer has no secret")?.to_string();
+    let mut agents = start_agents(args.nodes, &setup.data_dir, &master, &join_token, args.no_cgroups)?;
     let outcome = workload(args, &api, &progress, report, cgroup_ceiling).await;
     progress.set_message("stopping the agents (and their instances)");
     for c in &agents {
@@ -70,7 +75,7 @@ pub async fn run(args: &RealArgs, setup: &mut Setup, report: &mut Report) -> Res
     outcome
 }
 
-fn start_agents(n: usize, dir: &Path, master: &str, no_cgroups: bool) -> Result<Vec<Child>, String> {
+fn start_agents(n: usize, dir: &Path, master: &str, join_token: &str, no_cgroups: bool) -> Result<Vec<Child>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     // As root, instances run as `nobody` (never root); else as whoever runs the bench.
     let me = if nix::unistd::geteuid().is_root() {
@@ -99,6 +104,7 @@ fn start_agents(n: usize, dir: &Path, master: &str, no_cgroups: bool) -> Result<
             .args(["--port-range", "20000-29999"])
             .args(["--default-run-as", &me])
             .arg("--stop-instances-on-exit")
+            .env("FLOTILLA_AGENT_JOIN_TOKEN", join_token)
             .env("RUST_LOG", std::env::var("FLOTILLA_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()))
             .stderr(log)
             .kill_on_drop(true)

@@ -40,12 +40,18 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
         other: Duration::ZERO,
         restart: Duration::from_millis(200),
     };
+    let made = api
+        .post("/join-tokens", &serde_json::json!({ "name": "bench", "uses": args.agents.max(1), "ttl_seconds": 3600 }))
+        .await
+        .map_err(|e| format!("making a join token for the simulated agents: {e}"))?;
+    let join_token = made["secret"].as_str().ok_or("the join token answer has no secret")?.to_string();
     let fleet = Fleet::start(&FleetConfig {
         master: master.agent_addr,
         agents: args.agents,
         prefix: args.prefix.clone(),
         port_range: (20000, 60000),
         latency,
+        join_token,
     });
     wait_ready(&api, args.agents, &args.prefix).await?;
     let after_fleet = super::ceilings::proc_usage(std::process::id()).map(|u| u.0).unwrap_or(0.0);

@@ -22,8 +22,16 @@ pub enum PackageCmd {
 pub enum NodeCmd {
     /// Nodes: status, heartbeat age, address, instances.
     Ls,
-    /// One node.
+    /// One node (with the certificate it connects with).
     Get { id: String },
+    /// Join tokens agents enroll with: create, ls, rm.
+    Token {
+        #[command(subcommand)]
+        cmd: super::join_token::JoinTokenCmd,
+    },
+    /// Revoke a node's certificate: its link is closed at once and it
+    /// cannot connect again until it enrolls with a new join token.
+    Revoke { id: String },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -109,7 +117,27 @@ pub async fn node(cmd: NodeCmd, target: &Target) -> Result<(), CliError> {
             let v = client.get(&format!("/nodes/{id}")).await?;
             show(target, &v, |v| {
                 let n = if v["node"].is_object() { &v["node"] } else { v };
-                table(&["NODE", "STATUS", "HEARTBEAT", "ADDRESS", "INSTANCES", "KIND"], &[node_row(n)])
+                let mut out = table(&["NODE", "STATUS", "HEARTBEAT", "ADDRESS", "INSTANCES", "KIND"], &[node_row(n)]);
+                let c = &n["certificate"];
+                if c.is_object() {
+                    let revoked = c["revoked_at"].as_str().map(|t| format!(", REVOKED {t}")).unwrap_or_default();
+                    out.push_str(&format!(
+                        "\ncertificate {} (issued {}, join token {}{revoked})",
+                        field(c, "fingerprint"),
+                        field(c, "issued_at"),
+                        field(c, "token_id")
+                    ));
+                }
+                out
+            });
+        }
+        NodeCmd::Token { cmd } => return super::join_token::run(cmd, &client, target).await,
+        NodeCmd::Revoke { id } => {
+            crate::ids::validate_name(&id).map_err(|m| CliError::Usage(format!("node id {id:?}: {m}")))?;
+            let v = client.call(reqwest::Method::POST, &format!("/nodes/{id}/revoke"), None).await?;
+            show(target, &v, |v| {
+                let gone = if v["disconnected"] == true { "; its link is closed" } else { "" };
+                format!("revoked the certificate of node {id}{gone}")
             });
         }
     }

@@ -13,6 +13,7 @@
 pub mod cluster;
 pub mod events;
 pub mod inventory;
+pub mod join_token;
 pub mod token;
 pub mod wait;
 

@@ -10,6 +10,7 @@ mod envelopes;
 mod previews;
 mod status;
 mod tokens;
+mod trust;
 
 pub use envelopes::{
     ClusterPage, NodePage, OperationEnvelope, OperationPage, PackageDetail, PackageEnvelope, PackageList,
@@ -19,6 +20,9 @@ pub use status::{ActorDto, ActorsDto, HealthDto};
 pub use tokens::{
     CreateTokenBody, CreatedToken, RevokeAnswer, RevokedToken, TokenCreatePreview, TokenDto, TokenList,
     TokenRevokePreview,
+};
+pub use trust::{
+    CreateJoinTokenBody, CreatedJoinToken, DeletedJoinToken, JoinTokenDto, JoinTokenList, NodeCertDto, RevokedNode,
 };
 
 use std::collections::BTreeMap;
@@ -400,6 +404,10 @@ pub struct NodeDto {
     /// Their ids (`GET /nodes/{id}` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instances: Option<Vec<String>>,
+    /// The certificate it connects with (`GET /nodes/{id}` only; none for
+    /// a node never enrolled with this master).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<NodeCertDto>,
 }
 
 impl NodeDto {
@@ -420,6 +428,7 @@ impl NodeDto {
             agent_version: r.agent_version.clone(),
             instance_count: instances.len(),
             instances: with_instances.then(|| instances.keys().map(|i| i.to_string()).collect()),
+            certificate: None,
         }
     }
 }

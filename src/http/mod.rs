@@ -22,6 +22,7 @@ pub mod openapi;
 mod packages;
 mod status;
 mod tokens;
+mod trust;
 
 use std::sync::Arc;
 
@@ -42,6 +43,8 @@ pub struct AppState {
     pub packages: Arc<Packages>,
     pub max_upload_bytes: u64,
     pub tokens: Arc<ApiTokens>,
+    /// The agent link's CA, join tokens and node certificates.
+    pub trust: Arc<crate::actors::trust::Trust>,
     /// `GET /api/v1/health` answers without a token.
     pub open_health: bool,
     /// `GET /metrics` answers without a token.
@@ -88,8 +91,11 @@ api_routes! {
     "/tokens/{id}" => [delete tokens::revoke],
     "/actors" => [get status::actors],
     "/events" => [get events::stream],
+    "/join-tokens" => [post trust::create, get trust::list],
+    "/join-tokens/{id}" => [delete trust::delete],
     "/nodes" => [get status::list_nodes],
     "/nodes/{id}" => [get status::get_node],
+    "/nodes/{id}/revoke" => [post trust::revoke],
     "/operations" => [get status::list_operations],
     "/operations/{id}" => [get status::get_operation],
     "/packages" => [get packages::list],

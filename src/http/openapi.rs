@@ -25,7 +25,7 @@ use super::error::{
 };
 use super::events::{DroppedData, EventData, SseEvent};
 use super::logs::StreamName;
-use super::{clusters, events, logs, metrics, packages, status, tokens};
+use super::{clusters, events, logs, metrics, packages, status, tokens, trust};
 use crate::actors::cluster::{PlacedInstance, PlanPreview, PreviewStep};
 
 #[derive(OpenApi)]
@@ -47,6 +47,10 @@ use crate::actors::cluster::{PlacedInstance, PlanPreview, PreviewStep};
         events::stream,
         status::list_nodes,
         status::get_node,
+        trust::create,
+        trust::list,
+        trust::delete,
+        trust::revoke,
         status::list_operations,
         status::get_operation,
         packages::list,
@@ -91,7 +95,7 @@ use crate::actors::cluster::{PlacedInstance, PlanPreview, PreviewStep};
         (name = "instances", description = "One instance: start, stop, restart, its logs"),
         (name = "packages", description = "Component packages"),
         (name = "operations", description = "What mutations started, step by step"),
-        (name = "nodes", description = "The agents' hosts"),
+        (name = "nodes", description = "The agents' hosts, the join tokens they enroll with, and their certificates"),
         (name = "events", description = "Every state change, live"),
         (name = "tokens", description = "API tokens"),
         (name = "status", description = "The master itself"),

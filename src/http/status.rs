@@ -144,7 +144,11 @@ pub async fn list_nodes(state: web::Data<AppState>, q: web::Query<NodesQuery>) -
 pub async fn get_node(state: web::Data<AppState>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = NodeId::new(path.into_inner());
     match state.shared.read_model.node(&id) {
-        Some(n) => Ok(HttpResponse::Ok().json(node_dto(&state, &n, true))),
+        Some(n) => {
+            let mut dto = node_dto(&state, &n, true);
+            dto.certificate = state.trust.cert_of(&id).map(|c| super::dto::NodeCertDto::from(&*c));
+            Ok(HttpResponse::Ok().json(dto))
+        }
         None => Err(ApiError(Error::not_found("node", id))),
     }
 }

@@ -19,6 +19,8 @@ pub mod create;
 pub mod delete;
 pub mod lifecycle;
 pub mod runner;
+#[cfg(test)]
+mod runner_props;
 pub mod scale;
 #[cfg(test)]
 mod world;

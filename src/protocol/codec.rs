@@ -277,6 +277,8 @@ mod tests {
             MasterFrame::Welcome(Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 1000 }),
             MasterFrame::Refused { reason: "no".into() },
             MasterFrame::Ack { seq: u64::MAX },
+            MasterFrame::Enrolled(Enrolled { certificate_der: vec![0x30, 0x82, 1, 2], ca_der: vec![0x30; 40] }),
+            MasterFrame::Heartbeat,
         ];
         frames.extend(
             requests().into_iter().enumerate().map(|(i, body)| MasterFrame::Request { request_id: i as u64, body }),
@@ -285,8 +287,17 @@ mod tests {
     }
 
     fn agent_frames() -> Vec<AgentFrame> {
-        let mut frames =
-            vec![AgentFrame::Hello(hello(PROTOCOL_VERSION)), AgentFrame::Refused { reason: "old master".into() }];
+        let mut frames = vec![
+            AgentFrame::Hello(hello(PROTOCOL_VERSION)),
+            AgentFrame::Refused { reason: "old master".into() },
+            AgentFrame::Enroll(EnrollRequest {
+                protocol_version: PROTOCOL_VERSION,
+                node_id: NodeId::new("node-1"),
+                token_id: "0123456789ab".into(),
+                token_secret: "00112233445566778899aabbccddeeff".into(),
+                public_key: vec![4; 65],
+            }),
+        ];
         frames.extend(
             responses()
                 .into_iter()

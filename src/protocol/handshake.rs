@@ -15,29 +15,38 @@ use tokio_util::codec::Framed;
 
 use super::codec::{AgentCodec, MasterCodec, ProtocolError};
 
+/// Anything a link runs over: a TLS stream in production, a plain one in
+/// some tests.
+pub trait LinkIo: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> LinkIo for T {}
+
+/// A link's connection, whatever it runs over.
+pub type LinkStream = Box<dyn LinkIo>;
+
 /// The read side of a link after the handshake: the bytes the handshake
-/// already read, then the socket.
+/// already read, then the connection.
 pub type LinkReader<C> = tokio_util::codec::FramedRead<
-    tokio::io::Chain<std::io::Cursor<bytes::BytesMut>, tokio::net::tcp::OwnedReadHalf>,
+    tokio::io::Chain<std::io::Cursor<bytes::BytesMut>, tokio::io::ReadHalf<LinkStream>>,
     C,
 >;
+
+/// The write side of a link after the handshake.
+pub type LinkWriter = tokio::io::WriteHalf<LinkStream>;
 
 /// Splits a connection whose handshake is done into a frame reader and the
 /// raw write half. Whatever the handshake read past its last frame (the
 /// peer may send its next frame right behind it, in the same segment) is
-/// replayed in front of the socket. Not pushed into a new `FramedRead`'s
+/// replayed in front of the connection. Not pushed into a new `FramedRead`'s
 /// buffer: `FramedRead` reads its socket before decoding bytes it did not
 /// read itself, so such a frame would sit undecoded until the peer sent
 /// something else, while the peer waits for an answer.
-pub fn split_after_handshake<C: Default>(
-    framed: Framed<tokio::net::TcpStream, C>,
-) -> (LinkReader<C>, tokio::net::tcp::OwnedWriteHalf) {
+pub fn split_after_handshake<C: Default>(framed: Framed<LinkStream, C>) -> (LinkReader<C>, LinkWriter) {
     let parts = framed.into_parts();
-    let (read_half, write_half) = parts.io.into_split();
+    let (read_half, write_half) = tokio::io::split(parts.io);
     let early = std::io::Cursor::new(parts.read_buf);
     (tokio_util::codec::FramedRead::new(tokio::io::AsyncReadExt::chain(early, read_half), C::default()), write_half)
 }
-use super::messages::{AgentFrame, Hello, MasterFrame, Welcome};
+use super::messages::{AgentFrame, EnrollRequest, Enrolled, Hello, MasterFrame, Welcome};
 
 /// Agent side: sends `hello`, waits for the master's answer within `timeout`.
 /// A `Welcome` with another protocol version is answered with
@@ -71,25 +80,57 @@ pub async fn agent_handshake<T: AsyncRead + AsyncWrite + Unpin>(
             Err(ProtocolError::Unexpected(format!("request {request_id} before the handshake finished")))
         }
         MasterFrame::Ack { seq } => Err(ProtocolError::Unexpected(format!("ack {seq} before the handshake finished"))),
+        MasterFrame::Enrolled(_) => Err(ProtocolError::Unexpected("a certificate, unasked".into())),
+        MasterFrame::Heartbeat => Err(ProtocolError::Unexpected("a heartbeat before the handshake finished".into())),
     }
 }
 
-/// Master side: waits for the agent's `Hello` within `timeout`, then answers
-/// `welcome`, or `MasterFrame::Refused` (and [`ProtocolError::VersionMismatch`])
-/// when the agent speaks another protocol version.
-pub async fn master_handshake<T: AsyncRead + AsyncWrite + Unpin>(
-    framed: &mut Framed<T, MasterCodec>,
-    welcome: Welcome,
+/// Agent side of an enrollment: sends `request`, waits for the certificate.
+pub async fn agent_enroll<T: AsyncRead + AsyncWrite + Unpin>(
+    framed: &mut Framed<T, AgentCodec>,
+    request: EnrollRequest,
     timeout: Duration,
-) -> Result<Hello, ProtocolError> {
+) -> Result<Enrolled, ProtocolError> {
     let deadline = Instant::now() + timeout;
-    let ours = welcome.protocol_version;
+    timeout_at(deadline, framed.send(AgentFrame::Enroll(request)))
+        .await
+        .map_err(|_| ProtocolError::Timeout("sending the enrollment to the master"))??;
+    let frame = timeout_at(deadline, framed.next())
+        .await
+        .map_err(|_| ProtocolError::Timeout("waiting for the master's certificate"))?
+        .ok_or(ProtocolError::Closed)??;
+    match frame {
+        MasterFrame::Enrolled(enrolled) => Ok(enrolled),
+        MasterFrame::Refused { reason } => Err(ProtocolError::Refused { reason }),
+        other => Err(ProtocolError::Unexpected(format!("expected a certificate, got {other:?}"))),
+    }
+}
+
+/// How an agent opens a connection: with its `Hello`, or (without a
+/// certificate yet) asking for one.
+#[derive(Debug)]
+pub enum Opening {
+    Hello(Hello),
+    Enroll(EnrollRequest),
+}
+
+/// Master side, first half: waits for the agent's first frame until
+/// `deadline` and checks its protocol version, answering
+/// `MasterFrame::Refused` (and [`ProtocolError::VersionMismatch`]) when the
+/// agent speaks another one. The caller answers the opening: [`welcome`],
+/// `Refused`, or `Enrolled`.
+pub async fn master_open<T: AsyncRead + AsyncWrite + Unpin>(
+    framed: &mut Framed<T, MasterCodec>,
+    ours: u32,
+    deadline: Instant,
+) -> Result<Opening, ProtocolError> {
     let frame = timeout_at(deadline, framed.next())
         .await
         .map_err(|_| ProtocolError::Timeout("waiting for the agent's Hello"))?
         .ok_or(ProtocolError::Closed)??;
-    let hello = match frame {
-        AgentFrame::Hello(hello) => hello,
+    let (theirs, opening) = match frame {
+        AgentFrame::Hello(hello) => (hello.protocol_version, Opening::Hello(hello)),
+        AgentFrame::Enroll(request) => (request.protocol_version, Opening::Enroll(request)),
         AgentFrame::Refused { reason } => return Err(ProtocolError::Refused { reason }),
         other => {
             let what = match other {
@@ -98,20 +139,61 @@ pub async fn master_handshake<T: AsyncRead + AsyncWrite + Unpin>(
                 _ => "an event",
             };
             let reason = format!("expected Hello as the first frame, got {what}");
-            let _ = timeout_at(deadline, framed.send(MasterFrame::Refused { reason: reason.clone() })).await;
+            refuse(framed, reason.clone(), deadline).await;
             return Err(ProtocolError::Unexpected(reason));
         }
     };
-    let theirs = hello.protocol_version;
     if theirs != ours {
         let reason = format!("protocol version mismatch: master speaks {ours}, agent speaks {theirs}");
-        let _ = timeout_at(deadline, framed.send(MasterFrame::Refused { reason })).await;
+        refuse(framed, reason, deadline).await;
         return Err(ProtocolError::VersionMismatch { ours, theirs });
     }
+    Ok(opening)
+}
+
+/// Master side: answers `Refused { reason }`, best effort (the agent may
+/// be gone; the refusal is logged by the caller either way).
+pub async fn refuse<T: AsyncRead + AsyncWrite + Unpin>(
+    framed: &mut Framed<T, MasterCodec>,
+    reason: String,
+    deadline: Instant,
+) {
+    let _ = timeout_at(deadline, framed.send(MasterFrame::Refused { reason })).await;
+}
+
+/// Master side, second half: welcomes an agent whose `Hello` was accepted.
+pub async fn welcome<T: AsyncRead + AsyncWrite + Unpin>(
+    framed: &mut Framed<T, MasterCodec>,
+    welcome: Welcome,
+    deadline: Instant,
+) -> Result<(), ProtocolError> {
     timeout_at(deadline, framed.send(MasterFrame::Welcome(welcome)))
         .await
-        .map_err(|_| ProtocolError::Timeout("sending Welcome to the agent"))??;
-    Ok(hello)
+        .map_err(|_| ProtocolError::Timeout("sending Welcome to the agent"))?
+}
+
+/// Master side, whole: waits for the agent's `Hello` within `timeout`, then
+/// answers `welcome`, or `MasterFrame::Refused` (and
+/// [`ProtocolError::VersionMismatch`]) when the agent speaks another
+/// protocol version. An enrollment is refused: this is for masters (and
+/// tests playing one) that check nobody's certificate.
+pub async fn master_handshake<T: AsyncRead + AsyncWrite + Unpin>(
+    framed: &mut Framed<T, MasterCodec>,
+    welcome_frame: Welcome,
+    timeout: Duration,
+) -> Result<Hello, ProtocolError> {
+    let deadline = Instant::now() + timeout;
+    match master_open(framed, welcome_frame.protocol_version, deadline).await? {
+        Opening::Hello(hello) => {
+            welcome(framed, welcome_frame, deadline).await?;
+            Ok(hello)
+        }
+        Opening::Enroll(_) => {
+            let reason = "this master does not enroll agents".to_string();
+            refuse(framed, reason.clone(), deadline).await;
+            Err(ProtocolError::Unexpected(reason))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use crate::ids::{InstanceId, NodeId};
 
 /// Bumped on any incompatible change to these types. Both sides refuse a
 /// peer with another version, with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Size of one `InstallData` chunk sent by the master.
 pub const INSTALL_CHUNK_BYTES: usize = 1024 * 1024;
@@ -64,6 +64,19 @@ pub enum MasterFrame {
     Ack {
         seq: u64,
     },
+    /// The answer to a good [`AgentFrame::Enroll`]; the master closes the
+    /// connection after it, and the agent dials again with its certificate.
+    Enrolled(Enrolled),
+    /// Sent when the master has sent nothing else for a heartbeat
+    /// interval: an agent that hears nothing for [`idle_limit`] takes the
+    /// link for dead and dials again.
+    Heartbeat,
+}
+
+/// How long either end of a link waits without a frame before it closes
+/// the link: five heartbeat intervals, and never less than 5 s.
+pub fn idle_limit(heartbeat_interval: std::time::Duration) -> std::time::Duration {
+    (heartbeat_interval * 5).max(std::time::Duration::from_secs(5))
 }
 
 /// A frame sent by an agent.
@@ -86,6 +99,9 @@ pub enum AgentFrame {
         seq: u64,
         event: AgentEvent,
     },
+    /// The first and only frame of a connection without a client
+    /// certificate: asks for one.
+    Enroll(EnrollRequest),
 }
 
 // ---------------------------------------------------------------- handshake
@@ -115,6 +131,38 @@ pub struct Hello {
     /// A simulated agent (`flotilla bench`): the real protocol over a fake
     /// process layer. The master shows it in `GET /nodes`.
     pub simulated: bool,
+}
+
+/// An agent asking for its certificate, with a join token (see
+/// [`crate::protocol::tls::join_token`]). Sent over TLS, after the agent
+/// checked the master's CA against the token's pin.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnrollRequest {
+    pub protocol_version: u32,
+    pub node_id: NodeId,
+    pub token_id: String,
+    pub token_secret: String,
+    /// The node's public key (an uncompressed P-256 point); its private
+    /// key stays on the node.
+    pub public_key: Vec<u8>,
+}
+
+/// Never prints the token's secret.
+impl std::fmt::Debug for EnrollRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnrollRequest")
+            .field("protocol_version", &self.protocol_version)
+            .field("node_id", &self.node_id)
+            .field("token_id", &self.token_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The certificate issued to an enrolling agent, and the CA it chains to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Enrolled {
+    pub certificate_der: Vec<u8>,
+    pub ca_der: Vec<u8>,
 }
 
 /// The master's answer to a good `Hello`.

@@ -27,6 +27,7 @@ use crate::storage::records::{
     ClusterRecord, EventRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord, OperationRecord,
     PackageRecord, Resumable, TokenRecord,
 };
+use crate::storage::trust_records::{JoinTokenRecord, NodeCertRecord};
 use crate::storage::{StorageError, WriteOp, codec};
 
 /// The master database's column families.
@@ -50,7 +51,11 @@ pub mod master_cf {
     pub const CLUSTER_OPS: &str = "cluster_ops";
     /// API tokens by id; each holds the SHA-256 of its secret, never the secret.
     pub const TOKENS: &str = "tokens";
-    pub const ALL: [&str; 13] = [
+    /// Join tokens by id; each holds the SHA-256 of its secret.
+    pub const JOIN_TOKENS: &str = "join_tokens";
+    /// The certificate issued to each node (key: node id).
+    pub const NODE_CERTS: &str = "node_certs";
+    pub const ALL: [&str; 15] = [
         CLUSTERS,
         INSTANCES,
         NODES,
@@ -64,6 +69,8 @@ pub mod master_cf {
         OPS_BY_TIME,
         CLUSTER_OPS,
         TOKENS,
+        JOIN_TOKENS,
+        NODE_CERTS,
     ];
 }
 
@@ -279,6 +286,18 @@ impl WriteOp {
 
     pub fn delete_token(id: &str) -> WriteOp {
         WriteOp::Delete { cf: master_cf::TOKENS, key: id.as_bytes().to_vec() }
+    }
+
+    pub fn put_join_token(r: &JoinTokenRecord) -> Result<WriteOp, StorageError> {
+        put(master_cf::JOIN_TOKENS, r.id.as_bytes().to_vec(), r)
+    }
+
+    pub fn delete_join_token(id: &str) -> WriteOp {
+        WriteOp::Delete { cf: master_cf::JOIN_TOKENS, key: id.as_bytes().to_vec() }
+    }
+
+    pub fn put_node_cert(r: &NodeCertRecord) -> Result<WriteOp, StorageError> {
+        put(master_cf::NODE_CERTS, r.node.as_str().as_bytes().to_vec(), r)
     }
 }
 

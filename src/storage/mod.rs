@@ -5,7 +5,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`records`], [`agent_records`] | the persisted record types |
+//! | [`records`], [`agent_records`], [`trust_records`] | the persisted record types |
 //! | [`plan`] | an operation's plan (steps, actions, undo), journaled with it |
 //! | [`codec`] | bincode encoding, the only place it is used for storage |
 //! | [`keys`] | column family names, key layouts, the typed `WriteOp` builders |
@@ -33,6 +33,7 @@ mod migrate;
 pub mod plan;
 pub mod records;
 pub mod serde_time;
+pub mod trust_records;
 pub mod writer;
 
 #[cfg(test)]

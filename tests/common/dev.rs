@@ -110,6 +110,33 @@ impl Drop for Dev {
 }
 
 impl Dev {
+    /// The pid of the agent running node `i` (1..=3), from `/proc`.
+    pub fn agent_pid(&self, i: usize) -> Option<u32> {
+        let data_dir = self.dir.path().join(format!("agent-{i}"));
+        let data_dir = data_dir.to_string_lossy().to_string();
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<String> =
+                cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).to_string()).collect();
+            (args.get(1).is_some_and(|a| a == "agent") && args.contains(&data_dir)).then_some(pid)
+        })
+    }
+
+    /// Ctrl-C, then waits up to 60 s for `flotilla dev` to exit: its status.
+    pub fn interrupt(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("flotilla dev did not exit within 60 s of Ctrl-C:\n{}", self.log());
+    }
+
     /// What `endpoints.json` says: (API URL, token).
     pub fn api(&self) -> (String, String) {
         let text = std::fs::read_to_string(self.endpoints()).expect("endpoints.json");

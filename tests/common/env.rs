@@ -57,6 +57,9 @@ pub struct TestEnv {
     pub client: reqwest::Client,
     /// That token.
     pub token: String,
+    /// A join token every agent of this env enrolls with (real ones on
+    /// their first start, simulated ones at each fleet's start).
+    pub join_token: String,
     /// The agents' addresses, node-1 first.
     pub agent_ips: Vec<String>,
     /// The instance port range every agent was given.
@@ -130,6 +133,7 @@ impl TestEnv {
             // Simulated instances bind nothing: a wide range costs nothing.
             port_range: (20000, 60000),
             latency,
+            join_token: self.join_token.clone(),
         }
     }
 
@@ -158,6 +162,7 @@ impl TestEnv {
             api: String::new(),
             client: reqwest::Client::new(),
             token: String::new(),
+            join_token: String::new(),
             agent_ips: (1..=AGENTS).map(|i| format!("127.0.{k}.{}", 10 + i)).collect(),
             port_range: (low, low + 199),
             root: Some(root),
@@ -180,7 +185,18 @@ impl TestEnv {
             .trim()
             .to_string();
         env.client = client_with_token(&env.token);
+        env.join_token = env.make_join_token(nodes.max(AGENTS) as u32 * 2 + 10).await;
         env
+    }
+
+    /// A join token for `uses` enrollments, made through the API.
+    pub async fn make_join_token(&self, uses: u32) -> String {
+        let body = serde_json::json!({ "name": "test", "uses": uses });
+        let resp = self.client.post(format!("{}/join-tokens", self.api)).json(&body).send().await.expect("POST /join-tokens");
+        let status = resp.status();
+        let v: Value = resp.json().await.expect("join token answer");
+        assert_eq!(status, reqwest::StatusCode::CREATED, "making a join token: {v}");
+        v["secret"].as_str().expect("join token secret").to_string()
     }
 
     /// SIGKILLs agent `i` (1..=3): its instances keep running, as after a
@@ -242,6 +258,32 @@ impl TestEnv {
         self.wait_endpoints().await;
         assert_eq!(self.api, api_before, "the restarted master must listen on the same address");
         self.wait_ready().await;
+    }
+
+    /// Agent `i`'s data dir (its certificate is in `tls/`).
+    pub fn agent_dir(&self, i: usize) -> PathBuf {
+        self.root_path.join(format!("agent-{i}"))
+    }
+
+    /// A `flotilla agent` beside this env's: node `node_id`, data dir and
+    /// log (`<name>.log`) of its own, on agent 1's address, enrolling
+    /// with `join_token` (none: no token at all). The caller owns it.
+    pub fn spawn_extra_agent(&self, name: &str, node_id: &str, join_token: Option<&str>) -> (Child, PathBuf) {
+        let (out, err) = self.log(&format!("{name}.log"));
+        let mut cmd = self.command();
+        cmd.arg("agent")
+            .args(["--node-id", node_id, "--master", &self.agent_addr, "--address", &self.agent_ips[0]])
+            .arg("--data-dir")
+            .arg(self.root_path.join(name))
+            .args(["--port-range", &format!("{}-{}", self.port_range.0, self.port_range.1)])
+            .env("FLOTILLA_AGENT_RECONNECT_MAX_BACKOFF", "200ms")
+            .arg("--stop-instances-on-exit")
+            .stdout(out)
+            .stderr(err);
+        if let Some(t) = join_token {
+            cmd.env("FLOTILLA_AGENT_JOIN_TOKEN", t);
+        }
+        (cmd.spawn().expect("spawn an extra agent"), self.root_path.join(format!("{name}.log")))
     }
 
     /// The master's data dir (its RocksDB is `db/` in it).
@@ -306,6 +348,9 @@ impl TestEnv {
             .arg(self.root_path.join(format!("agent-{i}")))
             .args(["--port-range", &format!("{}-{}", self.port_range.0, self.port_range.1)])
             .arg("--stop-instances-on-exit")
+            // Used at its first start only; later ones connect with the
+            // certificate kept in its data dir.
+            .env("FLOTILLA_AGENT_JOIN_TOKEN", &self.join_token)
             .args(self.agent_flags.iter().filter(|(n, _)| *n == i).map(|(_, f)| f.as_str()))
             .stdout(out)
             .stderr(err);

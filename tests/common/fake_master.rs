@@ -1,7 +1,9 @@
 //! [`FakeMaster`]: the master's side of the agent link, played by a test.
 //!
-//! It listens on 127.0.0.1 port 0, accepts one agent at a time, runs the real
-//! handshake (`master_handshake`) and then speaks raw frames: the test sends
+//! It listens on 127.0.0.1 port 0, accepts one agent at a time over TLS
+//! (a CA of its own, [`TestAuthority`]: an agent enrolls with
+//! [`FakeMaster::join_token`] on its first connection and presents its
+//! certificate after), runs the real handshake and then speaks raw frames: the test sends
 //! `MasterFrame::Request`s and reads the agent's frames itself, so it sees
 //! exactly what the agent sends, in the order it sends it. Heartbeats are
 //! skipped; reports are kept aside until the test asks for them. Every read
@@ -12,12 +14,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use flotilla::protocol::codec::MasterCodec;
-use flotilla::protocol::handshake::master_handshake;
+use flotilla::protocol::handshake::{LinkStream, Opening, master_open, welcome};
 use flotilla::protocol::messages::{
     AgentEvent, AgentFrame, AgentRequest, AgentResponse, Hello, MasterFrame, PROTOCOL_VERSION, Welcome,
 };
+use flotilla::protocol::tls::testkit::TestAuthority;
 use futures::{SinkExt, StreamExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::codec::Framed;
 
@@ -26,7 +29,8 @@ pub const WAIT: Duration = Duration::from_secs(10);
 
 pub struct FakeMaster {
     listener: TcpListener,
-    link: Option<Framed<TcpStream, MasterCodec>>,
+    authority: TestAuthority,
+    link: Option<Framed<LinkStream, MasterCodec>>,
     next_id: u64,
     /// Reports read while waiting for something else, oldest first.
     reports: VecDeque<(u64, AgentEvent)>,
@@ -37,7 +41,13 @@ pub struct FakeMaster {
 impl FakeMaster {
     pub async fn bind() -> FakeMaster {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the fake master");
-        FakeMaster { listener, link: None, next_id: 1, reports: VecDeque::new(), log: Vec::new() }
+        let authority = TestAuthority::new().expect("a CA for the fake master");
+        FakeMaster { listener, authority, link: None, next_id: 1, reports: VecDeque::new(), log: Vec::new() }
+    }
+
+    /// The join token agents of this fake master enroll with.
+    pub fn join_token(&self) -> String {
+        self.authority.join_token()
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -52,24 +62,46 @@ impl FakeMaster {
     }
 
     /// Accepts the agent's next connection and completes the handshake;
-    /// answers its `Hello`.
+    /// answers its `Hello`. An enrollment on the way is answered with a
+    /// certificate, and the agent's next connection is taken.
     pub async fn accept(&mut self) -> Hello {
         let deadline = Instant::now() + WAIT;
-        let stream = match timeout_at(deadline, self.listener.accept()).await {
-            Ok(Ok((s, _))) => s,
-            Ok(Err(e)) => self.fail(format!("accept failed: {e}")),
-            Err(_) => self.fail(format!("the agent did not connect within {WAIT:?}")),
-        };
-        stream.set_nodelay(true).expect("nodelay");
-        let mut framed = Framed::new(stream, MasterCodec::default());
-        let welcome = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 200 };
-        let hello = match master_handshake(&mut framed, welcome, WAIT).await {
-            Ok(h) => h,
-            Err(e) => self.fail(format!("handshake failed: {e}")),
-        };
-        self.log.push(format!("<- Hello from {} ({} instances)", hello.node_id, hello.inventory.len()));
-        self.link = Some(framed);
-        hello
+        loop {
+            let stream = match timeout_at(deadline, self.listener.accept()).await {
+                Ok(Ok((s, _))) => s,
+                Ok(Err(e)) => self.fail(format!("accept failed: {e}")),
+                Err(_) => self.fail(format!("the agent did not connect within {WAIT:?}")),
+            };
+            stream.set_nodelay(true).expect("nodelay");
+            let (stream, certificate) = match timeout_at(deadline, self.authority.accept(stream)).await {
+                Ok(Ok(v)) => v,
+                Ok(Err(e)) => self.fail(format!("TLS accept failed: {e}")),
+                Err(_) => self.fail("the agent's TLS handshake did not finish"),
+            };
+            let mut framed = Framed::new(stream, MasterCodec::default());
+            match master_open(&mut framed, PROTOCOL_VERSION, deadline).await {
+                Ok(Opening::Enroll(request)) => {
+                    self.log.push(format!("<- Enroll from {}", request.node_id));
+                    let enrolled = self.authority.enroll(&request).expect("issue a certificate");
+                    if let Err(e) = framed.send(MasterFrame::Enrolled(enrolled)).await {
+                        self.fail(format!("sending the certificate failed: {e}"));
+                    }
+                }
+                Ok(Opening::Hello(hello)) => {
+                    if certificate.is_none() {
+                        self.fail("the agent sent Hello without a certificate");
+                    }
+                    let w = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 200 };
+                    if let Err(e) = welcome(&mut framed, w, deadline).await {
+                        self.fail(format!("handshake failed: {e}"));
+                    }
+                    self.log.push(format!("<- Hello from {} ({} instances)", hello.node_id, hello.inventory.len()));
+                    self.link = Some(framed);
+                    return hello;
+                }
+                Err(e) => self.fail(format!("handshake failed: {e}")),
+            }
+        }
     }
 
     /// Drops the connection (the agent will dial again).
@@ -174,6 +206,9 @@ impl FakeMaster {
                 Ok(Some(Ok(f))) => f,
             };
             if frame == AgentFrame::Event(AgentEvent::Heartbeat) {
+                // Answered as the master's writer would: an agent that
+                // hears nothing for its idle limit drops the link.
+                let _ = timeout_at(deadline, link.send(MasterFrame::Heartbeat)).await;
                 continue;
             }
             self.log.push(format!("<- {frame:?}"));

@@ -101,7 +101,8 @@ async fn a_node_that_dials_again_replaces_its_half_open_connection() {
     let body = json!({"name": "ho", "package": {"name": "svc", "version": "1.0.0"}, "roles": {"d": {"count": 3}}});
     let before = all_instances(&env.create_active(body).await);
     let port = env.agent_socket().port();
-    let conns = tcp_to(port);
+    // Only the link: the enrollment's connection may linger in TIME_WAIT.
+    let conns: Vec<_> = tcp_to(port).into_iter().filter(|&(_, s)| s == ESTABLISHED).collect();
     let [(old_port, ESTABLISHED)] = conns[..] else { panic!("one connection from the agent expected: {conns:?}") };
 
     // The link goes half-open: the old connection neither reads nor
@@ -115,8 +116,9 @@ async fn a_node_that_dials_again_replaces_its_half_open_connection() {
         s.instances = held.instances.clone();
         s.packages = held.packages.clone();
     }
+    new.adopt_credentials(&old);
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(Arc::clone(&new).serve(env.agent_socket(), stop_rx));
+    tokio::spawn(Arc::clone(&new).serve(env.agent_socket(), env.join_token.as_str().into(), stop_rx));
 
     env.until(15, "the new connection accepted, the old one closed by the master", async || {
         let n = env.node("sim-1").await;
@@ -148,4 +150,32 @@ async fn a_node_that_dials_again_replaces_its_half_open_connection() {
         assert!(held.generation > old_gen, "{id}: the restart did not reach the new agent");
         assert_eq!(generation(&old, &id), old_gen, "{id}: the half-open connection got a command");
     }
+}
+
+/// An agent that goes silent (stops reading and writing, its socket left
+/// open, as on a host that froze): the master closes its link once it has
+/// heard nothing for the idle limit (5 heartbeats, at least 5 s), and the
+/// agent is admitted again when it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_master_closes_a_link_that_goes_silent() {
+    let env = TestEnv::start_sim("silent", &[("FLOTILLA_MASTER_HEARTBEAT_INTERVAL", "500ms")], 1).await;
+    let agent = env.fleet().agents[0].clone();
+    let port = env.agent_socket().port();
+    agent.set_frozen(true);
+    let frozen_at = Instant::now();
+    env.until(15, "the master closed the silent link", async || {
+        let n = env.node("sim-1").await;
+        let conns = tcp_to(port);
+        if n["connected"] == false && conns.iter().any(|&(_, s)| s == CLOSE_WAIT) {
+            Ok(())
+        } else {
+            Err(format!("node {n:#}; sockets to the master: {conns:?}"))
+        }
+    })
+    .await;
+    let took = frozen_at.elapsed();
+    assert!(took.as_secs_f64() >= 4.5 && took.as_secs_f64() < 9.0, "closed after {took:?}; the idle limit is 5 s");
+    assert!(env.master_log().contains("no frame from the agent within the idle limit"), "{}", env.master_log());
+    agent.set_frozen(false);
+    env.wait_ready().await;
 }

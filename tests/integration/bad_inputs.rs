@@ -105,3 +105,89 @@ async fn upload_over_the_cap_is_413() {
     let small = PackageBuilder::new("kv", "1.0.0").spec(SPEC).script("bin/start.sh", "exec sleep 100000\n");
     env.upload(&small).await;
 }
+
+/// Writes `PUT /api/v1/packages/{name}/1.0.0` by hand: the headers
+/// announce `bytes` whole, then `send` writes it in its own time; the
+/// answer's status line and body.
+async fn raw_upload(
+    env: &TestEnv,
+    name: &str,
+    bytes: &[u8],
+    send: impl AsyncFnOnce(&mut tokio::net::TcpStream, &[u8]),
+) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = env.api.trim_start_matches("http://").split('/').next().unwrap().to_string();
+    let mut tcp = tokio::net::TcpStream::connect(&host).await.unwrap();
+    let head = format!(
+        "PUT /api/v1/packages/{name}/1.0.0 HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/gzip\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        env.token,
+        bytes.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    send(&mut tcp, bytes).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(20), tcp.read_to_end(&mut answer)).await;
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+    // The body may be chunked: the JSON object is what lies between the braces.
+    let json = body.find('{').and_then(|a| body.rfind('}').map(|b| &body[a..=b])).unwrap_or("null");
+    (status, serde_json::from_str(json).unwrap_or(Value::Null))
+}
+
+/// A client that stops sending, or trickles, is refused within the
+/// configured bounds, and the version's upload slot is free at once: the
+/// same version then uploads. Before, a trickle held the slot (`409
+/// upload_in_progress` for everyone else) for as long as it went on.
+#[tokio::test]
+async fn a_stalled_or_trickling_upload_is_refused_and_frees_its_slot() {
+    let env = TestEnv::start_with(
+        "upload-slow",
+        &[("FLOTILLA_MASTER_UPLOAD_IDLE_TIMEOUT", "1s"), ("FLOTILLA_MASTER_UPLOAD_MIN_RATE", "50000")],
+    )
+    .await;
+    // 4 kB of noise gzip cannot shrink: the trickle below takes seconds.
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let noise: Vec<u8> = (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let pkg = PackageBuilder::new("kv", "1.0.0")
+        .spec(SPEC)
+        .script("bin/start.sh", "exec sleep 100000\n")
+        .file("blob.bin", 0o644, noise)
+        .build();
+    assert!(pkg.len() > 4000, "the package is only {} bytes", pkg.len());
+
+    let started = std::time::Instant::now();
+    let (status, body) = raw_upload(&env, "kv", &pkg, async |tcp, bytes| {
+        use tokio::io::AsyncWriteExt;
+        tcp.write_all(&bytes[..bytes.len() / 2]).await.unwrap();
+        // ... and nothing more: the half sent is all there is.
+    })
+    .await;
+    assert_eq!((status, error_code(&body)), (400, "upload_stalled"), "{body:#}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "refused only after {:?}", started.elapsed());
+
+    let (status, body) = raw_upload(&env, "kv", &pkg, async |tcp, bytes| {
+        use tokio::io::AsyncWriteExt;
+        // 100 bytes every 300 ms: never idle for 1 s, but ~333 bytes/s.
+        for piece in bytes.chunks(100) {
+            if tcp.write_all(piece).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    })
+    .await;
+    assert_eq!((status, error_code(&body)), (400, "upload_too_slow"), "{body:#}");
+
+    let (_, list) = env.get("/packages").await;
+    assert_eq!(list["packages"], json!([]), "a refused upload left a package: {list:#}");
+    env.upload(&PackageBuilder::new("kv", "1.0.0").spec(SPEC).script("bin/start.sh", "exec sleep 100000\n")).await;
+}

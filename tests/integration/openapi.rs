@@ -24,6 +24,11 @@
 //! `object_level_authorization`: tokens are not scoped to objects;
 //! `max_response_time`: `?wait=` long-polls by design.
 //!
+//! `POST /nodes/{id}/revoke` has no example in the document, so the run
+//! asks it with generated ids, which miss: revoking `node-1` would take
+//! the node of `demo`'s instance away for the rest of the run (its routes
+//! then rightly answer `503`). `tests/integration/trust.rs` revokes for real.
+//!
 //! A config file (written per run) points half of the generated instance
 //! routes at `demo` and its instance, so they reach real answers (202, the
 //! plan of a dry run, a log), not only 404s. Streaming routes must not hold

@@ -36,6 +36,27 @@ async fn simulated_agent_passes_the_battery() {
     battery(Kind::Sim).await;
 }
 
+/// A master that stops sending (not even heartbeats) while its socket
+/// stays open: each kind of agent takes the link for dead within the idle
+/// limit (5 s here) and dials again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_drop_a_link_that_goes_silent_and_dial_again() {
+    for kind in [Kind::Real, Kind::Sim] {
+        let mut m = FakeMaster::bind().await;
+        let subject = Subject::start(kind, m.addr(), m.join_token());
+        m.accept().await;
+        let silent_since = Instant::now();
+        // Nothing is read (no heartbeat echoed) and nothing sent.
+        m.accept().await;
+        let took = silent_since.elapsed();
+        assert!(
+            took >= Duration::from_millis(4500) && took < Duration::from_secs(9),
+            "{kind:?}: dialled again after {took:?} of silence; the idle limit is 5 s"
+        );
+        subject.stop().await;
+    }
+}
+
 // ---------------------------------------------------------------- subjects
 
 #[derive(Debug, Clone, Copy)]
@@ -58,7 +79,7 @@ enum Subject {
 
 impl Subject {
     /// Starts the agent, dialling the fake master at `master`.
-    fn start(kind: Kind, master: SocketAddr) -> Subject {
+    fn start(kind: Kind, master: SocketAddr, join_token: String) -> Subject {
         match kind {
             Kind::Real => {
                 let dir = tempfile::Builder::new().prefix("flotilla-battery-").tempdir().expect("temp dir");
@@ -78,6 +99,7 @@ impl Subject {
                     ("default_run_as", me),
                     ("allow_root", "true".into()),
                     ("stop_instances_on_exit", "true".into()),
+                    ("join_token", join_token),
                 ];
                 let cfg = flotilla::config::AgentConfig::load(None, &overrides).expect("agent config");
                 let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -93,6 +115,7 @@ impl Subject {
                     prefix: "battery-sim-".into(),
                     port_range: (20000, 29999),
                     latency: Latency::default(),
+                    join_token,
                 })),
             },
         }
@@ -277,7 +300,7 @@ fn assert_failed(m: &FakeMaster, got: &AgentResponse, kind: FailureKind, what: &
 async fn battery(kind: Kind) {
     let began = std::time::Instant::now();
     let mut m = FakeMaster::bind().await;
-    let subject = Subject::start(kind, m.addr());
+    let subject = Subject::start(kind, m.addr(), m.join_token());
     let a = id("battery-a");
 
     // 1. Hello.

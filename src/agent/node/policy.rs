@@ -20,9 +20,11 @@ pub struct RunAsPolicy {
 }
 
 /// Environment variables through which the dynamic loader (or glibc's
-/// iconv, `GCONV_PATH`) loads code: every `LD_*` name.
+/// iconv, `GCONV_PATH`) loads code or changes how it runs: every `LD_*`
+/// name, and `GLIBC_TUNABLES` (parsed by the loader itself before `main`;
+/// CVE-2023-4911 turned it into code execution).
 pub fn is_loader_var(name: &str) -> bool {
-    name.starts_with("LD_") || name == "GCONV_PATH"
+    name.starts_with("LD_") || name == "GCONV_PATH" || name == "GLIBC_TUNABLES"
 }
 
 impl RunAsPolicy {
@@ -74,7 +76,7 @@ impl RunAsPolicy {
         let bad: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).filter(|k| is_loader_var(k)).collect();
         (!bad.is_empty()).then(|| {
             format!(
-                "env sets {}: dynamic-loader variables (LD_*, GCONV_PATH) are refused by this agent (allow_loader_env = false)",
+                "env sets {}: dynamic-loader variables (LD_*, GCONV_PATH, GLIBC_TUNABLES) are refused by this agent (allow_loader_env = false)",
                 bad.join(", ")
             )
         })
@@ -118,7 +120,7 @@ mod tests {
         let env = |names: &[&str]| names.iter().map(|n| (n.to_string(), "x".to_string())).collect::<Vec<_>>();
         let p = RunAsPolicy::default();
         assert_eq!(p.refuse_env(&env(&["PATH", "JAVA_OPTS", "XLD_PRELOAD", "ld_preload"])), None);
-        for bad in ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_BIND_NOW", "GCONV_PATH"] {
+        for bad in ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_BIND_NOW", "GCONV_PATH", "GLIBC_TUNABLES"] {
             let why = p.refuse_env(&env(&["PATH", bad])).unwrap_or_else(|| panic!("{bad} passed"));
             assert!(why.contains(bad) && why.contains("allow_loader_env = false"), "{why}");
         }

@@ -30,6 +30,7 @@ use crate::agent::node::failure;
 use crate::agent::outbox::Outbox;
 use crate::ids::{InstanceId, NodeId};
 use crate::protocol::codec::{AgentCodec, ProtocolError};
+use crate::protocol::handshake::LinkStream;
 use crate::protocol::handshake::agent_handshake;
 use crate::protocol::messages::{
     AgentEvent, AgentFrame, AgentRequest, AgentResponse, FailureKind, Hello, InstallBegin, MasterFrame,
@@ -129,6 +130,8 @@ pub struct SimAgent {
     pub outbox: Arc<Outbox>,
     pub faults: Faults,
     pub connected: AtomicBool,
+    /// Its certificate, once enrolled (in memory only).
+    tls: std::sync::OnceLock<Arc<rustls::ClientConfig>>,
 }
 
 fn lock(m: &Mutex<SimState>) -> std::sync::MutexGuard<'_, SimState> {
@@ -146,17 +149,66 @@ impl SimAgent {
             outbox: Arc::default(),
             faults: Faults::default(),
             connected: AtomicBool::new(false),
+            tls: std::sync::OnceLock::new(),
         })
     }
 
-    /// Dials the master until `shutdown`, serving each connection.
-    pub async fn serve(self: Arc<Self>, master: SocketAddr, mut shutdown: watch::Receiver<bool>) {
+    /// Connects with `other`'s certificate from now on (the same node
+    /// dialling again from a new process, in tests), instead of enrolling.
+    pub fn adopt_credentials(&self, other: &SimAgent) {
+        if let Some(tls) = other.tls.get() {
+            let _ = self.tls.set(tls.clone());
+        }
+    }
+
+    async fn enroll(
+        &self,
+        master: SocketAddr,
+        join_token: &str,
+        max_backoff: Duration,
+    ) -> Option<Arc<rustls::ClientConfig>> {
+        if let Some(tls) = self.tls.get() {
+            return Some(tls.clone());
+        }
+        let enrolled = crate::agent::enroll::request(
+            &self.node,
+            join_token,
+            master,
+            &self.address,
+            Duration::from_secs(30),
+            max_backoff,
+        )
+        .await;
+        match enrolled.and_then(|c| c.client_config().map_err(Into::into)) {
+            Ok(tls) => Some(self.tls.get_or_init(|| tls).clone()),
+            Err(e) => {
+                tracing::error!(node = %self.node, error = %crate::error::ErrorChain(&e), "simulated agent cannot enroll");
+                None
+            }
+        }
+    }
+
+    /// Enrolls with `join_token` (once; the credentials stay in memory),
+    /// then dials the master until `shutdown`, serving each connection.
+    pub async fn serve(self: Arc<Self>, master: SocketAddr, join_token: Arc<str>, mut shutdown: watch::Receiver<bool>) {
+        let max_backoff = Duration::from_secs(2);
+        let tls = tokio::select! {
+            tls = self.enroll(master, &join_token, max_backoff) => match tls {
+                Some(tls) => tls,
+                None => return,
+            },
+            _ = shutdown.changed() => return,
+        };
         let mut backoff = Duration::from_millis(50);
         loop {
             if *shutdown.borrow() {
                 return;
             }
-            if let Ok(stream) = dial(master, &self.address).await {
+            let connected = match dial(master, &self.address).await {
+                Ok(tcp) => crate::protocol::tls::connect(tls.clone(), tcp, Duration::from_secs(30)).await,
+                Err(e) => Err(e),
+            };
+            if let Ok(stream) = connected {
                 backoff = Duration::from_millis(50);
                 let r = tokio::select! {
                     r = self.session(stream) => r,
@@ -171,14 +223,13 @@ impl SimAgent {
                 _ = tokio::time::sleep(backoff) => {}
                 _ = shutdown.changed() => return,
             }
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            backoff = (backoff * 2).min(max_backoff);
         }
     }
 
-    async fn session(self: &Arc<Self>, stream: tokio::net::TcpStream) -> Result<(), ProtocolError> {
+    async fn session(self: &Arc<Self>, stream: LinkStream) -> Result<(), ProtocolError> {
         // Kicks from here on end this connection (see `Faults::kicks`).
         let kicks = self.faults.kicks.load(Ordering::SeqCst);
-        stream.set_nodelay(true).map_err(ProtocolError::Io)?;
         let mut framed = tokio_util::codec::Framed::new(stream, AgentCodec::default());
         let hello = Hello {
             protocol_version: PROTOCOL_VERSION,
@@ -202,6 +253,7 @@ impl SimAgent {
         let mut write_task = tokio::spawn(write_frames(writer, rx, self.outbox.clone(), next_connection(), beat));
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
         let mut incoming: HashMap<u64, Incoming> = HashMap::new();
+        let idle = crate::protocol::messages::idle_limit(beat);
         let result = loop {
             // Registered for the wake-ups before the switches are looked
             // at: a flip or a kick between the look and the wait would
@@ -222,7 +274,10 @@ impl SimAgent {
                 continue;
             }
             let frame = tokio::select! {
-                f = reader.next() => f,
+                f = tokio::time::timeout(idle, reader.next()) => match f {
+                    Ok(f) => f,
+                    Err(_) => break Err(ProtocolError::Timeout("hearing from the master")),
+                },
                 w = &mut write_task => break match w {
                     Ok(r) => r,
                     Err(e) => Err(ProtocolError::Unexpected(format!("writer task: {e}"))),
@@ -250,7 +305,8 @@ impl SimAgent {
                     }
                 }
                 MasterFrame::Ack { seq } => self.outbox.ack(seq),
-                MasterFrame::Welcome(_) | MasterFrame::Refused { .. } => {
+                MasterFrame::Heartbeat => {}
+                MasterFrame::Welcome(_) | MasterFrame::Refused { .. } | MasterFrame::Enrolled(_) => {
                     break Err(ProtocolError::Unexpected("handshake frame after the handshake".into()));
                 }
             }
@@ -363,7 +419,18 @@ impl SimAgent {
                 match crate::agent::hooks::check_hook_request(&instance, &hook, &argv) {
                     Err(refused) => Self::reply(tx, request_id, refused).await,
                     Ok(()) => {
-                        let check = move |s: &mut SimState| s.check(&instance, Some(generation), true);
+                        let check = move |s: &mut SimState| {
+                            // As the real agent: nothing to destroy where nothing
+                            // was installed, so a failed create can be deleted.
+                            if hook == "destroy" && !s.instances.contains_key(&instance) {
+                                return AgentResponse::HookDone {
+                                    exit_code: 0,
+                                    stdout_tail: String::new(),
+                                    stderr_tail: String::new(),
+                                };
+                            }
+                            s.check(&instance, Some(generation), true)
+                        };
                         self.later(tx, slots, request_id, l.other, check).await
                     }
                 }
@@ -461,11 +528,23 @@ mod tests {
     #[tokio::test]
     async fn a_kick_during_the_handshake_is_not_lost() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = crate::protocol::tls::testkit::TestAuthority::new().unwrap();
         let agent = SimAgent::new(NodeId::new("kick"), "127.0.0.1".into(), (20000, 20010), Latency::default());
         let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(agent.clone().serve(listener.local_addr().unwrap(), rx));
+        let token: Arc<str> = authority.join_token().into();
+        let task = tokio::spawn(agent.clone().serve(listener.local_addr().unwrap(), token, rx));
         let wait = Duration::from_secs(5);
+        // It enrolls first, then dials again with its certificate.
         let (stream, _) = tokio::time::timeout(wait, listener.accept()).await.unwrap().unwrap();
+        let (stream, _) = authority.accept(stream).await.unwrap();
+        let mut framed = Framed::new(stream, MasterCodec::new());
+        let Some(Ok(AgentFrame::Enroll(request))) = tokio::time::timeout(wait, framed.next()).await.unwrap() else {
+            panic!("the agent did not enroll first")
+        };
+        framed.send(MasterFrame::Enrolled(authority.enroll(&request).unwrap())).await.unwrap();
+        let (stream, _) = tokio::time::timeout(wait, listener.accept()).await.unwrap().unwrap();
+        let (stream, peer) = authority.accept(stream).await.unwrap();
+        assert!(peer.is_some(), "the enrolled agent presented no certificate");
         let mut framed = Framed::new(stream, MasterCodec::new());
         let hello = tokio::time::timeout(wait, framed.next()).await.unwrap().unwrap().unwrap();
         assert!(matches!(hello, AgentFrame::Hello(_)), "{hello:?}");

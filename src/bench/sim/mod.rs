@@ -32,6 +32,9 @@ pub struct FleetConfig {
     pub prefix: String,
     pub port_range: (u16, u16),
     pub latency: Latency,
+    /// A join token good for `agents` enrollments; each agent enrolls at
+    /// its start and keeps its certificate in memory.
+    pub join_token: String,
 }
 
 /// Many simulated agents in this process.
@@ -51,12 +54,13 @@ impl Fleet {
     /// Starts the agents; each dials the master and keeps reconnecting.
     pub fn start(cfg: &FleetConfig) -> Fleet {
         let (stop, rx) = watch::channel(false);
+        let token: Arc<str> = cfg.join_token.as_str().into();
         let mut agents = Vec::with_capacity(cfg.agents);
         let mut tasks = Vec::with_capacity(cfg.agents);
         for i in 0..cfg.agents {
             let node = NodeId::new(format!("{}{}", cfg.prefix, i + 1));
             let agent = SimAgent::new(node, address(i), cfg.port_range, cfg.latency);
-            tasks.push(tokio::spawn(agent.clone().serve(cfg.master, rx.clone())));
+            tasks.push(tokio::spawn(agent.clone().serve(cfg.master, token.clone(), rx.clone())));
             agents.push(agent);
         }
         Fleet { agents, stop, tasks }

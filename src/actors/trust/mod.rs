@@ -1,0 +1,153 @@
+//! [`Trust`]: who may be an agent of this master. It holds the CA (see
+//! [`crate::protocol::tls::ca`]), the TLS configuration of the agent
+//! listener, the join tokens ([`join_tokens`]) and the certificate issued
+//! to each node ([`enrollment`]), and answers the one question the agent
+//! listener asks of every connection that presents a certificate: which
+//! node is this ([`Trust::identify`])?
+//!
+//! The tables are read without a lock (an `ArcSwap`) and change only after
+//! the store acknowledged the write, in a task of its own, so a request
+//! that stops waiting cannot leave the store changed and the table not (a
+//! revoked certificate still accepted). Changes are made one at a time.
+
+pub mod enrollment;
+pub mod join_tokens;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::error::Error;
+use crate::ids::NodeId;
+use crate::protocol::tls::ca::Ca;
+use crate::protocol::tls::{Fingerprint, TlsError};
+use crate::storage::keys::master_cf;
+use crate::storage::meta::{self, MetaStore};
+use crate::storage::trust_records::{JoinTokenRecord, NodeCertRecord};
+use crate::storage::{StorageError, WriteOp};
+
+/// The tables, swapped whole.
+#[derive(Clone, Default)]
+struct Tables {
+    tokens: BTreeMap<String, Arc<JoinTokenRecord>>,
+    certs: BTreeMap<NodeId, Arc<NodeCertRecord>>,
+    /// Certificates not revoked, by fingerprint.
+    by_fingerprint: HashMap<Fingerprint, NodeId>,
+}
+
+impl Tables {
+    fn put_cert(&mut self, cert: NodeCertRecord) {
+        if let Some(old) = self.certs.get(&cert.node) {
+            self.by_fingerprint.remove(&old.fingerprint);
+        }
+        if cert.revoked_at.is_none() {
+            self.by_fingerprint.insert(cert.fingerprint, cert.node.clone());
+        }
+        self.certs.insert(cert.node.clone(), Arc::new(cert));
+    }
+}
+
+pub struct Trust {
+    ca: Ca,
+    acceptor: tokio_rustls::TlsAcceptor,
+    store: Arc<dyn MetaStore>,
+    tables: ArcSwap<Tables>,
+    writes: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// Why the trust tables could not be set up at start.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    #[error(
+        "{dir} holds no CA for the agent link; start the master once with --init to create it (agents enrolled with another CA must enroll again)"
+    )]
+    NoCa { dir: String },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl Trust {
+    /// Loads the CA from `ca_dir` (making it when `create` and there is
+    /// none) and the tables from the store (blocking: boot only).
+    pub fn load(store: Arc<dyn MetaStore>, ca_dir: &Path, create: bool) -> Result<Arc<Trust>, TrustError> {
+        let ca = if Ca::exists(ca_dir) {
+            Ca::load(ca_dir)?
+        } else if create {
+            let ca = Ca::create(ca_dir)?;
+            tracing::info!(dir = %ca_dir.display(), fingerprint = %hex::encode(ca.fingerprint()), "created the agent link's CA");
+            ca
+        } else {
+            return Err(TrustError::NoCa { dir: ca_dir.display().to_string() });
+        };
+        let (chain, key) = ca.master_identity()?;
+        let server = crate::protocol::tls::server_config(ca.cert(), chain, key)?;
+        let mut tables = Tables::default();
+        for t in meta::load::<JoinTokenRecord>(store.as_ref(), master_cf::JOIN_TOKENS)? {
+            tables.tokens.insert(t.id.clone(), Arc::new(t));
+        }
+        for c in meta::load::<NodeCertRecord>(store.as_ref(), master_cf::NODE_CERTS)? {
+            tables.put_cert(c);
+        }
+        Ok(Arc::new(Trust {
+            ca,
+            acceptor: tokio_rustls::TlsAcceptor::from(server),
+            store,
+            tables: ArcSwap::from_pointee(tables),
+            writes: Arc::default(),
+        }))
+    }
+
+    /// The agent listener's TLS.
+    pub fn acceptor(&self) -> &tokio_rustls::TlsAcceptor {
+        &self.acceptor
+    }
+
+    /// What join tokens pin.
+    pub fn ca_fingerprint(&self) -> Fingerprint {
+        self.ca.fingerprint()
+    }
+
+    /// The node the certificate with this fingerprint was issued to, or
+    /// why it is refused.
+    pub fn identify(&self, fingerprint: &Fingerprint) -> Result<NodeId, String> {
+        if let Some(node) = self.tables.load().by_fingerprint.get(fingerprint) {
+            return Ok(node.clone());
+        }
+        let tables = self.tables.load();
+        match tables.certs.values().find(|c| &c.fingerprint == fingerprint) {
+            Some(c) => {
+                Err(format!("the certificate of node {} was revoked; enroll it again with a new join token", c.node))
+            }
+            None => Err("this certificate is not one this master issued (or it was replaced); enroll again".into()),
+        }
+    }
+
+    /// The certificate issued to `node`, if any.
+    pub fn cert_of(&self, node: &NodeId) -> Option<Arc<NodeCertRecord>> {
+        self.tables.load().certs.get(node).cloned()
+    }
+
+    /// Writes `ops`, then applies `change` to the tables, in a task of its
+    /// own (see the module doc); the caller holds `one` (the write lock).
+    async fn commit_then_swap(
+        self: &Arc<Self>,
+        one: tokio::sync::OwnedMutexGuard<()>,
+        ops: Vec<WriteOp>,
+        next: Tables,
+    ) -> Result<(), Error> {
+        let me = self.clone();
+        let task = tokio::spawn(async move {
+            let written = me.store.try_commit(ops).await;
+            if written.is_ok() {
+                me.tables.store(Arc::new(next));
+            }
+            drop(one);
+            written
+        });
+        task.await.map_err(|e| Error::Internal { message: format!("trust write task: {e}") })?.map_err(Error::from)
+    }
+}

@@ -1,0 +1,140 @@
+//! TLS on the agent link: the master's private CA ([`ca`]), the agent's
+//! credentials on disk ([`credentials`]), the verifier an agent uses before
+//! it has the CA ([`pin`]), and the rustls configurations both ends build
+//! from them.
+//!
+//! Every certificate is issued by the master's CA, which lives in the
+//! master's data dir and nowhere else. The master presents a certificate
+//! for [`MASTER_NAME`] (whatever address it listens on: agents check the
+//! CA, not an address), and asks agents for theirs without requiring one,
+//! because an agent that is not enrolled yet connects without: such a
+//! connection may only enroll ([`crate::protocol::messages::EnrollRequest`]).
+//! The node a certificate belongs to is looked up by the certificate's
+//! SHA-256 fingerprint in the master's table of issued certificates, never
+//! taken from what the agent says; a certificate missing from the table
+//! (revoked, or issued by another master's CA) is refused.
+//!
+//! One crypto backend (aws-lc-rs) is named explicitly everywhere, so no
+//! process-wide default provider is needed.
+
+pub mod ca;
+pub mod credentials;
+pub mod join_token;
+pub mod pin;
+pub mod testkit;
+
+use std::sync::Arc;
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use sha2::{Digest, Sha256};
+
+/// The name in the master's certificate, which agents verify.
+pub const MASTER_NAME: &str = "master.flotilla";
+
+/// A certificate's SHA-256 fingerprint (of its DER bytes).
+pub type Fingerprint = [u8; 32];
+
+/// Why TLS material could not be made, read or used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{what} {path}: {source}")]
+    Io { what: &'static str, path: String, source: std::io::Error },
+    #[error("{what}: {message}")]
+    Invalid { what: String, message: String },
+    #[error("making {what}: {message}")]
+    Crypto { what: &'static str, message: String },
+}
+
+impl TlsError {
+    pub(crate) fn crypto(what: &'static str) -> impl FnOnce(rcgen::Error) -> TlsError {
+        move |e| TlsError::Crypto { what, message: e.to_string() }
+    }
+
+    pub(crate) fn rustls(what: &'static str) -> impl FnOnce(rustls::Error) -> TlsError {
+        move |e| TlsError::Crypto { what, message: e.to_string() }
+    }
+}
+
+/// The SHA-256 of `der`.
+pub fn fingerprint(der: &[u8]) -> Fingerprint {
+    Sha256::digest(der).into()
+}
+
+/// The crypto backend every configuration here uses.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+fn roots(ca: &CertificateDer<'static>) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    roots.add(ca.clone()).map_err(TlsError::rustls("the CA as a trust root"))?;
+    Ok(Arc::new(roots))
+}
+
+/// The master's side: presents `chain` (its certificate, then the CA's),
+/// asks for a client certificate issued by `ca` and accepts a connection
+/// without one (enrollment).
+pub fn server_config(
+    ca: &CertificateDer<'static>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots(ca)?, provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::Crypto { what: "the client verifier", message: e.to_string() })?;
+    let config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::rustls("the server configuration"))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(TlsError::rustls("the server configuration"))?;
+    Ok(Arc::new(config))
+}
+
+/// An enrolled agent's side: trusts only `ca`, presents its certificate.
+pub fn client_config(
+    ca: &CertificateDer<'static>,
+    cert: CertificateDer<'static>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::rustls("the client configuration"))?
+        .with_root_certificates(roots(ca)?)
+        .with_client_auth_cert(vec![cert], key)
+        .map_err(TlsError::rustls("the client configuration"))?;
+    Ok(Arc::new(config))
+}
+
+/// An agent enrolling: trusts the CA whose fingerprint the join token
+/// carries, presents nothing.
+pub fn enroll_config(ca_pin: Fingerprint) -> Result<Arc<ClientConfig>, TlsError> {
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::rustls("the enrollment configuration"))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(pin::PinnedCa::new(ca_pin)))
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// The name agents verify in the master's certificate.
+pub fn master_name() -> ServerName<'static> {
+    ServerName::try_from(MASTER_NAME).expect("MASTER_NAME is a valid DNS name")
+}
+
+/// Agent side: TLS over `tcp` to the master, within `timeout`.
+pub async fn connect(
+    config: Arc<ClientConfig>,
+    tcp: tokio::net::TcpStream,
+    timeout: std::time::Duration,
+) -> std::io::Result<crate::protocol::handshake::LinkStream> {
+    let connector = tokio_rustls::TlsConnector::from(config);
+    match tokio::time::timeout(timeout, connector.connect(master_name(), tcp)).await {
+        Ok(Ok(stream)) => Ok(Box::new(stream)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake with the master timed out")),
+    }
+}

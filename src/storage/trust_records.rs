@@ -1,0 +1,44 @@
+//! The records of the agent link's trust: join tokens and the certificates
+//! issued to nodes. Like the API tokens, a join token is kept as the
+//! SHA-256 of its secret, never the secret.
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::ids::NodeId;
+
+/// A join token (`flj_<id>_<secret>_<ca>`): an agent enrolls with it once
+/// per use, until it expires.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JoinTokenRecord {
+    pub version: u32,
+    pub id: String,
+    /// What the operator called it.
+    pub name: String,
+    pub secret_sha256: [u8; 32],
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+    /// Enrollments it may still make; the token is deleted at 0.
+    pub uses_left: u32,
+}
+
+/// The certificate a node was issued: the master knows a node by this
+/// certificate's fingerprint, never by what the agent says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeCertRecord {
+    pub version: u32,
+    pub node: NodeId,
+    /// SHA-256 of the certificate's DER bytes.
+    pub fingerprint: [u8; 32],
+    pub serial: [u8; 16],
+    /// The join token it was enrolled with.
+    pub token_id: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub issued_at: OffsetDateTime,
+    /// Set by `flotilla node revoke`: the certificate is refused from then
+    /// on. The node may enroll again with a new token.
+    #[serde(with = "crate::storage::serde_time::rfc3339_option")]
+    pub revoked_at: Option<OffsetDateTime>,
+}
