@@ -23,11 +23,21 @@ pub struct NodeLive {
     connection: AtomicU64,
     /// Unix ms of the last frame; `i64::MIN`: never heard from.
     last_heard_ms: AtomicI64,
+    /// Unix ms this master began to listen for the node (the entry was
+    /// made: at the master's start for a node it had stored, else at the
+    /// node's first registration). A node not heard from since is judged
+    /// from here, not as silent forever: the reconnect grace after a
+    /// master restart (see [`NodeLive::status_at`]).
+    listening_since_ms: i64,
 }
 
 impl Default for NodeLive {
     fn default() -> Self {
-        NodeLive { connection: AtomicU64::new(0), last_heard_ms: AtomicI64::new(i64::MIN) }
+        NodeLive {
+            connection: AtomicU64::new(0),
+            last_heard_ms: AtomicI64::new(i64::MIN),
+            listening_since_ms: unix_ms(OffsetDateTime::now_utc()),
+        }
     }
 }
 
@@ -66,8 +76,15 @@ impl NodeLive {
     /// Ready while connected and heard from recently; Unknown after
     /// `unknown_after` of silence (or right after a disconnect); Down after
     /// `down_after`. Derived at read time, so no timer has to flip it.
+    ///
+    /// A node this master has not heard from yet counts as silent since
+    /// the master began listening for it, not forever: after a master
+    /// restart (or one down longer than `down_after`) its agents get
+    /// `down_after` to reconnect, and are `Unknown` meanwhile, never all
+    /// `Down` at once because the master itself was away.
     pub fn status_at(&self, now: OffsetDateTime, unknown_after: Duration, down_after: Duration) -> NodeStatus {
-        let silent = self.silence(now).unwrap_or(Duration::MAX);
+        let waited = || Duration::from_millis(u64::try_from(unix_ms(now) - self.listening_since_ms).unwrap_or(0));
+        let silent = self.silence(now).unwrap_or_else(waited);
         if self.connected() && silent < unknown_after {
             NodeStatus::Ready
         } else if silent < down_after {
@@ -146,7 +163,9 @@ mod tests {
         let live = NodeLive::default();
         let now = OffsetDateTime::now_utc();
         let (u, d) = (Duration::from_secs(6), Duration::from_secs(30));
-        assert_eq!(live.status_at(now, u, d), NodeStatus::Down, "never heard from");
+        assert_eq!(live.status_at(now, u, d), NodeStatus::Unknown, "not heard from yet: the reconnect grace");
+        let later = now + time::Duration::seconds(31);
+        assert_eq!(live.status_at(later, u, d), NodeStatus::Down, "never heard from within down_after");
         live.connect(1);
         assert_eq!(live.status_at(now, u, d), NodeStatus::Ready);
         assert_eq!(live.status_at(now + time::Duration::seconds(10), u, d), NodeStatus::Unknown);
