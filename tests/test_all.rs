@@ -26,6 +26,9 @@ mod integration {
     mod dry_run;
     mod events;
     mod failing_start;
+    mod faults_agent;
+    mod faults_master;
+    mod faults_packages;
     mod grandchild;
     mod hooks;
     mod instance_logs;

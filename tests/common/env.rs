@@ -192,7 +192,8 @@ impl TestEnv {
     /// A join token for `uses` enrollments, made through the API.
     pub async fn make_join_token(&self, uses: u32) -> String {
         let body = serde_json::json!({ "name": "test", "uses": uses });
-        let resp = self.client.post(format!("{}/join-tokens", self.api)).json(&body).send().await.expect("POST /join-tokens");
+        let resp =
+            self.client.post(format!("{}/join-tokens", self.api)).json(&body).send().await.expect("POST /join-tokens");
         let status = resp.status();
         let v: Value = resp.json().await.expect("join token answer");
         assert_eq!(status, reqwest::StatusCode::CREATED, "making a join token: {v}");
@@ -258,6 +259,28 @@ impl TestEnv {
         self.wait_endpoints().await;
         assert_eq!(self.api, api_before, "the restarted master must listen on the same address");
         self.wait_ready().await;
+    }
+
+    /// SIGKILLs the master (no shutdown at all, as a crash or a power cut
+    /// would) and waits until it is gone. [`TestEnv::start_master_again`]
+    /// brings it back.
+    pub fn kill_master(&mut self) {
+        if let Some(mut m) = self.master.take() {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
+    }
+
+    /// Starts the master again on its data dir and ports after
+    /// [`TestEnv::kill_master`]; returns once it listens, without waiting
+    /// for the agents to reconnect.
+    pub async fn start_master_again(&mut self) {
+        assert!(self.master.is_none(), "the master is still running");
+        let _ = std::fs::remove_file(self.endpoints_file());
+        let api_before = self.api.clone();
+        self.master = Some(self.spawn_master());
+        self.wait_endpoints().await;
+        assert_eq!(self.api, api_before, "the restarted master must listen on the same address");
     }
 
     /// Agent `i`'s data dir (its certificate is in `tls/`).
