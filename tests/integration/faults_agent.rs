@@ -411,7 +411,6 @@ fn install_leftovers(env: &TestEnv, i: usize) -> Vec<std::path::PathBuf> {
 /// interrupted install is left (no staging dir, no partial package), the
 /// create ends, and a delete leaves nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: an agent restart does not remove the .staging-* and .incoming-* of an install it was killed in (src/agent/node, see RELIABILITY.md)"]
 async fn agent_killed_mid_install_leaves_no_staging() {
     use std::io::Read;
     let mut env = TestEnv::start("faults-agent-midinstall").await;

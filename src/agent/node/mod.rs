@@ -119,6 +119,27 @@ fn process_failure(kind: FailureKind, e: &super::process::ProcessError) -> Agent
     })
 }
 
+/// Removes every entry of `dir` whose name starts with `prefix`; how many.
+fn sweep(dir: &Path, prefix: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        if !e.file_name().to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        let path = e.path();
+        let gone = match e.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        match gone {
+            Ok(()) => removed += 1,
+            Err(err) => tracing::warn!(path = %path.display(), error = %err, "cannot remove a leftover of an install"),
+        }
+    }
+    removed
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -212,6 +233,16 @@ impl Node {
     /// Loads the records at start: finishes deletes that were in progress,
     /// and re-adopts processes that still run.
     pub async fn recover(self: &Arc<Self>) -> Result<(), crate::storage::StorageError> {
+        // No install runs before the link is up: whatever an install left
+        // half-done when the agent died (a staging dir, a package being
+        // received) is garbage now, and the master sends the install again.
+        let (root, cache) = (self.root.clone(), self.package_cache.clone());
+        let swept = tokio::task::spawn_blocking(move || sweep(&root, ".staging-") + sweep(&cache, ".incoming-"))
+            .await
+            .unwrap_or(0);
+        if swept > 0 {
+            tracing::info!(swept, "removed what installs cut short by the agent's end left behind");
+        }
         let store = self.store.clone();
         let snapshot = tokio::task::spawn_blocking(move || store.load_all())
             .await
