@@ -238,9 +238,12 @@ async fn supervise(children: &mut [(String, Child)], agent: &AgentCommand<'_>) -
     }
 }
 
-/// Kills every process still running from an instance directory under
-/// `dir` (an agent killed before it could stop its instances leaves them
-/// to init): dev mode leaves nothing running behind. Returns how many.
+/// Kills every instance process still running from an instance directory
+/// under `dir` (an agent killed before it could stop its instances leaves
+/// them to init): dev mode leaves nothing running behind. A process counts
+/// only when it also carries the `FLOTILLA_INSTANCE=` marker every agent
+/// gives its instances, so an operator's shell sitting in such a directory
+/// is left alone. Returns how many.
 fn sweep_instances(dir: &Path) -> usize {
     let Ok(procs) = std::fs::read_dir("/proc") else { return 0 };
     let roots: Vec<PathBuf> = (1..=u8::MAX).map(|i| dir.join(format!("agent-{i}")).join("instances")).collect();
@@ -248,7 +251,9 @@ fn sweep_instances(dir: &Path) -> usize {
     for entry in procs.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
         let Ok(cwd) = std::fs::read_link(format!("/proc/{pid}/cwd")) else { continue };
-        if roots.iter().any(|r| cwd.starts_with(r)) && pid != std::process::id() as i32 {
+        let marked = std::fs::read(format!("/proc/{pid}/environ"))
+            .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv.starts_with(b"FLOTILLA_INSTANCE=")));
+        if marked && roots.iter().any(|r| cwd.starts_with(r)) && pid != std::process::id() as i32 {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
             killed += 1;
         }

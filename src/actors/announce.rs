@@ -53,7 +53,11 @@ pub async fn watch_nodes(shared: Shared, every: std::time::Duration) {
         let mut changed = Vec::new();
         let nodes = shared.read_model.nodes();
         seen.retain(|id, _| nodes.contains_key(id));
-        let idle = crate::protocol::messages::idle_limit(shared.timing.heartbeat_interval);
+        // Not as soon as an agent would: the master's actor threads may be
+        // saturated (frames waiting to be handled look like silence), so a
+        // link closes when its node is judged Down, and never sooner than
+        // the agent's own limit.
+        let idle = crate::protocol::messages::idle_limit(shared.timing.heartbeat_interval).max(down);
         for (id, entry) in nodes.iter() {
             // A link that has carried nothing (not even a heartbeat) for the
             // idle limit is dead, whatever TCP thinks: close it, so the

@@ -26,8 +26,9 @@ use crate::storage::WriteOp;
 use crate::storage::records::{PackageRecord, RECORD_VERSION};
 
 /// How an upload's body must keep coming: a client that sends nothing for
-/// `idle`, or averages under `min_rate` bytes/s once `idle` has passed, is
-/// refused, and the version's upload slot is free again at once.
+/// `idle`, or has sent less than `min_rate` bytes for each second past the
+/// first `idle`, is refused, and the version's upload slot is free again
+/// at once.
 #[derive(Debug, Clone, Copy)]
 pub struct UploadLimits {
     pub max_bytes: u64,
@@ -129,8 +130,10 @@ impl Packages {
                     message: format!("package is larger than the limit of {max_bytes} bytes"),
                 });
             }
+            // The rate is owed only for the time past the silence `idle`
+            // allows (a pipe that starts late is not held against it).
             let elapsed = started.elapsed();
-            if elapsed > idle && (size as f64) < min_rate as f64 * elapsed.as_secs_f64() {
+            if elapsed > idle && (size as f64) < min_rate as f64 * (elapsed - idle).as_secs_f64() {
                 return Err(Error::invalid(
                     "upload_too_slow",
                     format!(

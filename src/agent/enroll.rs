@@ -36,6 +36,10 @@ pub enum EnrollError {
         "{dir} holds the certificate of node {enrolled}, not {wanted}; use the node id it was enrolled as, or another data dir"
     )]
     OtherNode { dir: String, enrolled: NodeId, wanted: NodeId },
+    #[error(
+        "{dir} holds a certificate from another master than the join token's; remove {dir} to enroll with this token"
+    )]
+    OtherMaster { dir: String },
     #[error("the master refused the enrollment: {0}")]
     Refused(String),
     #[error("the master at {master} is not the one the join token was made by (TLS: {reason})")]
@@ -56,6 +60,14 @@ pub async fn credentials(
     max_backoff: Duration,
 ) -> Result<Credentials, EnrollError> {
     if let Some(kept) = Credentials::load(data_dir)? {
+        // A token made by another master than the kept certificate's: the
+        // operator means to move this node; say how instead of dialling a
+        // master that will never accept the old certificate.
+        if let Some(token) = token.and_then(|t| t.parse::<JoinToken>().ok())
+            && token.ca != tls::fingerprint(&kept.ca)
+        {
+            return Err(EnrollError::OtherMaster { dir: tls::credentials::dir(data_dir).display().to_string() });
+        }
         if &kept.node_id != node_id {
             return Err(EnrollError::OtherNode {
                 dir: tls::credentials::dir(data_dir).display().to_string(),
@@ -66,27 +78,28 @@ pub async fn credentials(
         return Ok(kept);
     }
     let token = token.ok_or(EnrollError::NoToken)?;
-    let credentials = request(node_id, token, master, address, timeout, max_backoff).await?;
+    let key = NewKey::pending(data_dir)?;
+    let credentials = request(node_id, token, key, master, address, timeout, max_backoff).await?;
     credentials.save(data_dir)?;
     tracing::info!(node = %node_id, certificate = %hex::encode(credentials.fingerprint()), "enrolled with the master");
     Ok(credentials)
 }
 
-/// Enrolls `node_id` with the master at `master` using `token`: makes a
-/// key, sends its public half, and checks the certificate that comes back
+/// Enrolls `node_id` with the master at `master` using `token`: sends
+/// `key`'s public half, and checks the certificate that comes back
 /// chains to the CA the token pins. Dials again with backoff while the
 /// master cannot be reached; a refusal is final. Shared with the simulated
 /// agents, which keep their credentials in memory.
 pub async fn request(
     node_id: &NodeId,
     token: &str,
+    key: NewKey,
     master: SocketAddr,
     address: &str,
     timeout: Duration,
     max_backoff: Duration,
 ) -> Result<Credentials, EnrollError> {
     let token: JoinToken = token.parse().map_err(EnrollError::BadToken)?;
-    let key = NewKey::generate()?;
     let config = tls::enroll_config(token.ca)?;
     let request = EnrollRequest {
         protocol_version: PROTOCOL_VERSION,

@@ -82,12 +82,19 @@ pub async fn delete(state: web::Data<AppState>, id: web::Path<String>) -> Result
         (status = 503, response = super::error::Unavailable)))]
 pub async fn revoke(state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let node = NodeId::new(id.into_inner());
-    let record = state.trust.revoke(&node).await?;
-    let link = state.shared.links.get(&node);
-    let disconnected = link.is_some();
-    if let Some(link) = link {
-        link.close();
-    }
+    // One task revokes and closes: a client that hangs up in between cannot
+    // leave a revoked node connected.
+    let (trust, links, who) = (state.trust.clone(), state.shared.links.clone(), node.clone());
+    let task = tokio::spawn(async move {
+        let record = trust.revoke(&who).await?;
+        let link = links.get(&who);
+        if let Some(link) = &link {
+            link.close();
+        }
+        Ok::<_, crate::error::Error>((record, link.is_some()))
+    });
+    let (record, disconnected) =
+        task.await.map_err(|e| crate::error::Error::Internal { message: format!("revoke task: {e}") })??;
     tracing::warn!(%node, disconnected, "node certificate revoked");
     Ok(HttpResponse::Ok().json(RevokedNode { revoked: NodeCertDto::from(&record), disconnected }))
 }

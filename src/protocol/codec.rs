@@ -64,6 +64,15 @@ impl<In, Out> FrameCodec<In, Out> {
     }
 }
 
+impl<In, Out> FrameCodec<In, Out> {
+    /// Lowers (or restores) the largest frame this codec reads: a peer not
+    /// identified yet gets a small one, so it cannot make the master buffer
+    /// megabytes before anyone knows who it is.
+    pub fn set_max_frame(&mut self, bytes: usize) {
+        self.inner.set_max_frame_length(bytes.min(MAX_FRAME_BYTES));
+    }
+}
+
 impl<In, Out> Default for FrameCodec<In, Out> {
     fn default() -> Self {
         Self::new()

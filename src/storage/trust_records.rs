@@ -33,8 +33,14 @@ pub struct NodeCertRecord {
     /// SHA-256 of the certificate's DER bytes.
     pub fingerprint: [u8; 32],
     pub serial: [u8; 16],
-    /// The join token it was enrolled with.
+    /// The join token it was enrolled with, and that token's secret's
+    /// SHA-256: an enrollment retried with the same token and key (its
+    /// answer was lost) gets this certificate again, without a use.
     pub token_id: String,
+    pub token_secret_sha256: [u8; 32],
+    /// The node's public key, and the certificate itself (DER).
+    pub public_key: Vec<u8>,
+    pub certificate_der: Vec<u8>,
     #[serde(with = "time::serde::rfc3339")]
     pub issued_at: OffsetDateTime,
     /// Set by `flotilla node revoke`: the certificate is refused from then

@@ -153,12 +153,17 @@ async fn a_node_that_dials_again_replaces_its_half_open_connection() {
 }
 
 /// An agent that goes silent (stops reading and writing, its socket left
-/// open, as on a host that froze): the master closes its link once it has
-/// heard nothing for the idle limit (5 heartbeats, at least 5 s), and the
-/// agent is admitted again when it comes back.
+/// open, as on a host that froze): the master closes its link once the
+/// node is judged Down (`node_down_after`, here 5 s; never sooner than the
+/// agents' idle limit), and the agent is admitted again when it comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_master_closes_a_link_that_goes_silent() {
-    let env = TestEnv::start_sim("silent", &[("FLOTILLA_MASTER_HEARTBEAT_INTERVAL", "500ms")], 1).await;
+    let master_env = [
+        ("FLOTILLA_MASTER_HEARTBEAT_INTERVAL", "500ms"),
+        ("FLOTILLA_MASTER_NODE_UNKNOWN_AFTER", "2s"),
+        ("FLOTILLA_MASTER_NODE_DOWN_AFTER", "5s"),
+    ];
+    let env = TestEnv::start_sim("silent", &master_env, 1).await;
     let agent = env.fleet().agents[0].clone();
     let port = env.agent_socket().port();
     agent.set_frozen(true);
@@ -174,7 +179,7 @@ async fn the_master_closes_a_link_that_goes_silent() {
     })
     .await;
     let took = frozen_at.elapsed();
-    assert!(took.as_secs_f64() >= 4.5 && took.as_secs_f64() < 9.0, "closed after {took:?}; the idle limit is 5 s");
+    assert!(took.as_secs_f64() >= 4.5 && took.as_secs_f64() < 9.0, "closed after {took:?}; node_down_after is 5 s");
     assert!(env.master_log().contains("no frame from the agent within the idle limit"), "{}", env.master_log());
     agent.set_frozen(false);
     env.wait_ready().await;

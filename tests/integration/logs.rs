@@ -29,11 +29,12 @@ async fn logs_to_a_file_are_plain_text_or_json_lines() {
 #[test]
 fn a_failed_start_is_one_line_with_its_causes() {
     let dir = tempfile::tempdir().unwrap();
-    // The port is taken: the master cannot listen.
+    // The port is taken: the master cannot listen (`--init`: it gets past
+    // making its first token and its CA).
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["master", "--http-addr", &addr, "--agent-addr", "127.0.0.1:0", "--data-dir"])
+        .args(["master", "--init", "--http-addr", &addr, "--agent-addr", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path())
         .env("RUST_BACKTRACE", "1")
         .env("RUST_LOG", "off")
@@ -46,6 +47,20 @@ fn a_failed_start_is_one_line_with_its_causes() {
     assert!(lines[0].starts_with("flotilla: master failed: cannot listen on "), "{err}");
     assert!(lines[0].contains("in use"), "the cause is named: {err}");
     assert!(!err.contains("backtrace"), "{err}");
+
+    // Without `--init`, a data dir with no CA for the agent link: said so,
+    // with the way out.
+    let fresh = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["master", "--http-addr", "127.0.0.1:0", "--agent-addr", "127.0.0.1:0", "--data-dir"])
+        .arg(fresh.path())
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("holds no CA for the agent link; start the master once with --init"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -133,6 +133,7 @@ async fn agents_enroll_once_and_the_master_knows_them_by_their_certificate() {
     let other = flotilla::agent::enroll::request(
         &NodeId::new("node-1"),
         &stranger.join_token(),
+        flotilla::protocol::tls::credentials::NewKey::generate().unwrap(),
         env.agent_socket(),
         "127.0.0.1",
         Duration::from_secs(2),

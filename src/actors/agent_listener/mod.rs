@@ -29,10 +29,14 @@ use super::Shared;
 use super::node_manager::NodeManagerActor;
 use super::supervisor::Supervisor;
 use super::trust::Trust;
+use crate::error::Error;
 use crate::protocol::codec::MasterCodec;
 use crate::protocol::handshake::{LinkStream, Opening, master_open, refuse, welcome};
 use crate::protocol::messages::{MasterFrame, PROTOCOL_VERSION, Welcome};
 use crate::protocol::tls::fingerprint;
+
+/// The largest opening frame of a connection without a certificate.
+const ENROLL_FRAME_MAX: usize = 4096;
 use crate::storage::WriteOp;
 use crate::storage::records::{NodeRecord, RECORD_VERSION};
 
@@ -104,13 +108,20 @@ async fn admit(
     let presented = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| fingerprint(c));
     let stream: LinkStream = Box::new(tls);
     let mut framed = Framed::new(stream, MasterCodec::default());
+    // Without a certificate only an enrollment may come: a few hundred bytes.
+    if presented.is_none() {
+        framed.codec_mut().set_max_frame(ENROLL_FRAME_MAX);
+    }
     let opening = master_open(&mut framed, PROTOCOL_VERSION, deadline)
         .await
         .map_err(|e| crate::error::ErrorChain(&e).to_string())?;
     let hello = match (opening, presented) {
         (Opening::Enroll(request), _) => {
             let node = request.node_id.clone();
-            return match trust.enroll(&request).await {
+            let enrolled = tokio::time::timeout_at(deadline, trust.enroll(&request))
+                .await
+                .map_err(|_| format!("enrollment of {node} timed out waiting for the store"))?;
+            return match enrolled {
                 Ok((enrolled, record)) => {
                     tracing::info!(%node, %peer, certificate = %hex::encode(record.fingerprint), token = %record.token_id, "node enrolled");
                     let sent = tokio::time::timeout_at(
@@ -119,10 +130,14 @@ async fn admit(
                     );
                     sent.await.map_err(|_| "sending the certificate timed out".to_string())?.map_err(|e| e.to_string())
                 }
-                Err(e) => {
+                // What asking again cannot change is refused, and the agent
+                // stops; anything else (the store busy or stopping) just
+                // ends the connection, and the agent tries again.
+                Err(e @ (Error::Invalid { .. } | Error::Conflict { .. } | Error::NotFound { .. })) => {
                     refuse(&mut framed, e.to_string(), deadline).await;
                     Err(format!("enrollment of {node} refused: {e}"))
                 }
+                Err(e) => Err(format!("enrollment of {node} not done, the agent will retry: {e}")),
             };
         }
         (Opening::Hello(_), None) => {
@@ -168,12 +183,17 @@ async fn admit(
     let changed = known.as_ref().is_none_or(|k| NodeRecord { registered_at: k.registered_at, ..record.clone() } != **k);
     if changed {
         let op = WriteOp::put_node(&record).map_err(|e| e.to_string())?;
-        shared.store.commit(vec![op]).await.map_err(|e| e.to_string())?;
+        tokio::time::timeout_at(deadline, shared.store.try_commit(vec![op]))
+            .await
+            .map_err(|_| "registering the node timed out waiting for the store".to_string())?
+            .map_err(|e| e.to_string())?;
     }
     let entry = match shared.read_model.node(&node) {
         Some(e) if !changed => e,
         _ => shared.read_model.register_node(record),
     };
+    // Identified by its certificate: its frames may be full size.
+    framed.codec_mut().set_max_frame(usize::MAX);
     let beat = Welcome {
         protocol_version: PROTOCOL_VERSION,
         heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64,
@@ -182,8 +202,23 @@ async fn admit(
     tracing::info!(%node, %peer, instances = hello.inventory.len(), simulated = hello.simulated, "agent registered");
     let (reader, write_half) = crate::protocol::handshake::split_after_handshake(framed);
     let writer = FramedWrite::new(write_half, MasterCodec::default());
-    NodeManagerActor::start_for(node.clone(), reader, writer, entry, shared.clone());
+    let link = NodeManagerActor::start_for(node.clone(), reader, writer, entry, shared.clone());
+    // A revocation that landed while this connection was being admitted
+    // looked for the node's link before this one was registered: look at
+    // the certificate again now that it is (the revocation swaps its table
+    // before it looks, so one of the two sees the other).
+    if let Some(fp) = presented
+        && let Err(reason) = trust.identify(&fp)
+    {
+        link.close();
+        return Err(reason);
+    }
     let slot = super::read_model::Reservation::counted(&shared.supervisor);
-    supervisor.do_send(super::supervisor::NodeInventory { node, reports: hello.inventory, slot });
+    supervisor.do_send(super::supervisor::NodeInventory {
+        node,
+        reports: hello.inventory,
+        unrecorded: hello.unrecorded,
+        slot,
+    });
     Ok(())
 }

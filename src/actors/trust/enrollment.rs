@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 use time::OffsetDateTime;
 
 use super::Trust;
@@ -27,6 +29,20 @@ impl Trust {
         validate_name(request.node_id.as_str())
             .map_err(|m| Error::invalid("invalid_node_id", format!("node id: {m}")))?;
         let one = self.writes.clone().lock_owned().await;
+        let secret_sha256: [u8; 32] = Sha256::digest(request.token_secret.as_bytes()).into();
+        // The same node, key and token again: the answer to its first try
+        // was lost (a timeout, a crash before it saved it). The same
+        // certificate, no second use of the token.
+        if let Some(held) = self.tables.load().certs.get(&request.node_id).filter(|c| {
+            c.revoked_at.is_none()
+                && c.public_key == request.public_key
+                && c.token_id == request.token_id
+                && bool::from(c.token_secret_sha256.ct_eq(&secret_sha256))
+        }) {
+            let enrolled =
+                Enrolled { certificate_der: held.certificate_der.clone(), ca_der: self.ca.cert().as_ref().to_vec() };
+            return Ok((enrolled, (**held).clone()));
+        }
         let token = self.usable_token(&request.token_id, &request.token_secret)?;
         let mut next = (**self.tables.load()).clone();
         if let Some(held) = next.certs.get(&request.node_id).filter(|c| c.revoked_at.is_none()) {
@@ -53,6 +69,9 @@ impl Trust {
             fingerprint: fingerprint(&cert),
             serial,
             token_id: token.id.clone(),
+            token_secret_sha256: secret_sha256,
+            public_key: request.public_key.clone(),
+            certificate_der: cert.as_ref().to_vec(),
             issued_at: OffsetDateTime::now_utc(),
             revoked_at: None,
         };

@@ -151,3 +151,70 @@ impl Trust {
         task.await.map_err(|e| Error::Internal { message: format!("trust write task: {e}") })?.map_err(Error::from)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::join_tokens::JoinTokenSpec;
+    use super::*;
+    use crate::protocol::messages::{EnrollRequest, PROTOCOL_VERSION};
+    use crate::protocol::tls::credentials::NewKey;
+    use crate::protocol::tls::join_token::JoinToken;
+    use crate::storage::MasterStore;
+
+    fn request(node: &str, token: &JoinToken, key: &NewKey) -> EnrollRequest {
+        EnrollRequest {
+            protocol_version: PROTOCOL_VERSION,
+            node_id: NodeId::new(node),
+            token_id: token.id.clone(),
+            token_secret: token.secret.clone(),
+            public_key: key.public_key(),
+        }
+    }
+
+    /// One use each; a retry with the same key and token (its answer was
+    /// lost) gets the same certificate without a second use; nothing else
+    /// gets a second certificate for a node; all of it survives a reopen,
+    /// and a revocation too.
+    #[tokio::test]
+    async fn enrollments_spend_uses_once_retries_are_idempotent_and_revocations_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || {
+            let store: Arc<dyn MetaStore> = Arc::new(MasterStore::open(&dir.path().join("db")).unwrap());
+            Trust::load(store, &dir.path().join("ca"), true).unwrap()
+        };
+        let trust = open();
+        let spec = JoinTokenSpec { name: "t".into(), ttl: Duration::from_secs(60), uses: 2 };
+        let made = trust.create_join_token(&spec).await.unwrap();
+        let token: JoinToken = made.token.parse().unwrap();
+        assert_eq!(token.ca, trust.ca_fingerprint());
+
+        let key = NewKey::generate().unwrap();
+        let (first, record) = trust.enroll(&request("n1", &token, &key)).await.unwrap();
+        let (again, _) = trust.enroll(&request("n1", &token, &key)).await.unwrap();
+        assert_eq!(first.certificate_der, again.certificate_der, "a retry got another certificate");
+        assert_eq!(trust.join_tokens()[0].uses_left, 1, "the retry spent a use");
+        assert_eq!(trust.identify(&record.fingerprint), Ok(NodeId::new("n1")));
+
+        let other_key = NewKey::generate().unwrap();
+        let taken = trust.enroll(&request("n1", &token, &other_key)).await.unwrap_err();
+        assert!(taken.to_string().contains("enrolled already"), "{taken}");
+        trust.enroll(&request("n2", &token, &other_key)).await.unwrap();
+        assert!(trust.join_tokens().is_empty(), "a token used up is gone");
+        let spent = trust.enroll(&request("n3", &token, &NewKey::generate().unwrap())).await.unwrap_err();
+        assert!(spent.to_string().contains("unknown join token"), "{spent}");
+
+        trust.revoke(&NodeId::new("n1")).await.unwrap();
+        assert!(trust.identify(&record.fingerprint).unwrap_err().contains("revoked"));
+        drop(trust);
+        let reopened = open();
+        assert!(reopened.identify(&record.fingerprint).unwrap_err().contains("revoked"), "the revocation was lost");
+        assert_eq!(reopened.ca_fingerprint(), token.ca, "the CA changed across a reopen");
+        // Revoked: the node may enroll again (a new token, a new key).
+        let spec = JoinTokenSpec { uses: 1, ..spec };
+        let fresh: JoinToken = reopened.create_join_token(&spec).await.unwrap().token.parse().unwrap();
+        let (_, renewed) = reopened.enroll(&request("n1", &fresh, &NewKey::generate().unwrap())).await.unwrap();
+        assert_eq!(reopened.identify(&renewed.fingerprint), Ok(NodeId::new("n1")));
+    }
+}

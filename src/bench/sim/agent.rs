@@ -170,15 +170,14 @@ impl SimAgent {
         if let Some(tls) = self.tls.get() {
             return Some(tls.clone());
         }
-        let enrolled = crate::agent::enroll::request(
-            &self.node,
-            join_token,
-            master,
-            &self.address,
-            Duration::from_secs(30),
-            max_backoff,
-        )
-        .await;
+        let enrolled = match crate::protocol::tls::credentials::NewKey::generate() {
+            Ok(key) => {
+                let timeout = Duration::from_secs(30);
+                crate::agent::enroll::request(&self.node, join_token, key, master, &self.address, timeout, max_backoff)
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        };
         match enrolled.and_then(|c| c.client_config().map_err(Into::into)) {
             Ok(tls) => Some(self.tls.get_or_init(|| tls).clone()),
             Err(e) => {

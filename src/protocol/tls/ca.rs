@@ -93,11 +93,24 @@ impl Ca {
             move |source| TlsError::Io { what, path, source }
         };
         let ca = Ca::generate()?;
-        private_dir(dir).map_err(io("creating the CA directory", dir))?;
-        // The key first: a certificate without its key is a CA nobody can use.
-        write_private(&key, ca.issuer.key().serialize_pem().as_bytes()).map_err(io("writing the CA key", &key))?;
+        // Both files are written into a directory beside `dir`, then that
+        // is renamed into place: a crash leaves no CA or a whole one, never
+        // a certificate without its key (or a key that blocks `--init`).
+        let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "ca".into());
+        let tmp = dir.with_file_name(format!(".{name}.new"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        private_dir(&tmp).map_err(io("creating the CA directory", &tmp))?;
+        let (tmp_crt, tmp_key) = files(&tmp);
+        write_private(&tmp_key, ca.issuer.key().serialize_pem().as_bytes())
+            .map_err(io("writing the CA key", &tmp_key))?;
         let pem = pem::encode(&pem::Pem::new("CERTIFICATE", ca.cert.to_vec()));
-        write_private(&crt, pem.as_bytes()).map_err(io("writing the CA certificate", &crt))?;
+        write_private(&tmp_crt, pem.as_bytes()).map_err(io("writing the CA certificate", &tmp_crt))?;
+        // An empty `dir` (made by hand, or left by an older release) is
+        // replaced; one with anything in it was refused above or is kept.
+        let _ = std::fs::remove_dir(dir);
+        std::fs::rename(&tmp, dir).map_err(io("putting the CA in place", dir))?;
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(io("syncing", parent))?;
         Ok(ca)
     }
 
@@ -113,9 +126,11 @@ impl Ca {
         Ok(Ca { cert, issuer: Issuer::new(ca_params(), signing) })
     }
 
-    /// Whether `dir` holds a CA.
+    /// Whether `dir` holds a CA (or anything at all: a CA is never made
+    /// over files it did not write).
     pub fn exists(dir: &Path) -> bool {
-        files(dir).0.exists()
+        let (crt, key) = files(dir);
+        crt.exists() || key.exists()
     }
 
     pub fn cert(&self) -> &CertificateDer<'static> {

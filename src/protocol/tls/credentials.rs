@@ -4,8 +4,10 @@
 //! master's CA, the only one it trusts from then on), and `node-id`. A
 //! restart with the same data dir connects with them: no new join token.
 //!
-//! `node-id` is written last: an enrollment cut short leaves no
-//! `node-id`, and the agent enrolls again.
+//! The key is made, and kept as `pending.key`, before the enrollment is
+//! sent; `node-id` is written last. An enrollment cut short leaves no
+//! `node-id`: the agent enrolls again with the same key, and the master
+//! answers a retry with the same key and token with the same certificate.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,6 +44,28 @@ pub struct NewKey(KeyPair);
 impl NewKey {
     pub fn generate() -> Result<NewKey, TlsError> {
         KeyPair::generate_for(ALGORITHM).map(NewKey).map_err(TlsError::crypto("the node's key"))
+    }
+
+    /// The key of an enrollment not finished in `data_dir`
+    /// (`tls/pending.key`), or a new one kept there (0600) before it is
+    /// used: an enrollment retried after a crash or a lost answer sends the
+    /// same key, and the master answers it with the same certificate.
+    pub fn pending(data_dir: &Path) -> Result<NewKey, TlsError> {
+        let dir = dir(data_dir);
+        let path = dir.join("pending.key");
+        match std::fs::read_to_string(&path) {
+            Ok(pem) => {
+                return KeyPair::from_pem(&pem)
+                    .map(NewKey)
+                    .map_err(|e| TlsError::Invalid { what: path.display().to_string(), message: e.to_string() });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("reading", &path)(e)),
+        }
+        let key = NewKey::generate()?;
+        private_dir(&dir).map_err(io("creating", &dir))?;
+        write_private(&path, key.0.serialize_pem().as_bytes()).map_err(io("writing", &path))?;
+        Ok(key)
     }
 
     /// What the master signs: the uncompressed P-256 point.
@@ -110,6 +134,8 @@ impl Credentials {
             let path = dir.join(name);
             write_private(&path, body.as_bytes()).map_err(io("writing", &path))?;
         }
+        // Enrolled: the pending key is node.key now.
+        let _ = std::fs::remove_file(dir.join("pending.key"));
         Ok(())
     }
 
