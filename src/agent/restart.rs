@@ -9,12 +9,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::node::Node;
 use crate::ids::InstanceId;
 use crate::protocol::messages::{AgentEvent, AgentResponse, FailureKind};
-use crate::storage::agent_records::PidIdentity;
+use crate::storage::WriteOp;
+use crate::storage::agent_records::{PidIdentity, RestartRecord};
+use crate::storage::records::RECORD_VERSION;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RestartPolicy {
@@ -34,25 +34,50 @@ impl Default for RestartPolicy {
 /// The longest delay before a restart, whatever the doubling says.
 const MAX_DELAY: Duration = Duration::from_secs(300);
 
-/// Recent restarts per instance (in memory: an agent restart forgets them,
-/// which at worst allows a few more restarts).
+/// Recent restarts per instance, by wall clock (unix ms). Each restart the
+/// policy allows is persisted (`RestartRecord`) before it happens and
+/// loaded again by `Node::recover`, so an agent restart does not forget
+/// the restarts already spent: restart counts never go down, and an
+/// instance crash-looping across agent restarts still gets at most `max`
+/// within `window`.
 #[derive(Debug, Default)]
-pub struct RestartHistory(Mutex<HashMap<InstanceId, Vec<Instant>>>);
+pub struct RestartHistory(Mutex<HashMap<InstanceId, Vec<u64>>>);
+
+/// Now, in unix milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
 
 impl RestartHistory {
-    /// Whether `id` may be restarted now under `policy`, and after which
-    /// delay; a restart it allows is counted.
-    pub fn next(&self, id: &InstanceId, policy: &RestartPolicy, now: Instant) -> Option<Duration> {
+    /// Whether `id` may be restarted at `now_ms` under `policy`, and after
+    /// which delay; a restart it allows is counted. Also answers the
+    /// restarts now in the window (to persist), oldest first. A time ahead
+    /// of `now_ms` (the clock was set back) stays in the window: a clock
+    /// change never hands out restarts.
+    pub fn next(&self, id: &InstanceId, policy: &RestartPolicy, now_ms: u64) -> (Option<Duration>, Vec<u64>) {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let recent = map.entry(id.clone()).or_default();
-        recent.retain(|t| now.saturating_duration_since(*t) < policy.window);
+        let window = u64::try_from(policy.window.as_millis()).unwrap_or(u64::MAX);
+        recent.retain(|t| now_ms.saturating_sub(*t) < window);
         if recent.len() as u32 >= policy.max {
-            return None;
+            return (None, recent.clone());
         }
         let doublings = u32::try_from(recent.len()).unwrap_or(u32::MAX).min(16);
         let delay = policy.backoff.saturating_mul(1 << doublings).min(MAX_DELAY);
-        recent.push(now);
-        Some(delay)
+        recent.push(now_ms);
+        (Some(delay), recent.clone())
+    }
+
+    /// The restarts of `id` persisted by an earlier run of the agent.
+    pub fn load(&self, id: &InstanceId, times_ms: Vec<u64>) {
+        let mut times_ms = times_ms;
+        times_ms.sort_unstable();
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), times_ms);
+    }
+
+    /// How many restarts of `id` are remembered (in the window when last counted).
+    pub fn count(&self, id: &InstanceId) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(id).map_or(0, Vec::len)
     }
 
     /// Forgets `id` (deleted).
@@ -83,8 +108,20 @@ impl Node {
                 return;
             }
             let policy = *node.restart_policy.lock().unwrap_or_else(|p| p.into_inner());
-            let restart_in = node.restarts.next(&id, &policy, tokio::time::Instant::now());
-            tracing::warn!(instance = %id, pid = info.pid, code = ?info.exit_code, signal = ?info.signal, ?restart_in, "instance process exited unexpectedly");
+            let (restart_in, recent) = node.restarts.next(&id, &policy, now_ms());
+            // Durable before it happens: an agent killed from here on still
+            // counts this restart when it comes back.
+            let restart_in = match restart_in {
+                Some(d) => match node.persist_restarts(&id, recent.clone()).await {
+                    Ok(()) => Some(d),
+                    Err(e) => {
+                        tracing::error!(instance = %id, error = %e, "cannot record the restart; not restarting (a restart not recorded could be one too many)");
+                        None
+                    }
+                },
+                None => None,
+            };
+            tracing::warn!(instance = %id, pid = info.pid, code = ?info.exit_code, signal = ?info.signal, ?restart_in, restarts_in_window = recent.len(), max = policy.max, "instance process exited unexpectedly");
             node.report(AgentEvent::ProcessExited {
                 instance: id.clone(),
                 pid: info.pid,
@@ -100,6 +137,13 @@ impl Node {
                 }
             }
         });
+    }
+
+    /// Persists the restarts of `id` in the policy's window.
+    async fn persist_restarts(&self, id: &InstanceId, times_ms: Vec<u64>) -> Result<(), String> {
+        let r = RestartRecord { version: RECORD_VERSION, id: id.clone(), times_ms };
+        let op = WriteOp::put_restarts(&r).map_err(|e| e.to_string())?;
+        self.store.writer().commit(vec![op]).await.map_err(|e| e.to_string())
     }
 
     /// Starts a crashed instance again, unless it is no longer wanted
@@ -140,21 +184,22 @@ impl Node {
 mod tests {
     use super::*;
 
+    const T0: u64 = 1_700_000_000_000;
+
     #[test]
     fn delays_double_up_to_the_maximum_within_the_window() {
         let h = RestartHistory::default();
         let id = InstanceId::new("a");
         let p = RestartPolicy { max: 3, window: Duration::from_secs(60), backoff: Duration::from_millis(100) };
-        let t0 = Instant::now();
-        assert_eq!(h.next(&id, &p, t0), Some(Duration::from_millis(100)));
-        assert_eq!(h.next(&id, &p, t0 + Duration::from_secs(1)), Some(Duration::from_millis(200)));
-        assert_eq!(h.next(&id, &p, t0 + Duration::from_secs(2)), Some(Duration::from_millis(400)));
-        assert_eq!(h.next(&id, &p, t0 + Duration::from_secs(3)), None, "three in a minute is the most");
+        assert_eq!(h.next(&id, &p, T0), (Some(Duration::from_millis(100)), vec![T0]));
+        assert_eq!(h.next(&id, &p, T0 + 1000).0, Some(Duration::from_millis(200)));
+        assert_eq!(h.next(&id, &p, T0 + 2000).0, Some(Duration::from_millis(400)));
+        assert_eq!(h.next(&id, &p, T0 + 3000), (None, vec![T0, T0 + 1000, T0 + 2000]), "three in a minute is the most");
         // At 61 s the first two restarts (0 s, 1 s) are out of the window;
         // one remains, so the delay is the second one's again.
-        assert_eq!(h.next(&id, &p, t0 + Duration::from_secs(61)), Some(Duration::from_millis(200)));
+        assert_eq!(h.next(&id, &p, T0 + 61_000), (Some(Duration::from_millis(200)), vec![T0 + 2000, T0 + 61_000]));
         // Other instances have their own count.
-        assert_eq!(h.next(&InstanceId::new("b"), &p, t0), Some(Duration::from_millis(100)));
+        assert_eq!(h.next(&InstanceId::new("b"), &p, T0).0, Some(Duration::from_millis(100)));
     }
 
     #[test]
@@ -162,11 +207,31 @@ mod tests {
         let h = RestartHistory::default();
         let id = InstanceId::new("a");
         let never = RestartPolicy { max: 0, ..RestartPolicy::default() };
-        assert_eq!(h.next(&id, &never, Instant::now()), None);
+        assert_eq!(h.next(&id, &never, T0).0, None);
         let once = RestartPolicy { max: 1, ..RestartPolicy::default() };
-        assert!(h.next(&id, &once, Instant::now()).is_some());
-        assert!(h.next(&id, &once, Instant::now()).is_none());
+        assert!(h.next(&id, &once, T0).0.is_some());
+        assert!(h.next(&id, &once, T0).0.is_none());
         h.forget(&id);
-        assert!(h.next(&id, &once, Instant::now()).is_some());
+        assert!(h.next(&id, &once, T0).0.is_some());
+    }
+
+    /// What an earlier run of the agent spent counts: loaded restarts in
+    /// the window leave only the rest, and the delay goes on doubling.
+    #[test]
+    fn loaded_restarts_count_and_a_clock_set_back_hands_out_none() {
+        let p = RestartPolicy { max: 3, window: Duration::from_secs(60), backoff: Duration::from_millis(100) };
+        let id = InstanceId::new("a");
+        let h = RestartHistory::default();
+        h.load(&id, vec![T0 + 1000, T0]);
+        assert_eq!(h.count(&id), 2);
+        assert_eq!(h.next(&id, &p, T0 + 2000), (Some(Duration::from_millis(400)), vec![T0, T0 + 1000, T0 + 2000]));
+        assert_eq!(h.next(&id, &p, T0 + 3000).0, None);
+        // The clock set back an hour: the restarts "in the future" still count.
+        let h = RestartHistory::default();
+        h.load(&id, vec![T0, T0 + 1000, T0 + 2000]);
+        assert_eq!(h.next(&id, &p, T0 - 3_600_000).0, None);
+        // Old ones (out of the window) do not.
+        h.load(&id, vec![T0 - 120_000, T0 - 90_000, T0 - 61_000]);
+        assert_eq!(h.next(&id, &p, T0), (Some(Duration::from_millis(100)), vec![T0]));
     }
 }

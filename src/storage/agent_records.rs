@@ -1,6 +1,7 @@
 //! Records the agent persists in its own RocksDB: one per instance it holds,
 //! plus tombstones for deletes in progress (so a crash mid-delete finishes the
-//! delete on restart instead of resurrecting the instance).
+//! delete on restart instead of resurrecting the instance), and the restarts
+//! its restart policy made recently (so an agent restart does not forget them).
 
 use std::collections::BTreeMap;
 
@@ -43,4 +44,17 @@ pub struct Tombstone {
     pub version: u32,
     pub id: InstanceId,
     pub generation: u64,
+}
+
+/// The restarts the agent's restart policy made of one instance after
+/// unexpected exits, still inside the policy's window when written: wall
+/// clock (unix ms, since an `Instant` does not survive the agent), oldest
+/// first. Kept under its own key (column family `restarts`), so the
+/// instance records' encoding is unchanged and a store written before it
+/// existed reads as "no restarts".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartRecord {
+    pub version: u32,
+    pub id: InstanceId,
+    pub times_ms: Vec<u64>,
 }

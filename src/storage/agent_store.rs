@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use rocksdb::DB;
 
-use super::agent_records::{AgentInstanceRecord, Tombstone};
+use super::agent_records::{AgentInstanceRecord, RestartRecord, Tombstone};
 use super::db;
 use super::keys::agent_cf;
 use super::{StorageError, StoreWriter};
@@ -18,6 +18,9 @@ use super::{StorageError, StoreWriter};
 pub struct AgentSnapshot {
     pub instances: Vec<AgentInstanceRecord>,
     pub tombstones: Vec<Tombstone>,
+    /// The restart policy's recent restarts (none in a store written
+    /// before they were kept: the column family is created empty).
+    pub restarts: Vec<RestartRecord>,
 }
 
 /// The agent's database and its writer; cheap to clone.
@@ -51,6 +54,7 @@ impl AgentStore {
         Ok(AgentSnapshot {
             instances: db::load_cf(&self.db, agent_cf::INSTANCES)?,
             tombstones: db::load_cf(&self.db, agent_cf::TOMBSTONES)?,
+            restarts: db::load_cf(&self.db, agent_cf::RESTARTS)?,
         })
     }
 }
@@ -86,7 +90,32 @@ mod tests {
         store.writer().commit(vec![WriteOp::delete_agent_instance(&id), WriteOp::delete_tombstone(&id)]).await.unwrap();
         drop(store);
         let snap = AgentStore::open(dir.path()).unwrap().load_all().unwrap();
-        assert_eq!(snap, AgentSnapshot { instances: vec![a], tombstones: vec![] });
+        assert_eq!(snap, AgentSnapshot { instances: vec![a], tombstones: vec![], restarts: vec![] });
+    }
+
+    /// The restarts are kept under their own key: a store opened before
+    /// they existed gets the column family empty, and they survive a reopen.
+    #[tokio::test]
+    async fn restarts_survive_a_reopen_beside_an_older_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = td::agent_instance("web-server-1-abcdef");
+        {
+            // A store of the three column families of before.
+            let old = ["instances", "tombstones", "meta"];
+            let db = db::open(dir.path(), &old, agent_cf::META).unwrap();
+            let v = crate::storage::codec::encode(&a).unwrap();
+            db.put_cf(db.cf_handle(agent_cf::INSTANCES).unwrap(), a.id.as_str().as_bytes(), v).unwrap();
+        }
+        let store = AgentStore::open(dir.path()).unwrap();
+        let snap = store.load_all().unwrap();
+        assert_eq!(snap, AgentSnapshot { instances: vec![a.clone()], tombstones: vec![], restarts: vec![] });
+        let r = RestartRecord { version: 1, id: a.id.clone(), times_ms: vec![1_700_000_000_000, 1_700_000_001_000] };
+        store.writer().commit(vec![WriteOp::put_restarts(&r).unwrap()]).await.unwrap();
+        drop(store);
+        let store = AgentStore::open(dir.path()).unwrap();
+        assert_eq!(store.load_all().unwrap().restarts, vec![r]);
+        store.writer().commit(vec![WriteOp::delete_restarts(&a.id)]).await.unwrap();
+        assert!(store.load_all().unwrap().restarts.is_empty());
     }
 
     #[tokio::test]

@@ -22,7 +22,7 @@
 //! it back, for the caller to commit with others in one atomic request.
 
 use crate::ids::{ClusterId, InstanceId, OperationId};
-use crate::storage::agent_records::{AgentInstanceRecord, Tombstone};
+use crate::storage::agent_records::{AgentInstanceRecord, RestartRecord, Tombstone};
 use crate::storage::records::{
     ClusterRecord, EventRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord, OperationRecord,
     PackageRecord, Resumable, TokenRecord,
@@ -79,7 +79,9 @@ pub mod agent_cf {
     pub const INSTANCES: &str = "instances";
     pub const TOMBSTONES: &str = "tombstones";
     pub const META: &str = "meta";
-    pub const ALL: [&str; 3] = [INSTANCES, TOMBSTONES, META];
+    /// The restart policy's recent restarts per instance (`RestartRecord`).
+    pub const RESTARTS: &str = "restarts";
+    pub const ALL: [&str; 4] = [INSTANCES, TOMBSTONES, META, RESTARTS];
 }
 
 /// The key in `meta` holding the schema version (a codec-encoded `u32`).
@@ -317,6 +319,14 @@ impl WriteOp {
 
     pub fn delete_tombstone(id: &InstanceId) -> WriteOp {
         WriteOp::Delete { cf: agent_cf::TOMBSTONES, key: id.as_str().as_bytes().to_vec() }
+    }
+
+    pub fn put_restarts(r: &RestartRecord) -> Result<WriteOp, StorageError> {
+        put(agent_cf::RESTARTS, r.id.as_str().as_bytes().to_vec(), r)
+    }
+
+    pub fn delete_restarts(id: &InstanceId) -> WriteOp {
+        WriteOp::Delete { cf: agent_cf::RESTARTS, key: id.as_str().as_bytes().to_vec() }
     }
 }
 

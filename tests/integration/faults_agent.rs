@@ -159,7 +159,12 @@ async fn agent_killed_ten_times_readopts_every_process() {
 /// The agent restarted with its RocksDB deleted: it holds no record, so it
 /// reports none; it must not start a second copy of the instances still
 /// running, and the master marks them `Lost` (it cannot know their state).
-/// A delete then removes the leftovers.
+/// A start of the cluster then installs them again (package and rendered
+/// files; the agent first ends what is left of each on its node) and
+/// starts them, also the one an operator stopped meanwhile (`Stopped`, so
+/// known only by the agent's "not installed"): each runs exactly one
+/// process and the cluster is `Active`.
+/// A delete then removes everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_restarted_without_its_db_starts_no_second_copy() {
     let mut env = TestEnv::start("faults-agent-nodb").await;
@@ -189,16 +194,48 @@ async fn agent_restarted_without_its_db_starts_no_second_copy() {
         assert!(why.contains("no longer holds"), "{i:#}");
     }
 
-    // The master cannot start them again on that node today (the agent
-    // answers "not installed": see RELIABILITY.md); a delete removes the
-    // leftovers: the agent, holding no record, still kills every process
-    // carrying the instance's marker and removes its directory.
+    // One of them stopped by the operator reads `Stopped`, not `Lost`
+    // (its agent holds nothing to stop): the start finds out from the
+    // agent's answer ("not installed") instead.
+    let stopped = id_of(&all_instances(&c)[1]);
+    env.run_ok(&format!("/clusters/nd/instances/{stopped}/stop"), None).await;
+    let s = all_instances(&env.cluster("nd").await).into_iter().find(|i| id_of(i) == stopped).unwrap();
+    assert_eq!(s["status"], "Stopped", "{s:#}");
+
+    // A start installs each instance its node no longer holds again, then
+    // starts it: the leftover process is ended first, so exactly one copy
+    // runs.
+    let op = env.run_ok("/clusters/nd/start", None).await;
+    let c = env.cluster("nd").await;
+    assert_eq!(c["status"], "Active", "after the start: {c:#}\n{op:#}");
+    for i in all_instances(&c) {
+        let id = id_of(&i);
+        assert_eq!(i["status"], "Running", "{i:#}\n{op:#}");
+        let pid = pid_of(&i);
+        assert_eq!(instance_pids(&id), vec![pid], "{id}: exactly one process after the start");
+        assert_ne!(pid, first[&id].0, "{id}: the leftover of before the db loss is ended, not adopted");
+        assert!(!pid_alive(first[&id].0), "{id}: its leftover {} survived the reinstall", first[&id].0);
+        // `data/` is carried across the reinstall: two starts recorded.
+        assert_eq!(started_at(&i).len(), 2, "{id}: started once before and once by the start");
+    }
+    // The start's result for each says it was installed again first.
+    let results: Vec<&Value> =
+        op["steps"].as_array().unwrap().iter().flat_map(|s| s["results"].as_array().unwrap()).collect();
+    assert_eq!(results.len(), 2, "one result per instance: {op:#}");
+    for r in &results {
+        let m = r["message"].as_str().unwrap_or_default();
+        assert!(r["ok"] == true && m.starts_with("installed (") && m.contains("then started as pid"), "{op:#}");
+    }
+    let (_, ops) = env.get("/operations?cluster=nd").await;
+    assert!(ops["operations"].as_array().is_some_and(|o| o.len() == 3), "create, stop and start only: {ops:#}");
+
+    // A delete removes everything: the agent holds the records again.
     let (status, resp) = env.delete("/clusters/nd").await;
     assert_eq!(status, 202, "{resp:#}");
     env.assert_succeeded(&env.wait_op(resp["operation"]["id"].as_str().unwrap()).await);
     for i in all_instances(&c) {
         let id = id_of(&i);
-        assert_eq!(instance_pids(&id), Vec::<u32>::new(), "{id}: its leftover survived the delete");
+        assert_eq!(instance_pids(&id), Vec::<u32>::new(), "{id}: a process survived the delete");
         assert!(!dir_of(&i).exists(), "{id}: {} survived the delete", dir_of(&i).display());
     }
 }
@@ -353,6 +390,75 @@ async fn agent_killed_mid_delete_finishes_it_from_the_tombstone() {
     let (status, _) = env.get("/clusters/md").await;
     assert_eq!(status, 404, "the cluster is still there");
     assert!(!pid_alive(pid_of(&inst)));
+}
+
+/// A crash loop across agent restarts (issue 9: restart counts never go
+/// down). With `restart_max = 2` in a 10-minute window, the agent is
+/// SIGKILLed and started again before each crash of the instance: the
+/// restarts it already made are persisted with the instance and loaded
+/// again, so the instance is started at most `restart_max + 1` times in
+/// all, and the crash after the last restart leaves it `Failed` with
+/// nothing running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_counts_survive_agent_kills_in_a_crash_loop() {
+    const MAX: usize = 2;
+    let cfg_dir = tempfile::Builder::new().prefix("flotilla-restarts-").tempdir().expect("temp dir");
+    let cfg = cfg_dir.path().join("agent.toml");
+    std::fs::write(&cfg, format!("restart_max = {MAX}\nrestart_window = \"10m\"\nrestart_backoff = \"200ms\"\n"))
+        .expect("write the agent config");
+    let mut env =
+        TestEnv::start_with_agent_flag("faults-agent-restarts", 1, &format!("--config={}", cfg.display())).await;
+    env.upload(&package()).await;
+    let body = json!({"name": "rc", "package": {"name": "af", "version": "1.0.0"},
+        "roles": {"fg": {"count": 1, "nodes": ["node-1"]}}});
+    let c = env.create_active(body).await;
+    let mut inst = all_instances(&c).remove(0);
+    let id = id_of(&inst);
+
+    let mut crashes = 0;
+    let mut connects = 1;
+    let failed = loop {
+        // The agent dies and comes back while the instance runs: it
+        // re-adopts the process, and with it the restarts already spent.
+        env.kill_agent(1);
+        env.restart_agent(1).await;
+        connects += 1;
+        let up = eventually(15, || env.agent_log(1).matches("connected to master").count() >= connects).await;
+        assert!(up, "crash {}: the new agent never connected\n{}", crashes + 1, env.log_tails());
+        env.wait_ready().await;
+        let i = all_instances(&env.cluster("rc").await).remove(0);
+        assert_eq!((&i["status"], &i["pid"]), (&json!("Running"), &inst["pid"]), "re-adopted: {i:#}");
+
+        kill(Pid::from_raw(pid_of(&inst) as i32), Signal::SIGKILL).unwrap();
+        crashes += 1;
+        let i = env
+            .until(15, "the crash is restarted, or the instance Failed", async || {
+                let i = all_instances(&env.cluster("rc").await).remove(0);
+                let restarted = i["status"] == "Running" && i["pid"] != inst["pid"];
+                if restarted || i["status"] == "Failed" { Ok(i) } else { Err(format!("{i:#}")) }
+            })
+            .await;
+        let starts = started_at(&i).len();
+        assert!(starts <= MAX + 1, "crash {crashes}: {starts} starts, more than restart_max + 1 = {}", MAX + 1);
+        if i["status"] == "Failed" {
+            break i;
+        }
+        assert!(crashes <= MAX, "crash {crashes} was restarted: the agent forgot its earlier restarts\n{i:#}");
+        inst = i;
+    };
+    assert_eq!(crashes, MAX + 1, "the policy gave up too early: {failed:#}");
+    let why = failed["last_error"].as_str().unwrap_or_default();
+    assert!(why.contains("gave up"), "{failed:#}");
+    // Past any delay the policy could still be waiting out.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let i = all_instances(&env.cluster("rc").await).remove(0);
+    assert_eq!(i["status"], "Failed", "{i:#}");
+    assert_eq!(instance_pids(&id), Vec::<u32>::new(), "nothing runs after the policy gave up");
+    assert_eq!(started_at(&i).len(), MAX + 1, "started once, restarted restart_max times");
+    let log = env.agent_log(1);
+    assert_eq!(log.matches("restarted after an unexpected exit").count(), MAX, "{log}");
+    // Loaded by each agent started after a restart: rounds 2 to MAX + 1.
+    assert_eq!(log.matches("restart history loaded").count(), MAX, "{log}");
 }
 
 /// A crash loop, and the operator stops the instance while the agent's

@@ -123,14 +123,65 @@ impl ClusterOps {
         self.on_each_checked(ids, |id| self.files_cmd(&base, &pass, id)).await
     }
 
+    /// Starts the instances. One its node no longer holds (`Lost`, an
+    /// install cut short, or an agent answering that it does not hold it:
+    /// it lost its store) is installed again first, package and rendered
+    /// files, and then started; a reinstall that fails fails the step
+    /// with its reason.
     pub(super) async fn start(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
         let current = self.current().map_err(fail)?;
-        self.on_each_checked(ids, |id| {
+        let start_cmd = |id: &InstanceId| {
             let inst = self.record_of(id)?;
             let role = current.spec.role(&inst.role).ok_or_else(|| format!("role {} is not in the spec", inst.role))?;
             Ok(InstanceCmd::Start { wait: role.start_timeout, settle: role.start_settle })
+        };
+        let gone: Vec<InstanceId> = ids
+            .iter()
+            .filter(|id| {
+                self.record_of(id).is_ok_and(|i| matches!(i.status, InstanceStatus::Lost | InstanceStatus::Installing))
+            })
+            .cloned()
+            .collect();
+        let mut reinstalled = self.reinstall(&gone).await?;
+        let mut outcomes = self.on_each(ids, start_cmd).await;
+        let not_held: Vec<InstanceId> = outcomes
+            .iter()
+            .filter(|o| o.not_held && !gone.contains(&o.result.instance))
+            .map(|o| o.result.instance.clone())
+            .collect();
+        if !not_held.is_empty() {
+            reinstalled.extend(self.reinstall(&not_held).await?);
+            let again = self.on_each(&not_held, start_cmd).await;
+            for o in &mut outcomes {
+                if let Some(a) = again.iter().find(|a| a.result.instance == o.result.instance) {
+                    *o = a.clone();
+                }
+            }
+        }
+        // One result per instance: a reinstall shows in its start's.
+        let results = outcomes
+            .into_iter()
+            .map(|o| {
+                let mut r = o.result;
+                if let Some(i) = reinstalled.iter().find(|i| i.instance == r.instance) {
+                    r.message = format!("{}; then {}", i.message, r.message);
+                }
+                r
+            })
+            .collect();
+        checked(results)
+    }
+
+    /// Installs again instances their node no longer holds, before a start.
+    async fn reinstall(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        tracing::info!(cluster = %self.core.borrow().record.name, instances = ids.len(), "installing again instances their node no longer holds, to start them");
+        self.install(ids).await.map_err(|f| StepFailure {
+            message: format!("installing again what its node no longer holds, to start it: {}", f.message),
+            results: f.results,
         })
-        .await
     }
 
     /// Runs `hook` on the instances whose role defines it: equal role order

@@ -102,6 +102,9 @@ pub struct InstallPayload {
 pub struct InstanceOutcome {
     pub result: InstanceResult,
     pub changed: Vec<String>,
+    /// The agent answered that it does not hold the instance (it lost its
+    /// store, or the instance otherwise): a start installs it again.
+    pub not_held: bool,
 }
 
 /// What an agent reported about the instance outside of a command.

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use super::node_link::NodeError;
 use super::read_model::{InstanceEntry, InstanceStats};
 use crate::ids::{InstanceId, NodeId};
-use crate::protocol::messages::{AgentRequest, AgentResponse, InstallBegin, RenderedFile};
+use crate::protocol::messages::{AgentRequest, AgentResponse, FailureKind, InstallBegin, RenderedFile};
 use crate::storage::WriteOp;
 use crate::storage::records::{Applied, DesiredState, InstanceRecord, InstanceResult, InstanceStatus, PendingRestart};
 
@@ -89,7 +89,7 @@ pub type InstanceHandle = Rc<InstanceActor>;
 
 impl From<InstanceResult> for InstanceOutcome {
     fn from(result: InstanceResult) -> Self {
-        InstanceOutcome { result, changed: Vec::new() }
+        InstanceOutcome { result, changed: Vec::new(), not_held: false }
     }
 }
 
@@ -466,7 +466,8 @@ impl InstanceActor {
                 r.last_error = Some(m);
             })
             .await;
+        let not_held = matches!(&err, NodeError::Failed(f) if f.kind == FailureKind::UnknownInstance);
         let result = InstanceResult { exit_code, stderr_tail, stdout_tail, ..InstanceResult::failed(id, message) };
-        result.into()
+        InstanceOutcome { not_held, ..result.into() }
     }
 }

@@ -3,7 +3,7 @@
 //! directory, generation), the package cache, and the completion that moves
 //! the extracted tree into place and records the instance.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::*;
 
@@ -104,6 +104,39 @@ impl Node {
         Ok(())
     }
 
+    /// Ends whatever still runs of an instance this node holds no record
+    /// of but has a directory for (its agent lost its store): installed
+    /// again, it would run twice. Every process carrying its marker gets
+    /// TERM, then KILL.
+    async fn end_leftovers(&self, id: &InstanceId, dir: &Path) -> Result<(), AgentResponse> {
+        let spec = crate::protocol::messages::ProcessSpec {
+            start: vec![],
+            stop: None,
+            pidfile: None,
+            stop_grace_ms: 2000,
+            start_timeout_ms: 1000,
+            env: vec![],
+            health: None,
+            limits: None,
+        };
+        let me = users::current();
+        let req = StopRequest { instance: id, dir, spec: &spec, run_as: &me, current: None };
+        match self.processes.stop(&req).await {
+            Ok(true) => {
+                tracing::warn!(instance = %id, "ended processes of an instance installed again without its record (the agent lost its store)");
+                Ok(())
+            }
+            Ok(false) => Ok(()),
+            Err(e) => Err(failure(
+                FailureKind::Install,
+                format!(
+                    "instance {id}: what still runs of it from before cannot be ended: {}",
+                    crate::error::ErrorChain(&e)
+                ),
+            )),
+        }
+    }
+
     /// Second half of an install: the package is extracted in `staging`.
     /// Moves it into place, writes the rendered files, hands ownership to
     /// the run-as user, and records the instance.
@@ -121,6 +154,13 @@ impl Node {
             return refused;
         }
         let dir = self.instance_dir(&begin.instance);
+        if guard.is_none()
+            && dir.exists()
+            && let Err(refused) = self.end_leftovers(&begin.instance, &dir).await
+        {
+            let _ = tokio::fs::remove_dir_all(&staging).await;
+            return refused;
+        }
         let files = begin.files.clone();
         let owner = (run_as.uid, run_as.gid);
         let placed = tokio::task::spawn_blocking({

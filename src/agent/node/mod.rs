@@ -120,6 +120,20 @@ fn process_failure(kind: FailureKind, e: &super::process::ProcessError) -> Agent
 }
 
 /// Removes every entry of `dir` whose name starts with `prefix`; how many.
+/// The names of the directories in `root` that can be instance ids (not
+/// `.staging-*`, not a symlink), sorted.
+fn instance_dirs(root: &Path) -> Vec<InstanceId> {
+    let Ok(entries) = std::fs::read_dir(root) else { return Vec::new() };
+    let mut out: Vec<InstanceId> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str().map(InstanceId::new))
+        .filter(|id| id.is_safe_path_component() && !id.as_str().starts_with('.'))
+        .collect();
+    out.sort();
+    out
+}
+
 fn sweep(dir: &Path, prefix: &str) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     let mut removed = 0;
@@ -247,9 +261,16 @@ impl Node {
         let snapshot = tokio::task::spawn_blocking(move || store.load_all())
             .await
             .map_err(|e| crate::storage::StorageError::Codec(e.to_string()))??;
+        let held: std::collections::HashSet<InstanceId> = snapshot.instances.iter().map(|r| r.id.clone()).collect();
         for rec in snapshot.instances {
             let slot = self.slot(&rec.id);
             *slot.lock("recover").await = Some(rec);
+        }
+        // The restarts an earlier run spent still count (issue 9: restart
+        // counts never go down across an agent restart).
+        for r in snapshot.restarts.into_iter().filter(|r| held.contains(&r.id)) {
+            tracing::info!(instance = %r.id, restarts = r.times_ms.len(), "restart history loaded");
+            self.restarts.load(&r.id, r.times_ms);
         }
         for t in snapshot.tombstones {
             tracing::info!(instance = %t.id, "finishing a delete interrupted by an agent restart");
@@ -292,6 +313,29 @@ impl Node {
                     running,
                     pid: if running { r.pid.as_ref().map(|p| p.pid) } else { None },
                 });
+            }
+        }
+        out
+    }
+
+    /// Instance directories under the root the agent holds no record of
+    /// (tombstones are finished at the start), for the handshake: the
+    /// master removes those it does not know either after its grace.
+    pub async fn unrecorded(&self) -> Vec<InstanceId> {
+        let root = self.root.clone();
+        let names = tokio::task::spawn_blocking(move || instance_dirs(&root)).await.unwrap_or_default();
+        let mut out = Vec::new();
+        for id in names {
+            let slot = lock(&self.slots).get(&id).cloned();
+            let held = match slot {
+                Some(s) => s.lock("unrecorded").await.is_some(),
+                None => false,
+            };
+            if !held {
+                out.push(id);
+                if out.len() == crate::protocol::messages::MAX_UNRECORDED {
+                    break;
+                }
             }
         }
         out

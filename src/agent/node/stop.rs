@@ -134,7 +134,7 @@ impl Node {
         {
             return failure(FailureKind::Internal, format!("cannot remove {}: {e}", dir.display()));
         }
-        let ops = vec![WriteOp::delete_agent_instance(id), WriteOp::delete_tombstone(id)];
+        let ops = vec![WriteOp::delete_agent_instance(id), WriteOp::delete_restarts(id), WriteOp::delete_tombstone(id)];
         if let Err(e) = self.store.writer().commit(ops).await {
             return failure(FailureKind::Internal, e.to_string());
         }
