@@ -78,6 +78,11 @@ pub struct MasterConfig {
     /// Events kept in the store (`GET /events` replays from them); older
     /// ones are deleted.
     pub events_retained: usize,
+    /// An instance an agent holds that the master does not know (a leaked
+    /// instance, shown in `GET /nodes/{id}`) is removed from its node this
+    /// long after the master first saw it; 0: never, report only.
+    #[serde(with = "humantime_serde_compat")]
+    pub leaked_grace: Duration,
 }
 
 impl Default for MasterConfig {
@@ -108,6 +113,7 @@ impl Default for MasterConfig {
             open_health: true,
             open_metrics: false,
             events_retained: 100_000,
+            leaked_grace: Duration::from_secs(600),
         }
     }
 }

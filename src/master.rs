@@ -195,7 +195,11 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         node_unknown_after: cfg.node_unknown_after,
         node_down_after: cfg.node_down_after,
     };
-    let limits = Limits { cluster_mailbox: cfg.mailbox_capacity, operations_retained: cfg.operations_retained };
+    let limits = Limits {
+        cluster_mailbox: cfg.mailbox_capacity,
+        operations_retained: cfg.operations_retained,
+        leaked_grace: cfg.leaked_grace,
+    };
     // Cluster actors and node managers are spread over these threads.
     let threads = if cfg.actor_threads == 0 {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
@@ -233,6 +237,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         shared.ports.reserve(&l.node, l.ports.iter().copied());
     }
     actix::spawn(crate::actors::announce::watch_nodes(shared.clone(), cfg.heartbeat_interval));
+    actix::spawn(crate::actors::leaked::sweep(shared.clone()));
     actix::spawn(dump_on_sigusr2(read_model.clone()));
     let (started, booted) = tokio::sync::oneshot::channel();
     let boot = Boot {

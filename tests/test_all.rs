@@ -32,6 +32,7 @@ mod integration {
     mod grandchild;
     mod hooks;
     mod instance_logs;
+    mod leaked;
     mod lifecycle;
     mod logs;
     mod master_restart;

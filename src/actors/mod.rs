@@ -40,6 +40,7 @@ pub mod announce;
 pub mod cluster;
 pub mod gone_operations;
 pub mod instance;
+pub mod leaked;
 pub mod node_link;
 #[cfg(test)]
 mod node_link_tests;
@@ -126,10 +127,13 @@ pub struct Limits {
     pub cluster_mailbox: usize,
     /// Ended operations kept per cluster; older ones are deleted.
     pub operations_retained: usize,
+    /// A leaked instance is removed this long after it was first seen
+    /// (zero: never; see [`leaked`]).
+    pub leaked_grace: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { cluster_mailbox: 256, operations_retained: 1000 }
+        Limits { cluster_mailbox: 256, operations_retained: 1000, leaked_grace: Duration::from_secs(600) }
     }
 }

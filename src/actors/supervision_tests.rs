@@ -173,9 +173,14 @@ fn an_inventory_older_than_the_instance_is_ignored() {
         let _ = second;
         let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
         let reports = vec![report(&members[1], 0)];
-        sup.send(super::supervisor::NodeInventory { node: crate::ids::NodeId::new("n1"), reports, slot })
-            .await
-            .unwrap();
+        sup.send(super::supervisor::NodeInventory {
+            node: crate::ids::NodeId::new("n1"),
+            reports,
+            unrecorded: vec![],
+            slot,
+        })
+        .await
+        .unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
         let snap = h.shared.read_model.cluster("i").unwrap();
         assert_eq!(snap.instances[&id].record.status, InstanceStatus::Running, "not Lost");
@@ -186,9 +191,14 @@ fn an_inventory_older_than_the_instance_is_ignored() {
         let _agent = h.link("n1", 8);
         let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
         let reports = vec![report(&members[1], 1)];
-        sup.send(super::supervisor::NodeInventory { node: crate::ids::NodeId::new("n1"), reports, slot })
-            .await
-            .unwrap();
+        sup.send(super::supervisor::NodeInventory {
+            node: crate::ids::NodeId::new("n1"),
+            reports,
+            unrecorded: vec![],
+            slot,
+        })
+        .await
+        .unwrap();
         eventually("Lost", || {
             h.shared.read_model.cluster("i").unwrap().instances[&id].record.status == InstanceStatus::Lost
         })

@@ -653,6 +653,8 @@ async fn forget_leftover(shared: &Shared, instance: &InstanceId) {
 pub struct NodeInventory {
     pub node: NodeId,
     pub reports: Vec<crate::protocol::messages::InstanceReport>,
+    /// Instance directories the agent holds no record of.
+    pub unrecorded: Vec<InstanceId>,
     pub slot: Reservation,
 }
 
@@ -662,9 +664,10 @@ impl Handler<NodeInventory> for Supervisor {
     /// Reconciles what the master believes of a node with what its agent
     /// holds: a running process updates its instance; a missing or dead one
     /// marks it Lost or Failed (and its Active cluster Error). Instances the
-    /// agent holds but the master does not know are reported in the log.
+    /// agent holds but the master does not know are leaked (see
+    /// `actors::leaked`): reported, and removed after `leaked_grace`.
     fn handle(&mut self, msg: NodeInventory, _ctx: &mut Context<Self>) {
-        let NodeInventory { node, reports, slot } = msg;
+        let NodeInventory { node, reports, unrecorded, slot } = msg;
         slot.begin("inventory");
         let msg = (node, reports);
         let ours = self.shared.read_model.node(&msg.0).map(|n| n.instances()).unwrap_or_default();
@@ -693,25 +696,49 @@ impl Handler<NodeInventory> for Supervisor {
         // Leftovers the agent no longer holds (it finished the delete itself,
         // e.g. from its tombstone after a restart): nothing left to remove.
         let leftovers = self.shared.read_model.leftovers();
-        for l in leftovers.values().filter(|l| l.node == msg.0 && !reports.contains_key(&l.instance)) {
+        let dirs: std::collections::HashSet<&InstanceId> = unrecorded.iter().collect();
+        let held = |id: &InstanceId| reports.contains_key(id) || dirs.contains(id);
+        for l in leftovers.values().filter(|l| l.node == msg.0 && !held(&l.instance)) {
             let shared = self.shared.clone();
             let id = l.instance.clone();
             actix::spawn(async move { forget_leftover(&shared, &id).await });
         }
-        for r in &msg.1 {
-            if ours.contains_key(&r.instance) {
+        let mut leaked = Vec::new();
+        // A directory without a record: generation 0 (its Delete, at 1,
+        // removes the directory and whatever carries the instance's marker).
+        let only_dirs = unrecorded.iter().filter(|id| !reports.contains_key(id)).map(|id| super::leaked::Seen {
+            instance: id.clone(),
+            generation: 0,
+            running: false,
+            pid: None,
+            unrecorded: true,
+        });
+        let recorded = msg.1.iter().map(|r| super::leaked::Seen {
+            instance: r.instance.clone(),
+            generation: r.generation,
+            running: r.running,
+            pid: r.pid,
+            unrecorded: false,
+        });
+        for seen in recorded.chain(only_dirs) {
+            if ours.contains_key(&seen.instance) {
                 continue;
             }
-            if leftovers.get(&r.instance).is_some_and(|l| l.node == msg.0) {
+            if leftovers.get(&seen.instance).is_some_and(|l| l.node == msg.0) {
                 // A force delete could not remove it then; finish the job now.
-                actix::spawn(remove_leftover(self.shared.clone(), msg.0.clone(), r.instance.clone(), r.generation));
+                actix::spawn(remove_leftover(self.shared.clone(), msg.0.clone(), seen.instance, seen.generation));
+            } else if !super::leaked::known(&self.shared, &seen.instance) {
+                // Not ours and not known to be garbage: leaked. Reported at
+                // once, removed only after `leaked_grace` (0: never), so a
+                // master restored from an old backup can be stopped before
+                // it wipes newer instances.
+                leaked.push(seen);
             } else {
-                // Not ours and not known to be garbage: never delete what we
-                // cannot prove is ours (a master restored from an old backup
-                // must not wipe newer instances).
-                tracing::warn!(node = %msg.0, instance = %r.instance, running = r.running, "agent holds an instance the master does not know; left alone");
+                tracing::warn!(node = %msg.0, instance = %seen.instance, running = seen.running,
+                    "agent holds an instance the master places on another node; left alone");
             }
         }
+        super::leaked::found(&self.shared, &msg.0, leaked);
         self.stats.end(None);
     }
 }

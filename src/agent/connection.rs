@@ -158,6 +158,7 @@ async fn session(
         cgroups: identity.cgroups,
         resource_limits: identity.resource_limits,
         inventory: node.inventory().await,
+        unrecorded: node.unrecorded().await,
         simulated: false,
     };
     let welcome = agent_handshake(&mut framed, hello, handshake_timeout).await?;
@@ -493,6 +494,7 @@ mod tests {
             cgroups: false,
             resource_limits: false,
             inventory: vec![],
+            unrecorded: vec![],
             simulated: false,
         };
         agent_handshake(&mut framed, hello, Duration::from_secs(5)).await.unwrap();

@@ -408,6 +408,47 @@ pub struct NodeDto {
     /// a node never enrolled with this master).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub certificate: Option<NodeCertDto>,
+    /// Instances the node holds that the master does not know (`GET
+    /// /nodes/{id}` only): removed from the node after `leaked_grace`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leaked: Option<Vec<LeakedDto>>,
+}
+
+/// An instance a node holds that the master does not know.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LeakedDto {
+    pub instance: String,
+    /// When this master first saw it in the node's inventory.
+    #[serde(with = "time::serde::rfc3339")]
+    pub first_seen: OffsetDateTime,
+    /// When it will be removed from the node; absent: never
+    /// (`leaked_grace` is 0, report only).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub remove_at: Option<OffsetDateTime>,
+    /// Whether a process of it ran when the node reported it.
+    pub running: bool,
+    pub pid: Option<u32>,
+    /// Only a directory: the agent holds no record of it.
+    pub unrecorded: bool,
+    /// A removal is under way.
+    pub removing: bool,
+    /// Why the last removal failed (it is tried again).
+    pub last_error: Option<String>,
+}
+
+impl From<&crate::actors::read_model::Leaked> for LeakedDto {
+    fn from(l: &crate::actors::read_model::Leaked) -> Self {
+        LeakedDto {
+            instance: l.instance.to_string(),
+            first_seen: l.first_seen,
+            remove_at: l.remove_at,
+            running: l.running,
+            pid: l.pid,
+            unrecorded: l.unrecorded,
+            removing: l.removing,
+            last_error: l.last_error.clone(),
+        }
+    }
 }
 
 impl NodeDto {
@@ -429,6 +470,7 @@ impl NodeDto {
             instance_count: instances.len(),
             instances: with_instances.then(|| instances.keys().map(|i| i.to_string()).collect()),
             certificate: None,
+            leaked: None,
         }
     }
 }

@@ -147,6 +147,9 @@ pub async fn get_node(state: web::Data<AppState>, path: web::Path<String>) -> Re
         Some(n) => {
             let mut dto = node_dto(&state, &n, true);
             dto.certificate = state.trust.cert_of(&id).map(|c| super::dto::NodeCertDto::from(&*c));
+            let leaked = state.shared.read_model.leaked();
+            dto.leaked =
+                Some(leaked.values().filter(|l| l.node == id).map(|l| super::dto::LeakedDto::from(&**l)).collect());
             Ok(HttpResponse::Ok().json(dto))
         }
         None => Err(ApiError(Error::not_found("node", id))),

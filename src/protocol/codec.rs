@@ -277,6 +277,7 @@ mod tests {
                 running: true,
                 pid: Some(99),
             }],
+            unrecorded: vec![InstanceId::new("web-db-2-abcdef")],
             simulated: false,
         }
     }

@@ -123,23 +123,26 @@ fn agent_frame() -> impl Strategy<Value = AgentFrame> {
             any::<(u16, u16)>(),
             proptest::collection::btree_map(text(), text(), 0..4),
             proptest::collection::vec(report(), 0..5),
-            any::<(bool, bool, bool)>(),
+            (any::<(bool, bool, bool)>(), proptest::collection::vec("[a-z0-9-]{1,20}", 0..3)),
         )
-            .prop_map(|(v, node, address, root, ports, labels, inventory, (cgroups, limits, simulated))| {
-                AgentFrame::Hello(Hello {
-                    protocol_version: v,
-                    node_id: NodeId::new(node),
-                    address,
-                    instance_root: root,
-                    port_range: ports,
-                    labels: labels.into_iter().collect::<BTreeMap<_, _>>(),
-                    agent_version: "x".into(),
-                    cgroups,
-                    resource_limits: limits,
-                    inventory,
-                    simulated,
-                })
-            }),
+            .prop_map(
+                |(v, node, address, root, ports, labels, inventory, ((cgroups, limits, simulated), unrecorded))| {
+                    AgentFrame::Hello(Hello {
+                        protocol_version: v,
+                        node_id: NodeId::new(node),
+                        address,
+                        instance_root: root,
+                        port_range: ports,
+                        labels: labels.into_iter().collect::<BTreeMap<_, _>>(),
+                        agent_version: "x".into(),
+                        cgroups,
+                        resource_limits: limits,
+                        inventory,
+                        unrecorded: unrecorded.into_iter().map(InstanceId::new).collect(),
+                        simulated,
+                    })
+                }
+            ),
         text().prop_map(|reason| AgentFrame::Refused { reason }),
         event().prop_map(AgentFrame::Event),
         (any::<u64>(), event()).prop_map(|(seq, event)| AgentFrame::Report { seq, event }),

@@ -216,6 +216,7 @@ mod tests {
             cgroups: false,
             resource_limits: false,
             inventory: vec![],
+            unrecorded: vec![],
             simulated: false,
         }
     }

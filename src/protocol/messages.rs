@@ -32,7 +32,11 @@ use crate::ids::{InstanceId, NodeId};
 
 /// Bumped on any incompatible change to these types. Both sides refuse a
 /// peer with another version, with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
+
+/// At most this many ids in `Hello::unrecorded` (the rest are reported at
+/// a later connection, once the first ones are removed).
+pub const MAX_UNRECORDED: usize = 10_000;
 
 /// Size of one `InstallData` chunk sent by the master.
 pub const INSTALL_CHUNK_BYTES: usize = 1024 * 1024;
@@ -128,6 +132,13 @@ pub struct Hello {
     pub resource_limits: bool,
     /// Everything the agent holds, so the master can reconcile.
     pub inventory: Vec<InstanceReport>,
+    /// Instance directories under `instance_root` the agent holds no
+    /// record (nor tombstone) of, e.g. left by a store that was lost; at
+    /// most [`MAX_UNRECORDED`]. The master treats one it does not know as
+    /// leaked (a `Delete` removes the directory and kills what carries the
+    /// instance's marker); one it knows stays `Lost` as before. Added in
+    /// protocol 6.
+    pub unrecorded: Vec<InstanceId>,
     /// A simulated agent (`flotilla bench`): the real protocol over a fake
     /// process layer. The master shows it in `GET /nodes`.
     pub simulated: bool,

@@ -14,6 +14,8 @@
 //! | `operation.step_started`, `operation.step_ended` | `operation`, `step` (index), `name`, `status`, `error`, `ok`, `failed` |
 //! | `operation.progress` | `operation`, `step`, `done` (instance commands answered in the step), `total` (its instances when each gets one command, else 0) |
 //! | `node.status` | `node`, `status`, `connected` |
+//! | `instance.leaked` | `node`, `instance`, `first_seen`, `remove_at` (unix seconds; null: never), `running`, `pid`, `unrecorded` |
+//! | `instance.leak_removed` | the same, and `deleted` (removed by the master, or gone / known meanwhile), `reason` |
 //! | `actor.started`, `actor.stopped`, `actor.failed` | `actor` (kind), `id`, `reason` |
 
 use serde_json::{Value, json};

@@ -64,6 +64,7 @@ fn hello(node: &str) -> Hello {
         cgroups: false,
         resource_limits: false,
         inventory: vec![],
+        unrecorded: vec![],
         simulated: false,
     }
 }

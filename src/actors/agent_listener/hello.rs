@@ -45,6 +45,16 @@ pub fn check(hello: &Hello, master: &[SocketAddr]) -> Result<(), String> {
         validate_name(k).map_err(|m| format!("label name {:?}: {m}", truncate(k)))?;
         validate_name(v).map_err(|m| format!("label {k} value {:?}: {m}", truncate(v)))?;
     }
+    if hello.unrecorded.len() > crate::protocol::messages::MAX_UNRECORDED {
+        return Err(format!(
+            "{} unrecorded instance directories; at most {}",
+            hello.unrecorded.len(),
+            crate::protocol::messages::MAX_UNRECORDED
+        ));
+    }
+    if let Some(bad) = hello.unrecorded.iter().find(|i| !i.is_safe_path_component()) {
+        return Err(format!("unrecorded instance id {:?} is not a safe name", truncate(bad.as_str())));
+    }
     let version = &hello.agent_version;
     if version.is_empty() || version.len() > MAX_VERSION || !version.chars().all(|c| c.is_ascii_graphic()) {
         return Err(format!("agent version must be 1 to {MAX_VERSION} printable ASCII characters"));
@@ -75,6 +85,7 @@ mod tests {
             cgroups: false,
             resource_limits: false,
             inventory: vec![],
+            unrecorded: vec![],
             simulated: false,
         }
     }
@@ -121,6 +132,7 @@ mod tests {
             ),
             (Box::new(|h| h.labels = (0..65).map(|i| (format!("l{i}"), "v".into())).collect()), "at most 64"),
             (Box::new(|h| h.agent_version = "1.0\n".into()), "agent version"),
+            (Box::new(|h| h.unrecorded = vec![crate::ids::InstanceId::new("../etc")]), "not a safe name"),
         ];
         for (make, want) in cases {
             let mut h = hello();

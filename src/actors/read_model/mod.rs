@@ -13,6 +13,7 @@
 //! | clusters | per cluster: record + instances ([`cluster_view`]) | the cluster's actor |
 //! | nodes | record, link liveness, instances placed there ([`nodes`]) | node managers, cluster actors |
 //! | packages, leftovers | small maps | the package store, the supervisor, cluster actors |
+//! | leaked instances | a small map, in memory only | the supervisor ([`crate::actors::leaked`]) |
 //! | running operations | full records while they run | cluster actors |
 //! | ended operations | read from the store on demand, paged | — |
 //!
@@ -47,6 +48,30 @@ pub struct PackageView {
     pub spec: Arc<ComponentSpec>,
 }
 
+/// An instance an agent holds that the master does not know (nor is
+/// removing as a force delete's leftover): see [`crate::actors::leaked`].
+/// Kept in memory only: after a master restart the agents' inventories
+/// find it again and its grace starts over (later, never sooner).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Leaked {
+    pub node: NodeId,
+    pub instance: InstanceId,
+    /// When this master first saw it in the node's inventory.
+    pub first_seen: time::OffsetDateTime,
+    /// When it is removed; `None`: never (`leaked_grace` 0, report only).
+    pub remove_at: Option<time::OffsetDateTime>,
+    /// The generation the agent holds (0 for an unrecorded directory).
+    pub generation: u64,
+    pub running: bool,
+    pub pid: Option<u32>,
+    /// Only a directory: the agent holds no record of it.
+    pub unrecorded: bool,
+    /// A removal was sent and is not answered yet.
+    pub removing: bool,
+    /// Why the last removal failed (it is tried again).
+    pub last_error: Option<String>,
+}
+
 /// Counters of the master's work, for `GET /health` and `flotilla bench`.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -63,6 +88,7 @@ pub struct ReadModel {
     nodes: Map<NodeId, Arc<NodeEntry>>,
     packages: Map<(String, String), PackageView>,
     leftovers: Map<InstanceId, Arc<LeftoverRecord>>,
+    leaked: Map<(NodeId, InstanceId), Arc<Leaked>>,
     running: Map<OperationId, Arc<OperationRecord>>,
     actors: Mutex<BTreeMap<String, Arc<ActorStats>>>,
     store: Arc<dyn MetaStore>,
@@ -91,6 +117,7 @@ impl ReadModel {
             nodes: empty(),
             packages: empty(),
             leftovers: empty(),
+            leaked: empty(),
             running: empty(),
             actors: Mutex::default(),
             store,
@@ -191,6 +218,29 @@ impl ReadModel {
         let removed = self.leftovers.load().get(id).cloned();
         rcu(&self.leftovers, |m| {
             m.remove(id);
+        });
+        removed
+    }
+
+    // ------------------------------------------------------------ leaked
+
+    /// Instances agents hold that the master does not know, by node.
+    pub fn leaked(&self) -> Arc<OrdMap<(NodeId, InstanceId), Arc<Leaked>>> {
+        self.leaked.load_full()
+    }
+
+    pub fn put_leaked(&self, l: Leaked) {
+        let l = Arc::new(l);
+        rcu(&self.leaked, |m| {
+            m.insert((l.node.clone(), l.instance.clone()), l.clone());
+        });
+    }
+
+    pub fn remove_leaked(&self, node: &NodeId, id: &InstanceId) -> Option<Arc<Leaked>> {
+        let key = (node.clone(), id.clone());
+        let removed = self.leaked.load().get(&key).cloned();
+        rcu(&self.leaked, |m| {
+            m.remove(&key);
         });
         removed
     }

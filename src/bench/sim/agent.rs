@@ -241,6 +241,8 @@ impl SimAgent {
             cgroups: false,
             resource_limits: true,
             inventory: lock(&self.state).inventory(),
+            // A simulated node has no directories: nothing unrecorded.
+            unrecorded: vec![],
             simulated: true,
         };
         let welcome = agent_handshake(&mut framed, hello, Duration::from_secs(30)).await?;
