@@ -79,21 +79,27 @@ async fn bad_requests_are_refused_and_change_nothing() {
     assert_eq!(snapshot(&env).await, before, "a refused request changed the state");
 }
 
-#[tokio::test]
-async fn upload_over_the_cap_is_413() {
-    let env = TestEnv::start_with("upload-cap", &[("FLOTILLA_MASTER_MAX_UPLOAD_BYTES", "100000")]).await;
-    // 200 kB that gzip cannot shrink (xorshift noise).
+/// `n` bytes gzip cannot shrink (xorshift noise).
+fn noise(n: usize) -> Vec<u8> {
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let noise: Vec<u8> = (0..200_000)
+    (0..n)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x as u8
         })
-        .collect();
-    let pkg =
-        PackageBuilder::new("big", "1.0.0").spec(&SPEC.replace("\"kv\"", "\"big\"")).file("blob.bin", 0o644, noise);
+        .collect()
+}
+
+#[tokio::test]
+async fn upload_over_the_cap_is_413() {
+    let env = TestEnv::start_with("upload-cap", &[("FLOTILLA_MASTER_MAX_UPLOAD_BYTES", "100000")]).await;
+    let pkg = PackageBuilder::new("big", "1.0.0").spec(&SPEC.replace("\"kv\"", "\"big\"")).file(
+        "blob.bin",
+        0o644,
+        noise(200_000),
+    );
     let bytes = pkg.build();
     assert!(bytes.len() > 190_000, "the package is only {} bytes", bytes.len());
     let (got, resp) = env.put_bytes("/packages/big/1.0.0", bytes).await;
@@ -147,20 +153,11 @@ async fn a_stalled_or_trickling_upload_is_refused_and_frees_its_slot() {
         &[("FLOTILLA_MASTER_UPLOAD_IDLE_TIMEOUT", "1s"), ("FLOTILLA_MASTER_UPLOAD_MIN_RATE", "50000")],
     )
     .await;
-    // 4 kB of noise gzip cannot shrink: the trickle below takes seconds.
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let noise: Vec<u8> = (0..4096)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    // 4 kB gzip cannot shrink: the trickle below takes seconds.
     let pkg = PackageBuilder::new("kv", "1.0.0")
         .spec(SPEC)
         .script("bin/start.sh", "exec sleep 100000\n")
-        .file("blob.bin", 0o644, noise)
+        .file("blob.bin", 0o644, noise(4096))
         .build();
     assert!(pkg.len() > 4000, "the package is only {} bytes", pkg.len());
 
