@@ -143,11 +143,17 @@ impl NodeManagerActor {
             tracing::warn!(%node, "the node connected again; closing its previous (half-open) connection");
             old.close();
         }
-        actix::spawn(write_frames(writer, rx, link.clone(), timing.agent_send_timeout, timing.heartbeat_interval));
         let stats = ActorStats::new("node_manager", node.as_str(), Some("supervisor".into()));
         shared.read_model.register_actor(&stats);
         entry.live.connect(connection);
         let arbiter = shared.arbiter_for(connection);
+        // The writer (and so the master's heartbeats to this agent) runs on
+        // the link's own arbiter, not on the system one with the supervisor:
+        // a long job there must not starve every agent of heartbeats.
+        let writes = write_frames(writer, rx, link.clone(), timing.agent_send_timeout, timing.heartbeat_interval);
+        if !arbiter.spawn(writes) {
+            tracing::error!(%node, "the link's arbiter is gone; the link cannot write");
+        }
         let l = link.clone();
         NodeManagerActor::start_in_arbiter(&arbiter, move |ctx| {
             ctx.add_stream(reader);

@@ -77,10 +77,12 @@ pub enum MasterFrame {
     Heartbeat,
 }
 
-/// How long either end of a link waits without a frame before it closes
-/// the link: five heartbeat intervals, and never less than 5 s.
+/// How long an agent waits without a frame before it takes the link for
+/// dead: five heartbeat intervals, and never less than 15 s (a master on a
+/// loaded machine may send its heartbeat late; TCP keepalive catches a
+/// vanished peer within about a minute anyway).
 pub fn idle_limit(heartbeat_interval: std::time::Duration) -> std::time::Duration {
-    (heartbeat_interval * 5).max(std::time::Duration::from_secs(5))
+    (heartbeat_interval * 5).max(std::time::Duration::from_secs(15))
 }
 
 /// A frame sent by an agent.

@@ -65,12 +65,17 @@ impl FakeMaster {
     /// answers its `Hello`. An enrollment on the way is answered with a
     /// certificate, and the agent's next connection is taken.
     pub async fn accept(&mut self) -> Hello {
-        let deadline = Instant::now() + WAIT;
+        self.accept_within(WAIT).await
+    }
+
+    /// [`FakeMaster::accept`], waiting up to `wait` for the connection.
+    pub async fn accept_within(&mut self, wait: Duration) -> Hello {
+        let deadline = Instant::now() + wait;
         loop {
             let stream = match timeout_at(deadline, self.listener.accept()).await {
                 Ok(Ok((s, _))) => s,
                 Ok(Err(e)) => self.fail(format!("accept failed: {e}")),
-                Err(_) => self.fail(format!("the agent did not connect within {WAIT:?}")),
+                Err(_) => self.fail(format!("the agent did not connect within {wait:?}")),
             };
             stream.set_nodelay(true).expect("nodelay");
             let (stream, certificate) = match timeout_at(deadline, self.authority.accept(stream)).await {

@@ -172,8 +172,19 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
+/// Every warning and error of dev mode's log (the run's refusals left
+/// out: they are what the checks ask for), then its last 40 lines.
 fn tail(dev: &Dev) -> String {
     let log = dev.log();
     let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(80)..].join("\n")
+    let warnings: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| (l.contains(" WARN ") || l.contains(" ERROR ")) && !l.contains("request refused"))
+        .collect();
+    format!(
+        "warnings and errors:\n{}\n--- last lines:\n{}",
+        warnings.join("\n"),
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    )
 }

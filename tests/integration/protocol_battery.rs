@@ -38,7 +38,7 @@ async fn simulated_agent_passes_the_battery() {
 
 /// A master that stops sending (not even heartbeats) while its socket
 /// stays open: each kind of agent takes the link for dead within the idle
-/// limit (5 s here) and dials again.
+/// limit (15 s here) and dials again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_drop_a_link_that_goes_silent_and_dial_again() {
     for kind in [Kind::Real, Kind::Sim] {
@@ -47,11 +47,11 @@ async fn agents_drop_a_link_that_goes_silent_and_dial_again() {
         m.accept().await;
         let silent_since = Instant::now();
         // Nothing is read (no heartbeat echoed) and nothing sent.
-        m.accept().await;
+        m.accept_within(Duration::from_secs(25)).await;
         let took = silent_since.elapsed();
         assert!(
-            took >= Duration::from_millis(4500) && took < Duration::from_secs(9),
-            "{kind:?}: dialled again after {took:?} of silence; the idle limit is 5 s"
+            took >= Duration::from_millis(14_500) && took < Duration::from_secs(22),
+            "{kind:?}: dialled again after {took:?} of silence; the idle limit is 15 s"
         );
         subject.stop().await;
     }
