@@ -73,6 +73,7 @@ impl ProcessController {
     ) -> Result<Vec<u32>, ProcessError> {
         let deadline = Instant::now() + KILL_WAIT;
         let mut backoff = FIRST_BACKOFF;
+        let mut empty_once = false;
         loop {
             if let Some(cg) = cg
                 && let Err(e) = cgroup::kill_all(cg)
@@ -80,9 +81,20 @@ impl ProcessController {
                 tracing::warn!(cgroup = %cg.display(), error = %e, "cgroup.kill failed");
             }
             let members = self.members(instance, known, cg).await?;
+            // Done only after two empty scans a moment apart: a process in
+            // the middle of exec (a backgrounded `sleep &` of a script that
+            // just exited) can briefly hide its environment, and with it
+            // the marker, from one scan; it ran on after the kill (seen once
+            // in CI, a failed start's `sleep 1000 &` left running).
             if members.is_empty() {
-                return Ok(Vec::new());
+                if empty_once {
+                    return Ok(Vec::new());
+                }
+                empty_once = true;
+                tokio::time::sleep(FIRST_BACKOFF).await;
+                continue;
             }
+            empty_once = false;
             tree::signal(&members, Signal::SIGKILL);
             if Instant::now() >= deadline {
                 return Ok(members.iter().map(|m| m.pid).collect());
