@@ -86,8 +86,9 @@ pub async fn credentials(
 }
 
 /// Enrolls `node_id` with the master at `master` using `token`: sends
-/// `key`'s public half, and checks the certificate that comes back
-/// chains to the CA the token pins. Dials again with backoff while the
+/// `key`'s public half over TLS pinned to the token's CA, and checks that
+/// the CA sent back with the certificate is that one (the certificate
+/// itself is checked when it is first used, by the master's TLS). Dials again with backoff while the
 /// master cannot be reached; a refusal is final. Shared with the simulated
 /// agents, which keep their credentials in memory.
 pub async fn request(
