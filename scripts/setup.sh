@@ -4,7 +4,8 @@
 # package), Java and Debian's zookeeper (the real ensemble of the
 # integration tests, packaged by examples/components/zookeeper/build.sh),
 # curl, and for the dashboard's browser test Debian's chromium, Node.js and
-# npm's playwright-core (pinned in tests/browser/package-lock.json).
+# npm's playwright-core (pinned in tests/browser/package-lock.json);
+# iproute2 and nsenter for the network-partition test.
 # Safe to run again; does nothing when all is there.
 set -euo pipefail
 
@@ -18,6 +19,10 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
+# The partition test makes network namespaces and veth pairs (iproute2)
+# and runs an agent in one (nsenter, util-linux).
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   SUDO=""

@@ -236,7 +236,6 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     for l in &snapshot.leftovers {
         shared.ports.reserve(&l.node, l.ports.iter().copied());
     }
-    actix::spawn(crate::actors::announce::watch_nodes(shared.clone(), cfg.heartbeat_interval));
     actix::spawn(crate::actors::leaked::sweep(shared.clone()));
     actix::spawn(dump_on_sigusr2(read_model.clone()));
     let (started, booted) = tokio::sync::oneshot::channel();
@@ -249,6 +248,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         started: Some(started),
     };
     let supervisor = Supervisor::new(shared.clone(), boot).start();
+    actix::spawn(crate::actors::announce::watch_nodes(shared.clone(), supervisor.clone(), cfg.heartbeat_interval));
     // Agents are admitted once every cluster actor runs (see `Boot::started`).
     let _ = booted.await;
 

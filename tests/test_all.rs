@@ -40,6 +40,7 @@ mod integration {
     mod openapi;
     mod order;
     mod overload;
+    mod partition;
     mod paging;
     mod protocol_battery;
     mod resize;

@@ -9,7 +9,11 @@ use std::collections::HashMap;
 
 use time::OffsetDateTime;
 
+use actix::Addr;
+
 use super::Shared;
+use super::read_model::Reservation;
+use super::supervisor::{NodeDown, Supervisor};
 use crate::ids::NodeId;
 use crate::storage::events::{self, append};
 use crate::storage::records::{EventRecord, NodeStatus};
@@ -41,8 +45,10 @@ pub fn actor(shared: &Shared, kind: &str, actor: &str, id: &str, cluster: Option
 
 /// Every heartbeat interval: a `node.status` event for each node whose
 /// status or connection changed since the last look (and for each node
-/// at the first look). Runs until the master stops.
-pub async fn watch_nodes(shared: Shared, every: std::time::Duration) {
+/// at the first look), and for each node that became `Down`, a
+/// [`NodeDown`] to the supervisor (its instances are marked `Lost`). Runs
+/// until the master stops.
+pub async fn watch_nodes(shared: Shared, supervisor: Addr<Supervisor>, every: std::time::Duration) {
     let mut seen: HashMap<NodeId, (NodeStatus, bool)> = HashMap::new();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -55,9 +61,9 @@ pub async fn watch_nodes(shared: Shared, every: std::time::Duration) {
         seen.retain(|id, _| nodes.contains_key(id));
         // Not as soon as an agent would: the master's actor threads may be
         // saturated (frames waiting to be handled look like silence), so a
-        // link closes when its node is judged Down, and never sooner than
-        // the agent's own limit.
-        let idle = crate::protocol::messages::idle_limit(shared.timing.heartbeat_interval).max(down);
+        // link closes when its node is judged Down (and its instances
+        // Lost), and the commands waiting on it fail then.
+        let idle = down;
         for (id, entry) in nodes.iter() {
             // A link that has carried nothing (not even a heartbeat) for the
             // idle limit is dead, whatever TCP thinks: close it, so the
@@ -70,6 +76,11 @@ pub async fn watch_nodes(shared: Shared, every: std::time::Duration) {
                 link.close();
             }
             let state = (entry.live.status_at(now, unknown, down), entry.live.connected());
+            if state.0 == NodeStatus::Down && seen.get(id).is_none_or(|s| s.0 != NodeStatus::Down) {
+                let silent_for = entry.live.silence(now).unwrap_or(down);
+                let slot = Reservation::counted(&shared.supervisor);
+                supervisor.do_send(NodeDown { node: id.clone(), silent_for, slot });
+            }
             if seen.get(id) != Some(&state) {
                 seen.insert(id.clone(), state);
                 changed.push(events::node(id.as_str(), state.0, state.1));

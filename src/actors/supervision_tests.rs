@@ -138,9 +138,11 @@ fn a_panicking_cluster_actor_is_restarted_from_the_store_and_resumes() {
 }
 
 /// An inventory taken before a command the master sent on the same
-/// connection does not mark the instance Lost.
+/// connection does not mark the instance Lost; one of a later connection
+/// is the truth, even for a generation the master had sent (on an older
+/// connection: the agent never got it).
 #[test]
-fn an_inventory_older_than_the_instance_is_ignored() {
+fn an_inventory_older_than_a_command_on_its_connection_is_ignored() {
     run(async {
         let h = Harness::new();
         let (c, mut members) = cluster("i", 2);
@@ -156,49 +158,45 @@ fn an_inventory_older_than_the_instance_is_ignored() {
         assert!(matches!(req, AgentRequest::Start { .. }), "{req:?}");
         agent.answer(rid, AgentResponse::Started { pid: 4242, already_running: false });
         eventually("the start's end", || h.published("i").operation.is_none()).await;
-        // The Hello of connection 7, taken before that start: the first
-        // member is not there yet (an agent that lost it would say the
-        // same), the second at an older generation than the master's.
-        let report =
-            |m: &crate::storage::records::InstanceRecord, generation| crate::protocol::messages::InstanceReport {
+        let report = |m: &crate::storage::records::InstanceRecord, generation, running: bool| {
+            crate::protocol::messages::InstanceReport {
                 instance: m.id.clone(),
                 generation,
                 desired_running: true,
-                running: false,
-                pid: None,
-            };
-        let mut second = members[1].clone();
-        second.generation = 3;
-        h.persist(&c, std::slice::from_ref(&second)).await;
-        let _ = second;
-        let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
-        let reports = vec![report(&members[1], 0)];
-        sup.send(super::supervisor::NodeInventory {
+                running,
+                pid: running.then_some(99),
+            }
+        };
+        let inventory = |connection, reports| super::supervisor::NodeInventory {
             node: crate::ids::NodeId::new("n1"),
+            connection,
             reports,
             unrecorded: vec![],
-            slot,
-        })
-        .await
-        .unwrap();
+            slot: super::read_model::Reservation::counted(&h.shared.supervisor),
+        };
+        // The Hello of connection 7, taken before that start: the first
+        // member is not there yet (an agent that lost it would say the
+        // same); the second is there and running.
+        sup.send(inventory(7, vec![report(&members[1], 0, true)])).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
         let snap = h.shared.read_model.cluster("i").unwrap();
         assert_eq!(snap.instances[&id].record.status, InstanceStatus::Running, "not Lost");
-        assert_eq!(snap.instances[&members[1].id].record.status, InstanceStatus::Running, "not Failed");
+        assert_eq!(snap.instances[&id].record.pid, Some(4242));
         assert_eq!(snap.record.status, ClusterStatus::Active);
 
-        // The inventory of a later connection is applied.
+        // Connection 8's, which the start (sent on 7, generation 1) does
+        // not precede: the agent never got it, so it holds no process.
         let _agent = h.link("n1", 8);
-        let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
-        let reports = vec![report(&members[1], 1)];
-        sup.send(super::supervisor::NodeInventory {
-            node: crate::ids::NodeId::new("n1"),
-            reports,
-            unrecorded: vec![],
-            slot,
+        sup.send(inventory(8, vec![report(&members[0], 0, false), report(&members[1], 0, true)])).await.unwrap();
+        eventually("Failed: not running when its agent reconnected", || {
+            let r = &h.shared.read_model.cluster("i").unwrap().instances[&id].record;
+            r.status == InstanceStatus::Failed
+                && r.last_error.as_deref().is_some_and(|e| e.contains("not running on node n1 when its agent reconnected"))
         })
-        .await
-        .unwrap();
+        .await;
+        // And connection 9's, without it: Lost.
+        let _agent = h.link("n1", 9);
+        sup.send(inventory(9, vec![report(&members[1], 0, true)])).await.unwrap();
         eventually("Lost", || {
             h.shared.read_model.cluster("i").unwrap().instances[&id].record.status == InstanceStatus::Lost
         })

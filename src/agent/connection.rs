@@ -138,6 +138,21 @@ pub(crate) const MAX_REQUESTS_IN_FLIGHT: usize = 1024;
 /// the order they are made (the read loop awaits each), so they keep it.
 pub(crate) const REPLY_QUEUE: usize = 256;
 
+/// Waits until every request of the previous connection has finished, so
+/// the inventory of the next `Hello` reflects each command this agent
+/// received: the master may then take it as the truth for every command
+/// it sent on an earlier connection (one not reflected never arrived, and
+/// never will, since that connection is gone). Each request is bounded by
+/// its own timeout (start, stop grace, hook).
+async fn settle_requests(node: &Node) {
+    let all = MAX_REQUESTS_IN_FLIGHT as u32;
+    let busy = MAX_REQUESTS_IN_FLIGHT - node.requests.available_permits();
+    if busy > 0 {
+        tracing::info!(requests = busy, "waiting for the last connection's requests to finish before reporting the inventory");
+    }
+    drop(node.requests.acquire_many(all).await);
+}
+
 static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 async fn session(
@@ -147,6 +162,7 @@ async fn session(
     handshake_timeout: Duration,
 ) -> Result<(), ProtocolError> {
     let mut framed = Framed::new(stream, AgentCodec::default());
+    settle_requests(node).await;
     let hello = Hello {
         protocol_version: PROTOCOL_VERSION,
         node_id: identity.node_id.clone(),
@@ -171,7 +187,7 @@ async fn session(
     let connection = next_connection();
     let mut write_task = tokio::spawn(write_frames(writer, rx, node.outbox.clone(), connection, beat));
 
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
+    let slots = node.requests.clone();
     let mut installs: HashMap<u64, PendingInstall> = HashMap::new();
     let idle = idle_limit(beat);
     let result = loop {

@@ -99,8 +99,21 @@ impl TestEnv {
         TestEnv::start_full(name, &[], &[(node, flag)]).await
     }
 
+    /// Like [`TestEnv::start_with`], with the master's agent listener on
+    /// `ip` instead of 127.0.0.1 (an address agents in another network
+    /// namespace can reach; the three agents here dial it too).
+    pub async fn start_listening_on(name: &str, master_env: &[(&str, &str)], ip: &str) -> TestEnv {
+        let mut env = TestEnv::new(name, master_env, &[], AGENTS, ip).await;
+        for i in 1..=AGENTS {
+            let agent = env.spawn_agent(i);
+            env.agents.push(agent);
+        }
+        env.wait_ready().await;
+        env
+    }
+
     async fn start_full(name: &str, master_env: &[(&str, &str)], agent_flags: &[(usize, &str)]) -> TestEnv {
-        let mut env = TestEnv::new(name, master_env, agent_flags, AGENTS).await;
+        let mut env = TestEnv::new(name, master_env, agent_flags, AGENTS, "127.0.0.1").await;
         for i in 1..=AGENTS {
             let agent = env.spawn_agent(i);
             env.agents.push(agent);
@@ -117,7 +130,7 @@ impl TestEnv {
 
     /// Like [`TestEnv::start_sim`], with the fake processes' latencies.
     pub async fn start_sim_with(name: &str, master_env: &[(&str, &str)], agents: usize, latency: Latency) -> TestEnv {
-        let mut env = TestEnv::new(name, master_env, &[], agents).await;
+        let mut env = TestEnv::new(name, master_env, &[], agents, "127.0.0.1").await;
         env.fleet = Some(Fleet::start(&env.fleet_config(agents, latency)));
         env.wait_ready().await;
         env
@@ -148,7 +161,13 @@ impl TestEnv {
     }
 
     /// The temp dir, master started and listening, no agent yet.
-    async fn new(name: &str, master_env: &[(&str, &str)], agent_flags: &[(usize, &str)], nodes: usize) -> TestEnv {
+    async fn new(
+        name: &str,
+        master_env: &[(&str, &str)],
+        agent_flags: &[(usize, &str)],
+        nodes: usize,
+        agent_listen_ip: &str,
+    ) -> TestEnv {
         let slot = NEXT_SLOT.fetch_add(1, Ordering::SeqCst).wrapping_add(std::process::id().wrapping_mul(37));
         let k = slot % 250 + 1;
         let low = 20000 + (slot % 200) as u16 * 200;
@@ -170,7 +189,7 @@ impl TestEnv {
             master: None,
             agents: Vec::new(),
             http_addr: "127.0.0.1:0".into(),
-            agent_addr: "127.0.0.1:0".into(),
+            agent_addr: format!("{agent_listen_ip}:0"),
             master_env: master_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             agent_flags: agent_flags.iter().map(|(i, f)| (*i, f.to_string())).collect(),
             nodes,
@@ -292,10 +311,34 @@ impl TestEnv {
     /// log (`<name>.log`) of its own, on agent 1's address, enrolling
     /// with `join_token` (none: no token at all). The caller owns it.
     pub fn spawn_extra_agent(&self, name: &str, node_id: &str, join_token: Option<&str>) -> (Child, PathBuf) {
+        let mut cmd = self.extra_agent_command(name, node_id, &self.agent_ips[0], join_token, None);
+        (cmd.spawn().expect("spawn an extra agent"), self.root_path.join(format!("{name}.log")))
+    }
+
+    /// The command of [`TestEnv::spawn_extra_agent`], on `address`, run
+    /// inside the network namespace `netns` when one is given (by
+    /// `nsenter --net`, which switches only that namespace and execs it:
+    /// the child's pid is the agent's, and it sees the cgroup tree).
+    pub fn extra_agent_command(
+        &self,
+        name: &str,
+        node_id: &str,
+        address: &str,
+        join_token: Option<&str>,
+        netns: Option<&str>,
+    ) -> Command {
         let (out, err) = self.log(&format!("{name}.log"));
-        let mut cmd = self.command();
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg(env!("CARGO_BIN_EXE_flotilla"));
+                self.scrub(&mut c);
+                c
+            }
+            None => self.command(),
+        };
         cmd.arg("agent")
-            .args(["--node-id", node_id, "--master", &self.agent_addr, "--address", &self.agent_ips[0]])
+            .args(["--node-id", node_id, "--master", &self.agent_addr, "--address", address])
             .arg("--data-dir")
             .arg(self.root_path.join(name))
             .args(["--port-range", &format!("{}-{}", self.port_range.0, self.port_range.1)])
@@ -306,7 +349,7 @@ impl TestEnv {
         if let Some(t) = join_token {
             cmd.env("FLOTILLA_AGENT_JOIN_TOKEN", t);
         }
-        (cmd.spawn().expect("spawn an extra agent"), self.root_path.join(format!("{name}.log")))
+        cmd
     }
 
     /// The master's data dir (its RocksDB is `db/` in it).
@@ -326,7 +369,13 @@ impl TestEnv {
 
     fn command(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_flotilla"));
-        // Settings come from the flags below, not from whoever ran the tests.
+        self.scrub(&mut cmd);
+        cmd
+    }
+
+    /// Settings come from the flags of each command, not from whoever ran
+    /// the tests.
+    fn scrub(&self, cmd: &mut Command) {
         for (k, _) in std::env::vars() {
             if k.starts_with("FLOTILLA_") {
                 cmd.env_remove(k);
@@ -334,7 +383,6 @@ impl TestEnv {
         }
         cmd.env("RUST_LOG", std::env::var("FLOTILLA_TEST_LOG").unwrap_or_else(|_| "info".into()));
         cmd.stdin(Stdio::null());
-        cmd
     }
 
     fn spawn_master(&self) -> Child {

@@ -154,9 +154,8 @@ async fn a_node_that_dials_again_replaces_its_half_open_connection() {
 
 /// An agent that goes silent (stops reading and writing, its socket left
 /// open, as on a host that froze): the master closes its link once the
-/// node is judged Down (`node_down_after`, here 5 s) and not sooner than
-/// the agents' own idle limit (15 s), and the agent is admitted again when
-/// it comes back.
+/// node is judged Down (`node_down_after`, here 5 s), and the agent is
+/// admitted again when it comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_master_closes_a_link_that_goes_silent() {
     let master_env = [
@@ -180,7 +179,8 @@ async fn the_master_closes_a_link_that_goes_silent() {
     })
     .await;
     let took = frozen_at.elapsed();
-    assert!(took.as_secs_f64() >= 14.5 && took.as_secs_f64() < 22.0, "closed after {took:?}; the limit is 15 s");
+    // Closed when the node is judged Down (`node_down_after`), not before.
+    assert!(took.as_secs_f64() >= 4.5 && took.as_secs_f64() < 10.0, "closed after {took:?}; the limit is 5 s");
     assert!(env.master_log().contains("no frame from the agent within the idle limit"), "{}", env.master_log());
     agent.set_frozen(false);
     env.wait_ready().await;

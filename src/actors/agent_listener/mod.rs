@@ -216,6 +216,7 @@ async fn admit(
     let slot = super::read_model::Reservation::counted(&shared.supervisor);
     supervisor.do_send(super::supervisor::NodeInventory {
         node,
+        connection: link.connection,
         reports: hello.inventory,
         unrecorded: hello.unrecorded,
         slot,

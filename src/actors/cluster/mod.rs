@@ -651,6 +651,11 @@ impl Handler<InstanceObserved> for ClusterActor {
         let description = match &observation {
             Observation::Exited { description, .. } => description.clone(),
             Observation::Restarted { error, .. } => error.clone().unwrap_or_default(),
+            Observation::NodeDown { silent_for } => format!(
+                "its node {} is down: no word from its agent for {} s",
+                handle.record().node,
+                silent_for.as_secs()
+            ),
             Observation::Inventory { .. } => {
                 format!("instance {} is not running after its agent reconnected", instance)
             }

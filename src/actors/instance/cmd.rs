@@ -122,6 +122,10 @@ pub enum Observation {
     /// connection, so it is ignored once one was sent, or when it is older
     /// than the instance's generation.
     Inventory { present: bool, running: bool, pid: Option<u32>, generation: Option<u64>, connection: Option<u64> },
+    /// Its node was judged `Down`: nothing was heard from its agent for
+    /// `silent_for` (a partition, a dead machine). Nothing is known of the
+    /// instance until the agent's next inventory.
+    NodeDown { silent_for: std::time::Duration },
 }
 
 /// What the instance actors of one cluster share (all on its arbiter).

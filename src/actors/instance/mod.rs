@@ -436,8 +436,10 @@ impl InstanceActor {
     }
 
     /// Records a failed command: the instance is `Failed` when its process
-    /// state is in doubt (install, start, stop, delete); a failed hook or
-    /// health check only records the error.
+    /// state is in doubt (install, start, stop, delete), or `Lost` when the
+    /// doubt is its node's (not connected, or its link closed before the
+    /// answer: what runs there is unknown until the agent reports again);
+    /// a failed hook or health check only records the error.
     async fn failed_with(
         &self,
         id: &InstanceId,
@@ -458,10 +460,11 @@ impl InstanceActor {
             message.push_str(&format!("; stderr: {}", stderr_tail.trim()));
         }
         let m = message.clone();
+        let lost = matches!(err, NodeError::Disconnected(_));
         let _ = self
             .save(|r| {
                 if !keeps_status {
-                    r.status = InstanceStatus::Failed;
+                    r.status = if lost { InstanceStatus::Lost } else { InstanceStatus::Failed };
                 }
                 r.last_error = Some(m);
             })

@@ -12,14 +12,16 @@ impl InstanceActor {
             (r.status, r.desired, r.pid, r.node.clone(), r.generation)
         };
         if let Observation::Inventory { generation: seen, connection, .. } = &observation {
-            // Older than what the master has since told the agent: the
-            // agent had not applied the newer command when it took the
-            // inventory (or, at the connection's start, had not got it).
-            // Applying it would mark a healthy instance Lost or Failed.
-            let stale_generation = seen.is_some_and(|g| g < generation);
-            let commanded_since = connection.is_some() && *connection == self.sent_on.get();
-            if stale_generation || commanded_since {
-                tracing::debug!(instance = %self.id(), ?seen, generation, "an inventory older than the instance's current state; ignored");
+            // A command sent on this connection (or a later one) came
+            // after the inventory was taken: applying it would mark a
+            // healthy instance Lost or Failed. A command sent on an
+            // earlier connection is in it if the agent ever got it (the
+            // agent reports only once its last connection's requests have
+            // finished), so a lower generation there means the command
+            // never arrived: the inventory is the truth, not the command.
+            let commanded_since = self.sent_on.get().is_some_and(|sent| connection.is_some_and(|c| sent >= c));
+            if commanded_since {
+                tracing::debug!(instance = %self.id(), ?seen, generation, "an inventory older than a command sent since; ignored");
                 return Some(false);
             }
         }
@@ -37,6 +39,42 @@ impl InstanceActor {
                 if desired == DesiredState::Running && status == InstanceStatus::Starting && pid.is_none() =>
             {
                 Some((InstanceStatus::Failed, None, Some(e)))
+            }
+            // What runs (or may) there is unknown now; one that failed,
+            // or is not placed yet or being deleted, says enough already.
+            Observation::NodeDown { silent_for }
+                if matches!(
+                    status,
+                    InstanceStatus::Installing
+                        | InstanceStatus::Installed
+                        | InstanceStatus::Starting
+                        | InstanceStatus::Running
+                        | InstanceStatus::Stopping
+                        | InstanceStatus::Stopped
+                ) =>
+            {
+                Some((
+                InstanceStatus::Lost,
+                None,
+                Some(format!(
+                    "node {node} is down: no word from its agent for {} s; its process may still run there",
+                    silent_for.as_secs()
+                )),
+                ))
+            }
+            // Lost while its node was down, and held but not running when
+            // the agent came back: what the operator wanted decides.
+            Observation::Inventory { present: true, running: false, .. } if status == InstanceStatus::Lost => {
+                Some(match desired {
+                    DesiredState::Running => (
+                        InstanceStatus::Failed,
+                        None,
+                        Some(format!("not running on node {node} when its agent reconnected")),
+                    ),
+                    DesiredState::Stopped => (InstanceStatus::Stopped, None, None),
+                    DesiredState::Installed => (InstanceStatus::Installed, None, None),
+                    DesiredState::Deleted => (InstanceStatus::Deleting, None, None),
+                })
             }
             Observation::Inventory { present: false, .. }
                 if !matches!(status, InstanceStatus::Pending | InstanceStatus::Deleting) =>

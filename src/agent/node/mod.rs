@@ -95,6 +95,10 @@ pub struct Node {
     /// The agent is stopping its instances to exit (`stop_all`): an exit
     /// now is one it caused, never restarted.
     pub(super) closing: std::sync::atomic::AtomicBool,
+    /// The master's requests being worked on, over every connection: a
+    /// new connection's inventory waits until those of the last one have
+    /// finished (see `connection::session`).
+    pub requests: Arc<tokio::sync::Semaphore>,
 }
 
 pub fn failure(kind: FailureKind, message: impl Into<String>) -> AgentResponse {
@@ -188,6 +192,7 @@ impl Node {
             restart_policy: Mutex::default(),
             restarts: RestartHistory::default(),
             closing: std::sync::atomic::AtomicBool::new(false),
+            requests: Arc::new(tokio::sync::Semaphore::new(super::connection::MAX_REQUESTS_IN_FLIGHT)),
         }))
     }
 

@@ -1,0 +1,170 @@
+//! Validating a new cluster and placing its instances: nothing is
+//! persisted here; the caller (a create, a scale-out) makes the records
+//! durable.
+
+use super::*;
+
+/// Places `n` new instances of `role` (ordinals from `first_ordinal`),
+/// allocating their ports. `in_cluster`: how many instances of the cluster
+/// each node holds already. Nothing is persisted here.
+pub fn place_instances(
+    shared: &Shared,
+    cluster: &ClusterRecord,
+    role: &RoleSpec,
+    first_ordinal: u32,
+    n: u32,
+    pinned: Option<&[NodeId]>,
+    in_cluster: &BTreeMap<NodeId, usize>,
+) -> Result<Vec<InstanceRecord>, Error> {
+    let timing = shared.timing;
+    let now = OffsetDateTime::now_utc();
+    let nodes = shared.read_model.nodes();
+    let ready = |id: &NodeId| {
+        nodes.get(id).is_some_and(|e| {
+            e.live.status_at(now, timing.node_unknown_after, timing.node_down_after) == NodeStatus::Ready
+        })
+    };
+    let ids: Vec<NodeId> = match pinned {
+        Some(list) => {
+            if list.is_empty() {
+                return Err(Error::invalid("invalid_request", "nodes: must not be empty when given"));
+            }
+            for id in list {
+                if !nodes.contains_key(id) {
+                    return Err(Error::spec("nodes", format!("unknown node {id:?}")));
+                }
+                if !ready(id) {
+                    return Err(Error::unavailable(format!("node {id} is not Ready")));
+                }
+            }
+            list.to_vec()
+        }
+        None => nodes.keys().filter(|id| ready(id)).cloned().collect(),
+    };
+    let candidates = ids
+        .into_iter()
+        .map(|id| Candidate {
+            in_cluster: in_cluster.get(&id).copied().unwrap_or(0),
+            total: nodes.get(&id).map(|e| e.instance_count()).unwrap_or(0),
+            id,
+        })
+        .collect();
+    let chosen = crate::actors::placement::place(candidates, n as usize)?;
+    let limited = role.resources.is_some() || cluster.roles.get(&role.name).is_some_and(|r| r.limits.is_some());
+    if limited && let Some(n) = chosen.iter().find(|n| !nodes.get(*n).is_some_and(|v| v.record().resource_limits)) {
+        return Err(Error::conflict(
+            "limits_unsupported",
+            format!(
+                "role {} has resource limits, and the agent of node {n} cannot enforce them (no cgroup controllers it may write); nothing was created",
+                role.name
+            ),
+        ));
+    }
+    let mut out: Vec<InstanceRecord> = Vec::with_capacity(chosen.len());
+    for (k, node) in chosen.into_iter().enumerate() {
+        let Some(record) = nodes.get(&node).map(|e| e.record()) else {
+            continue;
+        };
+        let ports = match shared.ports.allocate(&node, record.port_range, role.ports.len()) {
+            Ok(p) => p,
+            Err(e) => {
+                for r in &out {
+                    shared.ports.release(&r.node, r.ports.values().copied());
+                }
+                return Err(e);
+            }
+        };
+        let ordinal = first_ordinal + k as u32;
+        let id = InstanceId::generate(&cluster.name, &cluster.id, &role.name, ordinal);
+        let dir = format!("{}/{}", record.instance_root.trim_end_matches('/'), id);
+        out.push(InstanceRecord {
+            version: RECORD_VERSION,
+            id,
+            cluster_id: cluster.id,
+            cluster: cluster.name.clone(),
+            role: role.name.clone(),
+            ordinal,
+            node: node.clone(),
+            host: record.address.clone(),
+            ports: role.ports.iter().cloned().zip(ports).collect(),
+            status: InstanceStatus::Pending,
+            desired: DesiredState::Installed,
+            pid: None,
+            generation: 0,
+            dir,
+            last_error: None,
+            applied: None,
+            pending_restart: PendingRestart::No,
+        });
+    }
+    Ok(out)
+}
+
+impl Supervisor {
+    pub(crate) fn validate_create(&self, req: &CreateCluster) -> Result<(ClusterRecord, Vec<InstanceRecord>), Error> {
+        validate_name(&req.name).map_err(|m| Error::invalid("invalid_name", format!("name: {m}")))?;
+        if self.shared.registry.contains(&req.name) {
+            return Err(Error::AlreadyExists { kind: "cluster", id: req.name.clone() });
+        }
+        let spec = self
+            .shared
+            .read_model
+            .package(&req.package.name, &req.package.version)
+            .map(|p| p.spec)
+            .ok_or_else(|| Error::not_found("package", &req.package))?;
+        for role in req.roles.keys() {
+            if spec.role(role).is_none() {
+                let known: Vec<&str> = spec.roles.iter().map(|r| r.name.as_str()).collect();
+                return Err(Error::spec(
+                    format!("roles.{role}"),
+                    format!("package {} has no role {role:?} (roles: {})", req.package, known.join(", ")),
+                ));
+            }
+        }
+        let config = spec.resolve_config(&req.config, None)?;
+        let now = OffsetDateTime::now_utc();
+        let mut record = ClusterRecord {
+            version: RECORD_VERSION,
+            id: ClusterId::random(),
+            name: req.name.clone(),
+            package: req.package.clone(),
+            status: ClusterStatus::Validating,
+            status_description: "validated; waiting to install".into(),
+            config,
+            roles: BTreeMap::new(),
+            operation: None,
+            created_at: now,
+            updated_at: now,
+        };
+        let mut counts = Vec::new();
+        for role in &spec.roles {
+            let r = req.roles.get(&role.name).cloned().unwrap_or_default();
+            let count = r.count.unwrap_or(role.count.min);
+            spec.check_count(&role.name, count)?;
+            counts.push((role, count, r.nodes));
+        }
+        let mut pending: Vec<InstanceRecord> = Vec::new();
+        let mut in_cluster: BTreeMap<NodeId, usize> = BTreeMap::new();
+        for (role, count, nodes) in counts {
+            record.roles.insert(role.name.clone(), RoleState { next_ordinal: count + 1, limits: None });
+            if count == 0 {
+                continue;
+            }
+            match place_instances(&self.shared, &record, role, 1, count, nodes.as_deref(), &in_cluster) {
+                Ok(v) => {
+                    for i in &v {
+                        *in_cluster.entry(i.node.clone()).or_default() += 1;
+                    }
+                    pending.extend(v)
+                }
+                Err(e) => {
+                    for p in &pending {
+                        self.shared.ports.release(&p.node, p.ports.values().copied());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok((record, pending))
+    }
+}
