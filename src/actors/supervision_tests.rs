@@ -191,7 +191,9 @@ fn an_inventory_older_than_a_command_on_its_connection_is_ignored() {
         eventually("Failed: not running when its agent reconnected", || {
             let r = &h.shared.read_model.cluster("i").unwrap().instances[&id].record;
             r.status == InstanceStatus::Failed
-                && r.last_error.as_deref().is_some_and(|e| e.contains("not running on node n1 when its agent reconnected"))
+                && r.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("not running on node n1 when its agent reconnected"))
         })
         .await;
         // And connection 9's, without it: Lost.

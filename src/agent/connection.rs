@@ -148,7 +148,10 @@ async fn settle_requests(node: &Node) {
     let all = MAX_REQUESTS_IN_FLIGHT as u32;
     let busy = MAX_REQUESTS_IN_FLIGHT - node.requests.available_permits();
     if busy > 0 {
-        tracing::info!(requests = busy, "waiting for the last connection's requests to finish before reporting the inventory");
+        tracing::info!(
+            requests = busy,
+            "waiting for the last connection's requests to finish before reporting the inventory"
+        );
     }
     drop(node.requests.acquire_many(all).await);
 }

@@ -42,6 +42,8 @@ pub enum EnrollError {
     OtherMaster { dir: String },
     #[error("the master refused the enrollment: {0}")]
     Refused(String),
+    #[error("the certificate the master sent back is refused: {0}")]
+    BadCertificate(String),
     #[error("the master at {master} is not the one the join token was made by (TLS: {reason})")]
     WrongMaster { master: SocketAddr, reason: String },
     #[error(transparent)]
@@ -86,10 +88,11 @@ pub async fn credentials(
 }
 
 /// Enrolls `node_id` with the master at `master` using `token`: sends
-/// `key`'s public half over TLS pinned to the token's CA, and checks that
-/// the CA sent back with the certificate is that one (the certificate
-/// itself is checked when it is first used, by the master's TLS). Dials again with backoff while the
-/// master cannot be reached; a refusal is final. Shared with the simulated
+/// `key`'s public half over TLS pinned to the token's CA, and checks what
+/// comes back: the CA is that one, and the certificate is issued by it
+/// for this key and this node ([`tls::check_node_certificate`]). Dials
+/// again with backoff while the master cannot be reached; a refusal is
+/// final. Shared with the simulated
 /// agents, which keep their credentials in memory.
 pub async fn request(
     node_id: &NodeId,
@@ -135,6 +138,9 @@ pub async fn request(
     let ca = CertificateDer::from(enrolled.ca_der);
     if tls::fingerprint(&ca) != token.ca {
         return Err(EnrollError::WrongMaster { master, reason: "it sent another CA with the certificate".into() });
+    }
+    if let Err(why) = tls::check_node_certificate(&ca, &cert, &key.public_key(), node_id.as_str()) {
+        return Err(EnrollError::BadCertificate(why));
     }
     Ok(key.into_credentials(node_id.clone(), cert, ca))
 }

@@ -34,10 +34,9 @@ struct Netns {
 }
 
 fn ip(args: &[&str]) {
-    let out = std::process::Command::new("ip")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run `ip {}` (iproute2, installed by scripts/setup.sh): {e}", args.join(" ")));
+    let out = std::process::Command::new("ip").args(args).output().unwrap_or_else(|e| {
+        panic!("cannot run `ip {}` (iproute2, installed by scripts/setup.sh): {e}", args.join(" "))
+    });
     assert!(
         out.status.success(),
         "`ip {}` failed (the partition test needs root and network namespaces): {}",
@@ -120,8 +119,8 @@ impl Drop for NsAgent {
 /// in the namespace, with a cluster `pt` of two instances on `node-p` and
 /// a cluster `other` of one on `node-1`; every node Ready.
 async fn setup(name: &str, ns: &Netns, node_down_after: &str) -> (TestEnv, NsAgent) {
-    let env = TestEnv::start_listening_on(name, &[("FLOTILLA_MASTER_NODE_DOWN_AFTER", node_down_after)], &ns.host_ip)
-        .await;
+    let env =
+        TestEnv::start_listening_on(name, &[("FLOTILLA_MASTER_NODE_DOWN_AFTER", node_down_after)], &ns.host_ip).await;
     let mut cmd = env.extra_agent_command("agent-p", "node-p", &ns.ns_ip, Some(&env.join_token), Some(&ns.name));
     let agent = NsAgent(cmd.spawn().expect("spawn the agent in the namespace"));
     env.until(30, "node-p Ready", async || {
@@ -131,8 +130,7 @@ async fn setup(name: &str, ns: &Netns, node_down_after: &str) -> (TestEnv, NsAge
     .await;
     env.upload(&PackageBuilder::sleeper("part")).await;
     let pkg = json!({"name": "part", "version": "1.0.0"});
-    env.create_active(json!({"name": "pt", "package": pkg, "roles": {"svc": {"count": 2, "nodes": ["node-p"]}}}))
-        .await;
+    env.create_active(json!({"name": "pt", "package": pkg, "roles": {"svc": {"count": 2, "nodes": ["node-p"]}}})).await;
     env.create_active(json!({"name": "other", "package": pkg, "roles": {"svc": {"count": 1, "nodes": ["node-1"]}}}))
         .await;
     (env, agent)
@@ -282,7 +280,10 @@ async fn a_partition_longer_than_the_timeout_marks_the_node_down_and_its_instanc
         })
         .await;
     let _ = back;
-    eprintln!("partition: Unknown after {unknown_at:?}, Down after {down_at:?}, Ready {:?} after the heal", healed.elapsed());
+    eprintln!(
+        "partition: Unknown after {unknown_at:?}, Down after {down_at:?}, Ready {:?} after the heal",
+        healed.elapsed()
+    );
     let after = one_copy_each(&env, "pt").await;
     for (b, a) in before.iter().zip(&after) {
         // The restart reached the agent after the heal (then it ran once,

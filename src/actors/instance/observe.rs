@@ -54,12 +54,12 @@ impl InstanceActor {
                 ) =>
             {
                 Some((
-                InstanceStatus::Lost,
-                None,
-                Some(format!(
-                    "node {node} is down: no word from its agent for {} s; its process may still run there",
-                    silent_for.as_secs()
-                )),
+                    InstanceStatus::Lost,
+                    None,
+                    Some(format!(
+                        "node {node} is down: no word from its agent for {} s; its process may still run there",
+                        silent_for.as_secs()
+                    )),
                 ))
             }
             // Lost while its node was down, and held but not running when

@@ -84,13 +84,14 @@ impl Handler<NodeInventory> for Supervisor {
         let mut leaked = Vec::new();
         // A directory without a record: generation 0 (its Delete, at 1,
         // removes the directory and whatever carries the instance's marker).
-        let only_dirs = unrecorded.iter().filter(|id| !reports.contains_key(id)).map(|id| crate::actors::leaked::Seen {
-            instance: id.clone(),
-            generation: 0,
-            running: false,
-            pid: None,
-            unrecorded: true,
-        });
+        let only_dirs =
+            unrecorded.iter().filter(|id| !reports.contains_key(id)).map(|id| crate::actors::leaked::Seen {
+                instance: id.clone(),
+                generation: 0,
+                running: false,
+                pid: None,
+                unrecorded: true,
+            });
         let recorded = msg.1.iter().map(|r| crate::actors::leaked::Seen {
             instance: r.instance.clone(),
             generation: r.generation,

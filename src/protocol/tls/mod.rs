@@ -93,6 +93,39 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// Checks a node certificate an enrolling agent got back: issued by `ca`
+/// for a client (signature, validity, key usage), for `public_key` (the
+/// raw key the agent sent) and for the node `node` (its common name).
+/// The answer to a tampered or confused enrollment is refused here, not
+/// kept and found unusable at the next connect.
+pub fn check_node_certificate(
+    ca: &CertificateDer<'static>,
+    cert: &CertificateDer<'static>,
+    public_key: &[u8],
+    node: &str,
+) -> Result<(), String> {
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots(ca).map_err(|e| e.to_string())?, provider())
+            .build()
+            .map_err(|e| e.to_string())?;
+    verifier.verify_client_cert(cert, &[], rustls::pki_types::UnixTime::now()).map_err(|e| e.to_string())?;
+    let der: &[u8] = cert.as_ref();
+    if public_key.is_empty() || !der.windows(public_key.len()).any(|w| w == public_key) {
+        return Err("it is not for the key this agent sent".into());
+    }
+    // The common name (OID 2.5.4.3) as a UTF8String or PrintableString.
+    let named = [0x0c_u8, 0x13].iter().any(|tag| {
+        let Ok(len) = u8::try_from(node.len()) else { return false };
+        let mut cn = vec![0x06, 0x03, 0x55, 0x04, 0x03, *tag, len];
+        cn.extend_from_slice(node.as_bytes());
+        der.windows(cn.len()).any(|w| w == cn.as_slice())
+    });
+    if !named {
+        return Err(format!("it does not name node {node}"));
+    }
+    Ok(())
+}
+
 /// An enrolled agent's side: trusts only `ca`, presents its certificate.
 pub fn client_config(
     ca: &CertificateDer<'static>,
@@ -136,5 +169,36 @@ pub async fn connect(
         Ok(Ok(stream)) => Ok(Box::new(stream)),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake with the master timed out")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ca::Ca;
+    use super::credentials::NewKey;
+    use super::*;
+    use crate::ids::NodeId;
+
+    #[test]
+    fn an_enrolling_agent_refuses_a_certificate_not_for_its_key_node_or_ca() {
+        let ca = Ca::generate().unwrap();
+        let key = NewKey::generate().unwrap();
+        let node = NodeId::new("node-7");
+        let cert = ca.issue_node(&node, &key.public_key(), [1; 16]).unwrap();
+        check_node_certificate(ca.cert(), &cert, &key.public_key(), "node-7").expect("the right certificate");
+
+        let other_key = NewKey::generate().unwrap();
+        let err = check_node_certificate(ca.cert(), &cert, &other_key.public_key(), "node-7").unwrap_err();
+        assert!(err.contains("not for the key"), "{err}");
+        let err = check_node_certificate(ca.cert(), &cert, &key.public_key(), "node-8").unwrap_err();
+        assert!(err.contains("does not name node node-8"), "{err}");
+        // A prefix of the name is not the name.
+        assert!(check_node_certificate(ca.cert(), &cert, &key.public_key(), "node-").is_err());
+        let other_ca = Ca::generate().unwrap();
+        let forged = other_ca.issue_node(&node, &key.public_key(), [1; 16]).unwrap();
+        assert!(check_node_certificate(ca.cert(), &forged, &key.public_key(), "node-7").is_err(), "another CA's");
+        let (master_chain, _) = ca.master_identity().unwrap();
+        let err = check_node_certificate(ca.cert(), &master_chain[0], &key.public_key(), "node-7").unwrap_err();
+        assert!(!err.is_empty(), "the master's server certificate is no client certificate");
     }
 }
