@@ -52,6 +52,10 @@ pub struct MasterConfig {
     /// TLS and protocol handshakes of agents run at once; past it new
     /// connections wait in the listen backlog.
     pub max_agent_handshakes: usize,
+    /// Of those, how many one source address may hold; past it a new
+    /// connection from that address is closed at once (one host trickling
+    /// handshakes cannot take every slot from the others).
+    pub max_agent_handshakes_per_source: usize,
     /// A frame an agent's connection cannot take within this closes the
     /// link: the agent stopped reading.
     #[serde(with = "humantime_serde_compat")]
@@ -102,6 +106,7 @@ impl Default for MasterConfig {
             handshake_timeout: Duration::from_secs(10),
             max_agent_connections: 20_000,
             max_agent_handshakes: 256,
+            max_agent_handshakes_per_source: 64,
             agent_send_timeout: Duration::from_secs(10),
             endpoints_file: None,
             log_format: LogFormat::Text,
@@ -299,6 +304,7 @@ impl MasterConfig {
             ("events_retained", self.events_retained, 1 << 24),
             ("max_agent_connections", self.max_agent_connections, 1 << 20),
             ("max_agent_handshakes", self.max_agent_handshakes, 1 << 16),
+            ("max_agent_handshakes_per_source", self.max_agent_handshakes_per_source, 1 << 16),
         ] {
             let min = usize::from(key != "actor_threads");
             if v < min || v > max {

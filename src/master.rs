@@ -267,6 +267,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         own_addrs: vec![agent_addr, http_addr],
         max_connections: cfg.max_agent_connections,
         max_handshakes: cfg.max_agent_handshakes,
+        max_handshakes_per_source: cfg.max_agent_handshakes_per_source,
     };
     actix::spawn(crate::actors::agent_listener::run(
         agent_listener,

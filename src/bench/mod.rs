@@ -196,12 +196,18 @@ pub async fn start_master(
     dir: &std::path::Path,
     progress: &ProgressBar,
 ) -> Result<MasterProc, String> {
-    let env: Vec<(String, String)> = args
+    let mut env: Vec<(String, String)> = args
         .master_set
         .iter()
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (format!("FLOTILLA_MASTER_{}", k.to_ascii_uppercase()), v.to_string()))
         .collect();
+    // Every simulated agent dials from the same address: the per-source
+    // handshake cap, meant for a host among many, would throttle the fleet.
+    let per_source = "FLOTILLA_MASTER_MAX_AGENT_HANDSHAKES_PER_SOURCE";
+    if !env.iter().any(|(k, _)| k == per_source) {
+        env.push((per_source.to_string(), "65536".to_string()));
+    }
     match (&args.api, args.agent_addr) {
         (Some(api), Some(agents)) => Ok(MasterProc::attach(api, agents, args.token.clone())),
         _ => {

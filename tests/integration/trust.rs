@@ -204,3 +204,36 @@ async fn agents_enroll_once_and_the_master_knows_them_by_their_certificate() {
     assert_eq!(std::fs::metadata(&ca_key).unwrap().permissions().mode() & 0o777, 0o600);
     assert_eq!(std::fs::metadata(env.master_dir().join("ca")).unwrap().permissions().mode() & 0o777, 0o700);
 }
+
+/// One host trickling handshakes (connections that never send a byte, as
+/// a slowloris does) holds at most `max_agent_handshakes_per_source` of
+/// the handshake slots: an agent from another address is admitted at
+/// once, not after the silent ones time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_trickling_handshakes_cannot_keep_other_agents_out() {
+    let master_env = [
+        ("FLOTILLA_MASTER_MAX_AGENT_HANDSHAKES", "8"),
+        ("FLOTILLA_MASTER_MAX_AGENT_HANDSHAKES_PER_SOURCE", "4"),
+        ("FLOTILLA_MASTER_HANDSHAKE_TIMEOUT", "60s"),
+    ];
+    let env = TestEnv::start_with("slowloris", &master_env).await;
+    // From 127.0.0.1; the agents of this env dial from 127.0.K.1x.
+    let silent: Vec<std::net::TcpStream> =
+        (0..40).map(|_| std::net::TcpStream::connect(env.agent_socket()).expect("connect")).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let token = env.make_join_token(1).await;
+    let asked = Instant::now();
+    let (mut child, _) = env.spawn_extra_agent("late", "node-9", Some(&token));
+    env.until(15, "node-9 admitted beside 40 silent connections", async || {
+        let n = node(&env, "node-9").await;
+        if n["connected"] == true { Ok(()) } else { Err(format!("{n:#}")) }
+    })
+    .await;
+    // Without the cap the silent ones would hold all 8 slots for 60 s.
+    assert!(asked.elapsed() < Duration::from_secs(15), "admitted after {:?}", asked.elapsed());
+    let log = env.master_log();
+    assert!(log.contains("as many handshakes under way as one source may"), "{log}");
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(silent);
+}

@@ -12,7 +12,9 @@
 //! state changes. The listener holds at most `max_connections` agent
 //! connections (the live links and the handshakes under way) and runs at
 //! most `max_handshakes` TLS and protocol handshakes at once; past that a
-//! new connection waits in the kernel's backlog.
+//! new connection waits in the kernel's backlog. One source address holds
+//! at most `max_handshakes_per_source` of them; a connection past that is
+//! closed at once.
 
 pub mod hello;
 
@@ -49,6 +51,38 @@ pub struct ListenerConfig {
     pub own_addrs: Vec<SocketAddr>,
     pub max_connections: usize,
     pub max_handshakes: usize,
+    pub max_handshakes_per_source: usize,
+}
+
+/// Handshakes in flight per source address.
+#[derive(Default)]
+struct PerSource(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One source's handshake slot, given back when dropped.
+struct SourceSlot(Arc<PerSource>, std::net::IpAddr);
+
+impl PerSource {
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr, max: usize) -> Option<SourceSlot> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(ip).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot(self.clone(), ip))
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut map = self.0.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.1);
+            }
+        }
+    }
 }
 
 /// Accepts agent connections until the process ends.
@@ -60,6 +94,7 @@ pub async fn run(
     cfg: ListenerConfig,
 ) {
     let handshakes = Arc::new(tokio::sync::Semaphore::new(cfg.max_handshakes.max(1)));
+    let per_source = Arc::new(PerSource::default());
     loop {
         // Waits here while the handshakes are all taken: new agents queue
         // in the backlog instead of in tasks.
@@ -77,10 +112,14 @@ pub async fn run(
             tracing::warn!(%peer, max = cfg.max_connections, "agent connection refused: the listener is full");
             continue;
         }
+        let Some(source) = per_source.take(peer.ip(), cfg.max_handshakes_per_source.max(1)) else {
+            tracing::warn!(%peer, max = cfg.max_handshakes_per_source, "agent connection refused: its address has as many handshakes under way as one source may");
+            continue;
+        };
         let (shared, supervisor, trust, cfg) = (shared.clone(), supervisor.clone(), trust.clone(), cfg.clone());
         actix::spawn(async move {
             let result = admit(stream, peer, &shared, &supervisor, &trust, &cfg).await;
-            drop(permit);
+            drop((permit, source));
             if let Err(e) = result {
                 tracing::warn!(%peer, error = %e, "agent not admitted");
             }
