@@ -7,8 +7,6 @@
 
 use std::collections::HashMap;
 
-use time::OffsetDateTime;
-
 use actix::Addr;
 
 use super::Shared;
@@ -54,7 +52,7 @@ pub async fn watch_nodes(shared: Shared, supervisor: Addr<Supervisor>, every: st
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let now = OffsetDateTime::now_utc();
+        let now = std::time::Instant::now();
         let (unknown, down) = (shared.timing.node_unknown_after, shared.timing.node_down_after);
         let mut changed = Vec::new();
         let nodes = shared.read_model.nodes();

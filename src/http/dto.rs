@@ -452,7 +452,7 @@ impl From<&crate::actors::read_model::Leaked> for LeakedDto {
 }
 
 impl NodeDto {
-    pub fn build(n: &NodeEntry, status: NodeStatus, now: OffsetDateTime, with_instances: bool) -> Self {
+    pub fn build(n: &NodeEntry, status: NodeStatus, now: std::time::Instant, with_instances: bool) -> Self {
         let r = n.record();
         let instances = n.instances();
         NodeDto {

@@ -19,7 +19,6 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::{HttpRequest, HttpResponse, web};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use time::OffsetDateTime;
 
 use super::AppState;
 use super::error::ApiError;
@@ -132,7 +131,7 @@ fn read_model_gauges(state: &AppState) {
         metrics::gauge!("flotilla_clusters", "status" => name).set(n as f64);
     }
     let timing = state.shared.timing;
-    let now = OffsetDateTime::now_utc();
+    let now = Instant::now();
     let mut nodes: BTreeMap<String, u64> = ["Ready", "Unknown", "Down"].iter().map(|s| (s.to_string(), 0)).collect();
     for (id, entry) in rm.nodes().iter() {
         let status = entry.live.status_at(now, timing.node_unknown_after, timing.node_down_after);

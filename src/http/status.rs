@@ -97,7 +97,7 @@ pub async fn actors(state: web::Data<AppState>, q: web::Query<ActorsQuery>) -> H
 }
 
 fn node_dto(state: &AppState, n: &crate::actors::read_model::NodeEntry, with_instances: bool) -> NodeDto {
-    let now = OffsetDateTime::now_utc();
+    let now = std::time::Instant::now();
     let t = state.shared.timing;
     let status = n.live.status_at(now, t.node_unknown_after, t.node_down_after);
     NodeDto::build(n, status, now, with_instances)

@@ -6,24 +6,26 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use imbl::OrdMap;
-use time::OffsetDateTime;
 
 use crate::ids::InstanceId;
 use crate::storage::records::{NodeRecord, NodeStatus};
 
-/// Liveness of a node's link. Heartbeats write here only.
+/// Liveness of a node's link. Heartbeats write here only. Judged on the
+/// monotonic clock, never the wall clock: a clock stepped forward (NTP, an
+/// operator) would make every node look silent at once, and mark them all
+/// `Down` with their instances `Lost`.
 #[derive(Debug)]
 pub struct NodeLive {
     /// The connection that is live (0: none). A connection that closes
     /// clears only its own number, so a newer one is never marked down.
     connection: AtomicU64,
-    /// Unix ms of the last frame; `i64::MIN`: never heard from.
+    /// Monotonic ms ([`mono_ms`]) of the last frame; `i64::MIN`: never heard from.
     last_heard_ms: AtomicI64,
-    /// Unix ms this master began to listen for the node (the entry was
+    /// Monotonic ms this master began to listen for the node (the entry was
     /// made: at the master's start for a node it had stored, else at the
     /// node's first registration). A node not heard from since is judged
     /// from here, not as silent forever: the reconnect grace after a
@@ -36,19 +38,21 @@ impl Default for NodeLive {
         NodeLive {
             connection: AtomicU64::new(0),
             last_heard_ms: AtomicI64::new(i64::MIN),
-            listening_since_ms: unix_ms(OffsetDateTime::now_utc()),
+            listening_since_ms: mono_ms(Instant::now()),
         }
     }
 }
 
-fn unix_ms(t: OffsetDateTime) -> i64 {
-    i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+/// Milliseconds from the first time this process asked to `t`.
+fn mono_ms(t: Instant) -> i64 {
+    static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+    i64::try_from(t.saturating_duration_since(*EPOCH).as_millis()).unwrap_or(i64::MAX)
 }
 
 impl NodeLive {
     /// A frame arrived.
     pub fn heard(&self) {
-        self.last_heard_ms.store(unix_ms(OffsetDateTime::now_utc()), Ordering::Relaxed);
+        self.last_heard_ms.store(mono_ms(Instant::now()), Ordering::Relaxed);
     }
 
     /// Connection `connection` is live now.
@@ -68,9 +72,9 @@ impl NodeLive {
     }
 
     /// How long since the last frame, at `now`; `None`: never.
-    pub fn silence(&self, now: OffsetDateTime) -> Option<Duration> {
+    pub fn silence(&self, now: Instant) -> Option<Duration> {
         let at = self.last_heard_ms.load(Ordering::Relaxed);
-        (at != i64::MIN).then(|| Duration::from_millis(u64::try_from(unix_ms(now) - at).unwrap_or(0)))
+        (at != i64::MIN).then(|| Duration::from_millis(u64::try_from(mono_ms(now) - at).unwrap_or(0)))
     }
 
     /// Ready while connected and heard from recently; Unknown after
@@ -82,8 +86,8 @@ impl NodeLive {
     /// restart (or one down longer than `down_after`) its agents get
     /// `down_after` to reconnect, and are `Unknown` meanwhile, never all
     /// `Down` at once because the master itself was away.
-    pub fn status_at(&self, now: OffsetDateTime, unknown_after: Duration, down_after: Duration) -> NodeStatus {
-        let waited = || Duration::from_millis(u64::try_from(unix_ms(now) - self.listening_since_ms).unwrap_or(0));
+    pub fn status_at(&self, now: Instant, unknown_after: Duration, down_after: Duration) -> NodeStatus {
+        let waited = || Duration::from_millis(u64::try_from(mono_ms(now) - self.listening_since_ms).unwrap_or(0));
         let silent = self.silence(now).unwrap_or_else(waited);
         if self.connected() && silent < unknown_after {
             NodeStatus::Ready
@@ -161,15 +165,15 @@ mod tests {
     #[test]
     fn status_follows_silence_and_connection() {
         let live = NodeLive::default();
-        let now = OffsetDateTime::now_utc();
+        let now = Instant::now();
         let (u, d) = (Duration::from_secs(6), Duration::from_secs(30));
         assert_eq!(live.status_at(now, u, d), NodeStatus::Unknown, "not heard from yet: the reconnect grace");
-        let later = now + time::Duration::seconds(31);
+        let later = now + Duration::from_secs(31);
         assert_eq!(live.status_at(later, u, d), NodeStatus::Down, "never heard from within down_after");
         live.connect(1);
         assert_eq!(live.status_at(now, u, d), NodeStatus::Ready);
-        assert_eq!(live.status_at(now + time::Duration::seconds(10), u, d), NodeStatus::Unknown);
-        assert_eq!(live.status_at(now + time::Duration::seconds(40), u, d), NodeStatus::Down);
+        assert_eq!(live.status_at(now + Duration::from_secs(10), u, d), NodeStatus::Unknown);
+        assert_eq!(live.status_at(now + Duration::from_secs(40), u, d), NodeStatus::Down);
         // A newer connection is not marked down by the old one closing.
         live.connect(2);
         live.disconnect(1);

@@ -17,7 +17,7 @@ pub fn place_instances(
     in_cluster: &BTreeMap<NodeId, usize>,
 ) -> Result<Vec<InstanceRecord>, Error> {
     let timing = shared.timing;
-    let now = OffsetDateTime::now_utc();
+    let now = std::time::Instant::now();
     let nodes = shared.read_model.nodes();
     let ready = |id: &NodeId| {
         nodes.get(id).is_some_and(|e| {
