@@ -132,6 +132,9 @@ pub struct SimAgent {
     pub connected: AtomicBool,
     /// Its certificate, once enrolled (in memory only).
     tls: std::sync::OnceLock<Arc<rustls::ClientConfig>>,
+    /// Requests being worked on, over every connection: as the real
+    /// agent, a new connection's inventory waits for the last one's.
+    requests: Arc<tokio::sync::Semaphore>,
 }
 
 fn lock(m: &Mutex<SimState>) -> std::sync::MutexGuard<'_, SimState> {
@@ -148,6 +151,7 @@ impl SimAgent {
             state: Mutex::default(),
             outbox: Arc::default(),
             faults: Faults::default(),
+            requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT)),
             connected: AtomicBool::new(false),
             tls: std::sync::OnceLock::new(),
         })
@@ -230,6 +234,7 @@ impl SimAgent {
         // Kicks from here on end this connection (see `Faults::kicks`).
         let kicks = self.faults.kicks.load(Ordering::SeqCst);
         let mut framed = tokio_util::codec::Framed::new(stream, AgentCodec::default());
+        drop(self.requests.acquire_many(MAX_REQUESTS_IN_FLIGHT as u32).await);
         let hello = Hello {
             protocol_version: PROTOCOL_VERSION,
             node_id: self.node.clone(),
@@ -252,7 +257,7 @@ impl SimAgent {
         let beat = Duration::from_millis(welcome.heartbeat_interval_ms.max(100));
         let writer = FramedWrite::new(Gate { inner: write_half, agent: self.clone() }, AgentCodec::default());
         let mut write_task = tokio::spawn(write_frames(writer, rx, self.outbox.clone(), next_connection(), beat));
-        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
+        let slots = self.requests.clone();
         let mut incoming: HashMap<u64, Incoming> = HashMap::new();
         let idle = crate::protocol::messages::idle_limit(beat);
         let result = loop {
