@@ -33,6 +33,9 @@ pub enum Outcome {
         error: String,
         undone: bool,
         rolled_back: bool,
+        /// When an undo failed: what each failed undo left as the
+        /// operation made it (see [`not_put_back`]); empty otherwise.
+        not_put_back: Vec<String>,
     },
     /// Its journal could not be written at `step`: it stopped there,
     /// nothing more done and nothing undone.
@@ -148,6 +151,7 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
     // too: it may have half-happened (some instances started), and undo
     // actions are idempotent, so undoing what never happened is harmless.
     let mut undone = true;
+    let mut left = Vec::new();
     for i in (0..=failed_at).rev() {
         // Past a completed step that cannot be put back (data deleted, a
         // create's install kept for the operator), undoing older steps
@@ -169,6 +173,7 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
         for undo in &plan.steps[i].undo {
             if let Err(f) = run_with_deadline(ctx, undo).await {
                 undone = false;
+                left.push(not_put_back(&name, undo, &f));
                 record.steps[i].status = StepStatus::UndoFailed;
                 let prev = record.steps[i].error.take().map(|e| format!("{e}; ")).unwrap_or_default();
                 record.steps[i].error = Some(format!("{prev}undo failed: {}", f.message));
@@ -188,12 +193,31 @@ pub async fn run<C: OperationContext>(ctx: &C, record: &mut OperationRecord, pla
     let message = if undone {
         format!("step {step} failed: {error}")
     } else {
-        format!("step {step} failed: {error}; rollback failed, see the undo errors of the steps")
+        format!("step {step} failed: {error}; rollback failed, not put back: {}", left.join("; "))
     };
     finish(record, status, Some(message));
-    let outcome = Outcome::Failed { step, error, undone, rolled_back };
+    let outcome = Outcome::Failed { step, error, undone, rolled_back, not_put_back: left };
     complete(ctx, record, &unsaved, outcome.clone()).await;
     outcome
+}
+
+/// What an undo action that failed left as the operation had made it:
+/// each instance of the action it did not put back (one it failed on, or
+/// one it never reached: a rolling undo stops at the first batch that
+/// fails), or the cluster's definition for an action on no instance; with
+/// the step and why.
+pub fn not_put_back(step: &str, undo: &Action, f: &StepFailure) -> String {
+    use std::collections::HashSet;
+    let all = undo.instances();
+    let failed: HashSet<&crate::ids::InstanceId> = f.results.iter().filter(|r| !r.ok).map(|r| &r.instance).collect();
+    let reached: HashSet<&crate::ids::InstanceId> = f.results.iter().map(|r| &r.instance).collect();
+    let mut left: Vec<&str> =
+        all.iter().filter(|i| failed.contains(i) || !reached.contains(i)).map(|i| i.as_str()).collect();
+    if left.is_empty() {
+        left = all.iter().map(|i| i.as_str()).collect();
+    }
+    let what = if left.is_empty() { "the cluster's definition".to_string() } else { left.join(", ") };
+    format!("{what} (undo of step {step}: {})", f.message)
 }
 
 async fn complete<C: OperationContext>(ctx: &C, record: &OperationRecord, unsaved: &[usize], outcome: Outcome) {
@@ -430,9 +454,43 @@ mod tests {
         assert!(matches!(out, Outcome::Failed { undone: false, .. }));
         assert_eq!(r.status, OperationStatus::Failed);
         assert_eq!(r.steps[1].status, StepStatus::UndoFailed);
-        assert!(r.error.unwrap().contains("rollback failed"));
+        let error = r.error.unwrap();
+        assert!(error.contains("rollback failed, not put back: a (undo of step start-0: Stop:a broke)"), "{error}");
+        assert!(
+            matches!(&out, Outcome::Failed { not_put_back, .. } if *not_put_back == ["a (undo of step start-0: Stop:a broke)"]),
+            "{out:?}"
+        );
         // The undo went on past the failed one.
         assert_eq!(ctx.log.borrow().last().unwrap(), "DeleteOnAgent:a");
+    }
+
+    #[test]
+    fn what_a_failed_undo_did_not_put_back_is_named() {
+        use crate::storage::records::InstanceResult;
+        let id = |s: &str| InstanceId::new(s);
+        // A rolling undo that failed on a and stopped before c; b is back.
+        let roll = Action::Start(vec![id("a"), id("c"), id("b")]);
+        let f = StepFailure {
+            message: "a broke".into(),
+            results: vec![InstanceResult::ok(&id("b"), "back"), InstanceResult::failed(&id("a"), "a broke")],
+        };
+        assert_eq!(not_put_back("s", &roll, &f), "a, c (undo of step s: a broke)");
+        // An instance with an ok result and a failed one is not back.
+        let f = StepFailure {
+            message: "a broke".into(),
+            results: vec![
+                InstanceResult::ok(&id("a"), "files"),
+                InstanceResult::ok(&id("b"), "files"),
+                InstanceResult::ok(&id("c"), "files"),
+                InstanceResult::failed(&id("a"), "a broke"),
+            ],
+        };
+        assert_eq!(not_put_back("s", &roll, &f), "a (undo of step s: a broke)");
+        // No result at all (the watchdog): none is known to be back.
+        let f = StepFailure { message: "watchdog".into(), results: vec![] };
+        assert_eq!(not_put_back("s", &roll, &f), "a, c, b (undo of step s: watchdog)");
+        let define = Action::SetConfig(Default::default());
+        assert_eq!(not_put_back("s", &define, &f), "the cluster's definition (undo of step s: watchdog)");
     }
 
     #[tokio::test]

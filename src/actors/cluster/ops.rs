@@ -449,8 +449,12 @@ impl OperationContext for ClusterOps {
                     false,
                 )
             }
-            Outcome::Failed { step, error, undone, .. } => {
-                let tail = if *undone { "" } else { "; the rollback failed too, see the operation's steps" };
+            Outcome::Failed { step, error, undone, not_put_back, .. } => {
+                let tail = if *undone {
+                    String::new()
+                } else {
+                    format!("; the rollback failed too, not put back: {}", not_put_back.join("; "))
+                };
                 (Some(ClusterStatus::Error), format!("{verb} failed at step {step}: {error}{tail}"), true)
             }
             Outcome::Halted { step, error } => (
