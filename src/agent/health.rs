@@ -426,7 +426,7 @@ mod tests {
                 "health-crash",
                 "root",
                 health_spec(&["bin/run.sh"], probe, 10_000),
-                &[("bin/run.sh", "sleep 0.6\necho 'cannot bind: address in use' >&2\nexit 4")],
+                &[("bin/run.sh", "echo run >> runs\nsleep 0.6\necho 'cannot bind: address in use' >&2\nexit 4")],
             )
             .await;
         let begun = StdInstant::now();
@@ -437,6 +437,13 @@ mod tests {
         assert!(f.message.ends_with("exited with code 4"), "{}", f.message);
         assert_eq!(f.exit_code, Some(4));
         assert_eq!(f.stderr_tail, "cannot bind: address in use");
+        // A failed start, not a crash: the restart policy (1 s) does not
+        // start it again behind the master's back.
+        assert_eq!(t.record(&id).await.pid, None);
+        assert_eq!(t.persisted(&id).pid, None);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let runs = std::fs::read_to_string(t.node.instance_dir(&id).join("runs")).unwrap_or_default();
+        assert_eq!(runs.lines().count(), 1, "started again after a failed start");
     }
 
     #[tokio::test]

@@ -449,10 +449,21 @@ impl Node {
                     return failure(FailureKind::Internal, e);
                 }
                 let persisted = tokio::time::Instant::now();
+                let identity = s.identity.clone();
                 if !already {
                     self.watch(id.clone(), s.identity);
                 }
                 if let Err(resp) = self.gate_start(id, rec, &run_as, begun, s.exit).await {
+                    if !self.processes.is_alive(&identity) {
+                        // It died before it was healthy: the answer says
+                        // the start failed, and what happens next is the
+                        // master's (an undo, the operator). Forgetting the
+                        // pid keeps the restart policy from also taking
+                        // the death for a crash and starting it again.
+                        rec.pid = None;
+                        let r = rec.clone();
+                        let _ = self.persist(&r).await;
+                    }
                     return resp;
                 }
                 let ms = |a: tokio::time::Instant, b: tokio::time::Instant| (b - a).as_secs_f64() * 1000.0;
