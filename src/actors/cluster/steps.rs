@@ -126,8 +126,11 @@ impl ClusterOps {
     /// Starts the instances. One its node no longer holds (`Lost`, an
     /// install cut short, or an agent answering that it does not hold it:
     /// it lost its store) is installed again first, package and rendered
-    /// files, and then started; a reinstall that fails fails the step
-    /// with its reason.
+    /// files, and then started; so is one not running whose install is not
+    /// the cluster's package version or limits (an upgrade or resize whose
+    /// undo failed left it so: started as it is, it would run another
+    /// version than the cluster shows). A reinstall that fails fails the
+    /// step with its reason.
     pub(super) async fn start(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
         let current = self.current().map_err(fail)?;
         let start_cmd = |id: &InstanceId| {
@@ -135,10 +138,17 @@ impl ClusterOps {
             let role = current.spec.role(&inst.role).ok_or_else(|| format!("role {} is not in the spec", inst.role))?;
             Ok(InstanceCmd::Start { wait: role.start_timeout, settle: role.start_settle })
         };
+        let cluster = self.core.borrow().record.clone();
+        let out_of_line = |i: &InstanceRecord| {
+            i.status != InstanceStatus::Running
+                && i.applied.as_ref() != Some(&crate::actors::render::target(&current.spec, &cluster, i))
+        };
         let gone: Vec<InstanceId> = ids
             .iter()
             .filter(|id| {
-                self.record_of(id).is_ok_and(|i| matches!(i.status, InstanceStatus::Lost | InstanceStatus::Installing))
+                self.record_of(id).is_ok_and(|i| {
+                    matches!(i.status, InstanceStatus::Lost | InstanceStatus::Installing) || out_of_line(&i)
+                })
             })
             .cloned()
             .collect();
@@ -172,14 +182,18 @@ impl ClusterOps {
         checked(results)
     }
 
-    /// Installs again instances their node no longer holds, before a start.
+    /// Installs again, before a start, instances their node no longer
+    /// holds, or holds at another version or limits than the cluster's.
     async fn reinstall(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        tracing::info!(cluster = %self.core.borrow().record.name, instances = ids.len(), "installing again instances their node no longer holds, to start them");
+        tracing::info!(cluster = %self.core.borrow().record.name, instances = ids.len(), "installing again instances their node no longer holds (or holds out of line with the cluster), to start them");
         self.install(ids).await.map_err(|f| StepFailure {
-            message: format!("installing again what its node no longer holds, to start it: {}", f.message),
+            message: format!(
+                "installing again what its node no longer holds (or holds at another version or limits than the cluster's), to start it: {}",
+                f.message
+            ),
             results: f.results,
         })
     }
