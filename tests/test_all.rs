@@ -29,6 +29,7 @@ mod integration {
     mod faults_agent;
     mod faults_master;
     mod faults_packages;
+    mod faults_steps;
     mod grandchild;
     mod hooks;
     mod instance_logs;

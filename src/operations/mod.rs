@@ -10,9 +10,10 @@
 //! `OperationContext`, and the unit tests use a fake one. Each file below
 //! builds the plans of some operations (`create`, `lifecycle`, `scale`,
 //! `change`: config, upgrade, resize; `delete`); `world` (tests only) is a
-//! model of a cluster on which every plan is failed at each step and run
-//! twice. A plan is journaled with its operation, so a master restart
-//! resumes it (see [`runner::run`]).
+//! model of a cluster on which every plan is failed at each step (the real
+//! system's counterpart, with each step also run twice across a master
+//! restart, is `tests/integration/faults_steps/`). A plan is journaled with
+//! its operation, so a master restart resumes it (see [`runner::run`]).
 
 pub mod change;
 pub mod create;

@@ -1,8 +1,13 @@
 //! A model of a cluster for testing every operation's plan against the
 //! rules of DESIGN.md §6, without actors or agents: a failure injected at
 //! each step in turn must leave the cluster as it was (or the operation
-//! honestly `Failed`), and running each step twice must give the same
-//! result as running it once.
+//! honestly `Failed`).
+//!
+//! Running each step twice is tested on the real system instead
+//! (`tests/integration/faults_steps/twice.rs`: the master SIGKILLed inside
+//! each step, the operation resumed by the next master, the end compared
+//! with an uninterrupted run): this model, whose actions were idempotent
+//! by construction, could not fail that test.
 //!
 //! The model keeps what an operator would check: the cluster's definition
 //! (version, config, limits), the master's members, and per instance on its
@@ -233,17 +238,12 @@ pub async fn fail_each_step(before: &State, plan: &Plan) -> Vec<(usize, Outcome,
     out
 }
 
-/// The state after running every step once, and after running each twice.
-pub async fn once_and_twice(before: &State, plan: &Plan) -> (State, State) {
+/// The state after running every step once.
+pub async fn run_once(before: &State, plan: &Plan) -> State {
     let once = World::new(before.clone());
     let mut r = record();
     assert_eq!(runner::run(&once, &mut r, plan).await, Outcome::Succeeded);
-    let twice = World::new(before.clone());
-    for step in &plan.steps {
-        twice.run_action(&step.action).await.expect("first run");
-        twice.run_action(&step.action).await.expect("second run");
-    }
-    (once.state.into_inner(), twice.state.into_inner())
+    once.state.into_inner()
 }
 
 pub fn ids(names: &[&str]) -> Vec<InstanceId> {
@@ -258,7 +258,7 @@ pub fn all_in_line(s: &State) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operations::{Rolling, change, create, delete, lifecycle, scale};
+    use crate::operations::{Rolling, change, create, lifecycle, scale};
     use crate::storage::records::PackageRef;
 
     fn rolling(ids: &[InstanceId]) -> Rolling {
@@ -304,34 +304,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn running_each_step_twice_is_running_it_once() {
-        let three = ids(&["s1", "s2", "s3"]);
-        let before = State::running(&three);
-        let mut plans = reversible_plans();
-        plans.push(("scale in", before.clone(), scale::scale_in(&[(0, ids(&["s3"]))], rolling(&ids(&["s1", "s2"])))));
-        plans.push(("restart", before.clone(), lifecycle::restart(&[(0, three.clone())])));
-        plans.push(("delete", before.clone(), delete::plan(&[(0, three.clone())], false)));
-        let empty = State { version: "1".into(), ..State::default() };
-        plans.push(("create", empty, create::plan(&[(0, three.clone())])));
-        for (name, before, plan) in plans {
-            let (once, twice) = once_and_twice(&before, &plan).await;
-            assert_eq!(once, twice, "{name}");
-            assert!(all_in_line(&once), "{name}");
-        }
-    }
-
-    #[tokio::test]
     async fn the_changes_reach_every_instance() {
         let three = ids(&["s1", "s2", "s3"]);
         let before = State::running(&three);
         let two_at_a_time = Rolling { batch: 2, ..rolling(&three) };
-        let (after, _) = once_and_twice(&before, &change::upgrade(pkg("1"), pkg("2"), two_at_a_time)).await;
+        let after = run_once(&before, &change::upgrade(pkg("1"), pkg("2"), two_at_a_time)).await;
         assert!(after.agents.values().all(|a| a.version == "2" && a.running));
-        let (after, _) = once_and_twice(&before, &scale::scale_out(&[(0, ids(&["s4", "s5"]))], rolling(&three))).await;
+        assert!(all_in_line(&after));
+        let after = run_once(&before, &scale::scale_out(&[(0, ids(&["s4", "s5"]))], rolling(&three))).await;
         let files: BTreeSet<&String> = after.agents.values().map(|a| &a.files).collect();
         assert_eq!(files.len(), 1, "every member rendered from the same membership");
         assert!(files.iter().all(|f| f.contains("s5")));
         assert_eq!(after.agents.len(), 5);
+        assert!(all_in_line(&after));
     }
 
     #[tokio::test]

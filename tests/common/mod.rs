@@ -5,6 +5,7 @@
 pub mod dev;
 pub mod env;
 pub mod fake_master;
+pub mod faulty;
 pub mod http;
 pub mod package;
 pub mod procfs;
