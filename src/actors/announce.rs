@@ -48,6 +48,8 @@ pub fn actor(shared: &Shared, kind: &str, actor: &str, id: &str, cluster: Option
 /// until the master stops.
 pub async fn watch_nodes(shared: Shared, supervisor: Addr<Supervisor>, every: std::time::Duration) {
     let mut seen: HashMap<NodeId, (NodeStatus, bool)> = HashMap::new();
+    // Nodes whose instances were marked Lost for this Down (sent NodeDown).
+    let mut marked: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -57,6 +59,8 @@ pub async fn watch_nodes(shared: Shared, supervisor: Addr<Supervisor>, every: st
         let mut changed = Vec::new();
         let nodes = shared.read_model.nodes();
         seen.retain(|id, _| nodes.contains_key(id));
+        marked.retain(|id| nodes.contains_key(id));
+        let mut newly_down = Vec::new();
         // Not as soon as an agent would: the master's actor threads may be
         // saturated (frames waiting to be handled look like silence), so a
         // link closes when its node is judged Down (and its instances
@@ -67,17 +71,17 @@ pub async fn watch_nodes(shared: Shared, supervisor: Addr<Supervisor>, every: st
             // idle limit is dead, whatever TCP thinks: close it, so the
             // agent's next connection is not refused and commands fail now.
             if entry.live.connected()
-                && entry.live.silence(now).is_some_and(|s| s > idle)
+                && entry.live.silence(now).is_some_and(|s| s >= idle)
                 && let Some(link) = shared.links.get(id)
             {
                 tracing::warn!(node = %id, idle_s = idle.as_secs(), "no frame from the agent within the idle limit; closing its link");
                 link.close();
             }
             let state = (entry.live.status_at(now, unknown, down), entry.live.connected());
-            if state.0 == NodeStatus::Down && seen.get(id).is_none_or(|s| s.0 != NodeStatus::Down) {
-                let silent_for = entry.live.silence(now).unwrap_or(down);
-                let slot = Reservation::counted(&shared.supervisor);
-                supervisor.do_send(NodeDown { node: id.clone(), silent_for, slot });
+            if state.0 != NodeStatus::Down {
+                marked.remove(id);
+            } else if !marked.contains(id) {
+                newly_down.push((id.clone(), entry.live.silence(now).unwrap_or(down)));
             }
             if seen.get(id) != Some(&state) {
                 seen.insert(id.clone(), state);
@@ -85,5 +89,41 @@ pub async fn watch_nodes(shared: Shared, supervisor: Addr<Supervisor>, every: st
             }
         }
         announce(&shared, changed);
+        if mass_outage(newly_down.len(), nodes.len()) {
+            // Most of the fleet silent at once is more likely this master
+            // cut off or overloaded (frames queued look like silence) than
+            // that many machines gone: their instances are not marked Lost
+            // (as Kubernetes stops evicting in a zone that is all down).
+            tracing::error!(
+                down = newly_down.len(),
+                nodes = nodes.len(),
+                "most nodes went Down at once; their instances are not marked Lost until fewer are"
+            );
+            continue;
+        }
+        for (id, silent_for) in newly_down {
+            let slot = Reservation::counted(&shared.supervisor);
+            supervisor.do_send(NodeDown { node: id.clone(), silent_for, slot });
+            marked.insert(id);
+        }
+    }
+}
+
+/// Whether `down` nodes judged Down at once, of `total`, are too many to
+/// believe: at least 3 and more than half.
+fn mass_outage(down: usize, total: usize) -> bool {
+    down >= 3 && down * 2 > total
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_few_nodes_down_are_believed_most_of_the_fleet_at_once_is_not() {
+        assert!(!super::mass_outage(1, 3), "one of three");
+        assert!(!super::mass_outage(2, 3), "two of three: under 3 at once");
+        assert!(super::mass_outage(3, 4), "three of four");
+        assert!(!super::mass_outage(3, 6), "half");
+        assert!(super::mass_outage(501, 1000));
+        assert!(!super::mass_outage(500, 1000));
     }
 }

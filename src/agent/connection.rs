@@ -74,6 +74,12 @@ pub async fn serve(
         if *shutdown.borrow() {
             return;
         }
+        // Before dialling, so a long request never holds the master's
+        // handshake (and its deadline) open.
+        tokio::select! {
+            _ = settle_requests(&node) => {}
+            _ = shutdown.changed() => return,
+        }
         let connected = match dial(master, &identity.address).await {
             Ok(tcp) => crate::protocol::tls::connect(tls.clone(), tcp, handshake_timeout).await,
             Err(e) => Err(e),
@@ -142,19 +148,39 @@ pub(crate) const REPLY_QUEUE: usize = 256;
 /// the inventory of the next `Hello` reflects each command this agent
 /// received: the master may then take it as the truth for every command
 /// it sent on an earlier connection (one not reflected never arrived, and
-/// never will, since that connection is gone). Each request is bounded by
-/// its own timeout (start, stop grace, hook).
+/// never will, since that connection is gone).
+///
+/// For at most [`SETTLE_MAX`]: a node must not stay away from its master
+/// (and be judged `Down`) for a long hook. Past it the agent connects with
+/// those requests still running; a process one of them starts or that
+/// dies is reported as usual, but a stop, install or delete that ends
+/// later is seen by the master only at the agent's next connection.
 async fn settle_requests(node: &Node) {
     let all = MAX_REQUESTS_IN_FLIGHT as u32;
     let busy = MAX_REQUESTS_IN_FLIGHT - node.requests.available_permits();
-    if busy > 0 {
-        tracing::info!(
-            requests = busy,
-            "waiting for the last connection's requests to finish before reporting the inventory"
-        );
+    if busy == 0 {
+        return;
     }
-    drop(node.requests.acquire_many(all).await);
+    tracing::info!(
+        requests = busy,
+        "waiting for the last connection's requests to finish before reporting the inventory"
+    );
+    match tokio::time::timeout(SETTLE_MAX, node.requests.acquire_many(all)).await {
+        Ok(permits) => drop(permits),
+        Err(_) => {
+            let busy = MAX_REQUESTS_IN_FLIGHT - node.requests.available_permits();
+            tracing::warn!(
+                requests = busy,
+                waited_s = SETTLE_MAX.as_secs(),
+                "connecting with the last connection's requests still running: what they change after the inventory reaches the master at the next connection"
+            );
+        }
+    }
 }
+
+/// The longest [`settle_requests`] waits: under the master's default
+/// `node_down_after` (30 s), with room for the dial.
+pub(crate) const SETTLE_MAX: Duration = Duration::from_secs(20);
 
 static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -165,7 +191,6 @@ async fn session(
     handshake_timeout: Duration,
 ) -> Result<(), ProtocolError> {
     let mut framed = Framed::new(stream, AgentCodec::default());
-    settle_requests(node).await;
     let hello = Hello {
         protocol_version: PROTOCOL_VERSION,
         node_id: identity.node_id.clone(),

@@ -268,6 +268,14 @@ impl InstanceActor {
             }
         }
         let generation = self.record.borrow().generation;
+        // Whether an inventory taken before this command no longer tells
+        // the truth: these change what the agent holds or runs. Writing
+        // files or running a hook does not (a process they end is
+        // reported as an exit), so an inventory may still be applied.
+        let changes_state = matches!(
+            cmd,
+            InstanceCmd::Install(_) | InstanceCmd::Start { .. } | InstanceCmd::Stop | InstanceCmd::Delete
+        );
         let probe = matches!(cmd, InstanceCmd::RunHook { .. } | InstanceCmd::CheckHealth { .. });
         let mut applied = None;
         let mut rule = None;
@@ -275,7 +283,7 @@ impl InstanceActor {
         let reply = match link {
             None => Err(NodeError::Disconnected(node.clone())),
             Some(link) => {
-                if !probe {
+                if changes_state {
                     self.sent_on.set(Some(link.connection));
                 }
                 let instance = id.clone();

@@ -234,7 +234,8 @@ impl SimAgent {
         // Kicks from here on end this connection (see `Faults::kicks`).
         let kicks = self.faults.kicks.load(Ordering::SeqCst);
         let mut framed = tokio_util::codec::Framed::new(stream, AgentCodec::default());
-        drop(self.requests.acquire_many(MAX_REQUESTS_IN_FLIGHT as u32).await);
+        let settled = self.requests.acquire_many(MAX_REQUESTS_IN_FLIGHT as u32);
+        drop(tokio::time::timeout(crate::agent::connection::SETTLE_MAX, settled).await);
         let hello = Hello {
             protocol_version: PROTOCOL_VERSION,
             node_id: self.node.clone(),
