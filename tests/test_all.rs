@@ -41,8 +41,8 @@ mod integration {
     mod openapi;
     mod order;
     mod overload;
-    mod partition;
     mod paging;
+    mod partition;
     mod protocol_battery;
     mod resize;
     mod retention;
