@@ -273,13 +273,11 @@ async fn a_partition_longer_than_the_timeout_marks_the_node_down_and_its_instanc
         if s == "Ready" { Ok(()) } else { Err(s) }
     })
     .await;
-    let back = env
-        .until(10, "pt's instances reported again", async || {
-            let c = env.cluster("pt").await;
-            if all_instances(&c).iter().all(|i| i["status"] == "Running") { Ok(()) } else { Err(c.to_string()) }
-        })
-        .await;
-    let _ = back;
+    env.until(10, "pt's instances reported again", async || {
+        let c = env.cluster("pt").await;
+        if all_instances(&c).iter().all(|i| i["status"] == "Running") { Ok(()) } else { Err(c.to_string()) }
+    })
+    .await;
     eprintln!(
         "partition: Unknown after {unknown_at:?}, Down after {down_at:?}, Ready {:?} after the heal",
         healed.elapsed()

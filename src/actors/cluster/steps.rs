@@ -123,13 +123,15 @@ impl ClusterOps {
         self.on_each_checked(ids, |id| self.files_cmd(&base, &pass, id)).await
     }
 
-    /// Starts the instances. One its node no longer holds (`Lost`, an
-    /// install cut short, or an agent answering that it does not hold it:
-    /// it lost its store) is installed again first, package and rendered
-    /// files, and then started; so is one not running whose install is not
-    /// the cluster's package version or limits (an upgrade or resize whose
-    /// undo failed left it so: started as it is, it would run another
-    /// version than the cluster shows). A reinstall that fails fails the
+    /// Starts the instances. One its node no longer holds (an install cut
+    /// short, or an agent answering the start that it does not hold it: it
+    /// lost its store) is installed again, package and rendered files, and
+    /// then started. A `Lost` one is started first like any other: `Lost`
+    /// may mean its node was away and it runs on (the agent would refuse an
+    /// install over it). One not running whose install is not the
+    /// cluster's package version or limits is installed again first too
+    /// (an upgrade or resize whose undo failed left it so: started as it
+    /// is, it would run another version than the cluster shows). A reinstall that fails fails the
     /// step with its reason.
     pub(super) async fn start(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
         let current = self.current().map_err(fail)?;
@@ -145,11 +147,7 @@ impl ClusterOps {
         };
         let gone: Vec<InstanceId> = ids
             .iter()
-            .filter(|id| {
-                self.record_of(id).is_ok_and(|i| {
-                    matches!(i.status, InstanceStatus::Lost | InstanceStatus::Installing) || out_of_line(&i)
-                })
-            })
+            .filter(|id| self.record_of(id).is_ok_and(|i| i.status == InstanceStatus::Installing || out_of_line(&i)))
             .cloned()
             .collect();
         let mut reinstalled = self.reinstall(&gone).await?;
