@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Fuzzes every target of fuzz/ for a bounded time (FUZZ_SECONDS each, 15
+# by default), starting from the seeds (fuzz/make_seeds.py: the tar
+# advisories' proofs of concept) and from every crash kept in
+# fuzz/regressions/<target>/, which libFuzzer runs first: a crash found
+# once fails every later run until it is fixed. A new crash is copied
+# there by this script, so it is kept as a regression test.
+#
+# The fuzz build has its own target dir (coverage flags on every crate);
+# its first build compiles RocksDB's C++ again (~25 minutes on 2 cores).
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+export CARGO_TARGET_DIR="${FLOTILLA_FUZZ_TARGET_DIR:-$HOME/.cache/flotilla-fuzz-target}"
+# cargo-fuzz builds with nightly-only flags (-Z sanitizer options).
+rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --version 0.13.2
+seconds="${FUZZ_SECONDS:-15}"
+python3 make_seeds.py seeds/tar_policy
+mkdir -p seeds/component_toml
+for spec in ../examples/components/*/component.toml; do
+  cp "$spec" "seeds/component_toml/$(basename "$(dirname "$spec")").toml"
+done
+cargo +nightly fuzz build --sanitizer none
+status=0
+for target in frame_decoder tar_policy component_toml api_bodies; do
+  mkdir -p "corpus/$target" "regressions/$target" "seeds/$target" "artifacts/$target"
+  echo "fuzz: $target for ${seconds}s"
+  if ! cargo +nightly fuzz run --sanitizer none "$target" "corpus/$target" "seeds/$target" "regressions/$target" -- \
+      -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1; then
+    echo "fuzz: $target FAILED; the input is kept in fuzz/regressions/$target" >&2
+    cp -n artifacts/"$target"/* "regressions/$target/" 2>/dev/null || true
+    status=1
+  fi
+done
+exit "$status"
