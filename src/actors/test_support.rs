@@ -353,7 +353,8 @@ pub fn cluster(name: &str, members: u32) -> (ClusterRecord, Vec<InstanceRecord>)
             generation: 1,
             dir: format!("/tmp/instances/{ordinal}"),
             last_error: None,
-            applied: None,
+            // As a create leaves them: installed at the cluster's version.
+            applied: Some(crate::storage::records::Applied { package_version: "1".into(), limits: None }),
             pending_restart: PendingRestart::No,
         })
         .collect();

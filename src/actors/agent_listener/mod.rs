@@ -61,8 +61,22 @@ struct PerSource(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, us
 /// One source's handshake slot, given back when dropped.
 struct SourceSlot(Arc<PerSource>, std::net::IpAddr);
 
+/// The source a connection counts against: an IPv4 address (also when
+/// mapped into IPv6), or an IPv6 /64, which one host may fill with
+/// addresses of its own.
+fn source_of(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip.to_canonical() {
+        std::net::IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            std::net::IpAddr::V6(std::net::Ipv6Addr::from(bits))
+        }
+        v4 => v4,
+    }
+}
+
 impl PerSource {
     fn take(self: &Arc<Self>, ip: std::net::IpAddr, max: usize) -> Option<SourceSlot> {
+        let ip = source_of(ip);
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(ip).or_default();
         if *n >= max {
@@ -95,6 +109,7 @@ pub async fn run(
 ) {
     let handshakes = Arc::new(tokio::sync::Semaphore::new(cfg.max_handshakes.max(1)));
     let per_source = Arc::new(PerSource::default());
+    let (mut refused, mut last_warned) = (0u64, None::<Instant>);
     loop {
         // Waits here while the handshakes are all taken: new agents queue
         // in the backlog instead of in tasks.
@@ -113,7 +128,13 @@ pub async fn run(
             continue;
         }
         let Some(source) = per_source.take(peer.ip(), cfg.max_handshakes_per_source.max(1)) else {
-            tracing::warn!(%peer, max = cfg.max_handshakes_per_source, "agent connection refused: its address has as many handshakes under way as one source may");
+            refused += 1;
+            // A flood of them is not a flood of log lines: one a second.
+            if last_warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                tracing::warn!(%peer, max = cfg.max_handshakes_per_source, refused, "agent connections refused: their address has as many handshakes under way as one source may");
+                last_warned = Some(Instant::now());
+                refused = 0;
+            }
             continue;
         };
         let (shared, supervisor, trust, cfg) = (shared.clone(), supervisor.clone(), trust.clone(), cfg.clone());
@@ -261,4 +282,21 @@ async fn admit(
         slot,
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::source_of;
+
+    #[test]
+    fn a_source_is_an_ipv4_address_or_an_ipv6_64() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(source_of(ip("10.1.2.3")), ip("10.1.2.3"));
+        assert_eq!(source_of(ip("::ffff:10.1.2.3")), ip("10.1.2.3"), "mapped IPv4 is IPv4");
+        assert_eq!(source_of(ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd")), ip("2001:db8:1:2::"));
+        assert_eq!(source_of(ip("2001:db8:1:2::7")), source_of(ip("2001:db8:1:2:ffff::1")), "one /64");
+        assert_ne!(source_of(ip("2001:db8:1:2::7")), source_of(ip("2001:db8:1:3::7")));
+    }
 }
