@@ -60,6 +60,7 @@ pub fn read_pid(path: &Path) -> Result<Option<u32>, String> {
     std::fs::File::from(fd).take(MAX_PIDFILE_BYTES).read_to_string(&mut text).map_err(|_| "is not text".to_string())?;
     match text.trim().parse::<u32>() {
         Ok(pid) if pid > 1 => Ok(Some(pid)),
+        Ok(pid) => Err(format!("names pid {pid}, which no instance can be (1 is init)")),
         _ if text.trim().is_empty() => Err("is empty".into()),
         _ => Err("does not hold a decimal pid".into()),
     }

@@ -323,6 +323,44 @@ async fn foreign_pid_in_pidfile_is_refused_and_not_signalled(cg: bool) {
 }
 both_modes!(foreign_pid_in_pidfile_is_refused_and_not_signalled);
 
+/// Hostile pidfiles of the list: pid 1, the agent's own pid (this
+/// test process runs the controller), and a process of another user. Each
+/// is refused as not the instance's, and none is signalled.
+async fn hostile_pidfiles_are_refused_and_nothing_is_signalled(cg: bool) {
+    let f = Fixture::new("hostile-pid", cg);
+    let nobody = users::resolve("nobody").expect("the user nobody (Debian has it)");
+    let mut other = tokio::process::Command::new("sleep")
+        .arg("1000")
+        .uid(nobody.uid)
+        .gid(nobody.gid)
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("a process of another user (the tests run as root)");
+    let other_pid = other.id().unwrap();
+    let me = std::process::id();
+    let watched: Vec<(u32, PidIdentity)> =
+        [1, me, other_pid].iter().map(|&p| (p, identity::read_identity(p).expect("alive"))).collect();
+    for (pid, _) in &watched {
+        f.script("bin/start.sh", &format!("echo {pid} > run/x.pid"));
+        let spec = ProcessSpec { pidfile: Some("run/x.pid".into()), ..spec(&["bin/start.sh"]) };
+        let err = f.ctl.start(&f.start_req(&spec, None)).await.unwrap_err();
+        // pid 1 is refused as a pidfile's content already; the others as
+        // processes outside the instance's tree.
+        let refused = match err {
+            ProcessError::PidfileInvalid { ref reason, .. } => *pid == 1 && reason.contains("1 is init"),
+            ProcessError::PidNotInTree { pid: p } => p == *pid,
+            _ => false,
+        };
+        assert!(refused, "pidfile naming {pid}: {err:?}");
+    }
+    for (pid, id) in &watched {
+        assert!(identity::is_alive(id), "{pid} was signalled");
+    }
+    other.kill().await.unwrap();
+}
+both_modes!(hostile_pidfiles_are_refused_and_nothing_is_signalled);
+
 async fn stop_command_is_used(cg: bool) {
     let f = Fixture::new("stopcmd", cg);
     // Ignores TERM; only the stop command's USR1 makes it exit (with 0).
