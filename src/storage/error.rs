@@ -71,6 +71,20 @@ impl StorageError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         StorageError::Io { path: path.into(), source }
     }
+
+    /// Whether it is the disk that is full (RocksDB says so in its
+    /// message; a file operation by its error kind).
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            StorageError::Rocks(e) | StorageError::Open { source: e, .. } => {
+                e.to_string().contains("No space left on device")
+            }
+            StorageError::Io { source, .. } | StorageError::WriterSpawn(source) => {
+                source.kind() == std::io::ErrorKind::StorageFull
+            }
+            _ => false,
+        }
+    }
 }
 
 impl From<StorageError> for crate::error::Error {
@@ -81,6 +95,11 @@ impl From<StorageError> for crate::error::Error {
             StorageError::Frozen => crate::error::Error::unavailable(e.to_string()),
             // 404 not_found naming the cursor (see the variant).
             StorageError::CursorGone(id) => crate::error::Error::not_found("paging cursor", id),
+            // Not the client's fault, nor a bug: the operator's to fix.
+            e if e.is_disk_full() => crate::error::Error::unavailable(format!(
+                "the master's disk is full: nothing more can be written until space is freed in its data dir (then restart the master): {}",
+                crate::error::ErrorChain(&e)
+            )),
             e => crate::error::Error::internal(e),
         }
     }
@@ -90,6 +109,16 @@ impl From<StorageError> for crate::error::Error {
 mod tests {
     use super::*;
     use crate::error::Error;
+
+    #[test]
+    fn a_full_disk_is_unavailable_and_says_so() {
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        match Error::from(StorageError::io("/data/db", full)) {
+            Error::Unavailable { message } => assert!(message.starts_with("the master's disk is full"), "{message}"),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(!StorageError::io("/x", std::io::Error::other("disk gone")).is_disk_full());
+    }
 
     #[test]
     fn converts_to_internal_with_the_chain() {
