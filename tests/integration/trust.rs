@@ -223,7 +223,15 @@ async fn a_host_trickling_handshakes_cannot_keep_other_agents_out() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let token = env.make_join_token(1).await;
     let asked = Instant::now();
-    let (mut child, _) = env.spawn_extra_agent("late", "node-9", Some(&token));
+    // Killed however the test ends (a failed assertion included).
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _agent = Killed(env.spawn_extra_agent("late", "node-9", Some(&token)).0);
     env.until(15, "node-9 admitted beside 40 silent connections", async || {
         let n = node(&env, "node-9").await;
         if n["connected"] == true { Ok(()) } else { Err(format!("{n:#}")) }
@@ -233,7 +241,5 @@ async fn a_host_trickling_handshakes_cannot_keep_other_agents_out() {
     assert!(asked.elapsed() < Duration::from_secs(15), "admitted after {:?}", asked.elapsed());
     let log = env.master_log();
     assert!(log.contains("as many handshakes under way as one source may"), "{log}");
-    let _ = child.kill();
-    let _ = child.wait();
     drop(silent);
 }
