@@ -111,11 +111,23 @@ pub async fn serve(
             Err(e) => tracing::warn!(error = %crate::error::ErrorChain(&e), %master, "cannot connect to the master"),
         }
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(jittered(backoff)) => {}
             _ = shutdown.changed() => return,
         }
         backoff = (backoff * 2).min(max_backoff);
     }
+}
+
+/// `d` spread over 50-150 %: a fleet that lost its master at the same
+/// moment does not dial back in lockstep (each retry a thundering herd
+/// on the listener's backlog).
+pub(crate) fn jittered(d: Duration) -> Duration {
+    let mut b = [0u8; 2];
+    if getrandom::fill(&mut b).is_err() {
+        return d;
+    }
+    let permille = 500 + u64::from(u16::from_le_bytes(b)) % 1001;
+    d.mul_f64(permille as f64 / 1000.0)
 }
 
 /// Connects from this node's address when it is local (so the master sees
@@ -547,5 +559,14 @@ mod tests {
         let first = tokio::time::timeout(Duration::from_secs(2), reader.next()).await;
         let first = first.expect("the request that came with the Welcome was not decoded");
         assert_eq!(first.unwrap().unwrap(), MasterFrame::Request { request_id: 7, body: AgentRequest::Ping });
+    }
+
+    #[test]
+    fn a_retry_delay_is_spread_over_half_to_one_and_a_half_times() {
+        let d = Duration::from_millis(1000);
+        let delays: Vec<Duration> = (0..200).map(|_| super::jittered(d)).collect();
+        assert!(delays.iter().all(|j| *j >= Duration::from_millis(500) && *j <= Duration::from_millis(1500)));
+        let distinct: std::collections::BTreeSet<Duration> = delays.into_iter().collect();
+        assert!(distinct.len() > 50, "spread, not one value: {}", distinct.len());
     }
 }

@@ -131,7 +131,7 @@ pub async fn request(
                 tracing::warn!(error = %crate::error::ErrorChain(&e), %master, "cannot enroll yet; trying again");
             }
         }
-        tokio::time::sleep(backoff).await;
+        tokio::time::sleep(super::connection::jittered(backoff)).await;
         backoff = (backoff * 2).min(max_backoff);
     };
     let cert = CertificateDer::from(enrolled.certificate_der);

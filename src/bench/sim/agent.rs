@@ -223,7 +223,7 @@ impl SimAgent {
                 }
             }
             tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(crate::agent::connection::jittered(backoff)) => {}
                 _ = shutdown.changed() => return,
             }
             backoff = (backoff * 2).min(max_backoff);
