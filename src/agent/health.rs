@@ -446,6 +446,39 @@ mod tests {
         assert_eq!(runs.lines().count(), 1, "started again after a failed start");
     }
 
+    /// A crash the restart policy restarts, whose new process dies before
+    /// it is healthy, is one more crash: the policy goes on. (A failed
+    /// start forgetting its pid, meant for the master's starts only, once
+    /// ended the policy at that first restart.)
+    #[tokio::test]
+    async fn a_restart_that_dies_before_it_is_healthy_is_restarted_again() {
+        let t = TestNode::new();
+        t.node.set_restart_policy(crate::agent::restart::RestartPolicy {
+            max: 5,
+            window: Duration::from_secs(60),
+            backoff: Duration::from_millis(100),
+        });
+        let probe = HealthProbe::Cmd { argv: argv(&["test", "-f", "run/ready"]) };
+        let script = "echo run >> runs\nn=$(wc -l < runs)\nmkdir -p run\ncase $n in\n  1) touch run/ready; sleep 0.5; rm -f run/ready; exit 3;;\n  2) exit 4;;\n  *) touch run/ready; exec sleep 1000;;\nesac";
+        let id = t
+            .install("health-restart", "root", health_spec(&["bin/run.sh"], probe, 5000), &[("bin/run.sh", script)])
+            .await;
+        assert!(matches!(t.node.start(&id, 2).await, AgentResponse::Started { .. }));
+        let runs =
+            || std::fs::read_to_string(t.node.instance_dir(&id).join("runs")).unwrap_or_default().lines().count();
+        let deadline = StdInstant::now() + Duration::from_secs(15);
+        while runs() < 3 && StdInstant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(runs(), 3, "crash, a restart that died unhealthy, then another restart");
+        let deadline = StdInstant::now() + Duration::from_secs(5);
+        while !t.record(&id).await.pid.as_ref().is_some_and(|p| t.node.processes.is_alive(p)) {
+            assert!(StdInstant::now() < deadline, "the third run is not recorded running");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(matches!(t.node.stop(&id, 3).await, AgentResponse::Stopped { was_running: true }));
+    }
+
     #[tokio::test]
     async fn check_health_without_a_probe_follows_the_process() {
         let t = TestNode::new();

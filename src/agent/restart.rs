@@ -160,7 +160,7 @@ impl Node {
             }
             rec.generation
         };
-        let (pid, error) = match self.start(id, generation).await {
+        let (pid, error) = match self.start_for_restart(id, generation).await {
             AgentResponse::Started { pid, .. } => {
                 tracing::info!(instance = %id, pid, "restarted after an unexpected exit");
                 (Some(pid), None)

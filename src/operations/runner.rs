@@ -216,9 +216,28 @@ pub fn not_put_back(step: &str, undo: &Action, f: &StepFailure) -> String {
     if left.is_empty() {
         left = all.iter().map(|i| i.as_str()).collect();
     }
-    let what = if left.is_empty() { "the cluster's definition".to_string() } else { left.join(", ") };
-    format!("{what} (undo of step {step}: {})", f.message)
+    let what = if left.is_empty() {
+        "the cluster's definition".to_string()
+    } else if left.len() > NAMED_MAX {
+        format!("{} and {} more", left[..NAMED_MAX].join(", "), left.len() - NAMED_MAX)
+    } else {
+        left.join(", ")
+    };
+    // The step's message joins every instance's (stderr tails included):
+    // the cluster's description keeps its start, the step keeps it all.
+    let mut why = f.message.clone();
+    if why.len() > WHY_MAX {
+        let cut = (0..=WHY_MAX).rev().find(|&i| why.is_char_boundary(i)).unwrap_or(0);
+        why.truncate(cut);
+        why.push_str("... (the operation's steps say the rest)");
+    }
+    format!("{what} (undo of step {step}: {why})")
 }
+
+/// Instances named in one [`not_put_back`] at most; the rest are counted.
+const NAMED_MAX: usize = 20;
+/// Bytes of the undo's failure kept in one [`not_put_back`].
+const WHY_MAX: usize = 1024;
 
 async fn complete<C: OperationContext>(ctx: &C, record: &OperationRecord, unsaved: &[usize], outcome: Outcome) {
     if let Err(e) = ctx.complete(record, unsaved, &outcome).await {
@@ -491,6 +510,14 @@ mod tests {
         assert_eq!(not_put_back("s", &roll, &f), "a, c, b (undo of step s: watchdog)");
         let define = Action::SetConfig(Default::default());
         assert_eq!(not_put_back("s", &define, &f), "the cluster's definition (undo of step s: watchdog)");
+        // A 1,000-instance role and a long failure stay bounded.
+        let many: Vec<InstanceId> = (0..1000).map(|i| InstanceId::new(format!("i{i}"))).collect();
+        let roll = Action::Start(many);
+        let f = StepFailure { message: "x".repeat(100_000), results: Vec::new() };
+        let text = not_put_back("s", &roll, &f);
+        assert!(text.starts_with("i0, i1, "), "{}", &text[..40]);
+        assert!(text.contains("i19 and 980 more (undo of step s: xxx"), "{}", &text[..200]);
+        assert!(text.len() < 2000 && text.ends_with("(the operation's steps say the rest))"), "{}", text.len());
     }
 
     #[tokio::test]

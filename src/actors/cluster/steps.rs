@@ -141,8 +141,10 @@ impl ClusterOps {
             Ok(InstanceCmd::Start { wait: role.start_timeout, settle: role.start_settle })
         };
         let cluster = self.core.borrow().record.clone();
+        // Not a Lost one: it may run on a node that was away (its start
+        // comes first; "not held" reinstalls it).
         let out_of_line = |i: &InstanceRecord| {
-            i.status != InstanceStatus::Running
+            !matches!(i.status, InstanceStatus::Running | InstanceStatus::Lost)
                 && i.applied.as_ref() != Some(&crate::actors::render::target(&current.spec, &cluster, i))
         };
         let gone: Vec<InstanceId> = ids

@@ -101,6 +101,16 @@ pub struct Node {
     pub requests: Arc<tokio::sync::Semaphore>,
 }
 
+/// Who asked for a start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Starter {
+    /// The master: a process that dies before it is healthy makes the
+    /// start fail, and what comes next is the master's.
+    Master,
+    /// The restart policy, after a crash.
+    RestartPolicy,
+}
+
 pub fn failure(kind: FailureKind, message: impl Into<String>) -> AgentResponse {
     AgentResponse::Failed(CommandFailure {
         kind,
@@ -412,6 +422,23 @@ impl Node {
         generation: u64,
         settle: std::time::Duration,
     ) -> AgentResponse {
+        self.start_as(id, generation, settle, Starter::Master).await
+    }
+
+    /// A start the restart policy makes after a crash: a process that dies
+    /// before it is healthy is one more crash, left to the policy (its
+    /// next attempt, or giving up), not a failed start that ends it.
+    pub(super) async fn start_for_restart(self: &Arc<Self>, id: &InstanceId, generation: u64) -> AgentResponse {
+        self.start_as(id, generation, std::time::Duration::ZERO, Starter::RestartPolicy).await
+    }
+
+    async fn start_as(
+        self: &Arc<Self>,
+        id: &InstanceId,
+        generation: u64,
+        settle: std::time::Duration,
+        starter: Starter,
+    ) -> AgentResponse {
         let waited = tokio::time::Instant::now();
         let slot = self.slot(id);
         let mut guard = slot.lock("start").await;
@@ -454,7 +481,7 @@ impl Node {
                     self.watch(id.clone(), s.identity);
                 }
                 if let Err(resp) = self.gate_start(id, rec, &run_as, begun, s.exit).await {
-                    if !self.processes.is_alive(&identity) {
+                    if starter == Starter::Master && !self.processes.is_alive(&identity) {
                         // It died before it was healthy: the answer says
                         // the start failed, and what happens next is the
                         // master's (an undo, the operator). Forgetting the
