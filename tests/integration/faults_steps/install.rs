@@ -19,6 +19,17 @@ async fn mid_install(b: &Bench, op: &str, i: usize, at: &str) {
     assert_eq!(step_status(&o, "install"), "Running", "{at}: caught too late: {o:#}");
 }
 
+/// Removes the packages agent `i` keeps, so the next install streams
+/// the package (one taken from the cache is extracted in a moment, too
+/// quick to be caught in the middle: node-3 holds the package from b-1).
+fn drop_package_cache(env: &TestEnv, i: usize) {
+    if let Ok(rd) = std::fs::read_dir(env.agent_dir(i).join("packages")) {
+        for e in rd.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".tar.gz")) {
+            std::fs::remove_file(e.path()).expect("remove a cached package");
+        }
+    }
+}
+
 /// The node (agent index) the instance `tag` of the operation goes to.
 fn node_of(kind: Kind, tag: &str) -> usize {
     match (kind, tag) {
@@ -46,6 +57,7 @@ async fn an_install_cut_short_by_the_master_or_the_agent() {
         let began = Instant::now();
         let (name, ctl) = b.next();
         let before = b.prepare(kind, &name, &ctl).await;
+        drop_package_cache(&b.env, node);
         let id = b.request(kind, &name, &ctl, before.as_ref()).await;
         let at = format!("{kind:?}, master killed while {tag} installs");
         mid_install(&b, &id, node, &at).await;
@@ -70,6 +82,7 @@ async fn an_install_cut_short_by_the_master_or_the_agent() {
         let began = Instant::now();
         let (name, ctl) = b.next();
         let before = b.prepare(kind, &name, &ctl).await;
+        drop_package_cache(&b.env, node);
         let id = b.request(kind, &name, &ctl, before.as_ref()).await;
         let at = format!("{kind:?}, agent of {tag} killed while it installs");
         mid_install(&b, &id, node, &at).await;
