@@ -20,6 +20,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
+use crate::common::faulty::install_leftovers;
 use crate::common::scripts::{RECORD_AND_SLEEP, started_at};
 use crate::common::{
     PackageBuilder, TestEnv, all_instances, dir_of, eventually, id_of, instance_pids, pid_alive, pid_of,
@@ -497,19 +498,6 @@ async fn an_operator_stop_during_a_restart_backoff_is_not_fought() {
     assert_eq!(started_at(&i).len(), 2, "started once and restarted once, never after the stop");
     let log = env.agent_log(1);
     assert_eq!(log.matches("restarted after an unexpected exit").count(), 1, "{log}");
-}
-
-/// Leftovers of an install: extraction dirs under `instances/` and
-/// partial package downloads under `packages/`.
-fn install_leftovers(env: &TestEnv, i: usize) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for (dir, prefix) in [("instances", ".staging-"), ("packages", ".incoming-")] {
-        if let Ok(rd) = std::fs::read_dir(env.agent_dir(i).join(dir)) {
-            out.extend(rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(prefix)).map(|e| e.path()));
-        }
-    }
-    out.sort();
-    out
 }
 
 /// The agent SIGKILLed in the middle of an install (a 24 MiB package
