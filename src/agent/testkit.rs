@@ -1,6 +1,6 @@
 //! Test helpers for the node-level handlers (hooks, health, start): a real
 //! [`Node`] on a temp dir (its own RocksDB, process groups rather than
-//! cgroups) with instances recorded directly instead of installed from a
+//! cgroups unless asked) with instances recorded directly instead of installed from a
 //! package, and every process they left killed on drop.
 
 use std::os::unix::fs::PermissionsExt;
@@ -51,12 +51,25 @@ impl TestNode {
 
     /// A node announcing 127.0.0.1, with this run-as and env policy.
     pub fn with_policy(policy: RunAsPolicy) -> TestNode {
+        TestNode::build(policy, false)
+    }
+
+    /// A node allowing root whose instances run in their own cgroup v2,
+    /// as a root agent's do; fails when this machine cannot give it one.
+    pub fn with_cgroups() -> TestNode {
+        assert!(nix::unistd::geteuid().is_root(), "this test needs root (run it as root, as .ci/run does)");
+        let t = TestNode::build(RunAsPolicy { allow_root: true, ..RunAsPolicy::default() }, true);
+        assert!(t.node.processes.cgroups_enabled(), "root on a machine with cgroup2 must get cgroups");
+        t
+    }
+
+    fn build(policy: RunAsPolicy, cgroups: bool) -> TestNode {
         let tmp = tempfile::tempdir().unwrap();
         // Instances may run as `nobody`: the path to them must be searchable.
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let store = AgentStore::open(&tmp.path().join("db")).unwrap();
         let scope = format!("testkit-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
-        let processes = ProcessController::new(&scope, false);
+        let processes = ProcessController::new(&scope, cgroups);
         let node = Node::new(store, processes, tmp.path(), policy, "127.0.0.1".into()).unwrap();
         TestNode { node, ids: Mutex::default(), _tmp: tmp }
     }
@@ -109,7 +122,12 @@ impl TestNode {
 impl Drop for TestNode {
     fn drop(&mut self) {
         for id in self.ids.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            tree::signal(&tree::collect(id, &[], None).unwrap_or_default(), Signal::SIGKILL);
+            let cg = self.node.processes.cgroup_of(id);
+            tree::signal(&tree::collect(id, &[], cg.as_deref()).unwrap_or_default(), Signal::SIGKILL);
+            if let Some(cg) = cg {
+                let _ = std::fs::remove_dir(cg);
+            }
         }
+        self.node.processes.remove_empty_bases();
     }
 }

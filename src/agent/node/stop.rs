@@ -107,7 +107,10 @@ impl Node {
         if let Some(rec) = guard.as_mut() {
             rec.desired_running = false;
             let r = rec.clone();
-            if let Err(resp) = self.stop_processes(id, &r).await {
+            if self.processes.confirmed_stopped(id).await {
+                // The usual case (stop, then delete): no pass over /proc.
+                tracing::debug!(instance = %id, "its stop confirmed that nothing of it runs");
+            } else if let Err(resp) = self.stop_processes(id, &r).await {
                 return resp;
             }
         } else {
@@ -171,9 +174,105 @@ impl Node {
 
 #[cfg(test)]
 mod tests {
-    use crate::agent::testkit::TestNode;
+    use crate::agent::process::{identity, tree};
+    use crate::agent::testkit::{TestNode, spec};
     use crate::ids::InstanceId;
     use crate::protocol::messages::AgentResponse;
+
+    /// Every live process on the machine carrying the instance's marker,
+    /// read here rather than through the agent's own scan.
+    fn marked(id: &InstanceId) -> Vec<u32> {
+        let marker = tree::marker(id);
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| identity::read_stat(*pid).is_some_and(|s| s.is_running()))
+            .filter(|pid| tree::has_marker(*pid, &marker))
+            .collect()
+    }
+
+    /// An installed instance running `sleep 1000` in the foreground.
+    async fn running(t: &TestNode, name: &str) -> InstanceId {
+        let me = crate::agent::process::users::current().name;
+        let id = t.install(name, &me, spec(&["sleep", "1000"]), &[]).await;
+        assert!(matches!(t.node.start(&id, 2).await, AgentResponse::Started { .. }));
+        assert_eq!(marked(&id).len(), 1, "the instance runs");
+        id
+    }
+
+    /// After a delete: nothing of the instance runs, its directory and
+    /// cgroup are gone, the node holds nothing of it.
+    async fn assert_deleted(t: &TestNode, id: &InstanceId) {
+        assert_eq!(marked(id), Vec::<u32>::new(), "a process of the deleted instance survives");
+        assert!(!t.node.instance_dir(id).exists(), "the instance directory is left");
+        if let Some(cg) = t.node.processes.cgroup_of(id) {
+            assert!(!cg.exists(), "cgroup {} is left", cg.display());
+        }
+        assert!(t.node.inventory().await.iter().all(|r| r.instance != *id));
+    }
+
+    /// Stop, then delete (a scale-in): the stop saw the cgroup empty and a
+    /// pass find nothing, so the delete takes no pass of its own.
+    #[tokio::test]
+    async fn a_delete_after_a_confirmed_stop_takes_no_pass() {
+        let t = TestNode::with_cgroups();
+        let id = running(&t, "del-skip").await;
+        assert_eq!(t.node.stop(&id, 3).await, AgentResponse::Stopped { was_running: true });
+        assert_eq!(marked(&id), Vec::<u32>::new());
+        let passes = t.node.processes.passes_over_proc();
+        assert_eq!(t.node.delete(&id, 4).await, AgentResponse::Deleted { existed: true });
+        assert_eq!(t.node.processes.passes_over_proc(), passes, "the delete scanned /proc again");
+        assert_deleted(&t, &id).await;
+    }
+
+    /// Started again after its stop: the delete stops it, with its passes.
+    #[tokio::test]
+    async fn a_delete_after_a_later_start_stops_the_instance() {
+        let t = TestNode::with_cgroups();
+        let id = running(&t, "del-restarted").await;
+        assert_eq!(t.node.stop(&id, 3).await, AgentResponse::Stopped { was_running: true });
+        assert!(matches!(t.node.start(&id, 4).await, AgentResponse::Started { .. }));
+        assert_eq!(marked(&id).len(), 1);
+        let passes = t.node.processes.passes_over_proc();
+        assert_eq!(t.node.delete(&id, 5).await, AgentResponse::Deleted { existed: true });
+        assert!(t.node.processes.passes_over_proc() > passes, "the delete took no pass");
+        assert_deleted(&t, &id).await;
+    }
+
+    /// A process in the instance's cgroup again after a confirmed stop
+    /// (here put there by hand): the delete does not trust the stop, finds
+    /// it and stops it.
+    #[tokio::test]
+    async fn a_delete_finds_a_process_in_the_cgroup_after_the_stop() {
+        let t = TestNode::with_cgroups();
+        let id = running(&t, "del-cgroup").await;
+        assert_eq!(t.node.stop(&id, 3).await, AgentResponse::Stopped { was_running: true });
+        let cg = t.node.processes.cgroup_of(&id).unwrap();
+        assert!(!cg.exists(), "the stop removes the cgroup");
+        std::fs::create_dir(&cg).unwrap();
+        let mut stray = tokio::process::Command::new("sleep").arg("1000").kill_on_drop(true).spawn().unwrap();
+        let pid = stray.id().unwrap();
+        std::fs::write(cg.join("cgroup.procs"), pid.to_string()).unwrap();
+        let passes = t.node.processes.passes_over_proc();
+        assert_eq!(t.node.delete(&id, 4).await, AgentResponse::Deleted { existed: true });
+        assert!(t.node.processes.passes_over_proc() > passes, "the delete took no pass");
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(5), stray.wait()).await;
+        assert!(ended.is_ok(), "the process in the instance's cgroup survives its delete");
+        assert_deleted(&t, &id).await;
+    }
+
+    /// Without a cgroup a pass alone cannot be sure (a process mid-exec
+    /// hides its marker), so the delete looks again.
+    #[tokio::test]
+    async fn without_cgroups_a_delete_after_a_stop_looks_again() {
+        let t = TestNode::new();
+        let id = running(&t, "del-no-cgroup").await;
+        assert_eq!(t.node.stop(&id, 3).await, AgentResponse::Stopped { was_running: true });
+        let passes = t.node.processes.passes_over_proc();
+        assert_eq!(t.node.delete(&id, 4).await, AgentResponse::Deleted { existed: true });
+        assert!(t.node.processes.passes_over_proc() > passes, "the delete took no pass");
+        assert_deleted(&t, &id).await;
+    }
 
     /// Stop and delete of an instance this node does not hold (its install
     /// failed, or it was deleted) are done, not refused: `Error → delete`

@@ -37,7 +37,7 @@ mod watch;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -108,6 +108,10 @@ pub struct ProcessController {
     tracked: Mutex<HashMap<InstanceId, Tracked>>,
     /// Passes over `/proc`, shared by concurrent starts and stops.
     scanner: scan::Scanner,
+    /// Instances whose last stop, in this controller's lifetime, saw their
+    /// cgroup empty and then a pass find nothing of them, and that no start
+    /// has touched since (see [`ProcessController::confirmed_stopped`]).
+    confirmed: Mutex<HashSet<InstanceId>>,
 }
 
 impl ProcessController {
@@ -137,7 +141,14 @@ impl ProcessController {
             tracing::warn!(error = %e, "cannot read the boot id");
             String::new()
         });
-        ProcessController { cgroups, limits, boot_id, tracked: Mutex::new(HashMap::new()), scanner: Default::default() }
+        ProcessController {
+            cgroups,
+            limits,
+            boot_id,
+            tracked: Mutex::new(HashMap::new()),
+            scanner: Default::default(),
+            confirmed: Mutex::default(),
+        }
     }
 
     /// True when instances get their own cgroup.
@@ -225,6 +236,16 @@ impl ProcessController {
     /// end of the process with this identity; see [`Self::watch`].
     pub fn exit_watch(&self, instance: &InstanceId, identity: &PidIdentity) -> ExitWatch {
         self.exit_watch_for(instance, identity)
+    }
+
+    /// Passes over `/proc` taken so far.
+    pub fn passes_over_proc(&self) -> u64 {
+        self.scanner.passes()
+    }
+
+    fn confirmed(&self) -> MutexGuard<'_, HashSet<InstanceId>> {
+        // Single inserts and removes: consistent after a panic.
+        self.confirmed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn tracked(&self) -> MutexGuard<'_, HashMap<InstanceId, Tracked>> {

@@ -159,6 +159,8 @@ struct Inner {
     asked: AtomicU64,
     /// True while a pass runs.
     running: AtomicBool,
+    /// Passes run so far (the tests count them).
+    passes: AtomicU64,
     /// Used by the one pass running.
     cache: std::sync::Mutex<MarkerCache>,
     /// The latest pass (or why it failed) and the last ticket it covers.
@@ -170,6 +172,7 @@ impl Default for Scanner {
         let inner = Inner {
             asked: AtomicU64::new(0),
             running: AtomicBool::new(false),
+            passes: AtomicU64::new(0),
             cache: Default::default(),
             latest: watch::Sender::new(None),
         };
@@ -178,6 +181,11 @@ impl Default for Scanner {
 }
 
 impl Scanner {
+    /// How many passes have started so far.
+    pub fn passes(&self) -> u64 {
+        self.inner.passes.load(Ordering::SeqCst)
+    }
+
     /// A snapshot whose pass started after this call: what it says about
     /// any process is at least as new as the caller's question. An error
     /// when that pass could not read `/proc`.
@@ -226,6 +234,7 @@ impl Scanner {
                         // Uncontended: one pass at a time.
                         let mut cache = done.inner.cache.lock().unwrap_or_else(|p| p.into_inner());
                         let began = std::time::Instant::now();
+                        done.inner.passes.fetch_add(1, Ordering::SeqCst);
                         let pass = Snapshot::take_with(&mut cache);
                         let procs = pass.as_ref().map_or(0, |s| s.procs.len());
                         tracing::debug!(procs, took_us = began.elapsed().as_micros() as u64, covers, "/proc pass");

@@ -29,6 +29,9 @@ impl ProcessController {
     /// `already_running: true`). Processes of the instance found running
     /// without being `current` (e.g. left over from a crash) are killed first.
     pub async fn start(&self, req: &StartRequest<'_>) -> Result<Started, ProcessError> {
+        // Whatever follows may leave a process of the instance running: a
+        // delete must look for it again (see `confirmed_stopped`).
+        self.confirmed().remove(req.instance);
         if let Some(cur) = req.current.filter(|c| identity::is_alive(c)) {
             let exit = self.exit_watch_for(req.instance, cur);
             return Ok(Started { identity: cur.clone(), already_running: true, exit });

@@ -31,12 +31,15 @@ impl ProcessController {
     /// anything was running (`false` when nothing was, doing nothing else
     /// than removing a leftover empty cgroup).
     pub async fn stop(&self, req: &StopRequest<'_>) -> Result<bool, ProcessError> {
+        // A stop that fails confirms nothing.
+        self.confirmed().remove(req.instance);
         let cg = self.cgroup_of(req.instance);
         let cg = cg.as_deref();
         let known = self.known_alive(req.instance, req.current);
         let mut members = self.members(req.instance, &known, cg).await?;
         if members.is_empty() {
             self.finish(req.instance, cg).await;
+            self.confirm(req.instance, cg);
             return Ok(false);
         }
         let grace = Duration::from_millis(req.spec.stop_grace_ms);
@@ -59,7 +62,39 @@ impl ProcessController {
             }
         }
         self.finish(req.instance, cg).await;
+        self.confirm(req.instance, cg);
         Ok(true)
+    }
+
+    /// Records that a stop just ended with nothing of the instance left:
+    /// every way out of [`Self::stop`] with `Ok` ends with a pass over
+    /// `/proc` that found nothing, taken after the last signal. Recorded
+    /// only when the instance has a cgroup and it is empty (or removed):
+    /// without one, a process can hide from a pass (mid-`exec`) and only
+    /// the delete's own pass would catch it.
+    fn confirm(&self, instance: &InstanceId, cg: Option<&Path>) {
+        if cg.is_some_and(cgroup::is_empty) {
+            self.confirmed().insert(instance.clone());
+        }
+    }
+
+    /// For a delete: true when the instance's last stop in this
+    /// controller's lifetime confirmed that nothing of it runs (see
+    /// [`Self::confirm`]), no start has begun since, and its cgroup is
+    /// still empty (or gone). Then nothing of it can run: its processes
+    /// were all inside the cgroup when it emptied (the pass saw none
+    /// outside), their descendants are born inside it, and only a start
+    /// creates it again. The delete then skips its own pass over `/proc`;
+    /// leftover cgroups are removed as a stop would. Forgets the
+    /// confirmation either way (the delete is the instance's last word).
+    pub async fn confirmed_stopped(&self, instance: &InstanceId) -> bool {
+        let was = self.confirmed().remove(instance);
+        let cg = self.cgroup_of(instance);
+        if !was || !cg.as_deref().is_some_and(cgroup::is_empty) {
+            return false;
+        }
+        self.finish(instance, cg.as_deref()).await;
+        true
     }
 
     /// KILLs everything of the instance until nothing is left (at most a few
