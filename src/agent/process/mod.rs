@@ -28,6 +28,7 @@ mod scan;
 mod spawn;
 mod start;
 mod stop;
+mod stop_cgroup;
 mod sys;
 pub mod tree;
 pub mod users;

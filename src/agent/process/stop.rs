@@ -36,34 +36,58 @@ impl ProcessController {
         let cg = self.cgroup_of(req.instance);
         let cg = cg.as_deref();
         let known = self.known_alive(req.instance, req.current);
-        let mut members = self.members(req.instance, &known, cg).await?;
-        if members.is_empty() {
-            self.finish(req.instance, cg).await;
-            self.confirm(req.instance, cg);
-            return Ok(false);
-        }
         let grace = Duration::from_millis(req.spec.stop_grace_ms);
-        if let Some(argv) = req.spec.stop.as_ref().filter(|a| !a.is_empty()) {
-            self.run_stop_command(req, argv, grace).await;
-            // What the stop command left (and anything it started).
-            members = self.members(req.instance, &known, cg).await?;
-        }
-        if !members.is_empty() {
-            // Before the signal: afterwards the quick ones are gone already.
-            let contained = cg.filter(|cg| all_inside(cg, &members));
-            let n = tree::signal(&members, Signal::SIGTERM);
-            tracing::debug!(instance = %req.instance, signalled = n, "sent SIGTERM");
-            if !self.wait_gone(req.instance, &known, cg, contained, Instant::now() + grace).await? {
-                tracing::info!(instance = %req.instance, grace_ms = req.spec.stop_grace_ms, "grace period over: sending SIGKILL");
-                let remaining = self.kill_tree(req.instance, &known, cg).await?;
-                if !remaining.is_empty() {
-                    return Err(ProcessError::Stop { instance: req.instance.to_string(), remaining });
+        let stop_command = req.spec.stop.as_ref().filter(|a| !a.is_empty());
+        let was_running = match (cg, stop_command) {
+            (Some(cg), None) => self.stop_in_cgroup(req.instance, &known, cg, grace).await?,
+            _ => {
+                let mut members = self.members(req.instance, &known, cg).await?;
+                if members.is_empty() {
+                    self.finish(req.instance, cg).await;
+                    self.confirm(req.instance, cg);
+                    return Ok(false);
                 }
+                if let Some(argv) = stop_command {
+                    self.run_stop_command(req, argv, grace).await;
+                    // What the stop command left (and anything it started).
+                    members = self.members(req.instance, &known, cg).await?;
+                }
+                if !members.is_empty() {
+                    // Before the signal: afterwards the quick ones are gone already.
+                    let contained = cg.filter(|cg| all_inside(cg, &members));
+                    let n = tree::signal(&members, Signal::SIGTERM);
+                    tracing::debug!(instance = %req.instance, signalled = n, "sent SIGTERM");
+                    self.term_then_kill(req.instance, &known, cg, contained, Instant::now() + grace).await?;
+                }
+                true
             }
-        }
+        };
         self.finish(req.instance, cg).await;
         self.confirm(req.instance, cg);
-        Ok(true)
+        Ok(was_running)
+    }
+
+    /// After the TERM: waits until nothing of the instance runs, at most
+    /// until `deadline`, then KILLs what is left. An error when something
+    /// survives the KILL or `/proc` cannot be read.
+    pub(super) async fn term_then_kill(
+        &self,
+        instance: &InstanceId,
+        known: &[PidIdentity],
+        cg: Option<&Path>,
+        contained: Option<&Path>,
+        deadline: Instant,
+    ) -> Result<(), ProcessError> {
+        if self.wait_gone(instance, known, cg, contained, deadline).await? {
+            return Ok(());
+        }
+        tracing::info!(%instance, "grace period over: sending SIGKILL");
+        let remaining = self.kill_tree(instance, known, cg).await?;
+        if remaining.is_empty() {
+            Ok(())
+        } else {
+            Err(ProcessError::Stop { instance: instance.to_string(), remaining })
+        }
     }
 
     /// Records that a stop just ended with nothing of the instance left:

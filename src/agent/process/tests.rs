@@ -19,16 +19,16 @@ static SEQ: AtomicU32 = AtomicU32::new(0);
 /// The settle window the early-exit tests start with.
 const SETTLE: Duration = Duration::from_millis(200);
 
-struct Fixture {
+pub(super) struct Fixture {
     _tmp: tempfile::TempDir,
-    dir: PathBuf,
-    id: InstanceId,
-    ctl: ProcessController,
+    pub(super) dir: PathBuf,
+    pub(super) id: InstanceId,
+    pub(super) ctl: ProcessController,
     me: RunAs,
 }
 
 impl Fixture {
-    fn new(name: &str, cgroups: bool) -> Fixture {
+    pub(super) fn new(name: &str, cgroups: bool) -> Fixture {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let tmp = tempfile::tempdir().unwrap();
@@ -46,18 +46,18 @@ impl Fixture {
         Fixture { _tmp: tmp, dir, id, ctl, me: users::current() }
     }
 
-    fn script(&self, rel: &str, body: &str) {
+    pub(super) fn script(&self, rel: &str, body: &str) {
         let path = self.dir.join(rel);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
-    fn start_req<'a>(&'a self, spec: &'a ProcessSpec, current: Option<&'a PidIdentity>) -> StartRequest<'a> {
+    pub(super) fn start_req<'a>(&'a self, spec: &'a ProcessSpec, current: Option<&'a PidIdentity>) -> StartRequest<'a> {
         StartRequest { instance: &self.id, dir: &self.dir, spec, run_as: &self.me, current, settle: SETTLE }
     }
 
-    fn stop_req<'a>(&'a self, spec: &'a ProcessSpec, current: Option<&'a PidIdentity>) -> StopRequest<'a> {
+    pub(super) fn stop_req<'a>(&'a self, spec: &'a ProcessSpec, current: Option<&'a PidIdentity>) -> StopRequest<'a> {
         StopRequest { instance: &self.id, dir: &self.dir, spec, run_as: &self.me, current }
     }
 
@@ -72,14 +72,14 @@ impl Fixture {
             .collect()
     }
 
-    fn cgroup(&self) -> Option<PathBuf> {
+    pub(super) fn cgroup(&self) -> Option<PathBuf> {
         self.ctl.cgroup_of(&self.id)
     }
 
     /// Checks that nothing of the instance is left anywhere. A process
     /// SIGKILLed a moment ago may still be on its way out: it gets 2 s,
     /// far more than dying takes and far less than a leak lasts.
-    fn assert_nothing_left(&self) {
+    pub(super) fn assert_nothing_left(&self) {
         let deadline = Instant::now() + Duration::from_secs(2);
         while !self.marked().is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
@@ -127,7 +127,7 @@ fn status_field(pid: u32, name: &str) -> Vec<String> {
     line.split_whitespace().skip(1).map(str::to_string).collect()
 }
 
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+pub(super) async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
