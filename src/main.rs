@@ -20,8 +20,18 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// MiB at rest instead of 286-294, and peaked at 255-260 MiB instead of
 /// 310-331, with the same CPU per placement (BENCHMARKS.md, B8). Set for
 /// the master only, where it was measured; the agent keeps the default.
+///
+/// RocksDB (C++) allocates through glibc's malloc: its memtables in blocks
+/// of 8 MiB. glibc's mmap threshold grows to the size of the first such
+/// block freed, so later blocks came from a malloc arena, which kept them
+/// after the memtables were flushed (27 MiB of an idle master holding
+/// 100,000 instances). A fixed threshold of 1 MiB keeps every block
+/// `mmap`ed, given back when freed (BENCHMARKS.md, B8).
 #[allow(unsafe_code)]
 fn tune_allocator() {
+    // SAFETY: `mallopt` sets one of glibc's malloc parameters; called
+    // before the master starts its threads.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20) };
     // `mi_option_purge_delay`: its index in `mi_option_e` of the mimalloc
     // v3 that libmimalloc-sys 0.1.49 vendors (pinned in Cargo.toml).
     const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;

@@ -88,6 +88,7 @@ impl MasterStore {
         };
         let log = AppendLog::new(master_cf::EVENTS, last, events_retained);
         let writer = StoreWriter::start_with_log(db.clone(), queue, Some(log))?;
+        super::idle_flush::start(&db, &master_cf::ALL, writer.batch_counter()).map_err(StorageError::WriterSpawn)?;
         Ok(MasterStore { db, writer })
     }
 

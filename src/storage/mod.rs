@@ -26,6 +26,7 @@ pub mod codec;
 pub mod db;
 pub mod error;
 pub mod events;
+pub mod idle_flush;
 pub mod keys;
 pub mod master_store;
 pub mod meta;

@@ -280,6 +280,13 @@ impl StoreWriter {
         self.inner.stats.batches.load(Ordering::Relaxed)
     }
 
+    /// Reads [`batches_written`](Self::batches_written) without keeping
+    /// the writer (or its database) alive.
+    pub fn batch_counter(&self) -> impl Fn() -> u64 + Send + 'static {
+        let stats = self.inner.stats.clone();
+        move || stats.batches.load(Ordering::Relaxed)
+    }
+
     /// How many `commit` calls were made durable (for tests and metrics).
     pub fn commits_written(&self) -> u64 {
         self.inner.stats.commits.load(Ordering::Relaxed)
