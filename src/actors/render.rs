@@ -36,6 +36,9 @@ pub struct RenderBase<'a> {
     cluster_value: Value,
     /// Node id -> its instance root.
     roots: BTreeMap<String, String>,
+    /// What the instances of each role are installed with at the cluster's
+    /// package version: one `Applied` shared by all of them.
+    applied: BTreeMap<String, Arc<Applied>>,
 }
 
 impl<'a> RenderBase<'a> {
@@ -51,7 +54,7 @@ impl<'a> RenderBase<'a> {
         let mut roots = BTreeMap::new();
         let lists = spec.templates.uses_members();
         for m in members {
-            let role = roles.entry(m.role.clone()).or_insert_with(|| RoleCtx { count: 0, members: Vec::new() });
+            let role = roles.entry(m.role.to_string()).or_insert_with(|| RoleCtx { count: 0, members: Vec::new() });
             role.count += 1;
             if !lists {
                 // No template reads the member list: only the counts.
@@ -64,7 +67,7 @@ impl<'a> RenderBase<'a> {
             role.members.push(MemberCtx {
                 id: m.id.to_string(),
                 ordinal: m.ordinal,
-                host: m.host.clone(),
+                host: m.host.to_string(),
                 node: m.node.to_string(),
                 ports: m.ports.to_map(),
             });
@@ -83,7 +86,16 @@ impl<'a> RenderBase<'a> {
             config: cluster.config.iter().map(|(k, v)| (k.clone(), v.to_json())).collect(),
             roles,
         });
-        RenderBase { spec, cluster, component, cluster_value, roots }
+        let version: Arc<str> = cluster.package.version.as_str().into();
+        let applied = spec
+            .roles
+            .iter()
+            .map(|r| {
+                let limits = effective_limits(spec, cluster, &r.name);
+                (r.name.clone(), Arc::new(Applied { package_version: version.clone(), limits }))
+            })
+            .collect();
+        RenderBase { spec, cluster, component, cluster_value, roots, applied }
     }
 
     /// The directory of an instance on its node.
@@ -97,8 +109,8 @@ impl<'a> RenderBase<'a> {
         let instance = instance_value(&InstanceCtx {
             id: inst.id.to_string(),
             ordinal: inst.ordinal,
-            role: inst.role.clone(),
-            host: inst.host.clone(),
+            role: inst.role.to_string(),
+            host: inst.host.to_string(),
             node: inst.node.to_string(),
             ports: inst.ports.to_map(),
             data_dir: format!("{dir}/data"),
@@ -157,7 +169,10 @@ impl<'a> RenderBase<'a> {
             package_sha256: package.sha256.clone(),
             package_size: package.size,
             blob,
-            applied: Applied { package_version: package.package_version.clone(), limits },
+            applied: match self.applied.get(&role.name) {
+                Some(a) if *a.package_version == package.package_version => a.clone(),
+                _ => Arc::new(Applied { package_version: package.package_version.as_str().into(), limits }),
+            },
         })
     }
 }
@@ -172,5 +187,8 @@ pub fn effective_limits(spec: &ComponentSpec, cluster: &ClusterRecord, role: &st
 
 /// What `inst` should have been installed with, by its cluster's definition.
 pub fn target(spec: &ComponentSpec, cluster: &ClusterRecord, inst: &InstanceRecord) -> Applied {
-    Applied { package_version: cluster.package.version.clone(), limits: effective_limits(spec, cluster, &inst.role) }
+    Applied {
+        package_version: cluster.package.version.as_str().into(),
+        limits: effective_limits(spec, cluster, &inst.role),
+    }
 }

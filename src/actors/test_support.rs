@@ -351,10 +351,10 @@ pub fn cluster(name: &str, members: u32) -> (ClusterRecord, Vec<InstanceRecord>)
             desired: DesiredState::Running,
             pid: Some(999 + ordinal),
             generation: 1,
-            dir: format!("/tmp/instances/{ordinal}"),
+            dir: format!("/tmp/instances/{ordinal}").into(),
             last_error: None,
             // As a create leaves them: installed at the cluster's version.
-            applied: Some(crate::storage::records::Applied { package_version: "1".into(), limits: None }),
+            applied: Some(Arc::new(crate::storage::records::Applied { package_version: "1".into(), limits: None })),
             pending_restart: PendingRestart::No,
         })
         .collect();

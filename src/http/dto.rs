@@ -184,15 +184,15 @@ impl From<&InstanceRecord> for InstanceDto {
     fn from(r: &InstanceRecord) -> Self {
         InstanceDto {
             id: r.id.to_string(),
-            cluster: r.cluster.clone(),
-            role: r.role.clone(),
+            cluster: r.cluster.to_string(),
+            role: r.role.to_string(),
             ordinal: r.ordinal,
             node: r.node.to_string(),
-            host: r.host.clone(),
+            host: r.host.to_string(),
             ports: r.ports.to_map(),
             status: r.status,
             pid: r.pid,
-            dir: r.dir.clone(),
+            dir: r.dir.to_string(),
             generation: r.generation,
             last_error: r.last_error.clone(),
         }
@@ -225,7 +225,7 @@ impl ClusterDto {
         let instances = if with_instances { snap.sorted_instances() } else { Vec::new() };
         let mut roles: BTreeMap<String, RoleDto> = c.roles.keys().map(|r| (r.clone(), RoleDto { count: 0 })).collect();
         for (role, n) in &snap.counts.roles {
-            roles.entry(role.clone()).or_insert(RoleDto { count: 0 }).count = *n;
+            roles.entry(role.to_string()).or_insert(RoleDto { count: 0 }).count = *n;
         }
         ClusterDto {
             name: c.name.clone(),
@@ -288,7 +288,7 @@ impl ClusterSummaryDto {
         let c = &snap.record;
         let mut roles: BTreeMap<String, RoleDto> = c.roles.keys().map(|r| (r.clone(), RoleDto { count: 0 })).collect();
         for (role, n) in &snap.counts.roles {
-            roles.entry(role.clone()).or_insert(RoleDto { count: 0 }).count = *n;
+            roles.entry(role.to_string()).or_insert(RoleDto { count: 0 }).count = *n;
         }
         let by_status: BTreeMap<String, u32> = instance_counts(snap).into_iter().collect();
         ClusterSummaryDto {
@@ -457,7 +457,7 @@ impl NodeDto {
         let instances = n.instances();
         NodeDto {
             id: r.id.to_string(),
-            address: r.address.clone(),
+            address: r.address.to_string(),
             status,
             connected: n.live.connected(),
             simulated: r.simulated,

@@ -68,12 +68,12 @@ pub async fn list(
     let matching: Vec<_> = cell
         .sorted_instances()
         .into_iter()
-        .filter(|e| q.role.as_ref().is_none_or(|r| *r == e.record.role))
+        .filter(|e| q.role.as_ref().is_none_or(|r| **r == *e.record.role))
         .filter(|e| status.is_none_or(|s| s == e.record.status))
         .collect();
     let start = match &from {
         Some((role, ordinal)) => {
-            matching.partition_point(|e| (e.record.role.as_str(), e.record.ordinal) <= (role.as_str(), *ordinal))
+            matching.partition_point(|e| (&*e.record.role, e.record.ordinal) <= (role.as_str(), *ordinal))
         }
         None => 0,
     };

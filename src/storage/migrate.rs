@@ -71,7 +71,7 @@ pub fn master_2_to_3(db: &DB) -> Result<(), StorageError> {
         let new = NodeRecord {
             version: 3,
             id: old.id,
-            address: old.address,
+            address: old.address.into(),
             port_range: old.port_range,
             labels: old.labels,
             cgroups: old.cgroups,

@@ -7,6 +7,7 @@
 //! `serde_json::Value` or use `#[serde(untagged/flatten)]`.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -16,20 +17,27 @@ use crate::ids::{ClusterId, InstanceId, NodeId, OperationId};
 /// Schema version written into every record created by this release.
 pub const RECORD_VERSION: u32 = 2;
 
-/// An instance's named ports, by name. A sorted vector, not a map: an
+/// An instance's named ports, by name. A sorted slice, not a map: an
 /// instance has one or a few ports, and a master holds 100,000 instances
-/// (a `BTreeMap` costs a 300-byte node for one entry). Stored and shown as
-/// a map, so its encoding is a map's.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Ports(Vec<(String, u16)>);
+/// (a `BTreeMap` costs a 300-byte node for one entry). Shared: a record's
+/// clone (one per state change) copies no port. Stored and shown as a map,
+/// so its encoding is a map's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ports(Arc<[(Arc<str>, u16)]>);
+
+impl Default for Ports {
+    fn default() -> Self {
+        Ports(Arc::new([]))
+    }
+}
 
 impl Ports {
     pub fn get(&self, name: &str) -> Option<&u16> {
-        self.0.binary_search_by(|(k, _)| k.as_str().cmp(name)).ok().map(|i| &self.0[i].1)
+        self.0.binary_search_by(|(k, _)| (**k).cmp(name)).ok().map(|i| &self.0[i].1)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &u16)> {
-        self.0.iter().map(|(k, v)| (k, v))
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &u16)> {
+        self.0.iter().map(|(k, v)| (&**k, v))
     }
 
     pub fn values(&self) -> impl Iterator<Item = &u16> {
@@ -45,17 +53,16 @@ impl Ports {
     }
 
     pub fn to_map(&self) -> BTreeMap<String, u16> {
-        self.0.iter().cloned().collect()
+        self.0.iter().map(|(k, v)| (k.to_string(), *v)).collect()
     }
 }
 
-impl FromIterator<(String, u16)> for Ports {
-    fn from_iter<I: IntoIterator<Item = (String, u16)>>(iter: I) -> Self {
-        let mut v: Vec<(String, u16)> = iter.into_iter().collect();
+impl<K: Into<Arc<str>>> FromIterator<(K, u16)> for Ports {
+    fn from_iter<I: IntoIterator<Item = (K, u16)>>(iter: I) -> Self {
+        let mut v: Vec<(Arc<str>, u16)> = iter.into_iter().map(|(k, p)| (k.into(), p)).collect();
         v.sort();
         v.dedup_by(|a, b| a.0 == b.0);
-        v.shrink_to_fit();
-        Ports(v)
+        Ports(v.into())
     }
 }
 
@@ -63,8 +70,8 @@ impl Serialize for Ports {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut m = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in &self.0 {
-            m.serialize_entry(k, v)?;
+        for (k, v) in self.0.iter() {
+            m.serialize_entry(&**k, v)?;
         }
         m.end()
     }
@@ -184,7 +191,7 @@ pub struct Limits {
 /// left alone (so those operations are idempotent and resumable).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Applied {
-    pub package_version: String,
+    pub package_version: Arc<str>,
     pub limits: Option<Limits>,
 }
 
@@ -234,11 +241,14 @@ pub struct InstanceRecord {
     pub version: u32,
     pub id: InstanceId,
     pub cluster_id: ClusterId,
-    pub cluster: String,
-    pub role: String,
+    /// The strings below are shared (`Arc<str>`): a record is cloned on
+    /// every state change, and its cluster, role, host and version are the
+    /// same text for thousands of instances.
+    pub cluster: Arc<str>,
+    pub role: Arc<str>,
     pub ordinal: u32,
     pub node: NodeId,
-    pub host: String,
+    pub host: Arc<str>,
     pub ports: Ports,
     pub status: InstanceStatus,
     pub desired: DesiredState,
@@ -246,15 +256,51 @@ pub struct InstanceRecord {
     /// Desired-state generation; bumped before every command sent to the agent.
     pub generation: u64,
     /// The instance directory on the agent.
-    pub dir: String,
+    pub dir: Arc<str>,
     pub last_error: Option<String>,
-    /// `None` until the first successful install.
-    pub applied: Option<Applied>,
+    /// `None` until the first successful install. Shared: the instances
+    /// of a role installed together hold one.
+    pub applied: Option<Arc<Applied>>,
     /// Its files (or environment) changed since its process started: a
     /// reload (files) or a restart (environment) is owed. Durable, so a
     /// reconfiguration interrupted between writing the files and restarting
     /// still does the right one when it runs again.
     pub pending_restart: PendingRestart,
+}
+
+/// Makes records decoded one by one (a master's boot) share their common
+/// strings again, as records placed together do: one copy per distinct
+/// cluster, role, host, version and port name instead of one per instance.
+#[derive(Default)]
+pub struct SharedStrings(std::collections::HashSet<Arc<str>>);
+
+impl SharedStrings {
+    fn share(&mut self, s: &mut Arc<str>) {
+        match self.0.get(s) {
+            Some(known) => *s = known.clone(),
+            None => {
+                self.0.insert(s.clone());
+            }
+        }
+    }
+
+    /// Points `r`'s shared strings at this pool's copies.
+    pub fn share_record(&mut self, r: &mut InstanceRecord) {
+        self.share(&mut r.cluster);
+        self.share(&mut r.role);
+        self.share(&mut r.host);
+        if let Some(a) = r.applied.as_mut() {
+            self.share(&mut Arc::make_mut(a).package_version);
+        }
+        if !r.ports.is_empty() {
+            let ports = r.ports.0.iter().map(|(name, port)| {
+                let mut name = name.clone();
+                self.share(&mut name);
+                (name, *port)
+            });
+            r.ports = Ports(ports.collect());
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -300,7 +346,8 @@ pub enum NodeStatus {
 pub struct NodeRecord {
     pub version: u32,
     pub id: NodeId,
-    pub address: String,
+    /// Shared with every instance placed on the node (their `host`).
+    pub address: Arc<str>,
     pub port_range: (u16, u16),
     pub labels: BTreeMap<String, String>,
     pub cgroups: bool,
@@ -523,4 +570,50 @@ pub struct EventRecord {
     pub cluster: Option<String>,
     /// What changed: a JSON object.
     pub data: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{codec, testdata};
+
+    /// Records decoded one by one (a boot) hold a copy of every string
+    /// each; shared, they point at one copy, and still read and encode the
+    /// same.
+    #[test]
+    fn records_decoded_apart_share_their_strings_again() {
+        let cluster = testdata::cluster("zk");
+        let decode = |ordinal| {
+            let mut r = testdata::instance(&cluster, ordinal);
+            r.applied = Some(Arc::new(Applied { package_version: "3.9.2".into(), limits: None }));
+            codec::decode::<InstanceRecord>(&codec::encode(&r).unwrap()).unwrap()
+        };
+        let (mut a, mut b) = (decode(1), decode(2));
+        assert!(!Arc::ptr_eq(&a.cluster, &b.cluster), "decoded apart, they start as copies");
+        let (a0, b0) = (a.clone(), b.clone());
+        let mut pool = SharedStrings::default();
+        pool.share_record(&mut a);
+        pool.share_record(&mut b);
+        assert!(Arc::ptr_eq(&a.cluster, &b.cluster));
+        assert!(Arc::ptr_eq(&a.role, &b.role));
+        assert!(Arc::ptr_eq(&a.host, &b.host));
+        let version = |r: &InstanceRecord| r.applied.as_ref().unwrap().package_version.clone();
+        assert!(Arc::ptr_eq(&version(&a), &version(&b)));
+        assert!(Arc::ptr_eq(&a.ports.0[0].0, &b.ports.0[0].0));
+        assert_eq!((a.clone(), b.clone()), (a0, b0), "sharing changes no value");
+        assert_eq!(codec::encode(&a).unwrap(), codec::encode(&decode(1)).unwrap());
+    }
+
+    /// `Ports` is stored and shown as a map, sorted by name, as it was when
+    /// it held `String`s.
+    #[test]
+    fn ports_encode_as_a_sorted_map() {
+        let ports: Ports = [("peer", 2888u16), ("client", 2181)].into_iter().collect();
+        assert_eq!(ports.len(), 2);
+        assert_eq!(ports.get("client"), Some(&2181));
+        assert_eq!(serde_json::to_string(&ports).unwrap(), r#"{"client":2181,"peer":2888}"#);
+        let map: BTreeMap<String, u16> = [("client".to_string(), 2181u16), ("peer".to_string(), 2888)].into();
+        assert_eq!(codec::encode(&ports).unwrap(), codec::encode(&map).unwrap());
+        assert_eq!(codec::decode::<Ports>(&codec::encode(&map).unwrap()).unwrap(), ports);
+    }
 }

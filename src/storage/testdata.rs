@@ -41,7 +41,7 @@ pub fn instance(cluster: &ClusterRecord, ordinal: u32) -> InstanceRecord {
         version: RECORD_VERSION,
         id: InstanceId::generate(&cluster.name, &cluster.id, "server", ordinal),
         cluster_id: cluster.id,
-        cluster: cluster.name.clone(),
+        cluster: cluster.name.as_str().into(),
         role: "server".into(),
         ordinal,
         node: NodeId::new("node-1"),
@@ -53,10 +53,10 @@ pub fn instance(cluster: &ClusterRecord, ordinal: u32) -> InstanceRecord {
         generation: 7,
         dir: "/var/lib/flotilla/instances/x".into(),
         last_error: Some("was slow".into()),
-        applied: Some(Applied {
+        applied: Some(std::sync::Arc::new(Applied {
             package_version: "3.8.0".into(),
             limits: Some(Limits { memory_bytes: Some(512 << 20), cpu: None }),
-        }),
+        })),
         pending_restart: PendingRestart::Restart,
     }
 }

@@ -227,7 +227,7 @@ async fn admit(
     let record = NodeRecord {
         version: RECORD_VERSION,
         id: node.clone(),
-        address: hello.address.clone(),
+        address: hello.address.as_str().into(),
         port_range: hello.port_range,
         labels: hello.labels.clone(),
         cgroups: hello.cgroups,

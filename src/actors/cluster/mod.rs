@@ -78,7 +78,7 @@ impl Core {
     /// The members' records, by role then ordinal.
     pub fn members(&self) -> Vec<Arc<InstanceRecord>> {
         let mut v: Vec<Arc<InstanceRecord>> = self.instances.values().map(|i| i.record()).collect();
-        v.sort_by(|a, b| (a.role.as_str(), a.ordinal).cmp(&(b.role.as_str(), b.ordinal)));
+        v.sort_by(|a, b| (&*a.role, a.ordinal).cmp(&(&*b.role, b.ordinal)));
         v
     }
 }

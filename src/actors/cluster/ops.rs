@@ -233,7 +233,7 @@ impl ClusterOps {
                 version: RECORD_VERSION,
                 instance: i.id.clone(),
                 node: i.node.clone(),
-                cluster: i.cluster.clone(),
+                cluster: i.cluster.to_string(),
                 ports: i.ports.values().copied().collect(),
                 reason: i.last_error.clone().unwrap_or_else(|| "not removed by a force delete".into()),
                 at: now,

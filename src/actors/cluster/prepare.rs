@@ -90,7 +90,7 @@ impl ClusterActor {
                 require_active(status, "scale")?;
                 let members = self.members();
                 check_removal(&members, &role, &remove)?;
-                let left = members.iter().filter(|m| m.role == role).count() as u32 - remove.len() as u32;
+                let left = members.iter().filter(|m| *m.role == *role).count() as u32 - remove.len() as u32;
                 spec.check_count(&role, left)?;
                 let removed = group_by_order(spec, members.iter().map(|m| &**m).filter(|m| remove.contains(&m.id)));
                 let remaining: Vec<InstanceId> =
@@ -145,7 +145,8 @@ impl ClusterActor {
                     return Err(Error::spec(format!("roles.{role}"), "the package has no such role"));
                 }
                 check_limits(&limits)?;
-                let members: Vec<Arc<InstanceRecord>> = self.members().into_iter().filter(|m| m.role == role).collect();
+                let members: Vec<Arc<InstanceRecord>> =
+                    self.members().into_iter().filter(|m| *m.role == *role).collect();
                 self.check_nodes_enforce_limits(&role, members.iter().map(|m| &m.node))?;
                 let old = self.core.borrow().record.roles.get(&role).and_then(|r| r.limits);
                 let ids: Vec<InstanceId> = members.iter().map(|m| m.id.clone()).collect();
@@ -224,7 +225,7 @@ impl ClusterActor {
         let role_spec =
             spec.role(role).ok_or_else(|| Error::spec("role", format!("the package has no role {role:?}")))?;
         let record = self.core.borrow().record.clone();
-        let current = self.members().iter().filter(|m| m.role == role).count() as u32;
+        let current = self.members().iter().filter(|m| &*m.role == role).count() as u32;
         let total = current.checked_add(add).ok_or_else(|| {
             Error::spec(format!("roles.{role}.count"), format!("adding {add} to {current} overflows"))
         })?;
@@ -266,7 +267,7 @@ pub fn group_by_order<'a>(
     spec: &ComponentSpec,
     instances: impl Iterator<Item = &'a InstanceRecord>,
 ) -> Vec<(i32, Vec<InstanceId>)> {
-    let mut groups: std::collections::BTreeMap<i32, Vec<(String, u32, InstanceId)>> = Default::default();
+    let mut groups: std::collections::BTreeMap<i32, Vec<(Arc<str>, u32, InstanceId)>> = Default::default();
     for i in instances {
         let order = spec.role(&i.role).map(|r| r.order).unwrap_or_default();
         groups.entry(order).or_default().push((i.role.clone(), i.ordinal, i.id.clone()));
@@ -329,7 +330,7 @@ fn check_removal(members: &[Arc<InstanceRecord>], role: &str, remove: &[Instance
         }
         match members.iter().find(|m| &m.id == id) {
             None => return Err(Error::not_found("instance", id)),
-            Some(m) if m.role != role => {
+            Some(m) if &*m.role != role => {
                 return Err(Error::invalid(
                     "invalid_request",
                     format!("remove: {id} is a {} instance, not {role}", m.role),
@@ -351,7 +352,7 @@ fn check_compatible(old: &ComponentSpec, new: &ComponentSpec, members: &[Arc<Ins
             format!("the package is {}, the cluster runs {}", new.component.name, old.component.name),
         ));
     }
-    let roles: BTreeSet<&str> = members.iter().map(|m| m.role.as_str()).collect();
+    let roles: BTreeSet<&str> = members.iter().map(|m| &*m.role).collect();
     for role in roles {
         let Some(r) = new.role(role) else {
             return Err(Error::spec(format!("roles.{role}"), "the new version has no such role"));
@@ -363,7 +364,7 @@ fn check_compatible(old: &ComponentSpec, new: &ComponentSpec, members: &[Arc<Ins
                 format!("the new version declares ports {:?}, the cluster has {:?}", r.ports, old_ports),
             ));
         }
-        let count = members.iter().filter(|m| m.role == role).count() as u32;
+        let count = members.iter().filter(|m| &*m.role == role).count() as u32;
         new.check_count(role, count)?;
     }
     Ok(())

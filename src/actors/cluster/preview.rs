@@ -246,7 +246,7 @@ fn change(
 /// started when it must run and is found stopped, else left alone.
 fn roll(spec: &ComponentSpec, after: &ClusterRecord, m: &InstanceRecord, must_run: bool) -> String {
     let target = crate::actors::render::target(spec, after, m);
-    if m.applied.as_ref() != Some(&target) {
+    if m.applied.as_deref() != Some(&target) {
         if must_run { "replace (stop, install, start)".into() } else { "replace (stop, install; stays stopped)".into() }
     } else if must_run && m.status != InstanceStatus::Running {
         "start (found stopped)".into()
@@ -289,10 +289,10 @@ fn describe(p: &Prepared, mut effects: BTreeMap<String, Members>) -> PlanPreview
         .iter()
         .map(|i| PlacedInstance {
             id: i.id.to_string(),
-            role: i.role.clone(),
+            role: i.role.to_string(),
             ordinal: i.ordinal,
             node: i.node.to_string(),
-            host: i.host.clone(),
+            host: i.host.to_string(),
             ports: i.ports.to_map(),
         })
         .collect();

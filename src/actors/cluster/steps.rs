@@ -145,7 +145,7 @@ impl ClusterOps {
         // comes first; "not held" reinstalls it).
         let out_of_line = |i: &InstanceRecord| {
             !matches!(i.status, InstanceStatus::Running | InstanceStatus::Lost)
-                && i.applied.as_ref() != Some(&crate::actors::render::target(&current.spec, &cluster, i))
+                && i.applied.as_deref() != Some(&crate::actors::render::target(&current.spec, &cluster, i))
         };
         let gone: Vec<InstanceId> = ids
             .iter()
@@ -215,7 +215,7 @@ impl ClusterOps {
             let mut run = Vec::new();
             for inst in &known {
                 let id = &inst.id;
-                let Some(role) = group.iter().find(|r| r.name == inst.role) else { continue };
+                let Some(role) = group.iter().find(|r| *r.name == *inst.role) else { continue };
                 match hook_argv(role, hook) {
                     Some(_) => run.push(id.clone()),
                     None => {
@@ -244,9 +244,9 @@ impl ClusterOps {
     /// order of `ids`, each role's instances `batch` at a time (see the
     /// module doc for the default).
     fn batches(&self, spec: &crate::spec::ComponentSpec, ids: Vec<InstanceId>, batch: usize) -> Vec<Vec<InstanceId>> {
-        let mut by_role: BTreeMap<(i32, String), Vec<InstanceId>> = BTreeMap::new();
+        let mut by_role: BTreeMap<(i32, Arc<str>), Vec<InstanceId>> = BTreeMap::new();
         let members = self.core.borrow().members();
-        let mut size_of: BTreeMap<String, usize> = BTreeMap::new();
+        let mut size_of: BTreeMap<Arc<str>, usize> = BTreeMap::new();
         for m in &members {
             *size_of.entry(m.role.clone()).or_default() += 1;
         }
@@ -346,7 +346,7 @@ impl ClusterOps {
             let inst = self.record_of(id).map_err(fail)?;
             let target = crate::actors::render::target(&current.spec, &cluster, &inst);
             let must_run = r.running.contains(id);
-            if inst.applied.as_ref() != Some(&target) {
+            if inst.applied.as_deref() != Some(&target) {
                 todo.push(id.clone());
                 how.insert(id.clone(), (must_run, true));
             } else if must_run && inst.status != InstanceStatus::Running {

@@ -64,7 +64,7 @@ impl InstanceCmd {
 #[derive(Debug, Clone)]
 pub struct ChangeRule {
     pub spec: Arc<ComponentSpec>,
-    pub role: String,
+    pub role: Arc<str>,
 }
 
 impl ChangeRule {
@@ -93,7 +93,7 @@ pub struct InstallPayload {
     pub package_size: u64,
     pub blob: PathBuf,
     /// Recorded on the instance once the install succeeded.
-    pub applied: Applied,
+    pub applied: Arc<Applied>,
 }
 
 /// The answer to one command: the result an operation journals, and for

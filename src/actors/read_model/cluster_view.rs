@@ -98,7 +98,7 @@ pub struct ClusterSnapshot {
 /// Instances by role and by status.
 #[derive(Debug, Clone, Default)]
 pub struct Counts {
-    pub roles: std::collections::BTreeMap<String, u32>,
+    pub roles: std::collections::BTreeMap<std::sync::Arc<str>, u32>,
     /// Indexed by `InstanceStatus as usize`.
     pub statuses: [u32; 10],
 }
@@ -108,7 +108,7 @@ impl Counts {
         let role = self.roles.entry(r.role.clone()).or_default();
         *role = (*role as i64 + sign).max(0) as u32;
         if *role == 0 {
-            self.roles.remove(&r.role);
+            self.roles.remove(&*r.role);
         }
         let st = &mut self.statuses[r.status as usize];
         *st = (*st as i64 + sign).max(0) as u32;
@@ -119,7 +119,7 @@ impl ClusterSnapshot {
     /// The instances by role, then ordinal.
     pub fn sorted_instances(&self) -> Vec<&InstanceEntry> {
         let mut v: Vec<&InstanceEntry> = self.instances.values().collect();
-        v.sort_by(|a, b| (a.record.role.as_str(), a.record.ordinal).cmp(&(b.record.role.as_str(), b.record.ordinal)));
+        v.sort_by(|a, b| (&*a.record.role, a.record.ordinal).cmp(&(&*b.record.role, b.record.ordinal)));
         v
     }
 }

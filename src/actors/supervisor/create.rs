@@ -61,6 +61,10 @@ pub fn place_instances(
         ));
     }
     let mut out: Vec<InstanceRecord> = Vec::with_capacity(chosen.len());
+    // Shared by every record placed here (see `InstanceRecord`).
+    let cluster_name: Arc<str> = cluster.name.as_str().into();
+    let role_name: Arc<str> = role.name.as_str().into();
+    let port_names: Vec<Arc<str>> = role.ports.iter().map(|p| Arc::from(p.as_str())).collect();
     for (k, node) in chosen.into_iter().enumerate() {
         let Some(record) = nodes.get(&node).map(|e| e.record()) else {
             continue;
@@ -81,17 +85,17 @@ pub fn place_instances(
             version: RECORD_VERSION,
             id,
             cluster_id: cluster.id,
-            cluster: cluster.name.clone(),
-            role: role.name.clone(),
+            cluster: cluster_name.clone(),
+            role: role_name.clone(),
             ordinal,
             node: node.clone(),
             host: record.address.clone(),
-            ports: role.ports.iter().cloned().zip(ports).collect(),
+            ports: port_names.iter().cloned().zip(ports).collect(),
             status: InstanceStatus::Pending,
             desired: DesiredState::Installed,
             pid: None,
             generation: 0,
-            dir,
+            dir: dir.into(),
             last_error: None,
             applied: None,
             pending_restart: PendingRestart::No,

@@ -33,7 +33,7 @@ use crate::ids::{ClusterId, InstanceId, NodeId, OperationId, validate_name};
 use crate::spec::RoleSpec;
 use crate::storage::records::{
     ClusterRecord, ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, NodeStatus, OperationRecord,
-    OperationStatus, PackageRef, PendingRestart, RECORD_VERSION, RoleState,
+    OperationStatus, PackageRef, PendingRestart, RECORD_VERSION, RoleState, SharedStrings,
 };
 use crate::storage::{WriteOp, events};
 
@@ -155,8 +155,10 @@ impl Actor for Supervisor {
         let Some(boot) = self.boot.take() else { return };
         let mut by_cluster: HashMap<ClusterId, Vec<InstanceRecord>> = HashMap::new();
         let mut by_node: HashMap<NodeId, Vec<(InstanceId, Arc<str>)>> = HashMap::new();
-        for i in boot.instances {
-            by_node.entry(i.node.clone()).or_default().push((i.id.clone(), Arc::from(i.cluster.as_str())));
+        let mut strings = SharedStrings::default();
+        for mut i in boot.instances {
+            strings.share_record(&mut i);
+            by_node.entry(i.node.clone()).or_default().push((i.id.clone(), i.cluster.clone()));
             by_cluster.entry(i.cluster_id).or_default().push(i);
         }
         for (node, ids) in by_node {
