@@ -10,6 +10,7 @@
 //! | [`codec`] | bincode encoding, the only place it is used for storage |
 //! | [`keys`] | column family names, key layouts, the typed `WriteOp` builders |
 //! | [`writer`] | the group-commit writer thread |
+//! | [`idle_flush`] | flushing the master's memtables once its writer is idle (memory back at rest) |
 //! | [`events`] | what each state change looks like in the event log (kinds and data) |
 //! | [`append_log`] | sequence numbers and retention of the append-only `events` log |
 //! | [`db`] | opening a database and checking its schema version |
