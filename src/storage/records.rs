@@ -270,16 +270,22 @@ pub struct InstanceRecord {
 
 /// Makes records decoded one by one (a master's boot) share their common
 /// strings again, as records placed together do: one copy per distinct
-/// cluster, role, host, version and port name instead of one per instance.
+/// cluster, role, host, port name and `Applied` instead of one per instance.
 #[derive(Default)]
-pub struct SharedStrings(std::collections::HashSet<Arc<str>>);
+pub struct SharedStrings {
+    strings: std::collections::HashSet<Arc<str>>,
+    applied: std::collections::HashMap<AppliedKey, Arc<Applied>>,
+}
+
+/// An `Applied` by its version, memory limit and the CPU limit's bits.
+type AppliedKey = (Arc<str>, Option<u64>, Option<u64>);
 
 impl SharedStrings {
     fn share(&mut self, s: &mut Arc<str>) {
-        match self.0.get(s) {
+        match self.strings.get(s) {
             Some(known) => *s = known.clone(),
             None => {
-                self.0.insert(s.clone());
+                self.strings.insert(s.clone());
             }
         }
     }
@@ -291,6 +297,9 @@ impl SharedStrings {
         self.share(&mut r.host);
         if let Some(a) = r.applied.as_mut() {
             self.share(&mut Arc::make_mut(a).package_version);
+            let limits = a.limits.map(|l| (l.memory_bytes, l.cpu.map(f64::to_bits)));
+            let key = (a.package_version.clone(), limits.and_then(|l| l.0), limits.and_then(|l| l.1));
+            *a = self.applied.entry(key).or_insert_with(|| a.clone()).clone();
         }
         if !r.ports.is_empty() {
             let ports = r.ports.0.iter().map(|(name, port)| {
@@ -597,8 +606,18 @@ mod tests {
         assert!(Arc::ptr_eq(&a.cluster, &b.cluster));
         assert!(Arc::ptr_eq(&a.role, &b.role));
         assert!(Arc::ptr_eq(&a.host, &b.host));
-        let version = |r: &InstanceRecord| r.applied.as_ref().unwrap().package_version.clone();
-        assert!(Arc::ptr_eq(&version(&a), &version(&b)));
+        assert!(Arc::ptr_eq(a.applied.as_ref().unwrap(), b.applied.as_ref().unwrap()));
+        // Another limit is another `Applied`, never merged with the first.
+        let mut c = decode(3);
+        let limited =
+            Applied { package_version: "3.9.2".into(), limits: Some(Limits { memory_bytes: None, cpu: Some(0.5) }) };
+        c.applied = Some(Arc::new(limited.clone()));
+        pool.share_record(&mut c);
+        assert_eq!(c.applied.as_deref(), Some(&limited));
+        assert!(Arc::ptr_eq(
+            &c.applied.as_ref().unwrap().package_version,
+            &a.applied.as_ref().unwrap().package_version
+        ));
         assert!(Arc::ptr_eq(&a.ports.0[0].0, &b.ports.0[0].0));
         assert_eq!((a.clone(), b.clone()), (a0, b0), "sharing changes no value");
         assert_eq!(codec::encode(&a).unwrap(), codec::encode(&decode(1)).unwrap());
