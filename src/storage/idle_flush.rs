@@ -5,10 +5,13 @@
 //! a burst (a scale-out of thousands) a master at rest held ~30 MiB of
 //! memtables, about a sixth of what 100,000 instances cost it (B8 in
 //! BENCHMARKS.md). A thread watches the writer's batch count; once it has
-//! not moved for [`IDLE`] after moving, it asks RocksDB to flush every
-//! column family (in RocksDB's background, not waiting), which frees the
-//! memtables and also shortens the WAL replayed after a crash. Nothing
-//! acknowledged depends on it: every write is already synced to the WAL.
+//! not moved for [`IDLE`] after moving, it asks RocksDB to flush each
+//! column family whose memtables hold at least [`WORTH_FLUSHING`] (in
+//! RocksDB's background, not waiting), which frees them and also shortens
+//! the WAL replayed after a crash. A master writing a little now and then
+//! is left alone: a flush each time would only make tiny files to compact.
+//! Nothing acknowledged depends on it: every write is already synced to
+//! the WAL.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -17,6 +20,11 @@ use rocksdb::{DB, FlushOptions};
 
 /// How long the writer must be idle before the memtables are flushed.
 pub const IDLE: Duration = Duration::from_secs(3);
+
+/// A column family whose memtables use less than this is left alone. A
+/// memtable's first arena block (1 MiB here) counts from its first write,
+/// touched or not, so this is one block and a half.
+pub const WORTH_FLUSHING: u64 = 3 << 19;
 
 /// How often the thread looks.
 const TICK: Duration = Duration::from_millis(500);
@@ -53,11 +61,23 @@ fn watch(db: Weak<DB>, cfs: &'static [&'static str], batches: impl Fn() -> u64) 
             continue;
         }
         let Some(db) = db.upgrade() else { return };
+        let mut held = 0;
+        let mut handles = Vec::new();
+        for cf in cfs.iter().filter_map(|cf| db.cf_handle(cf)) {
+            let used = db.property_int_value_cf(cf, "rocksdb.cur-size-all-mem-tables").ok().flatten().unwrap_or(0);
+            if used >= WORTH_FLUSHING {
+                held += used;
+                handles.push(cf);
+            }
+        }
+        if handles.is_empty() {
+            flushed_at = now;
+            continue;
+        }
         let mut opts = FlushOptions::default();
         opts.set_wait(false);
-        let handles: Vec<_> = cfs.iter().filter_map(|cf| db.cf_handle(cf)).collect();
         match db.flush_cfs_opt(&handles, &opts) {
-            Ok(()) => tracing::debug!(batches = now, "idle store: memtables flushed"),
+            Ok(()) => tracing::debug!(batches = now, bytes = held, "idle store: memtables flushed"),
             Err(e) => tracing::warn!(error = %e, "idle store: flushing the memtables failed"),
         }
         drop(handles);
@@ -79,6 +99,10 @@ mod tests {
         db.property_int_value_cf(cf, "rocksdb.num-entries-active-mem-table").unwrap().unwrap()
     }
 
+    fn put(k: u32, size: usize) -> WriteOp {
+        WriteOp::Put { cf: "data", key: k.to_be_bytes().to_vec(), value: vec![7; size] }
+    }
+
     /// Writes held in the memtable are flushed once the writer has been
     /// idle for `IDLE`, not before, and stay readable; a store dropped with
     /// the watcher running can be opened again at once.
@@ -88,10 +112,9 @@ mod tests {
         let db = db::open(dir.path(), &CFS, "meta").unwrap();
         let writer = StoreWriter::start(db.clone(), DEFAULT_QUEUE).unwrap();
         start(&db, &CFS, writer.batch_counter()).unwrap();
-        let put = |k: u32| WriteOp::Put { cf: "data", key: k.to_be_bytes().to_vec(), value: vec![7; 100] };
         let began = std::time::Instant::now();
         for k in 0..200 {
-            writer.commit(vec![put(k)]).await.unwrap();
+            writer.commit(vec![put(k, 8 * 1024)]).await.unwrap();
         }
         assert_eq!(memtable_entries(&db), 200, "the writes sit in the memtable");
         tokio::time::sleep(IDLE / 2).await;
@@ -104,9 +127,24 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let cf = db.cf_handle("data").unwrap();
-        assert_eq!(db.get_cf(cf, 199u32.to_be_bytes()).unwrap(), Some(vec![7; 100]));
+        assert_eq!(db.get_cf(cf, 199u32.to_be_bytes()).unwrap(), Some(vec![7; 8 * 1024]));
         drop(writer);
         drop(db);
         db::open(dir.path(), &CFS, "meta").expect("reopened while the watcher may still run");
+    }
+
+    /// A few small writes now and then are not worth a flush (each would
+    /// only make a tiny file to compact): they stay in the memtable.
+    #[tokio::test]
+    async fn small_memtables_are_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = db::open(dir.path(), &CFS, "meta").unwrap();
+        let writer = StoreWriter::start(db.clone(), DEFAULT_QUEUE).unwrap();
+        start(&db, &CFS, writer.batch_counter()).unwrap();
+        for k in 0..20 {
+            writer.commit(vec![put(k, 100)]).await.unwrap();
+        }
+        tokio::time::sleep(IDLE + Duration::from_secs(2)).await;
+        assert_eq!(memtable_entries(&db), 20, "2 KB of memtable was flushed");
     }
 }
