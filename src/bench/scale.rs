@@ -197,6 +197,7 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
         for r in readers {
             let _ = r.await;
         }
+        run_cpu(report, master, cpu_start, run_started, instances);
         report.operations = ops.summaries();
         fleet.stop().await;
         return Ok(());
@@ -296,11 +297,7 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
     for r in readers {
         let _ = r.await;
     }
-    let elapsed = run_started.elapsed().as_secs_f64();
-    if let (Some(c0), Some((_, c1))) = (cpu_start, master.usage()) {
-        report.master_cpu_pct = round((c1 - c0) / elapsed * 100.0);
-        report.master_cpu_ms_per_instance = round((c1 - c0) * 1000.0 / instances.max(1) as f64);
-    }
+    run_cpu(report, master, cpu_start, run_started, instances);
     report.operations = ops.summaries();
     let failed = failures.lock().await.clone();
     report.failures = failed.len();
@@ -353,6 +350,22 @@ fn start_readers(api: &Api, n: usize, stop: Arc<AtomicBool>, _prefix: &str) -> V
             })
         })
         .collect()
+}
+
+/// The master's CPU from the first create to now: its share of one core,
+/// and per placed instance.
+fn run_cpu(
+    report: &mut Report,
+    master: &super::master_proc::MasterProc,
+    cpu_start: Option<f64>,
+    started: Instant,
+    instances: u64,
+) {
+    let elapsed = started.elapsed().as_secs_f64();
+    if let (Some(c0), Some((_, c1))) = (cpu_start, master.usage()) {
+        report.master_cpu_pct = round((c1 - c0) / elapsed * 100.0);
+        report.master_cpu_ms_per_instance = round((c1 - c0) * 1000.0 / instances.max(1) as f64);
+    }
 }
 
 /// The master's RSS (MiB) once it stops falling: sampled each second until
