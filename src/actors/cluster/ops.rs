@@ -350,7 +350,7 @@ impl ClusterOps {
             Action::Install(ids) => self.install(ids).await,
             Action::WriteFiles(ids) => self.write_files(ids).await,
             Action::Start(ids) => self.start(ids).await,
-            Action::Stop(ids) => self.on_each_checked(ids, |_| Ok(crate::actors::instance::InstanceCmd::Stop)).await,
+            Action::Stop(ids) => self.stop_each(ids).await,
             Action::DeleteOnAgent(ids) => self.delete_on_agents(ids).await,
             Action::Hook { hook, ids } => self.hook(*hook, ids).await,
             Action::Reconfigure(r) => self.reconfigure(r).await,
