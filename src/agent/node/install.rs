@@ -121,7 +121,9 @@ impl Node {
         };
         let me = users::current();
         let req = StopRequest { instance: id, dir, spec: &spec, run_as: &me, current: None };
-        match self.processes.stop(&req).await {
+        let stopped = self.processes.stop(&req).await;
+        self.processes.forget_confirmation(id);
+        match stopped {
             Ok(true) => {
                 tracing::warn!(instance = %id, "ended processes of an instance installed again without its record (the agent lost its store)");
                 Ok(())

@@ -130,6 +130,7 @@ impl Node {
             let dir = self.instance_dir(id);
             let req = StopRequest { instance: id, dir: &dir, spec: &spec, run_as: &me, current: None };
             let _ = self.processes.stop(&req).await;
+            self.processes.forget_confirmation(id);
         }
         let dir = self.instance_dir(id);
         if let Err(e) = tokio::fs::remove_dir_all(&dir).await
@@ -258,6 +259,31 @@ mod tests {
         assert!(t.node.processes.passes_over_proc() > passes, "the delete took no pass");
         let ended = tokio::time::timeout(std::time::Duration::from_secs(5), stray.wait()).await;
         assert!(ended.is_ok(), "the process in the instance's cgroup survives its delete");
+        assert_deleted(&t, &id).await;
+    }
+
+    /// The main process outside the instance's cgroup when it is stopped
+    /// (moved out here; an agent without cgroups started it, in life): the
+    /// stop cannot vouch for what it did not contain, so the delete looks
+    /// again.
+    #[tokio::test]
+    async fn a_stop_that_signalled_outside_the_cgroup_confirms_nothing() {
+        let t = TestNode::with_cgroups();
+        let id = running(&t, "del-outside").await;
+        let cg = t.node.processes.cgroup_of(&id).unwrap();
+        let main = marked(&id)[0];
+        // Into the cgroup2 mount's root: <mount>/flotilla/<scope>/<instance>.
+        let mount = cg.ancestors().nth(3).unwrap();
+        std::fs::write(mount.join("cgroup.procs"), main.to_string()).unwrap();
+        assert!(!crate::agent::process::cgroup::procs(&cg).contains(&main), "{main} did not leave the cgroup");
+        assert_eq!(t.node.stop(&id, 3).await, AgentResponse::Stopped { was_running: true });
+        assert_eq!(marked(&id), Vec::<u32>::new());
+        let passes = t.node.processes.passes_over_proc();
+        assert_eq!(t.node.delete(&id, 4).await, AgentResponse::Deleted { existed: true });
+        assert!(
+            t.node.processes.passes_over_proc() > passes,
+            "the delete trusted a stop that signalled outside the cgroup"
+        );
         assert_deleted(&t, &id).await;
     }
 

@@ -38,13 +38,19 @@ impl ProcessController {
         let known = self.known_alive(req.instance, req.current);
         let grace = Duration::from_millis(req.spec.stop_grace_ms);
         let stop_command = req.spec.stop.as_ref().filter(|a| !a.is_empty());
+        // Whether everything of the instance this stop saw was inside its
+        // cgroup: only then may it confirm (see `confirm`).
+        let mut contained_all = false;
         let was_running = match (cg, stop_command) {
-            (Some(cg), None) => self.stop_in_cgroup(req.instance, &known, cg, grace).await?,
+            (Some(cg), None) => {
+                let (was, contained) = self.stop_in_cgroup(req.instance, &known, cg, grace).await?;
+                contained_all = contained;
+                was
+            }
             _ => {
                 let mut members = self.members(req.instance, &known, cg).await?;
                 if members.is_empty() {
                     self.finish(req.instance, cg).await;
-                    self.confirm(req.instance, cg);
                     return Ok(false);
                 }
                 if let Some(argv) = stop_command {
@@ -63,7 +69,9 @@ impl ProcessController {
             }
         };
         self.finish(req.instance, cg).await;
-        self.confirm(req.instance, cg);
+        if contained_all {
+            self.confirm(req.instance, cg);
+        }
         Ok(was_running)
     }
 
@@ -93,9 +101,11 @@ impl ProcessController {
     /// Records that a stop just ended with nothing of the instance left:
     /// every way out of [`Self::stop`] with `Ok` ends with a pass over
     /// `/proc` that found nothing, taken after the last signal. Recorded
-    /// only when the instance has a cgroup and it is empty (or removed):
-    /// without one, a process can hide from a pass (mid-`exec`) and only
-    /// the delete's own pass would catch it.
+    /// only when everything of the instance the stop saw was inside its
+    /// cgroup, and the cgroup is empty (or removed): a process outside it
+    /// (started by an agent without cgroups and adopted, or moved out) can
+    /// hide from a pass (mid-`exec`), and only the delete's own pass would
+    /// catch it.
     fn confirm(&self, instance: &InstanceId, cg: Option<&Path>) {
         if cg.is_some_and(cgroup::is_empty) {
             self.confirmed().insert(instance.clone());
@@ -119,6 +129,13 @@ impl ProcessController {
         }
         self.finish(instance, cg.as_deref()).await;
         true
+    }
+
+    /// Forgets a stop's confirmation without using it: a stop whose
+    /// instance has no record (a leftover's, an unrecorded instance's) must
+    /// not leave an entry behind for the agent's lifetime.
+    pub fn forget_confirmation(&self, instance: &InstanceId) {
+        self.confirmed().remove(instance);
     }
 
     /// KILLs everything of the instance until nothing is left (at most a few

@@ -62,16 +62,19 @@ async fn empty_by(cg: &Path, until: Instant) -> bool {
 
 impl ProcessController {
     /// TERM, grace, KILL for an instance in cgroup `cg` (see the module
-    /// doc). Returns whether anything of it was running.
+    /// doc). Returns whether anything of it was running, and whether
+    /// everything of it the stop saw was inside the cgroup (the recorded
+    /// main process among them, and the pass found nothing besides).
     pub(super) async fn stop_in_cgroup(
         &self,
         instance: &InstanceId,
         known: &[PidIdentity],
         cg: &Path,
         grace: Duration,
-    ) -> Result<bool, ProcessError> {
+    ) -> Result<(bool, bool), ProcessError> {
         let deadline = Instant::now() + grace;
         let mut termed = in_cgroup(cg);
+        let listed = termed.len();
         // The recorded main process, should it be outside (identities are
         // checked: a recycled pid is not it).
         for k in known {
@@ -87,7 +90,9 @@ impl ProcessController {
         // in it then, so what this pass does not show does not run.
         let found = self.members(instance, known, Some(cg)).await?;
         if found.is_empty() && emptied {
-            return Ok(!termed.is_empty());
+            // Contained when the recorded main process was among the
+            // cgroup's own: nothing was signalled from outside it.
+            return Ok((!termed.is_empty(), termed.len() == listed));
         }
         // Never a second TERM (some programs take it as "quit now").
         let late: Vec<Member> = found.iter().filter(|m| !termed.contains(m)).copied().collect();
@@ -98,7 +103,7 @@ impl ProcessController {
         let outside = found.iter().any(|m| !inside.contains(&m.pid) && matches_stat(m.pid, m.start_time));
         let contained = (!outside).then_some(cg);
         self.term_then_kill(instance, known, Some(cg), contained, deadline).await?;
-        Ok(!termed.is_empty() || !found.is_empty())
+        Ok((!termed.is_empty() || !found.is_empty(), false))
     }
 }
 
