@@ -277,8 +277,10 @@ pub struct SharedStrings {
     applied: std::collections::HashMap<AppliedKey, Arc<Applied>>,
 }
 
-/// An `Applied` by its version, memory limit and the CPU limit's bits.
-type AppliedKey = (Arc<str>, Option<u64>, Option<u64>);
+/// An `Applied` by its version and limits (the CPU limit by its bits).
+/// `None` and `Some` limits with neither set are different keys: a role
+/// with `resources = {}` has the second.
+type AppliedKey = (Arc<str>, Option<(Option<u64>, Option<u64>)>);
 
 impl SharedStrings {
     fn share(&mut self, s: &mut Arc<str>) {
@@ -298,7 +300,7 @@ impl SharedStrings {
         if let Some(a) = r.applied.as_mut() {
             self.share(&mut Arc::make_mut(a).package_version);
             let limits = a.limits.map(|l| (l.memory_bytes, l.cpu.map(f64::to_bits)));
-            let key = (a.package_version.clone(), limits.and_then(|l| l.0), limits.and_then(|l| l.1));
+            let key = (a.package_version.clone(), limits);
             *a = self.applied.entry(key).or_insert_with(|| a.clone()).clone();
         }
         if !r.ports.is_empty() {
@@ -607,17 +609,19 @@ mod tests {
         assert!(Arc::ptr_eq(&a.role, &b.role));
         assert!(Arc::ptr_eq(&a.host, &b.host));
         assert!(Arc::ptr_eq(a.applied.as_ref().unwrap(), b.applied.as_ref().unwrap()));
-        // Another limit is another `Applied`, never merged with the first.
-        let mut c = decode(3);
-        let limited =
-            Applied { package_version: "3.9.2".into(), limits: Some(Limits { memory_bytes: None, cpu: Some(0.5) }) };
-        c.applied = Some(Arc::new(limited.clone()));
-        pool.share_record(&mut c);
-        assert_eq!(c.applied.as_deref(), Some(&limited));
-        assert!(Arc::ptr_eq(
-            &c.applied.as_ref().unwrap().package_version,
-            &a.applied.as_ref().unwrap().package_version
-        ));
+        // Other limits are another `Applied`, never merged with the first;
+        // so are limits with nothing set (a role with `resources = {}`).
+        let limits =
+            [Some(Limits { memory_bytes: None, cpu: Some(0.5) }), Some(Limits { memory_bytes: None, cpu: None })];
+        for (k, limits) in limits.into_iter().enumerate() {
+            let mut c = decode(3 + k as u32);
+            let limited = Applied { package_version: "3.9.2".into(), limits };
+            c.applied = Some(Arc::new(limited.clone()));
+            pool.share_record(&mut c);
+            assert_eq!(c.applied.as_deref(), Some(&limited));
+            let version = |r: &InstanceRecord| r.applied.as_ref().unwrap().package_version.clone();
+            assert!(Arc::ptr_eq(&version(&c), &version(&a)));
+        }
         assert!(Arc::ptr_eq(&a.ports.0[0].0, &b.ports.0[0].0));
         assert_eq!((a.clone(), b.clone()), (a0, b0), "sharing changes no value");
         assert_eq!(codec::encode(&a).unwrap(), codec::encode(&decode(1)).unwrap());
