@@ -13,7 +13,9 @@
 //! Nothing acknowledged depends on it: every write is already synced to
 //! the WAL.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rocksdb::{DB, FlushOptions};
@@ -29,26 +31,51 @@ pub const WORTH_FLUSHING: u64 = 3 << 19;
 /// How often the thread looks.
 const TICK: Duration = Duration::from_millis(500);
 
+/// The watcher thread; dropping this stops it and waits for it, so a
+/// flush it started has handed the database back before the store's drop
+/// returns (the directory can be opened again at once, as after the
+/// writer's own drop).
+pub struct IdleFlush {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for IdleFlush {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            if thread.join().is_err() {
+                tracing::error!("the store's idle flush thread panicked");
+            }
+        }
+    }
+}
+
 /// Starts the watcher of `db` for `cfs`; `batches` reads the writer's count
-/// of synced batches. The thread ends within a tick of the store's last
-/// handle going away (it keeps only a weak one).
+/// of synced batches. Keep the handle as long as the store (it holds only
+/// a weak reference to the database).
 pub fn start(
     db: &Arc<DB>,
     cfs: &'static [&'static str],
     batches: impl Fn() -> u64 + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<IdleFlush> {
     let db = Arc::downgrade(db);
-    std::thread::Builder::new().name("flotilla-store-flush".into()).spawn(move || watch(db, cfs, batches))?;
-    Ok(())
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("flotilla-store-flush".into())
+        .spawn(move || watch(db, cfs, batches, &stopped))?;
+    Ok(IdleFlush { stop, thread: Some(thread) })
 }
 
-fn watch(db: Weak<DB>, cfs: &'static [&'static str], batches: impl Fn() -> u64) {
+fn watch(db: Weak<DB>, cfs: &'static [&'static str], batches: impl Fn() -> u64, stop: &AtomicBool) {
     let mut flushed_at = batches();
     let mut seen = flushed_at;
     let mut still = Duration::ZERO;
     loop {
-        std::thread::sleep(TICK);
-        if db.strong_count() == 0 {
+        std::thread::park_timeout(TICK);
+        if stop.load(Ordering::Relaxed) || db.strong_count() == 0 {
             return;
         }
         let now = batches();
@@ -111,7 +138,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = db::open(dir.path(), &CFS, "meta").unwrap();
         let writer = StoreWriter::start(db.clone(), DEFAULT_QUEUE).unwrap();
-        start(&db, &CFS, writer.batch_counter()).unwrap();
+        let flush = start(&db, &CFS, writer.batch_counter()).unwrap();
         let began = std::time::Instant::now();
         for k in 0..200 {
             writer.commit(vec![put(k, 8 * 1024)]).await.unwrap();
@@ -128,9 +155,10 @@ mod tests {
         }
         let cf = db.cf_handle("data").unwrap();
         assert_eq!(db.get_cf(cf, 199u32.to_be_bytes()).unwrap(), Some(vec![7; 8 * 1024]));
+        drop(flush);
         drop(writer);
         drop(db);
-        db::open(dir.path(), &CFS, "meta").expect("reopened while the watcher may still run");
+        db::open(dir.path(), &CFS, "meta").expect("reopened once the store is dropped");
     }
 
     /// A few small writes now and then are not worth a flush (each would
@@ -140,11 +168,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = db::open(dir.path(), &CFS, "meta").unwrap();
         let writer = StoreWriter::start(db.clone(), DEFAULT_QUEUE).unwrap();
-        start(&db, &CFS, writer.batch_counter()).unwrap();
+        let flush = start(&db, &CFS, writer.batch_counter()).unwrap();
         for k in 0..20 {
             writer.commit(vec![put(k, 100)]).await.unwrap();
         }
         tokio::time::sleep(IDLE + Duration::from_secs(2)).await;
         assert_eq!(memtable_entries(&db), 20, "2 KB of memtable was flushed");
+        drop(flush);
     }
 }

@@ -36,6 +36,9 @@ pub use super::meta::MasterSnapshot;
 /// The master's database and its writer; cheap to clone.
 #[derive(Clone)]
 pub struct MasterStore {
+    /// First, so it stops (and lets go of the database) first; shared by
+    /// the clones, stopped with the last.
+    _flush: Arc<super::idle_flush::IdleFlush>,
     db: Arc<DB>,
     writer: StoreWriter,
 }
@@ -88,8 +91,9 @@ impl MasterStore {
         };
         let log = AppendLog::new(master_cf::EVENTS, last, events_retained);
         let writer = StoreWriter::start_with_log(db.clone(), queue, Some(log))?;
-        super::idle_flush::start(&db, &master_cf::ALL, writer.batch_counter()).map_err(StorageError::WriterSpawn)?;
-        Ok(MasterStore { db, writer })
+        let flush = super::idle_flush::start(&db, &master_cf::ALL, writer.batch_counter())
+            .map_err(StorageError::WriterSpawn)?;
+        Ok(MasterStore { _flush: Arc::new(flush), db, writer })
     }
 
     /// The writer every master write goes through.
