@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rocksdb::{DB, FlushOptions};
 
@@ -72,7 +72,9 @@ pub fn start(
 fn watch(db: Weak<DB>, cfs: &'static [&'static str], batches: impl Fn() -> u64, stop: &AtomicBool) {
     let mut flushed_at = batches();
     let mut seen = flushed_at;
-    let mut still = Duration::ZERO;
+    // When the count was last seen to move (a wake before the tick, which
+    // `park_timeout` allows, must not count as a tick of idleness).
+    let mut moved = Instant::now();
     loop {
         std::thread::park_timeout(TICK);
         if stop.load(Ordering::Relaxed) || db.strong_count() == 0 {
@@ -80,11 +82,10 @@ fn watch(db: Weak<DB>, cfs: &'static [&'static str], batches: impl Fn() -> u64, 
         }
         let now = batches();
         if now != seen {
-            (seen, still) = (now, Duration::ZERO);
+            (seen, moved) = (now, Instant::now());
             continue;
         }
-        still += TICK;
-        if still < IDLE || now == flushed_at {
+        if moved.elapsed() < IDLE || now == flushed_at {
             continue;
         }
         let Some(db) = db.upgrade() else { return };
