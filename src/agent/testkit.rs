@@ -23,6 +23,18 @@ pub fn argv(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
 
+/// Every live process on the machine carrying `id`'s marker, read from
+/// `/proc` here rather than through the agent's own scan.
+pub fn marked(id: &InstanceId) -> Vec<u32> {
+    let marker = tree::marker(id);
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| super::process::identity::read_stat(*pid).is_some_and(|s| s.is_running()))
+        .filter(|pid| tree::has_marker(*pid, &marker))
+        .collect()
+}
+
 /// A foreground spec with `GREETING=hello` in its env.
 pub fn spec(start: &[&str]) -> ProcessSpec {
     ProcessSpec {

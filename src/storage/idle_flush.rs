@@ -127,6 +127,14 @@ mod tests {
         db.property_int_value_cf(cf, "rocksdb.num-entries-active-mem-table").unwrap().unwrap()
     }
 
+    /// A store in `dir` with its writer and its idle flush running.
+    fn store(dir: &std::path::Path) -> (Arc<DB>, StoreWriter, IdleFlush) {
+        let db = db::open(dir, &CFS, "meta").unwrap();
+        let writer = StoreWriter::start(db.clone(), DEFAULT_QUEUE).unwrap();
+        let flush = start(&db, &CFS, writer.batch_counter()).unwrap();
+        (db, writer, flush)
+    }
+
     fn put(k: u32, size: usize) -> WriteOp {
         WriteOp::Put { cf: "data", key: k.to_be_bytes().to_vec(), value: vec![7; size] }
     }
@@ -137,9 +145,7 @@ mod tests {
     #[tokio::test]
     async fn memtables_are_flushed_once_writes_stop() {
         let dir = tempfile::tempdir().unwrap();
-        let db = db::open(dir.path(), &CFS, "meta").unwrap();
-        let writer = StoreWriter::start(db.clone(), DEFAULT_QUEUE).unwrap();
-        let flush = start(&db, &CFS, writer.batch_counter()).unwrap();
+        let (db, writer, flush) = store(dir.path());
         let began = std::time::Instant::now();
         for k in 0..200 {
             writer.commit(vec![put(k, 8 * 1024)]).await.unwrap();
@@ -167,9 +173,7 @@ mod tests {
     #[tokio::test]
     async fn small_memtables_are_left_alone() {
         let dir = tempfile::tempdir().unwrap();
-        let db = db::open(dir.path(), &CFS, "meta").unwrap();
-        let writer = StoreWriter::start(db.clone(), DEFAULT_QUEUE).unwrap();
-        let flush = start(&db, &CFS, writer.batch_counter()).unwrap();
+        let (db, writer, flush) = store(dir.path());
         for k in 0..20 {
             writer.commit(vec![put(k, 100)]).await.unwrap();
         }

@@ -17,6 +17,7 @@
 //! | [`meta`] | `MetaStore`, the narrow interface the master uses (writes, key and range reads, change feed), and typed reads over it |
 //! | [`master_store`], [`agent_store`] | the two stores: open (and migrate), load at boot |
 //! | [`serde_time`] | serde helpers for time fields bincode can decode |
+//! | [`shared_strings`] | re-sharing the common strings of instance records loaded at boot |
 //! | [`blobs`] | package tarballs as files named by sha256 |
 //! | [`error`] | `StorageError` |
 pub mod agent_records;
@@ -35,6 +36,7 @@ mod migrate;
 pub mod plan;
 pub mod records;
 pub mod serde_time;
+pub mod shared_strings;
 pub mod trust_records;
 pub mod writer;
 

@@ -33,7 +33,7 @@ use crate::ids::{ClusterId, InstanceId, NodeId, OperationId, validate_name};
 use crate::spec::RoleSpec;
 use crate::storage::records::{
     ClusterRecord, ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, NodeStatus, OperationRecord,
-    OperationStatus, PackageRef, PendingRestart, RECORD_VERSION, RoleState, SharedStrings,
+    OperationStatus, PackageRef, PendingRestart, RECORD_VERSION, RoleState,
 };
 use crate::storage::{WriteOp, events};
 
@@ -155,7 +155,7 @@ impl Actor for Supervisor {
         let Some(boot) = self.boot.take() else { return };
         let mut by_cluster: HashMap<ClusterId, Vec<InstanceRecord>> = HashMap::new();
         let mut by_node: HashMap<NodeId, Vec<(InstanceId, Arc<str>)>> = HashMap::new();
-        let mut strings = SharedStrings::default();
+        let mut strings = crate::storage::shared_strings::SharedStrings::default();
         for mut i in boot.instances {
             strings.share_record(&mut i);
             by_node.entry(i.node.clone()).or_default().push((i.id.clone(), i.cluster.clone()));

@@ -175,22 +175,9 @@ impl Node {
 
 #[cfg(test)]
 mod tests {
-    use crate::agent::process::{identity, tree};
-    use crate::agent::testkit::{TestNode, spec};
+    use crate::agent::testkit::{TestNode, marked, spec};
     use crate::ids::InstanceId;
     use crate::protocol::messages::AgentResponse;
-
-    /// Every live process on the machine carrying the instance's marker,
-    /// read here rather than through the agent's own scan.
-    fn marked(id: &InstanceId) -> Vec<u32> {
-        let marker = tree::marker(id);
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| identity::read_stat(*pid).is_some_and(|s| s.is_running()))
-            .filter(|pid| tree::has_marker(*pid, &marker))
-            .collect()
-    }
 
     /// An installed instance running `sleep 1000` in the foreground.
     async fn running(t: &TestNode, name: &str) -> InstanceId {

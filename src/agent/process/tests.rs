@@ -63,13 +63,7 @@ impl Fixture {
 
     /// Every process in the machine carrying this instance's marker.
     fn marked(&self) -> Vec<u32> {
-        let marker = tree::marker(&self.id);
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| identity::read_stat(*pid).is_some_and(|s| s.is_running()))
-            .filter(|pid| tree::has_marker(*pid, &marker))
-            .collect()
+        crate::agent::testkit::marked(&self.id)
     }
 
     pub(super) fn cgroup(&self) -> Option<PathBuf> {
