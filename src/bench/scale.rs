@@ -45,14 +45,19 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
         .await
         .map_err(|e| format!("making a join token for the simulated agents: {e}"))?;
     let join_token = made["secret"].as_str().ok_or("the join token answer has no secret")?.to_string();
-    let fleet = Fleet::start(&FleetConfig {
-        master: master.agent_addr,
-        agents: args.agents,
-        prefix: args.prefix.clone(),
-        port_range: (20000, 60000),
-        latency,
-        join_token,
-    });
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let fleet = Fleet::start_apart(
+        &FleetConfig {
+            master: master.agent_addr,
+            agents: args.agents,
+            prefix: args.prefix.clone(),
+            port_range: (20000, 60000),
+            latency,
+            join_token,
+        },
+        threads,
+    )
+    .map_err(|e| format!("cannot start the simulated agents' runtime: {e}"))?;
     wait_ready(&api, args.agents, &args.prefix).await?;
     let after_fleet = super::ceilings::proc_usage(std::process::id()).map(|u| u.0).unwrap_or(0.0);
     report.sim_rss_per_agent_kb = round((after_fleet - before_fleet).max(0.0) * 1024.0 / args.agents.max(1) as f64);

@@ -42,6 +42,20 @@ pub struct Fleet {
     pub agents: Vec<Arc<SimAgent>>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The fleet's own threads ([`Fleet::start_apart`]); dropped last.
+    _apart: Option<Apart>,
+}
+
+/// A runtime of the fleet's own, shut down without blocking when dropped
+/// (a fleet is dropped inside the caller's runtime).
+struct Apart(Option<tokio::runtime::Runtime>);
+
+impl Drop for Apart {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// The loopback address of simulated agent `i` (0-based): 127.100.x.y, so
@@ -51,8 +65,28 @@ pub fn address(i: usize) -> String {
 }
 
 impl Fleet {
-    /// Starts the agents; each dials the master and keeps reconnecting.
+    /// Starts the agents on the caller's runtime; each dials the master and
+    /// keeps reconnecting.
     pub fn start(cfg: &FleetConfig) -> Fleet {
+        Fleet::start_on(cfg, &tokio::runtime::Handle::current())
+    }
+
+    /// Starts the agents on `threads` threads of their own, as they would
+    /// run on machines of their own: the load driver's API clients then
+    /// measure the master, not their place in a queue behind a thousand
+    /// agents' work (the two still share the machine's cores).
+    pub fn start_apart(cfg: &FleetConfig, threads: usize) -> std::io::Result<Fleet> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("sim-agents")
+            .enable_all()
+            .build()?;
+        let mut fleet = Fleet::start_on(cfg, rt.handle());
+        fleet._apart = Some(Apart(Some(rt)));
+        Ok(fleet)
+    }
+
+    fn start_on(cfg: &FleetConfig, rt: &tokio::runtime::Handle) -> Fleet {
         let (stop, rx) = watch::channel(false);
         let token: Arc<str> = cfg.join_token.as_str().into();
         let mut agents = Vec::with_capacity(cfg.agents);
@@ -60,10 +94,10 @@ impl Fleet {
         for i in 0..cfg.agents {
             let node = NodeId::new(format!("{}{}", cfg.prefix, i + 1));
             let agent = SimAgent::new(node, address(i), cfg.port_range, cfg.latency);
-            tasks.push(tokio::spawn(agent.clone().serve(cfg.master, token.clone(), rx.clone())));
+            tasks.push(rt.spawn(agent.clone().serve(cfg.master, token.clone(), rx.clone())));
             agents.push(agent);
         }
-        Fleet { agents, stop, tasks }
+        Fleet { agents, stop, tasks, _apart: None }
     }
 
     /// How many are connected now.
