@@ -210,6 +210,9 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         .map(|_| Arbiter::try_with_tokio_rt(runtime).map(|a| a.handle()))
         .collect::<Result<_, _>>()
         .map_err(|source| MasterError::Runtime { source })?;
+    for a in &arbiters {
+        a.spawn(crate::actors::priority::measure_lag());
+    }
     let shared = Shared {
         store: store.clone(),
         blobs: Arc::new(blobs),
@@ -230,6 +233,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         timing,
         limits,
         supervisor: ActorStats::new("supervisor", "supervisor", None),
+        priorities: Arc::new(arbiters.iter().map(|_| Arc::default()).collect()),
         arbiters: Arc::new(arbiters.clone()),
         chunk_budget: Arc::new(tokio::sync::Semaphore::new(crate::actors::node_link::CHUNK_BUDGET)),
     };

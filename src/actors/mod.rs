@@ -15,6 +15,8 @@
 //!   (threads), so independent clusters progress in parallel.
 //! - [`instance::InstanceActor`] serializes the commands on one instance
 //!   (a light actor on its cluster's thread).
+//! - [`priority::Priority`]: on each cluster thread, an API request goes
+//!   ahead of the instance commands until it is answered.
 //! - [`node_manager::NodeManagerActor`] owns one agent connection; requests
 //!   go through its [`node_link::NodeLink`].
 //! - [`read_model::ReadModel`] is what every GET reads: immutable snapshots
@@ -47,6 +49,7 @@ mod node_link_tests;
 pub mod node_manager;
 pub mod packages;
 pub mod placement;
+pub mod priority;
 pub mod read_model;
 pub mod registry;
 pub mod render;
@@ -81,6 +84,9 @@ pub struct Shared {
     pub supervisor: Arc<read_model::ActorStats>,
     /// The threads cluster actors and node managers are spread over.
     pub arbiters: Arc<Vec<ArbiterHandle>>,
+    /// One gate per arbiter (at least one): API requests go ahead of the
+    /// instance commands on their cluster's thread (`priority`).
+    pub priorities: Arc<Vec<Arc<priority::Priority>>>,
     /// Package chunks queued for all agents' sockets at once (`node_link`).
     pub chunk_budget: Arc<tokio::sync::Semaphore>,
 }
@@ -91,6 +97,14 @@ impl Shared {
         match self.arbiters.len() {
             0 => actix::Arbiter::current(),
             len => self.arbiters[(n % len as u64) as usize].clone(),
+        }
+    }
+
+    /// The gate of [`arbiter_for(n)`](Self::arbiter_for)'s thread.
+    pub fn priority_for(&self, n: u64) -> Arc<priority::Priority> {
+        match self.priorities.len() {
+            0 => Arc::default(),
+            len => self.priorities[(n % len as u64) as usize].clone(),
         }
     }
 }

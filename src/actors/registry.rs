@@ -9,23 +9,28 @@ use actix::Addr;
 use arc_swap::ArcSwap;
 
 use super::cluster::ClusterActor;
+use super::priority::Priority;
 use super::read_model::{ActorStats, Reservation};
 use crate::error::Error;
 
-/// A cluster actor's address and its counters (which bound its mailbox).
+/// A cluster actor's address, its counters (which bound its mailbox) and
+/// the gate of its thread.
 #[derive(Clone)]
 pub struct ClusterHandle {
     pub addr: Addr<ClusterActor>,
     pub stats: Arc<ActorStats>,
+    pub priority: Arc<Priority>,
 }
 
 impl ClusterHandle {
-    /// Reserves a place in the actor's mailbox of `capacity`, or answers
+    /// Reserves a place in the actor's mailbox of `capacity` for an API
+    /// request, marked urgent on the actor's thread, or answers
     /// `overloaded` (the API's 503): the message must then not be sent.
     pub fn reserve(&self, capacity: usize) -> Result<Reservation, Error> {
-        Reservation::within(&self.stats, capacity).ok_or_else(|| {
+        let slot = Reservation::within(&self.stats, capacity).ok_or_else(|| {
             Error::overloaded(format!("cluster {} has {capacity} requests waiting; retry shortly", self.stats.id))
-        })
+        })?;
+        Ok(slot.with_urgent(self.priority.urgent()))
     }
 }
 

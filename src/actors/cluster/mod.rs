@@ -128,6 +128,25 @@ pub enum OpRequest {
     },
 }
 
+impl OpRequest {
+    /// The request's kind, as `GET /actors` shows it as the actor's current work.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpRequest::Create { .. } => "Create",
+            OpRequest::Start => "Start",
+            OpRequest::Stop => "Stop",
+            OpRequest::Restart => "Restart",
+            OpRequest::ScaleOut { .. } => "ScaleOut",
+            OpRequest::ScaleIn { .. } => "ScaleIn",
+            OpRequest::Delete { .. } => "Delete",
+            OpRequest::Reconfigure { .. } => "Reconfigure",
+            OpRequest::Upgrade { .. } => "Upgrade",
+            OpRequest::Resize { .. } => "Resize",
+            OpRequest::Instance { .. } => "Instance",
+        }
+    }
+}
+
 /// A request to run an operation, with its place in the mailbox.
 #[derive(Message)]
 #[rtype(result = "Result<OperationRecord, Error>")]
@@ -185,7 +204,9 @@ impl ClusterActor {
         if start.visible {
             shared.read_model.register_actor(&stats);
         }
-        let arbiter = shared.arbiter_for(STARTED.fetch_add(1, Ordering::Relaxed));
+        let n = STARTED.fetch_add(1, Ordering::Relaxed);
+        let (arbiter, priority) = (shared.arbiter_for(n), shared.priority_for(n));
+        let gate = priority.clone();
         let cell = ClusterCell::new(start.record.clone());
         let s = stats.clone();
         // A panic is reported to the supervisor, which starts the actor
@@ -208,6 +229,7 @@ impl ClusterActor {
                     cell: cell.clone(),
                     progress: Arc::default(),
                     answered: AtomicU64::new(0),
+                    priority: gate,
                 });
                 let handles: BTreeMap<InstanceId, InstanceHandle> =
                     start.instances.into_iter().map(|r| (r.id.clone(), InstanceActor::quiet(r, env.clone()))).collect();
@@ -230,7 +252,7 @@ impl ClusterActor {
             },
             on_panic,
         );
-        ClusterHandle { addr, stats }
+        ClusterHandle { addr, stats, priority }
     }
 
     pub(super) fn package(&self) -> Result<(Arc<PackageRecord>, Arc<ComponentSpec>), Error> {
@@ -277,7 +299,8 @@ impl ClusterActor {
         ctx.spawn(
             tracing::Instrument::instrument(
                 async move {
-                    let outcome = runner::run(&ops, &mut op, &plan).await;
+                    // Its commands take turns with other tasks on this thread.
+                    let outcome = crate::actors::priority::sliced(runner::run(&ops, &mut op, &plan)).await;
                     (outcome, op, ops.ended.get())
                 },
                 span,
@@ -402,8 +425,11 @@ impl Handler<RunOperation> for ClusterActor {
     type Result = AtomicResponse<Self, Result<OperationRecord, Error>>;
 
     fn handle(&mut self, msg: RunOperation, _ctx: &mut Context<Self>) -> Self::Result {
-        let RunOperation(req, slot) = msg;
-        slot.begin(format!("{req:?}").split([' ', '{', '(']).next().unwrap_or("op").to_string());
+        let RunOperation(req, mut slot) = msg;
+        // An API request stays ahead of bulk work on this thread until it
+        // is answered (durable), not only until it is taken.
+        let urgent = slot.urgent();
+        slot.begin(req.name());
         let is_create = matches!(req, OpRequest::Create { .. });
         if self.creating && !is_create {
             let name = self.core.borrow().record.name.clone();
@@ -518,6 +544,7 @@ impl Handler<RunOperation> for ClusterActor {
             }
             .into_actor(self)
             .map(move |res, act, ctx| {
+                let _answered = urgent;
                 act.stats.end(res.as_ref().err().map(|e| e.to_string()));
                 match res {
                     Ok(()) => {

@@ -84,15 +84,18 @@ impl ClusterOps {
         cmd_for: impl Fn(&InstanceId) -> Result<InstanceCmd, String>,
     ) -> Vec<InstanceOutcome> {
         let cmd_for = &cmd_for;
+        let gate = &self.env.priority;
         futures::stream::iter(ids)
-            .map(|id| async move {
-                match (self.handle(id), cmd_for(id)) {
-                    (Some(h), Ok(cmd)) => h.run(cmd).await,
-                    (None, _) => {
-                        InstanceResult::failed(id, format!("instance {id} is not part of this cluster")).into()
+            .map(|id| {
+                gate.gated(async move {
+                    match (self.handle(id), cmd_for(id)) {
+                        (Some(h), Ok(cmd)) => h.run(cmd).await,
+                        (None, _) => {
+                            InstanceResult::failed(id, format!("instance {id} is not part of this cluster")).into()
+                        }
+                        (_, Err(e)) => InstanceResult::failed(id, e).into(),
                     }
-                    (_, Err(e)) => InstanceResult::failed(id, e).into(),
-                }
+                })
             })
             .buffered(limit)
             .collect()
@@ -328,7 +331,8 @@ impl ClusterOps {
             r.running.iter().filter(|id| self.record_of(id).is_ok_and(|i| owes(&i))).cloned().collect();
         let mut applied = Vec::new();
         for chunk in self.batches(&pass.current.spec, todo, r.batch) {
-            let outcomes = join_all(chunk.iter().map(|id| self.apply_change(id))).await;
+            let gate = &self.env.priority;
+            let outcomes = join_all(chunk.iter().map(|id| gate.gated(self.apply_change(id)))).await;
             applied.extend(outcomes);
             if applied.iter().any(|r| !r.ok) {
                 break;
@@ -398,9 +402,10 @@ impl ClusterOps {
             }
         }
         for chunk in self.batches(&current.spec, todo, r.batch) {
+            let gate = &self.env.priority;
             let outcomes = join_all(chunk.iter().map(|id| {
                 let (run, install) = how.get(id).copied().unwrap_or((false, true));
-                self.replace(id, run, install)
+                gate.gated(self.replace(id, run, install))
             }))
             .await;
             results.extend(outcomes);

@@ -138,4 +138,7 @@ pub struct ClusterEnv {
     pub progress: Arc<AtomicU64>,
     /// Instance commands answered (the `done` of `operation.progress`).
     pub answered: AtomicU64,
+    /// The gate of the cluster's thread: instance commands wait while an
+    /// API request to a cluster there is being answered.
+    pub priority: Arc<crate::actors::priority::Priority>,
 }

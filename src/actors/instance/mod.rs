@@ -157,7 +157,9 @@ impl InstanceActor {
                 Box::pin(async move {
                     // One span per instance command, inside the operation's span.
                     let span = tracing::info_span!("instance", id = %me.id(), verb);
-                    let out = tracing::Instrument::instrument(me.execute(cmd), span).await;
+                    // Bulk work: it waits while an API request to a cluster
+                    // on this thread is being answered (`priority`).
+                    let out = tracing::Instrument::instrument(me.env.priority.gated(me.execute(cmd)), span).await;
                     if !out.result.ok {
                         tracing::warn!(error = %out.result.message, "instance command failed");
                     }

@@ -13,6 +13,9 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::actors::priority::Urgent;
 
 /// Counters one actor publishes for `GET /actors`.
 #[derive(Debug, Default)]
@@ -130,28 +133,45 @@ fn get<T: Clone>(m: &Mutex<T>) -> T {
 
 /// A place in an actor's mailbox, carried inside the message that holds
 /// it. Given back exactly once: when the actor takes the message, or when
-/// the message is dropped without being handled.
+/// the message is dropped without being handled. It may also carry the
+/// message's [`Urgent`] mark on the actor's thread (`priority`).
 #[derive(Debug)]
-pub struct Reservation(Option<Arc<ActorStats>>);
+pub struct Reservation(Option<Arc<ActorStats>>, Instant, Option<Urgent>);
 
 impl Reservation {
     /// Reserves a place in a mailbox of `capacity`; `None` when it is full
     /// (then the message must not be sent).
     pub fn within(stats: &Arc<ActorStats>, capacity: usize) -> Option<Reservation> {
-        stats.try_enqueue(capacity).then(|| Reservation(Some(stats.clone())))
+        stats.try_enqueue(capacity).then(|| Reservation(Some(stats.clone()), Instant::now(), None))
     }
 
     /// Counts a message that must be sent whatever the mailbox holds (one
     /// per instance of an agent that just connected; an escalation).
     pub fn counted(stats: &Arc<ActorStats>) -> Reservation {
         stats.enqueue();
-        Reservation(Some(stats.clone()))
+        Reservation(Some(stats.clone()), Instant::now(), None)
+    }
+
+    /// The message goes ahead of bulk work on the actor's thread while it
+    /// waits, and until the handler drops what [`urgent`](Self::urgent)
+    /// gives it (else until it is taken).
+    pub fn with_urgent(mut self, mark: Urgent) -> Reservation {
+        self.2 = Some(mark);
+        self
+    }
+
+    /// The message's urgent mark, for the handler to hold until it has answered.
+    pub fn urgent(&mut self) -> Option<Urgent> {
+        self.2.take()
     }
 
     /// The actor took the message: the place is free, the message counted
-    /// as handled, `what` shown as its current work.
+    /// as handled, `what` shown as its current work, and the time it
+    /// waited recorded (`flotilla_actor_mailbox_wait_seconds`).
     pub fn begin(mut self, what: impl Into<String>) {
         if let Some(s) = self.0.take() {
+            metrics::histogram!("flotilla_actor_mailbox_wait_seconds", "kind" => s.kind)
+                .record(self.1.elapsed().as_secs_f64());
             s.begin(what);
         }
     }
@@ -203,5 +223,31 @@ mod tests {
         drop(c);
         assert_eq!(s.snapshot().mailbox, 1);
         assert_eq!(s.snapshot().handled, 1);
+    }
+
+    /// An urgent message holds its thread's gate while it waits; the gate
+    /// opens when it is dropped unhandled, when it is taken (unless the
+    /// handler keeps the mark), or when the handler drops the mark: never
+    /// left closed, which would stop every operation on that thread.
+    #[test]
+    fn an_urgent_mark_ends_with_its_message_or_its_answer() {
+        let s = ActorStats::new("cluster", "c", None);
+        let gate = Arc::new(crate::actors::priority::Priority::default());
+        let dropped = Reservation::within(&s, 4).unwrap().with_urgent(gate.urgent());
+        assert!(gate.is_held(), "a queued urgent message holds the gate");
+        drop(dropped);
+        assert!(!gate.is_held(), "a message dropped unhandled released the gate");
+
+        let taken = Reservation::within(&s, 4).unwrap().with_urgent(gate.urgent());
+        taken.begin("preview");
+        assert!(!gate.is_held(), "a message taken by a handler that does not keep the mark released it");
+
+        let mut kept = Reservation::within(&s, 4).unwrap().with_urgent(gate.urgent());
+        let mark = kept.urgent();
+        kept.begin("ScaleOut");
+        assert!(gate.is_held(), "the handler holds the mark until it has answered");
+        drop(mark);
+        assert!(!gate.is_held());
+        assert_eq!(s.snapshot().mailbox, 0);
     }
 }

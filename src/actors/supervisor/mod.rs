@@ -308,7 +308,8 @@ impl Handler<Create> for Supervisor {
         let handle = ClusterActor::start(start, self.shared.clone(), ctx.address());
         self.shared.registry.insert(&name, handle.clone());
         self.stats.end(None);
-        let slot = Reservation::counted(&handle.stats);
+        // An API request like any other: ahead of bulk work on its thread.
+        let slot = Reservation::counted(&handle.stats).with_urgent(handle.priority.urgent());
         // Sent now, not when the future is first polled: the create is the
         // actor's first message.
         let sent = handle.addr.send(RunOperation(OpRequest::Create { pending, params }, slot));

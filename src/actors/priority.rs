@@ -1,0 +1,355 @@
+//! Requests go ahead of bulk work on an arbiter.
+//!
+//! A cluster actor shares its arbiter thread with the instance commands of
+//! every cluster placed there, and that thread polls its tasks first come,
+//! first served: under load an API request waited for every busy cluster's
+//! turn twice (to be taken, then to be answered once its write was durable),
+//! 130 ms on average while its own work took under 2 ms (BENCHMARKS.md, B5).
+//!
+//! Each arbiter has a [`Priority`]. A request the API sends to a cluster
+//! actor holds an [`Urgent`] mark on that cluster's arbiter from the moment
+//! it is queued until the actor has answered it. While any mark is held,
+//! bulk work on that arbiter ([`Priority::gated`]: each instance command's
+//! execution, and each command a step is about to make and render) is not
+//! polled: it parks, and is woken when the last mark goes. What it was
+//! waiting for (an agent's answer, a durable write) is not lost: it is
+//! taken at the next poll. Marks are short (one request: a check, a
+//! placement, one synced write), so bulk work is held for milliseconds;
+//! agents' frames, reports and the node managers are never held. A gate
+//! closed for longer than [`MAX_HOLD`] (requests arriving back to back)
+//! lets bulk work through again, so a stream of requests slows operations
+//! down but never stops them.
+//!
+//! A mark only helps once the thread gets to the request, so bulk work is
+//! also cut in [`SLICE`]s: an operation's poll ([`sliced`]) that has run
+//! that long lets its remaining ready commands wait for its next turn, and
+//! the thread goes on to the other tasks, the request among them.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// How long one poll of an operation may run its commands before the
+/// thread goes on to other tasks.
+pub const SLICE: Duration = Duration::from_millis(2);
+
+/// The longest bulk work waits for requests at a stretch: past it, a gate
+/// still closed lets everything through until it opens once.
+pub const MAX_HOLD: Duration = Duration::from_millis(50);
+
+thread_local! {
+    /// The [`sliced`] poll running on this thread: when it began, and
+    /// whether a command has run in it yet.
+    static SLICE_STARTED: Cell<Option<(Instant, bool)>> = const { Cell::new(None) };
+}
+
+/// Runs `work` (an operation) so that the [`Priority::gated`] commands in
+/// it stop taking turns once one of its polls has run for [`SLICE`] (at
+/// least one command runs in each poll).
+pub async fn sliced<F: Future>(work: F) -> F::Output {
+    /// Puts back the enclosing slice, also when the poll panics.
+    struct Restore(Option<(Instant, bool)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SLICE_STARTED.set(self.0);
+        }
+    }
+    let mut work = pin!(work);
+    std::future::poll_fn(|cx| {
+        let _restore = Restore(SLICE_STARTED.replace(Some((Instant::now(), false))));
+        work.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// Whether the running [`sliced`] poll has used its slice; else counts
+/// the command about to run in it.
+fn slice_spent() -> bool {
+    match SLICE_STARTED.get() {
+        Some((started, true)) if started.elapsed() >= SLICE => true,
+        Some((started, _)) => {
+            SLICE_STARTED.set(Some((started, true)));
+            false
+        }
+        None => false,
+    }
+}
+
+/// How late this thread runs a task that became ready, 10 times a second
+/// for as long as the thread runs: `flotilla_actor_thread_lag_seconds`.
+/// A thread whose tasks wait for their turn (busy clusters, or no core
+/// free for the thread) shows it here before requests time out.
+pub async fn measure_lag() {
+    const EVERY: Duration = Duration::from_millis(100);
+    loop {
+        let due = Instant::now() + EVERY;
+        tokio::time::sleep_until(due.into()).await;
+        metrics::histogram!("flotilla_actor_thread_lag_seconds").record(due.elapsed().as_secs_f64());
+    }
+}
+
+/// One arbiter's gate.
+#[derive(Debug, Default)]
+pub struct Priority {
+    /// Requests marked urgent and not yet answered.
+    urgent: AtomicUsize,
+    parked: Mutex<Parked>,
+}
+
+#[derive(Debug, Default)]
+struct Parked {
+    /// Bulk work parked while a request was urgent.
+    wakers: Vec<Waker>,
+    /// Since when the gate has been closed (None: open).
+    closed_at: Option<Instant>,
+}
+
+impl Parked {
+    fn held_too_long(&self) -> bool {
+        self.closed_at.is_some_and(|t| t.elapsed() >= MAX_HOLD)
+    }
+
+    fn wake_all(&mut self) {
+        for w in std::mem::take(&mut self.wakers) {
+            w.wake();
+        }
+    }
+}
+
+/// Held while a request is urgent; dropping it (the request answered, or
+/// dropped unhandled) opens the gate once no other request is urgent.
+#[derive(Debug)]
+#[must_use = "the request is urgent only while this is held"]
+pub struct Urgent(Arc<Priority>);
+
+impl Priority {
+    /// Marks a request urgent until the returned guard is dropped.
+    pub fn urgent(self: &Arc<Self>) -> Urgent {
+        if self.urgent.fetch_add(1, Ordering::SeqCst) == 0 {
+            let mut parked = lock(&self.parked);
+            parked.closed_at.get_or_insert_with(Instant::now);
+        }
+        Urgent(self.clone())
+    }
+
+    /// Whether a request is waiting for this arbiter now.
+    pub fn is_held(&self) -> bool {
+        self.urgent.load(Ordering::SeqCst) > 0
+    }
+
+    /// Runs `work` as bulk work: each time it would be polled while a
+    /// request is urgent, it parks instead until none is (at most about
+    /// [`MAX_HOLD`]); once the enclosing [`sliced`] poll has used its
+    /// slice, it waits for the next one.
+    pub async fn gated<F: Future>(&self, work: F) -> F::Output {
+        let mut work = pin!(work);
+        std::future::poll_fn(|cx| {
+            if self.park(cx) {
+                return Poll::Pending;
+            }
+            if slice_spent() {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            work.as_mut().poll(cx)
+        })
+        .await
+    }
+
+    /// True when the caller must wait (its waker is kept to be woken).
+    fn park(&self, cx: &mut Context<'_>) -> bool {
+        if !self.is_held() {
+            return false;
+        }
+        let mut parked = lock(&self.parked);
+        // Checked again under the lock: the last mark may have gone (and
+        // woken everyone parked) between the first check and here.
+        if !self.is_held() {
+            return false;
+        }
+        parked.closed_at.get_or_insert_with(Instant::now);
+        if parked.held_too_long() {
+            return false;
+        }
+        // No search for a waker already kept: thousands may be parked, and
+        // a command is polled again only when something woke it, so the
+        // copies stay as few as its wakes.
+        parked.wakers.push(cx.waker().clone());
+        true
+    }
+}
+
+impl Drop for Urgent {
+    fn drop(&mut self) {
+        let last = self.0.urgent.fetch_sub(1, Ordering::SeqCst) == 1;
+        let mut parked = lock(&self.0.parked);
+        if last && !self.0.is_held() {
+            parked.closed_at = None;
+            parked.wake_all();
+        } else if parked.held_too_long() {
+            // Requests back to back: what waited longest goes now.
+            parked.wake_all();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::rc::Rc;
+    use std::time::Duration;
+
+    /// Bulk work does not run while a request is urgent, runs as soon as
+    /// the last mark is gone, and keeps what it was waiting for.
+    #[tokio::test]
+    async fn bulk_work_waits_for_urgent_requests_and_loses_nothing() {
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let gate = Arc::new(Priority::default());
+                let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+                let steps = Rc::new(Cell::new(0));
+                let first = gate.urgent();
+                let second = gate.urgent();
+                let work = {
+                    let (gate, steps) = (gate.clone(), steps.clone());
+                    tokio::task::spawn_local(async move {
+                        gate.gated(async {
+                            steps.set(1);
+                            let v = rx.await.expect("sent");
+                            steps.set(2);
+                            v
+                        })
+                        .await
+                    })
+                };
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                assert_eq!(steps.get(), 0, "bulk work ran while a request was urgent");
+                tx.send(7).expect("receiver alive");
+                drop(first);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                assert_eq!(steps.get(), 0, "one of two urgent requests is still waiting");
+                drop(second);
+                let v = tokio::time::timeout(Duration::from_secs(5), work).await.expect("woken").expect("joined");
+                assert_eq!((v, steps.get()), (7, 2), "the answer sent while parked was kept");
+                assert!(!gate.is_held());
+            })
+            .await;
+    }
+
+    /// An operation's poll that has used its slice lets the thread go: a
+    /// task woken meanwhile runs before the operation's remaining ready
+    /// commands, not after all of them.
+    #[tokio::test]
+    async fn a_spent_slice_lets_other_tasks_run_between_commands() {
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let gate = Arc::new(Priority::default());
+                let done = Rc::new(Cell::new(0u32));
+                let seen_at = Rc::new(Cell::new(None::<u32>));
+                // 40 commands, each ready at once and busy for 1 ms.
+                let op = {
+                    let (gate, done) = (gate.clone(), done.clone());
+                    tokio::task::spawn_local(sliced(async move {
+                        let gate = &gate;
+                        let done = &done;
+                        futures::future::join_all((0..40).map(|_| {
+                            gate.gated(async move {
+                                let t = Instant::now();
+                                while t.elapsed() < Duration::from_millis(1) {}
+                                done.set(done.get() + 1);
+                            })
+                        }))
+                        .await
+                    }))
+                };
+                let other = {
+                    let (done, seen_at) = (done.clone(), seen_at.clone());
+                    tokio::task::spawn_local(async move { seen_at.set(Some(done.get())) })
+                };
+                other.await.expect("joined");
+                op.await.expect("joined");
+                assert_eq!(done.get(), 40);
+                let at = seen_at.get().expect("the other task ran");
+                assert!(at < 10, "the other task waited for {at} of 40 one-millisecond commands (slice {SLICE:?})");
+            })
+            .await;
+    }
+
+    /// Requests back to back keep the gate closed; bulk work still runs
+    /// once it has waited [`MAX_HOLD`]: slowed, never stopped.
+    #[tokio::test]
+    async fn requests_back_to_back_hold_bulk_work_at_most_max_hold() {
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let gate = Arc::new(Priority::default());
+                let done = Rc::new(Cell::new(false));
+                let mut mark = gate.urgent();
+                let work = {
+                    let (gate, done) = (gate.clone(), done.clone());
+                    tokio::task::spawn_local(async move { gate.gated(async { done.set(true) }).await })
+                };
+                // A new request every 10 ms, each answered 10 ms later: the
+                // gate never opens.
+                let started = Instant::now();
+                while !done.get() && started.elapsed() < Duration::from_secs(5) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    let next = gate.urgent();
+                    drop(std::mem::replace(&mut mark, next));
+                    tokio::task::yield_now().await;
+                }
+                let waited = started.elapsed();
+                assert!(gate.is_held(), "the gate stayed closed throughout");
+                assert!(done.get(), "bulk work never ran under requests back to back");
+                assert!(waited >= MAX_HOLD, "bulk work ran after {waited:?}, before {MAX_HOLD:?}");
+                assert!(waited < MAX_HOLD * 4, "bulk work waited {waited:?} for a hold of {MAX_HOLD:?}");
+                work.await.expect("joined");
+                drop(mark);
+                assert!(!gate.is_held());
+            })
+            .await;
+    }
+
+    /// Work already running parks at its next poll: an answer arriving
+    /// while a request is urgent is taken once the request is answered.
+    #[tokio::test]
+    async fn running_work_parks_at_its_next_poll() {
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let gate = Arc::new(Priority::default());
+                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                let done = Rc::new(Cell::new(false));
+                let work = {
+                    let (gate, done) = (gate.clone(), done.clone());
+                    tokio::task::spawn_local(async move {
+                        gate.gated(async {
+                            rx.await.expect("sent");
+                            done.set(true);
+                        })
+                        .await
+                    })
+                };
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let mark = gate.urgent();
+                tx.send(()).expect("receiver alive");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                assert!(!done.get(), "the answer was taken while a request was urgent");
+                drop(mark);
+                tokio::time::timeout(Duration::from_secs(5), work).await.expect("woken").expect("joined");
+                assert!(done.get());
+            })
+            .await;
+    }
+}
