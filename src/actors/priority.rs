@@ -208,42 +208,45 @@ mod tests {
     use std::rc::Rc;
     use std::time::Duration;
 
+    /// Runs `f` with tasks spawned on this thread, as on an arbiter.
+    async fn on_one_thread<F: Future>(f: F) -> F::Output {
+        tokio::task::LocalSet::new().run_until(f).await
+    }
+
     /// Bulk work does not run while a request is urgent, runs as soon as
     /// the last mark is gone, and keeps what it was waiting for.
     #[tokio::test]
     async fn bulk_work_waits_for_urgent_requests_and_loses_nothing() {
-        let local = tokio::task::LocalSet::new();
-        local
-            .run_until(async {
-                let gate = Arc::new(Priority::default());
-                let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
-                let steps = Rc::new(Cell::new(0));
-                let first = gate.urgent();
-                let second = gate.urgent();
-                let work = {
-                    let (gate, steps) = (gate.clone(), steps.clone());
-                    tokio::task::spawn_local(async move {
-                        gate.gated(async {
-                            steps.set(1);
-                            let v = rx.await.expect("sent");
-                            steps.set(2);
-                            v
-                        })
-                        .await
+        on_one_thread(async {
+            let gate = Arc::new(Priority::default());
+            let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+            let steps = Rc::new(Cell::new(0));
+            let first = gate.urgent();
+            let second = gate.urgent();
+            let work = {
+                let (gate, steps) = (gate.clone(), steps.clone());
+                tokio::task::spawn_local(async move {
+                    gate.gated(async {
+                        steps.set(1);
+                        let v = rx.await.expect("sent");
+                        steps.set(2);
+                        v
                     })
-                };
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                assert_eq!(steps.get(), 0, "bulk work ran while a request was urgent");
-                tx.send(7).expect("receiver alive");
-                drop(first);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                assert_eq!(steps.get(), 0, "one of two urgent requests is still waiting");
-                drop(second);
-                let v = tokio::time::timeout(Duration::from_secs(5), work).await.expect("woken").expect("joined");
-                assert_eq!((v, steps.get()), (7, 2), "the answer sent while parked was kept");
-                assert!(!gate.is_held());
-            })
-            .await;
+                    .await
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert_eq!(steps.get(), 0, "bulk work ran while a request was urgent");
+            tx.send(7).expect("receiver alive");
+            drop(first);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert_eq!(steps.get(), 0, "one of two urgent requests is still waiting");
+            drop(second);
+            let v = tokio::time::timeout(Duration::from_secs(5), work).await.expect("woken").expect("joined");
+            assert_eq!((v, steps.get()), (7, 2), "the answer sent while parked was kept");
+            assert!(!gate.is_held());
+        })
+        .await;
     }
 
     /// An operation's poll that has used its slice lets the thread go: a
@@ -251,105 +254,99 @@ mod tests {
     /// commands, not after all of them.
     #[tokio::test]
     async fn a_spent_slice_lets_other_tasks_run_between_commands() {
-        let local = tokio::task::LocalSet::new();
-        local
-            .run_until(async {
-                let gate = Arc::new(Priority::default());
-                let done = Rc::new(Cell::new(0u32));
-                let seen_at = Rc::new(Cell::new(None::<u32>));
-                // 40 commands, each ready at once and busy for 1 ms.
-                let op = {
-                    let (gate, done) = (gate.clone(), done.clone());
-                    tokio::task::spawn_local(sliced(async move {
-                        let gate = &gate;
-                        let done = &done;
-                        futures::future::join_all((0..40).map(|_| {
-                            gate.gated(async move {
-                                let t = Instant::now();
-                                while t.elapsed() < Duration::from_millis(1) {}
-                                done.set(done.get() + 1);
-                            })
-                        }))
-                        .await
+        on_one_thread(async {
+            let gate = Arc::new(Priority::default());
+            let done = Rc::new(Cell::new(0u32));
+            let seen_at = Rc::new(Cell::new(None::<u32>));
+            // 40 commands, each ready at once and busy for 1 ms.
+            let op = {
+                let (gate, done) = (gate.clone(), done.clone());
+                tokio::task::spawn_local(sliced(async move {
+                    let gate = &gate;
+                    let done = &done;
+                    futures::future::join_all((0..40).map(|_| {
+                        gate.gated(async move {
+                            let t = Instant::now();
+                            while t.elapsed() < Duration::from_millis(1) {}
+                            done.set(done.get() + 1);
+                        })
                     }))
-                };
-                let other = {
-                    let (done, seen_at) = (done.clone(), seen_at.clone());
-                    tokio::task::spawn_local(async move { seen_at.set(Some(done.get())) })
-                };
-                other.await.expect("joined");
-                op.await.expect("joined");
-                assert_eq!(done.get(), 40);
-                let at = seen_at.get().expect("the other task ran");
-                assert!(at < 10, "the other task waited for {at} of 40 one-millisecond commands (slice {SLICE:?})");
-            })
-            .await;
+                    .await
+                }))
+            };
+            let other = {
+                let (done, seen_at) = (done.clone(), seen_at.clone());
+                tokio::task::spawn_local(async move { seen_at.set(Some(done.get())) })
+            };
+            other.await.expect("joined");
+            op.await.expect("joined");
+            assert_eq!(done.get(), 40);
+            let at = seen_at.get().expect("the other task ran");
+            assert!(at < 10, "the other task waited for {at} of 40 one-millisecond commands (slice {SLICE:?})");
+        })
+        .await;
     }
 
     /// Requests back to back keep the gate closed; bulk work still runs
     /// once it has waited [`MAX_HOLD`]: slowed, never stopped.
     #[tokio::test]
     async fn requests_back_to_back_hold_bulk_work_at_most_max_hold() {
-        let local = tokio::task::LocalSet::new();
-        local
-            .run_until(async {
-                let gate = Arc::new(Priority::default());
-                let done = Rc::new(Cell::new(false));
-                let mut mark = gate.urgent();
-                let work = {
-                    let (gate, done) = (gate.clone(), done.clone());
-                    tokio::task::spawn_local(async move { gate.gated(async { done.set(true) }).await })
-                };
-                // A new request every 10 ms, each answered 10 ms later: the
-                // gate never opens.
-                let started = Instant::now();
-                while !done.get() && started.elapsed() < Duration::from_secs(5) {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    let next = gate.urgent();
-                    drop(std::mem::replace(&mut mark, next));
-                    tokio::task::yield_now().await;
-                }
-                let waited = started.elapsed();
-                assert!(gate.is_held(), "the gate stayed closed throughout");
-                assert!(done.get(), "bulk work never ran under requests back to back");
-                assert!(waited >= MAX_HOLD, "bulk work ran after {waited:?}, before {MAX_HOLD:?}");
-                assert!(waited < MAX_HOLD * 4, "bulk work waited {waited:?} for a hold of {MAX_HOLD:?}");
-                work.await.expect("joined");
-                drop(mark);
-                assert!(!gate.is_held());
-            })
-            .await;
+        on_one_thread(async {
+            let gate = Arc::new(Priority::default());
+            let done = Rc::new(Cell::new(false));
+            let mut mark = gate.urgent();
+            let work = {
+                let (gate, done) = (gate.clone(), done.clone());
+                tokio::task::spawn_local(async move { gate.gated(async { done.set(true) }).await })
+            };
+            // A new request every 10 ms, each answered 10 ms later: the
+            // gate never opens.
+            let started = Instant::now();
+            while !done.get() && started.elapsed() < Duration::from_secs(5) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let next = gate.urgent();
+                drop(std::mem::replace(&mut mark, next));
+                tokio::task::yield_now().await;
+            }
+            let waited = started.elapsed();
+            assert!(gate.is_held(), "the gate stayed closed throughout");
+            assert!(done.get(), "bulk work never ran under requests back to back");
+            assert!(waited >= MAX_HOLD, "bulk work ran after {waited:?}, before {MAX_HOLD:?}");
+            assert!(waited < MAX_HOLD * 4, "bulk work waited {waited:?} for a hold of {MAX_HOLD:?}");
+            work.await.expect("joined");
+            drop(mark);
+            assert!(!gate.is_held());
+        })
+        .await;
     }
 
     /// Work already running parks at its next poll: an answer arriving
     /// while a request is urgent is taken once the request is answered.
     #[tokio::test]
     async fn running_work_parks_at_its_next_poll() {
-        let local = tokio::task::LocalSet::new();
-        local
-            .run_until(async {
-                let gate = Arc::new(Priority::default());
-                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-                let done = Rc::new(Cell::new(false));
-                let work = {
-                    let (gate, done) = (gate.clone(), done.clone());
-                    tokio::task::spawn_local(async move {
-                        gate.gated(async {
-                            rx.await.expect("sent");
-                            done.set(true);
-                        })
-                        .await
+        on_one_thread(async {
+            let gate = Arc::new(Priority::default());
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let done = Rc::new(Cell::new(false));
+            let work = {
+                let (gate, done) = (gate.clone(), done.clone());
+                tokio::task::spawn_local(async move {
+                    gate.gated(async {
+                        rx.await.expect("sent");
+                        done.set(true);
                     })
-                };
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                let mark = gate.urgent();
-                tx.send(()).expect("receiver alive");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                assert!(!done.get(), "the answer was taken while a request was urgent");
-                drop(mark);
-                tokio::time::timeout(Duration::from_secs(5), work).await.expect("woken").expect("joined");
-                assert!(done.get());
-            })
-            .await;
+                    .await
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let mark = gate.urgent();
+            tx.send(()).expect("receiver alive");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(!done.get(), "the answer was taken while a request was urgent");
+            drop(mark);
+            tokio::time::timeout(Duration::from_secs(5), work).await.expect("woken").expect("joined");
+            assert!(done.get());
+        })
+        .await;
     }
 }
