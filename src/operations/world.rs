@@ -279,7 +279,7 @@ mod tests {
         let before = State::running(&three);
         let limits = Some(Limits { memory_bytes: Some(64 << 20), cpu: Some(0.5) });
         vec![
-            ("scale out", before.clone(), scale::scale_out(&[(0, ids(&["s4", "s5"]))], rolling(&three))),
+            ("scale out", before.clone(), scale::scale_out(&[(0, ids(&["s4", "s5"]))], &three, rolling(&three))),
             ("upgrade", before.clone(), change::upgrade(pkg("1"), pkg("2"), rolling(&three))),
             ("reconfigure", before.clone(), change::reconfigure(BTreeMap::new(), config(3000), rolling(&three))),
             ("resize", before.clone(), change::resize("server", None, limits, rolling(&three))),
@@ -311,7 +311,7 @@ mod tests {
         let after = run_once(&before, &change::upgrade(pkg("1"), pkg("2"), two_at_a_time)).await;
         assert!(after.agents.values().all(|a| a.version == "2" && a.running));
         assert!(all_in_line(&after));
-        let after = run_once(&before, &scale::scale_out(&[(0, ids(&["s4", "s5"]))], rolling(&three))).await;
+        let after = run_once(&before, &scale::scale_out(&[(0, ids(&["s4", "s5"]))], &three, rolling(&three))).await;
         let files: BTreeSet<&String> = after.agents.values().map(|a| &a.files).collect();
         assert_eq!(files.len(), 1, "every member rendered from the same membership");
         assert!(files.iter().all(|f| f.contains("s5")));
@@ -323,7 +323,7 @@ mod tests {
     async fn scale_in_rolls_back_until_data_is_deleted_then_fails_honestly() {
         let three = ids(&["s1", "s2", "s3"]);
         let before = State::running(&three);
-        let plan = scale::scale_in(&[(0, ids(&["s3"]))], rolling(&ids(&["s1", "s2"])));
+        let plan = scale::scale_in(&[(0, ids(&["s3"]))], &ids(&["s1", "s2"]), rolling(&ids(&["s1", "s2"])));
         for (k, outcome, after) in fail_each_step(&before, &plan).await {
             let step = plan.steps[k].name.as_str();
             if matches!(step, "scale-in-hook" | "decommission-order-0") {

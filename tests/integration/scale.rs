@@ -88,3 +88,61 @@ async fn scale_out_then_in() {
     assert_eq!(ordinals(&stores), [1, 3, 4, 5, 6]);
     check_members(&stores);
 }
+
+/// A role whose files read only the instance and the cluster's config.
+const OWN_FILES_SPEC: &str = r#"
+[component]
+name = "own"
+version = "1.0.0"
+
+[config]
+greeting = { type = "string", default = "hello" }
+
+[[roles]]
+name = "store"
+count = { min = 1, max = 7 }
+ports = ["main"]
+start = ["bin/store.sh"]
+stop_grace = "2s"
+
+[[roles.files]]
+path = "conf/own.txt"
+template = """{{ instance.ports.main }} {{ cluster.config.greeting }}"""
+"#;
+
+/// When no template reads the membership, a scale-out or a scale-in
+/// cannot change an existing member's files: the configure step leaves
+/// the members alone (rendering each of them again for every scale-out
+/// was most of the master's rendering under load), and every member's
+/// file is still its own.
+#[tokio::test]
+async fn members_whose_files_ignore_the_membership_are_not_re_rendered() {
+    let env = TestEnv::start("scale-own").await;
+    env.upload(&PackageBuilder::new("own", "1.0.0").spec(OWN_FILES_SPEC).script("bin/store.sh", RECORD_AND_SLEEP))
+        .await;
+    let body = json!({"name": "so", "package": {"name": "own", "version": "1.0.0"}, "roles": {"store": {"count": 3}}});
+    let first = role_instances(&env.create_active(body).await, "store");
+    // The instances the configure step touched (a step with nothing to
+    // do is not shown).
+    let configure = |op: &Value| -> Vec<String> {
+        let steps = op["steps"].as_array().expect("steps");
+        let results = steps.iter().filter(|s| s["name"] == "configure").flat_map(|s| s["results"].as_array().cloned());
+        results.flatten().map(|r| r["instance"].as_str().unwrap_or("").into()).collect()
+    };
+
+    let op = env.run_ok("/clusters/so/scale", Some(json!({"role": "store", "add": 2}))).await;
+    assert_eq!(configure(&op), Vec::<String>::new(), "the existing members were re-rendered: {op:#}");
+    let stores = role_instances(&env.cluster("so").await, "store");
+    assert_eq!(stores.len(), 5);
+    for s in &stores {
+        assert_eq!(s["status"], "Running", "{s:#}");
+        assert_eq!(rendered(s, "conf/own.txt"), format!("{} hello", s["ports"]["main"]), "{s:#}");
+    }
+
+    let gone = id_of(&first[1]);
+    let op = env.run_ok("/clusters/so/scale", Some(json!({"role": "store", "remove": [gone]}))).await;
+    assert_eq!(configure(&op), Vec::<String>::new(), "the remaining members were re-rendered: {op:#}");
+    let stores = role_instances(&env.cluster("so").await, "store");
+    assert_eq!(stores.len(), 4);
+    assert!(stores.iter().all(|s| s["status"] == "Running"), "{stores:#?}");
+}

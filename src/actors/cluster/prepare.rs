@@ -12,7 +12,9 @@ use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
 use crate::operations::{self, Rolling};
 use crate::spec::ComponentSpec;
-use crate::storage::records::{ClusterStatus, DesiredState, InstanceRecord, Limits, OperationKind, PackageRef};
+use crate::storage::records::{
+    ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, Limits, OperationKind, PackageRef, PendingRestart,
+};
 
 /// The most instances a request may ask a rolling operation to touch at
 /// once (`batch`); without one, a quarter of each role (see `steps`).
@@ -81,7 +83,7 @@ impl ClusterActor {
                     pending,
                     ..simple(
                         OperationKind::ScaleOut,
-                        operations::scale::scale_out(&new, self.rolling(&all, 0)),
+                        operations::scale::scale_out(&new, &all, self.membership_rolling(spec, &all)),
                         Some(ClusterStatus::Active),
                     )
                 }
@@ -101,7 +103,7 @@ impl ClusterActor {
                     params,
                     ..simple(
                         OperationKind::ScaleIn,
-                        operations::scale::scale_in(&removed, self.rolling(&remaining, 0)),
+                        operations::scale::scale_in(&removed, &remaining, self.membership_rolling(spec, &remaining)),
                         Some(ClusterStatus::Active),
                     )
                 }
@@ -174,6 +176,29 @@ impl ClusterActor {
             .cloned()
             .collect();
         Rolling { ids: ids.to_vec(), batch, running }
+    }
+
+    /// The members a membership change re-renders: all of them when a
+    /// template reads the membership; else only those that owe a restart
+    /// or are not running (the configure step brings those in line, as it
+    /// would have), since no other member's files can change.
+    fn membership_rolling(&self, spec: &ComponentSpec, ids: &[InstanceId]) -> Rolling {
+        if spec.templates.uses_members() {
+            return self.rolling(ids, 0);
+        }
+        let owing: Vec<InstanceId> = {
+            let core = self.core.borrow();
+            ids.iter()
+                .filter(|id| {
+                    core.instances.get(*id).is_some_and(|i| {
+                        let r = i.record();
+                        r.pending_restart != PendingRestart::No || r.status != InstanceStatus::Running
+                    })
+                })
+                .cloned()
+                .collect()
+        };
+        self.rolling(&owing, 0)
     }
 
     fn members(&self) -> Vec<Arc<InstanceRecord>> {
