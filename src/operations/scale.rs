@@ -21,7 +21,7 @@
 //! the members the caller names: every member when a template reads the
 //! membership, else only those that still owe a restart (a member's files
 //! cannot change with the membership then, and a role of 1,000 members
-//! grown 200 at a time rendered ~2.5 files of old members per new one).
+//! grown 200 at a time rendered ~2 old members' files per new member).
 
 use super::{Action, Hook, Plan, Rolling, Step};
 use crate::ids::InstanceId;
