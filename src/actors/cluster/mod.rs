@@ -13,6 +13,7 @@
 //! lives on one, with its instance actors, so its state needs no locks and
 //! independent clusters progress in parallel.
 //!
+//! - [`request`]: the mutating requests ([`OpRequest`])
 //! - [`prepare`]: validation of a request into a plan
 //! - [`ops`]: the operation context (journal, end, definition changes)
 //! - [`steps`]: how actions reach instances: in parallel, by role order,
@@ -24,6 +25,7 @@ mod failures;
 mod ops;
 mod prepare;
 mod preview;
+mod request;
 mod steps;
 
 use std::cell::RefCell;
@@ -45,12 +47,11 @@ use super::supervisor::{ClusterPanicked, Escalate, Supervisor};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId, OperationId};
 use crate::operations::Plan;
-use crate::operations::lifecycle::InstanceVerb;
 use crate::operations::runner::{self, Outcome};
 use crate::spec::ComponentSpec;
 use crate::storage::records::{
-    ClusterRecord, ClusterStatus, InstanceRecord, Limits, OperationKind, OperationRecord, OperationStatus,
-    PackageRecord, RECORD_VERSION, Resumable,
+    ClusterRecord, ClusterStatus, InstanceRecord, OperationKind, OperationRecord, OperationStatus, PackageRecord,
+    RECORD_VERSION, Resumable,
 };
 use crate::storage::{WriteOp, events};
 
@@ -59,6 +60,7 @@ pub use failures::{EnterError, InstanceObserved};
 pub(crate) use ops::{END_RETRIES, commit_retrying};
 pub use prepare::{MAX_BATCH, group_by_order};
 pub use preview::{PlacedInstance, PlanPreview, Preview, PreviewCreate, PreviewStep};
+pub use request::OpRequest;
 
 /// What the actor owns, shared with the running operation's context (both
 /// live on the actor's arbiter thread; borrows never cross an `.await`).
@@ -80,70 +82,6 @@ impl Core {
         let mut v: Vec<Arc<InstanceRecord>> = self.instances.values().map(|i| i.record()).collect();
         v.sort_by(|a, b| (&*a.role, a.ordinal).cmp(&(&*b.role, b.ordinal)));
         v
-    }
-}
-
-/// A mutating request on a cluster.
-#[derive(Debug, Clone)]
-pub enum OpRequest {
-    /// Sent by the supervisor for a new cluster; `pending` are the placed instances.
-    Create {
-        pending: Vec<InstanceRecord>,
-        params: String,
-    },
-    Start,
-    Stop,
-    Restart,
-    ScaleOut {
-        role: String,
-        add: u32,
-        nodes: Option<Vec<NodeId>>,
-    },
-    ScaleIn {
-        role: String,
-        remove: Vec<InstanceId>,
-    },
-    Delete {
-        force: bool,
-    },
-    /// New config values (`PATCH /clusters/{name}/config`). `batch`:
-    /// instances changed at once (default: a quarter of each role).
-    Reconfigure {
-        values: BTreeMap<String, serde_json::Value>,
-        batch: Option<usize>,
-    },
-    Upgrade {
-        version: String,
-        batch: Option<usize>,
-    },
-    /// Vertical scale (`PATCH /clusters/{name}/roles/{role}`).
-    Resize {
-        role: String,
-        limits: Limits,
-        batch: Option<usize>,
-    },
-    Instance {
-        id: InstanceId,
-        verb: InstanceVerb,
-    },
-}
-
-impl OpRequest {
-    /// The request's kind, as `GET /actors` shows it as the actor's current work.
-    pub fn name(&self) -> &'static str {
-        match self {
-            OpRequest::Create { .. } => "Create",
-            OpRequest::Start => "Start",
-            OpRequest::Stop => "Stop",
-            OpRequest::Restart => "Restart",
-            OpRequest::ScaleOut { .. } => "ScaleOut",
-            OpRequest::ScaleIn { .. } => "ScaleIn",
-            OpRequest::Delete { .. } => "Delete",
-            OpRequest::Reconfigure { .. } => "Reconfigure",
-            OpRequest::Upgrade { .. } => "Upgrade",
-            OpRequest::Resize { .. } => "Resize",
-            OpRequest::Instance { .. } => "Instance",
-        }
     }
 }
 

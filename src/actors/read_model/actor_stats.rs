@@ -136,42 +136,52 @@ fn get<T: Clone>(m: &Mutex<T>) -> T {
 /// the message is dropped without being handled. It may also carry the
 /// message's [`Urgent`] mark on the actor's thread (`priority`).
 #[derive(Debug)]
-pub struct Reservation(Option<Arc<ActorStats>>, Instant, Option<Urgent>);
+pub struct Reservation {
+    /// `None` once given back.
+    stats: Option<Arc<ActorStats>>,
+    queued_at: Instant,
+    urgent: Option<Urgent>,
+}
 
 impl Reservation {
     /// Reserves a place in a mailbox of `capacity`; `None` when it is full
     /// (then the message must not be sent).
     pub fn within(stats: &Arc<ActorStats>, capacity: usize) -> Option<Reservation> {
-        stats.try_enqueue(capacity).then(|| Reservation(Some(stats.clone()), Instant::now(), None))
+        stats.try_enqueue(capacity).then(|| Reservation::taken(stats))
     }
 
     /// Counts a message that must be sent whatever the mailbox holds (one
     /// per instance of an agent that just connected; an escalation).
     pub fn counted(stats: &Arc<ActorStats>) -> Reservation {
         stats.enqueue();
-        Reservation(Some(stats.clone()), Instant::now(), None)
+        Reservation::taken(stats)
+    }
+
+    /// A place already counted in `stats`.
+    fn taken(stats: &Arc<ActorStats>) -> Reservation {
+        Reservation { stats: Some(stats.clone()), queued_at: Instant::now(), urgent: None }
     }
 
     /// The message goes ahead of bulk work on the actor's thread while it
     /// waits, and until the handler drops what [`urgent`](Self::urgent)
     /// gives it (else until it is taken).
     pub fn with_urgent(mut self, mark: Urgent) -> Reservation {
-        self.2 = Some(mark);
+        self.urgent = Some(mark);
         self
     }
 
     /// The message's urgent mark, for the handler to hold until it has answered.
     pub fn urgent(&mut self) -> Option<Urgent> {
-        self.2.take()
+        self.urgent.take()
     }
 
     /// The actor took the message: the place is free, the message counted
     /// as handled, `what` shown as its current work, and the time it
     /// waited recorded (`flotilla_actor_mailbox_wait_seconds`).
     pub fn begin(mut self, what: impl Into<String>) {
-        if let Some(s) = self.0.take() {
+        if let Some(s) = self.stats.take() {
             metrics::histogram!("flotilla_actor_mailbox_wait_seconds", "kind" => s.kind)
-                .record(self.1.elapsed().as_secs_f64());
+                .record(self.queued_at.elapsed().as_secs_f64());
             s.begin(what);
         }
     }
@@ -179,7 +189,7 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some(s) = self.0.take() {
+        if let Some(s) = self.stats.take() {
             s.release();
         }
     }
