@@ -64,6 +64,12 @@ pub struct MasterConfig {
     pub log_format: LogFormat,
     /// Threads cluster actors and node managers are spread over (0: one per CPU).
     pub actor_threads: usize,
+    /// How many nice steps the actor threads run bulk work below the
+    /// process (instance commands, renders, agents' frames); a thread is
+    /// raised back while an API request waits for it. 0: never lowered.
+    /// Needs the right to raise a thread back (root or CAP_SYS_NICE);
+    /// without it the threads stay where they are.
+    pub bulk_nice: u8,
     /// HTTP worker threads.
     pub http_workers: usize,
     /// Messages one cluster actor (or the supervisor) may have waiting;
@@ -111,6 +117,7 @@ impl Default for MasterConfig {
             endpoints_file: None,
             log_format: LogFormat::Text,
             actor_threads: 0,
+            bulk_nice: 10,
             http_workers: 2,
             mailbox_capacity: 256,
             writer_queue: 8192,
@@ -295,6 +302,12 @@ impl MasterConfig {
         }
         check_nonzero("agent_reply_timeout", self.agent_reply_timeout)?;
         check_nonzero("agent_send_timeout", self.agent_send_timeout)?;
+        if self.bulk_nice > 19 {
+            return Err(ConfigError::Invalid {
+                key: "bulk_nice",
+                message: format!("{} is outside 0..=19", self.bulk_nice),
+            });
+        }
         for (key, v, max) in [
             ("actor_threads", self.actor_threads, 256),
             ("http_workers", self.http_workers, 256),

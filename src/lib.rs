@@ -14,6 +14,7 @@
 //! | [`error`] | the domain `Error` (no HTTP in it) and `ErrorChain` |
 //! | [`ids`] | typed ids and the name rule |
 //! | [`fd_limit`] | the open-files limit raised at start, the original kept for children |
+//! | [`thread_nice`] | a thread's OS priority, lowered for bulk work and raised back while a request waits |
 //! | [`private_file`] | files only their owner reads (tokens, keys), written crash-safe |
 //! | [`spec`] | `component.toml`: model, validation, config typing, template rendering |
 //! | [`storage`] | RocksDB stores (master and agent), records, codec, the group-commit writer |
@@ -48,3 +49,4 @@ pub mod private_file;
 pub mod protocol;
 pub mod spec;
 pub mod storage;
+pub mod thread_nice;

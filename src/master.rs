@@ -13,6 +13,7 @@ use crate::actors::agent_listener::ListenerConfig;
 use crate::actors::node_link::NodeLinks;
 use crate::actors::packages::{Packages, UploadLimits};
 use crate::actors::placement::PortAllocator;
+use crate::actors::priority::Priority;
 use crate::actors::read_model::{ActorStats, PackageView, ReadModel};
 use crate::actors::registry::Registry;
 use crate::actors::supervisor::{Boot, Supervisor};
@@ -210,8 +211,11 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         .map(|_| Arbiter::try_with_tokio_rt(runtime).map(|a| a.handle()))
         .collect::<Result<_, _>>()
         .map_err(|source| MasterError::Runtime { source })?;
-    for a in &arbiters {
+    let priorities: Vec<Arc<Priority>> = arbiters.iter().map(|_| Arc::default()).collect();
+    for (a, p) in arbiters.iter().zip(&priorities) {
         a.spawn(crate::actors::priority::measure_lag());
+        let (p, by) = (p.clone(), cfg.bulk_nice);
+        a.spawn(async move { p.lower_thread(by) });
     }
     let shared = Shared {
         store: store.clone(),
@@ -233,7 +237,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         timing,
         limits,
         supervisor: ActorStats::new("supervisor", "supervisor", None),
-        priorities: Arc::new(arbiters.iter().map(|_| Arc::default()).collect()),
+        priorities: Arc::new(priorities),
         arbiters: Arc::new(arbiters.clone()),
         chunk_budget: Arc::new(tokio::sync::Semaphore::new(crate::actors::node_link::CHUNK_BUDGET)),
     };

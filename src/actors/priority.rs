@@ -24,6 +24,13 @@
 //! also cut in [`SLICE`]s: an operation's poll ([`sliced`]) that has run
 //! that long lets its remaining ready commands wait for its next turn, and
 //! the thread goes on to the other tasks, the request among them.
+//!
+//! Neither helps while the thread waits for a core, and on a busy machine
+//! it waits about as long as it runs. So the thread itself runs its bulk
+//! work at a lower OS priority ([`Priority::lower_thread`], nice +10 by
+//! default: `bulk_nice`) and is raised back to the process's priority
+//! while a mark is held: the kernel then gives the request's thread a
+//! core ahead of bulk work, here and on the other arbiters.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -32,6 +39,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+
+use crate::thread_nice::ThreadNice;
 
 /// How long one poll of an operation may run its commands before the
 /// thread goes on to other tasks.
@@ -106,6 +115,12 @@ struct Parked {
     wakers: Vec<Waker>,
     /// Since when the gate has been closed (None: open).
     closed_at: Option<Instant>,
+    /// The arbiter thread's OS priority while it is lowered for bulk
+    /// work; taken away when the thread ends, so that its id, which the
+    /// kernel may give to another thread, is never touched again.
+    nice: Option<ThreadNice>,
+    /// Whether the thread runs at the process's priority now (a mark held).
+    raised: bool,
 }
 
 impl Parked {
@@ -132,8 +147,54 @@ impl Priority {
         if self.urgent.fetch_add(1, Ordering::SeqCst) == 0 {
             let mut parked = lock(&self.parked);
             parked.closed_at.get_or_insert_with(Instant::now);
+            self.follow_marks(&mut parked);
         }
         Urgent(self.clone())
+    }
+
+    /// Lowers the calling thread (the arbiter's own) by `by` nice steps
+    /// for its bulk work; it is raised back while a mark is held, until
+    /// the thread ends. Does nothing when `by` is 0, the thread was
+    /// lowered already, or the process could not raise it back.
+    pub fn lower_thread(self: &Arc<Self>, by: u8) {
+        /// Forgets the thread's id when the thread ends.
+        struct Forget(Arc<Priority>);
+        impl Drop for Forget {
+            fn drop(&mut self) {
+                lock(&self.0.parked).nice = None;
+            }
+        }
+        thread_local! {
+            static LOWERED: std::cell::RefCell<Option<Forget>> = const { std::cell::RefCell::new(None) };
+        }
+        if by == 0 || LOWERED.with_borrow(|l| l.is_some()) {
+            return;
+        }
+        match ThreadNice::lower_current(by) {
+            Ok(nice) => {
+                let mut parked = lock(&self.parked);
+                parked.nice = Some(nice);
+                parked.raised = false;
+                self.follow_marks(&mut parked);
+                drop(parked);
+                LOWERED.set(Some(Forget(self.clone())));
+            }
+            Err(e) => tracing::info!(error = %e, "bulk work runs at the same OS priority as requests"),
+        }
+    }
+
+    /// Raises the thread while a mark is held, lowers it when none is.
+    /// Called under the lock after every change of `urgent` that may end
+    /// or begin a hold, so the last call sees the last count.
+    fn follow_marks(&self, parked: &mut Parked) {
+        let raise = self.is_held();
+        let Some(nice) = &parked.nice else { return };
+        if parked.raised != raise {
+            if let Err(e) = nice.set(raise) {
+                tracing::warn!(error = %e, raise, "cannot change an actor thread's OS priority");
+            }
+            parked.raised = raise;
+        }
     }
 
     /// Whether a request is waiting for this arbiter now.
@@ -187,6 +248,7 @@ impl Drop for Urgent {
     fn drop(&mut self) {
         let last = self.0.urgent.fetch_sub(1, Ordering::SeqCst) == 1;
         let mut parked = lock(&self.0.parked);
+        self.0.follow_marks(&mut parked);
         if last && !self.0.is_held() {
             parked.closed_at = None;
             parked.wake_all();
@@ -348,5 +410,42 @@ mod tests {
             assert!(done.get());
         })
         .await;
+    }
+
+    /// The arbiter's thread runs lowered, is raised while a mark taken on
+    /// another thread (as the API's) is held, and is lowered again when
+    /// the last of two marks goes (the kernel's view, from `/proc`); once
+    /// the thread has ended, its id is no longer touched.
+    #[test]
+    fn the_thread_is_raised_while_a_request_waits_for_it() {
+        use crate::thread_nice::nice_in_proc;
+        let gate = Arc::new(Priority::default());
+        let (to_main, from_arbiter) = std::sync::mpsc::channel();
+        let (done, wait_done) = std::sync::mpsc::channel::<()>();
+        let arbiter = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                let tid = rustix::thread::gettid().as_raw_nonzero().get();
+                let base = nice_in_proc(tid);
+                gate.lower_thread(10);
+                to_main.send((tid, base)).expect("main waits");
+                wait_done.recv().expect("main says when");
+            })
+        };
+        let (tid, base) = from_arbiter.recv().expect("the arbiter started");
+        let low = (base + 10).min(19);
+        assert_ne!(low, base, "cannot test: the process already runs at nice {base}");
+        assert_eq!(nice_in_proc(tid), low, "bulk work runs lowered (run as root, as CI does)");
+        let first = gate.urgent();
+        assert_eq!(nice_in_proc(tid), base, "raised while a request waits");
+        let second = gate.urgent();
+        drop(first);
+        assert_eq!(nice_in_proc(tid), base, "still raised: a request still waits");
+        drop(second);
+        assert_eq!(nice_in_proc(tid), low, "lowered once no request waits");
+        done.send(()).expect("the arbiter waits");
+        arbiter.join().expect("the arbiter's thread");
+        assert!(lock(&gate.parked).nice.is_none(), "the ended thread's id is forgotten");
+        drop(gate.urgent());
     }
 }
