@@ -67,6 +67,13 @@ pub struct BenchArgs {
     /// How long the simulated install, start and stop take, in ms.
     #[arg(long, default_value_t = 0)]
     pub latency_ms: u64,
+    /// Nice steps below the bench at which the simulated agents run. They
+    /// stand for other machines: at 10, as the master's bulk work runs
+    /// (its `bulk_nice`), they take cores from the master's requests and
+    /// the API clients no more than its own bulk work does. 0: the bench's
+    /// priority.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=19))]
+    pub sim_nice: u8,
     /// Seconds the idle agents are measured for.
     #[arg(long, default_value_t = 3)]
     pub idle_secs: u64,
@@ -123,6 +130,8 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
         clusters: args.clusters,
         clients: args.clients,
         cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        sim_nice: args.sim_nice,
+        master_set: args.master_set.clone(),
         ..Report::default()
     };
     let owned_dir = args.data_dir.is_none();

@@ -35,6 +35,10 @@ pub struct Report {
     pub clusters: usize,
     pub clients: usize,
     pub cores: usize,
+    /// Nice steps below the bench at which the simulated agents ran.
+    pub sim_nice: u8,
+    /// The master settings given with `--master-set`.
+    pub master_set: Vec<String>,
     pub placements_per_s: f64,
     pub placement_secs: f64,
     pub durable_transitions_per_s: f64,

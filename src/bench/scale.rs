@@ -56,6 +56,7 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
             join_token,
         },
         threads,
+        args.sim_nice,
     )
     .map_err(|e| format!("cannot start the simulated agents' runtime: {e}"))?;
     wait_ready(&api, args.agents, &args.prefix).await?;

@@ -74,11 +74,17 @@ impl Fleet {
     /// Starts the agents on `threads` threads of their own, as they would
     /// run on machines of their own: the load driver's API clients then
     /// measure the master, not their place in a queue behind a thousand
-    /// agents' work (the two still share the machine's cores).
-    pub fn start_apart(cfg: &FleetConfig, threads: usize) -> std::io::Result<Fleet> {
+    /// agents' work (the two still share the machine's cores). The
+    /// threads run `nice` steps below the caller's priority.
+    pub fn start_apart(cfg: &FleetConfig, threads: usize, nice: u8) -> std::io::Result<Fleet> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("sim-agents")
+            .on_thread_start(move || {
+                if let Err(e) = crate::thread_nice::lower_current_for_good(nice) {
+                    tracing::warn!(error = %e, "a simulated agents' thread keeps the bench's priority");
+                }
+            })
             .enable_all()
             .build()?;
         let mut fleet = Fleet::start_on(cfg, rt.handle());
