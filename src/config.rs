@@ -67,8 +67,8 @@ pub struct MasterConfig {
     /// How many nice steps the actor threads run bulk work below the
     /// process (instance commands, renders, agents' frames); a thread is
     /// raised back while an API request waits for it. 0: never lowered.
-    /// Needs the right to raise a thread back (root or CAP_SYS_NICE);
-    /// without it the threads stay where they are.
+    /// Needs the right to raise a thread back (CAP_SYS_NICE or a high
+    /// enough RLIMIT_NICE); without it the threads stay where they are.
     pub bulk_nice: u8,
     /// HTTP worker threads.
     pub http_workers: usize,

@@ -212,8 +212,8 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         .collect::<Result<_, _>>()
         .map_err(|source| MasterError::Runtime { source })?;
     let priorities: Vec<Arc<Priority>> = arbiters.iter().map(|_| Arc::default()).collect();
-    for (a, p) in arbiters.iter().zip(&priorities) {
-        a.spawn(crate::actors::priority::measure_lag());
+    for (i, (a, p)) in arbiters.iter().zip(&priorities).enumerate() {
+        a.spawn(crate::actors::priority::measure_lag(i, p.clone()));
         let (p, by) = (p.clone(), cfg.bulk_nice);
         a.spawn(async move { p.lower_thread(by) });
     }

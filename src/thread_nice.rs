@@ -13,7 +13,7 @@ use std::io;
 use rustix::process::{Pid, getpriority_process, setpriority_process};
 
 /// One thread's two priorities: where it started, and where bulk work runs.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct ThreadNice {
     tid: Pid,
     base: i32,

@@ -30,12 +30,14 @@
 //! work at a lower OS priority ([`Priority::lower_thread`], nice +10 by
 //! default: `bulk_nice`) and is raised back to the process's priority
 //! while a mark is held: the kernel then gives the request's thread a
-//! core ahead of bulk work, here and on the other arbiters.
+//! core ahead of bulk work, here and on the other arbiters. A thread whose
+//! last mark goes on itself (an answered request) lowers itself only at
+//! its next bulk work ([`Priority::settle`]), after the answer went out.
 
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -89,15 +91,19 @@ fn slice_spent() -> bool {
 }
 
 /// How late this thread runs a task that became ready, 10 times a second
-/// for as long as the thread runs: `flotilla_actor_thread_lag_seconds`.
-/// A thread whose tasks wait for their turn (busy clusters, or no core
-/// free for the thread) shows it here before requests time out.
-pub async fn measure_lag() {
+/// for as long as the thread runs: `flotilla_actor_thread_lag_seconds`,
+/// labelled with the arbiter's number (`thread`, from 0). A thread whose
+/// tasks wait for their turn (busy clusters, or no core free for the
+/// thread) shows it here before requests time out. Each tick also lowers
+/// the thread if its last mark went and no bulk work has run since.
+pub async fn measure_lag(thread: usize, gate: Arc<Priority>) {
     const EVERY: Duration = Duration::from_millis(100);
+    let lag = metrics::histogram!("flotilla_actor_thread_lag_seconds", "thread" => thread.to_string());
     loop {
         let due = Instant::now() + EVERY;
         tokio::time::sleep_until(due.into()).await;
-        metrics::histogram!("flotilla_actor_thread_lag_seconds").record(due.elapsed().as_secs_f64());
+        lag.record(due.elapsed().as_secs_f64());
+        gate.settle();
     }
 }
 
@@ -107,6 +113,10 @@ pub struct Priority {
     /// Requests marked urgent and not yet answered.
     urgent: AtomicUsize,
     parked: Mutex<Parked>,
+    /// The last mark went on the arbiter's own thread, which stays raised
+    /// until its next bulk work ([`Priority::gated`]): lowered at once, it
+    /// could lose its core before the answer went out.
+    lower_pending: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -126,12 +136,6 @@ struct Parked {
 impl Parked {
     fn held_too_long(&self) -> bool {
         self.closed_at.is_some_and(|t| t.elapsed() >= MAX_HOLD)
-    }
-
-    fn wake_all(&mut self) {
-        for w in std::mem::take(&mut self.wakers) {
-            w.wake();
-        }
     }
 }
 
@@ -157,16 +161,6 @@ impl Priority {
     /// the thread ends. Does nothing when `by` is 0, the thread was
     /// lowered already, or the process could not raise it back.
     pub fn lower_thread(self: &Arc<Self>, by: u8) {
-        /// Forgets the thread's id when the thread ends.
-        struct Forget(Arc<Priority>);
-        impl Drop for Forget {
-            fn drop(&mut self) {
-                lock(&self.0.parked).nice = None;
-            }
-        }
-        thread_local! {
-            static LOWERED: std::cell::RefCell<Option<Forget>> = const { std::cell::RefCell::new(None) };
-        }
         if by == 0 || LOWERED.with_borrow(|l| l.is_some()) {
             return;
         }
@@ -183,18 +177,62 @@ impl Priority {
         }
     }
 
-    /// Raises the thread while a mark is held, lowers it when none is.
-    /// Called under the lock after every change of `urgent` that may end
-    /// or begin a hold, so the last call sees the last count.
+    /// Raises the thread while a mark is held; once none is, lowers it,
+    /// or, on the thread itself, leaves that to its next bulk work
+    /// ([`Priority::settle`]). Called under the lock after every change of
+    /// `urgent` that may begin or end a hold, so the last call sees the
+    /// last count.
     fn follow_marks(&self, parked: &mut Parked) {
-        let raise = self.is_held();
-        let Some(nice) = &parked.nice else { return };
-        if parked.raised != raise {
-            if let Err(e) = nice.set(raise) {
-                tracing::warn!(error = %e, raise, "cannot change an actor thread's OS priority");
+        let Some(nice) = parked.nice else { return };
+        if self.is_held() {
+            self.lower_pending.store(false, Ordering::SeqCst);
+            if !parked.raised {
+                set_nice(&nice, true);
+                parked.raised = true;
             }
-            parked.raised = raise;
+        } else if parked.raised {
+            if self.is_own_thread() {
+                self.lower_pending.store(true, Ordering::SeqCst);
+            } else {
+                // Under the lock: the thread cannot end (and its id go to
+                // another) meanwhile.
+                set_nice(&nice, false);
+                parked.raised = false;
+            }
         }
+    }
+
+    /// On the arbiter's thread, before bulk work: lowers the thread if the
+    /// last mark went since. The lowering itself is done outside the lock
+    /// (a thread that lowers itself may lose its core at once, and must
+    /// not hold up a request being marked meanwhile), then checked again.
+    fn settle(&self) {
+        if !self.lower_pending.load(Ordering::Relaxed)
+            || !self.is_own_thread()
+            || !self.lower_pending.swap(false, Ordering::SeqCst)
+        {
+            return;
+        }
+        let mut parked = lock(&self.parked);
+        let Some(nice) = parked.nice else { return };
+        if self.is_held() || !parked.raised {
+            return;
+        }
+        parked.raised = false;
+        drop(parked);
+        set_nice(&nice, false);
+        let mut parked = lock(&self.parked);
+        if self.is_held() {
+            // Marked between the two locks: raised again, whatever the
+            // marker did before the lowering landed.
+            set_nice(&nice, true);
+            parked.raised = true;
+        }
+    }
+
+    /// Whether the caller is the thread this gate lowered.
+    fn is_own_thread(&self) -> bool {
+        LOWERED.try_with(|l| l.borrow().as_ref().is_some_and(|f| std::ptr::eq(&*f.0, self))).unwrap_or(false)
     }
 
     /// Whether a request is waiting for this arbiter now.
@@ -209,6 +247,7 @@ impl Priority {
     pub async fn gated<F: Future>(&self, work: F) -> F::Output {
         let mut work = pin!(work);
         std::future::poll_fn(|cx| {
+            self.settle();
             if self.park(cx) {
                 return Poll::Pending;
             }
@@ -249,13 +288,47 @@ impl Drop for Urgent {
         let last = self.0.urgent.fetch_sub(1, Ordering::SeqCst) == 1;
         let mut parked = lock(&self.0.parked);
         self.0.follow_marks(&mut parked);
-        if last && !self.0.is_held() {
+        let woken = if last && !self.0.is_held() {
             parked.closed_at = None;
-            parked.wake_all();
+            std::mem::take(&mut parked.wakers)
         } else if parked.held_too_long() {
             // Requests back to back: what waited longest goes now.
-            parked.wake_all();
+            std::mem::take(&mut parked.wakers)
+        } else {
+            Vec::new()
+        };
+        // Woken outside the lock (thousands may be parked): a request being
+        // marked meanwhile does not wait for them. None is lost: work that
+        // parks after the take is woken by the mark that made it park.
+        drop(parked);
+        for w in woken {
+            w.wake();
         }
+    }
+}
+
+thread_local! {
+    /// On an arbiter thread [`Priority::lower_thread`] lowered: its gate.
+    static LOWERED: std::cell::RefCell<Option<Forget>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Forgets the thread's id when the thread ends (its thread-local dies).
+struct Forget(Arc<Priority>);
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        lock(&self.0.parked).nice = None;
+    }
+}
+
+/// Sets a thread's priority; a failure (the right to raise taken away
+/// since start) is logged once per process, not at every request.
+fn set_nice(nice: &ThreadNice, raised: bool) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if let Err(e) = nice.set(raised)
+        && !WARNED.swap(true, Ordering::Relaxed)
+    {
+        tracing::warn!(error = %e, raised, "cannot change an actor thread's OS priority (logged once)");
     }
 }
 
@@ -414,14 +487,21 @@ mod tests {
 
     /// The arbiter's thread runs lowered, is raised while a mark taken on
     /// another thread (as the API's) is held, and is lowered again when
-    /// the last of two marks goes (the kernel's view, from `/proc`); once
-    /// the thread has ended, its id is no longer touched.
+    /// the last of two marks goes elsewhere; a mark that goes on the
+    /// thread itself (an answered request) leaves it raised until its next
+    /// bulk work, so the answer goes out first. Once the thread has ended,
+    /// its id is no longer touched. The kernel's view, from `/proc`.
     #[test]
     fn the_thread_is_raised_while_a_request_waits_for_it() {
         use crate::thread_nice::nice_in_proc;
+        enum Do {
+            Drop(Urgent),
+            Bulk,
+            End,
+        }
         let gate = Arc::new(Priority::default());
         let (to_main, from_arbiter) = std::sync::mpsc::channel();
-        let (done, wait_done) = std::sync::mpsc::channel::<()>();
+        let (to_arbiter, orders) = std::sync::mpsc::channel::<Do>();
         let arbiter = {
             let gate = gate.clone();
             std::thread::spawn(move || {
@@ -429,13 +509,24 @@ mod tests {
                 let base = nice_in_proc(tid);
                 gate.lower_thread(10);
                 to_main.send((tid, base)).expect("main waits");
-                wait_done.recv().expect("main says when");
+                for order in orders {
+                    match order {
+                        Do::Drop(mark) => drop(mark),
+                        Do::Bulk => futures::executor::block_on(gate.gated(async {})),
+                        Do::End => return,
+                    }
+                    to_main.send((0, 0)).expect("main waits");
+                }
             })
         };
         let (tid, base) = from_arbiter.recv().expect("the arbiter started");
+        let on_arbiter = |order: Do| {
+            to_arbiter.send(order).expect("the arbiter listens");
+            from_arbiter.recv().expect("done");
+        };
         let low = (base + 10).min(19);
         assert_ne!(low, base, "cannot test: the process already runs at nice {base}");
-        assert_eq!(nice_in_proc(tid), low, "bulk work runs lowered (run as root, as CI does)");
+        assert_eq!(nice_in_proc(tid), low, "bulk work runs lowered (needs CAP_SYS_NICE, as root in CI)");
         let first = gate.urgent();
         assert_eq!(nice_in_proc(tid), base, "raised while a request waits");
         let second = gate.urgent();
@@ -443,7 +534,15 @@ mod tests {
         assert_eq!(nice_in_proc(tid), base, "still raised: a request still waits");
         drop(second);
         assert_eq!(nice_in_proc(tid), low, "lowered once no request waits");
-        done.send(()).expect("the arbiter waits");
+
+        let answered = gate.urgent();
+        assert_eq!(nice_in_proc(tid), base);
+        on_arbiter(Do::Drop(answered));
+        assert_eq!(nice_in_proc(tid), base, "the thread that answered stays raised until its next bulk work");
+        on_arbiter(Do::Bulk);
+        assert_eq!(nice_in_proc(tid), low, "lowered before its bulk work ran");
+
+        to_arbiter.send(Do::End).expect("the arbiter listens");
         arbiter.join().expect("the arbiter's thread");
         assert!(lock(&gate.parked).nice.is_none(), "the ended thread's id is forgotten");
         drop(gate.urgent());

@@ -166,7 +166,8 @@ async fn parse(text: String) -> Result<Value, (serde_json::Error, String)> {
     }
     match tokio::task::spawn_blocking(move || now(text)).await {
         Ok(parsed) => parsed,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err((serde_json::Error::io(std::io::Error::other(e.to_string())), String::new())),
     }
 }
 

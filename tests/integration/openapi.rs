@@ -24,10 +24,12 @@
 //! `object_level_authorization`: tokens are not scoped to objects;
 //! `max_response_time`: `?wait=` long-polls by design.
 //!
-//! `POST /nodes/{id}/revoke` has no example in the document, so the run
-//! asks it with generated ids, which miss: revoking `node-1` would take
-//! the node of `demo`'s instance away for the rest of the run (its routes
-//! then rightly answer `503`). `tests/integration/trust.rs` revokes for real.
+//! `POST /nodes/{id}/revoke` is asked only with an id no node has (the
+//! config file pins it): revoking `node-1` would take the node of `demo`'s
+//! instance away for the rest of the run (its routes then rightly answer
+//! `503`). Leaving it to generated ids was not enough: a CI run's coverage
+//! phase asked it with `node-1`, the example of `GET /nodes/{id}`.
+//! `tests/integration/trust.rs` revokes for real.
 //!
 //! A config file (written per run) points half of the generated instance
 //! routes at `demo` and its instance, so they reach real answers (202, the
@@ -159,6 +161,10 @@ parameters = {{ "path.name" = {{ dictionary = "clusters", probability = 0.5 }}, 
 [[operations]]
 include-name = "GET /api/v1/clusters/{{name}}/instances/{{id}}/logs"
 parameters = {{ "path.name" = {{ dictionary = "clusters", probability = 0.5 }}, "path.id" = {{ dictionary = "instances", probability = 0.5 }}, "query.follow" = "false" }}
+
+[[operations]]
+include-name = "POST /api/v1/nodes/{{id}}/revoke"
+parameters = {{ "path.id" = "no-such-node" }}
 
 [[operations]]
 include-name = "GET /api/v1/events"

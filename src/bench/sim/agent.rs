@@ -135,6 +135,9 @@ pub struct SimAgent {
     /// Requests being worked on, over every connection: as the real
     /// agent, a new connection's inventory waits for the last one's.
     requests: Arc<tokio::sync::Semaphore>,
+    /// The runtime it serves on (the fleet's own): its simulated restarts
+    /// run there too, not on whichever runtime asked for the crash.
+    runtime: std::sync::OnceLock<tokio::runtime::Handle>,
 }
 
 fn lock(m: &Mutex<SimState>) -> std::sync::MutexGuard<'_, SimState> {
@@ -152,6 +155,7 @@ impl SimAgent {
             outbox: Arc::default(),
             faults: Faults::default(),
             requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT)),
+            runtime: std::sync::OnceLock::new(),
             connected: AtomicBool::new(false),
             tls: std::sync::OnceLock::new(),
         })
@@ -194,6 +198,7 @@ impl SimAgent {
     /// Enrolls with `join_token` (once; the credentials stay in memory),
     /// then dials the master until `shutdown`, serving each connection.
     pub async fn serve(self: Arc<Self>, master: SocketAddr, join_token: Arc<str>, mut shutdown: watch::Receiver<bool>) {
+        let _ = self.runtime.set(tokio::runtime::Handle::current());
         let max_backoff = Duration::from_secs(2);
         let tls = tokio::select! {
             tls = self.enroll(master, &join_token, max_backoff) => match tls {
@@ -473,7 +478,8 @@ impl SimAgent {
         if restart {
             let me = self.clone();
             let id = instance.clone();
-            tokio::spawn(async move {
+            let runtime = self.runtime.get().cloned().unwrap_or_else(tokio::runtime::Handle::current);
+            runtime.spawn(async move {
                 tokio::time::sleep(delay).await;
                 let started = {
                     let mut s = lock(&me.state);
