@@ -40,7 +40,7 @@ impl ThreadNice {
     pub fn lower_current(by: u8) -> Result<ThreadNice, NotLowered> {
         let tid = rustix::thread::gettid();
         let base = getpriority_process(Some(tid)).map_err(io::Error::from)?;
-        let low = (base + i32::from(by)).min(LOWEST);
+        let low = lowered(base, by);
         if low == base {
             return Err(NotLowered::AtLowest(base));
         }
@@ -56,17 +56,28 @@ impl ThreadNice {
     }
 
     /// The thread's nice value now, as the kernel has it.
-    pub fn current(&self) -> io::Result<i32> {
+    #[cfg(test)]
+    fn current(&self) -> io::Result<i32> {
         getpriority_process(Some(self.tid)).map_err(io::Error::from)
     }
 }
 
-/// Lowers the calling thread's priority by `by` steps for good (a thread
-/// that never needs to be raised back: lowering needs no privilege).
-pub fn lower_current_for_good(by: u8) -> io::Result<()> {
-    let tid = rustix::thread::gettid();
-    let base = getpriority_process(Some(tid))?;
-    setpriority_process(Some(tid), (base + i32::from(by)).min(LOWEST)).map_err(io::Error::from)
+/// `nice` lowered by `by` steps, at most to the lowest priority.
+fn lowered(nice: i32, by: u8) -> i32 {
+    (nice + i32::from(by)).min(LOWEST)
+}
+
+/// The calling thread's nice value lowered by `by` steps: what
+/// [`set_current_for_good`] gives threads started later, whatever the
+/// thread that starts them runs at.
+pub fn current_lowered(by: u8) -> io::Result<i32> {
+    Ok(lowered(getpriority_process(None)?, by))
+}
+
+/// Sets the calling thread's nice value for good (a thread that is never
+/// raised back: lowering needs no privilege).
+pub fn set_current_for_good(nice: i32) -> io::Result<()> {
+    setpriority_process(None, nice).map_err(io::Error::from)
 }
 
 /// Lowers a scratch thread from `base` to `low` and raises it back: an
@@ -106,7 +117,7 @@ mod tests {
                 Ok(n) => n,
                 Err(e) => panic!("cannot test: {e} (run as root, as CI does)"),
             };
-            let (base, low) = (nice.base, (nice.base + 10).min(LOWEST));
+            let (base, low) = (nice.base, lowered(nice.base, 10));
             let tid = nice.tid.as_raw_nonzero().get();
             assert_eq!((nice.current().unwrap(), nice_in_proc(tid)), (low, low));
             nice.set(true).expect("raised");

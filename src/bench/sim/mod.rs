@@ -77,11 +77,13 @@ impl Fleet {
     /// agents' work (the two still share the machine's cores). The
     /// threads run `nice` steps below the caller's priority.
     pub fn start_apart(cfg: &FleetConfig, threads: usize, nice: u8) -> std::io::Result<Fleet> {
+        // One value for every thread, also those a lowered thread starts.
+        let nice = crate::thread_nice::current_lowered(nice)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("sim-agents")
             .on_thread_start(move || {
-                if let Err(e) = crate::thread_nice::lower_current_for_good(nice) {
+                if let Err(e) = crate::thread_nice::set_current_for_good(nice) {
                     tracing::warn!(error = %e, "a simulated agents' thread keeps the bench's priority");
                 }
             })
