@@ -15,8 +15,11 @@ mod integration {
     mod agent_policy;
     mod agent_shutdown;
     mod bad_inputs;
+    mod batches;
+    mod bench_cli;
     mod big_scale;
     mod busy;
+    mod change_modes;
     mod cli;
     mod crash;
     mod daemon;
@@ -42,6 +45,7 @@ mod integration {
     mod order;
     mod overload;
     mod paging;
+    mod parallel_clusters;
     mod partition;
     mod protocol_battery;
     mod resize;

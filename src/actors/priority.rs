@@ -98,11 +98,15 @@ fn slice_spent() -> bool {
 /// the thread if its last mark went and no bulk work has run since.
 pub async fn measure_lag(thread: usize, gate: Arc<Priority>) {
     const EVERY: Duration = Duration::from_millis(100);
-    let lag = metrics::histogram!("flotilla_actor_thread_lag_seconds", "thread" => thread.to_string());
+    let thread = thread.to_string();
     loop {
         let due = Instant::now() + EVERY;
         tokio::time::sleep_until(due.into()).await;
-        lag.record(due.elapsed().as_secs_f64());
+        // Looked up at each tick, not once: the arbiters start before the
+        // master installs its recorder, and a handle taken then records
+        // nowhere for good.
+        metrics::histogram!("flotilla_actor_thread_lag_seconds", "thread" => thread.clone())
+            .record(due.elapsed().as_secs_f64());
         gate.settle();
     }
 }

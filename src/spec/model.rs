@@ -411,7 +411,8 @@ fn change_mode(p: &str, mode: Option<&str>, signal: Option<&str>, has_reload: bo
         None | Some("restart") => Ok(ChangeMode::Restart),
         Some("reload") if has_reload => Ok(ChangeMode::Reload),
         Some("reload") => Err(SpecError::new(field, "\"reload\" needs the role's reload hook")),
-        Some("noop") => Ok(ChangeMode::Noop),
+        // Nomad spells it `noop`; the issue that asked for change modes, `none`.
+        Some("noop" | "none") => Ok(ChangeMode::Noop),
         Some("signal") => {
             let sfield = format!("{p}.change_signal");
             let name = signal.ok_or_else(|| {
@@ -427,7 +428,7 @@ fn change_mode(p: &str, mode: Option<&str>, signal: Option<&str>, has_reload: bo
             Ok(ChangeMode::Signal(sig as i32))
         }
         Some(other) => {
-            Err(SpecError::new(field, format!("{other:?} is not one of \"restart\", \"reload\", \"signal\", \"noop\"")))
+            Err(SpecError::new(field, format!("{other:?} is not one of \"restart\", \"reload\", \"signal\", \"noop\" (or \"none\")")))
         }
     }
 }

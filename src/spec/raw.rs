@@ -71,7 +71,7 @@ pub struct RawFile {
     pub path: String,
     pub template: String,
     pub mode: Option<u32>,
-    /// `restart`, `reload`, `signal` or `noop` (Nomad's template `change_mode`).
+    /// `restart`, `reload`, `signal` or `noop` (also `none`; Nomad's template `change_mode`).
     pub change_mode: Option<String>,
     /// With `change_mode = "signal"`: e.g. `SIGHUP`.
     pub change_signal: Option<String>,

@@ -247,6 +247,42 @@ fn file_rules() {
     assert_eq!(spec.roles[0].files[1].mode, 0o644);
 }
 
+/// Each file's change mode (Nomad's `change_mode`), its default, and what
+/// is refused.
+#[test]
+fn change_mode_rules() {
+    let file = |extra: &str| format!("[[roles.files]]\npath = \"a\"\ntemplate = \"x\"\n{extra}\n");
+    let mode = |role_extra: &str, file_extra: &str| {
+        ComponentSpec::parse(&minimal(&format!("{role_extra}\n{}", file(file_extra)))).unwrap().roles[0].files[0].change
+    };
+    let reload = "reload = [\"bin/reload\"]";
+    assert_eq!(mode("", ""), ChangeMode::Restart, "the default without a reload hook");
+    assert_eq!(mode(reload, ""), ChangeMode::Reload, "the default with one");
+    assert_eq!(mode(reload, "change_mode = \"restart\""), ChangeMode::Restart);
+    assert_eq!(mode("", "change_mode = \"noop\""), ChangeMode::Noop);
+    assert_eq!(mode("", "change_mode = \"none\""), ChangeMode::Noop, "none is noop");
+    assert_eq!(mode("", "change_mode = \"signal\"\nchange_signal = \"hup\""), ChangeMode::Signal(1));
+    assert_eq!(mode("", "change_mode = \"signal\"\nchange_signal = \"SIGUSR1\""), ChangeMode::Signal(10));
+    let f = "roles.web.files[0]";
+    role_rejects(&file("change_mode = \"reload\""), &format!("{f}.change_mode"), "reload hook");
+    role_rejects(&file("change_mode = \"bounce\""), &format!("{f}.change_mode"), "not one of");
+    role_rejects(&file("change_mode = \"signal\""), &format!("{f}.change_signal"), "needs change_signal");
+    role_rejects(&file("change_signal = \"SIGHUP\""), &format!("{f}.change_signal"), "only with");
+    role_rejects(
+        &file("change_mode = \"signal\"\nchange_signal = \"SIGNOPE\""),
+        &format!("{f}.change_signal"),
+        "not a signal",
+    );
+    role_rejects(
+        &file("change_mode = \"signal\"\nchange_signal = \"KILL\""),
+        &format!("{f}.change_signal"),
+        "cannot be caught",
+    );
+    // Heaviest first: the mode that applies when several files change.
+    assert!(ChangeMode::Restart > ChangeMode::Reload && ChangeMode::Reload > ChangeMode::Signal(1));
+    assert!(ChangeMode::Signal(1) > ChangeMode::Noop);
+}
+
 #[test]
 fn templates_are_compiled_at_parse_time() {
     role_rejects(

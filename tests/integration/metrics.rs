@@ -93,6 +93,15 @@ async fn metrics_parse_need_the_token_and_move_with_an_operation() {
             .collect::<std::collections::BTreeSet<_>>()
     );
     assert!(value(&after, "flotilla_mailbox_depth", &[("kind", "cluster")]).is_some());
+    // Each actor thread's lag (one thread per core by default), ticked 10
+    // times a second from the start.
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    for thread in (0..threads).map(|t| t.to_string()) {
+        let ticks = value(&after, "flotilla_actor_thread_lag_seconds", &[("thread", &thread)]);
+        assert!(ticks.is_some_and(|n| n >= 1.0), "actor thread {thread}'s lag is measured: {ticks:?}");
+    }
+    let waits = value(&after, "flotilla_actor_mailbox_wait_seconds", &[("kind", "cluster")]);
+    assert!(waits.is_some_and(|n| n >= 2.0), "the create and the stop waited in the cluster's mailbox: {waits:?}");
     assert!(!after.iter().any(|s| s.labels.values().any(|v| v.contains("mx-svc-"))), "no instance ids in labels");
 }
 
