@@ -211,8 +211,10 @@ pub async fn start_master(
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (format!("FLOTILLA_MASTER_{}", k.to_ascii_uppercase()), v.to_string()))
         .collect();
-    // Every simulated agent dials from the same address: the per-source
-    // handshake cap, meant for a host among many, would throttle the fleet.
+    // The whole fleet is one host. Each simulated agent dials from its own
+    // loopback address (`sim::address`), so the per-source handshake cap,
+    // meant for a host among many, does not bind it; lifted all the same,
+    // so a change of addressing cannot quietly throttle a run.
     let per_source = "FLOTILLA_MASTER_MAX_AGENT_HANDSHAKES_PER_SOURCE";
     if !env.iter().any(|(k, _)| k == per_source) {
         env.push((per_source.to_string(), "65536".to_string()));
