@@ -123,6 +123,7 @@ pub struct Setup {
 
 /// Runs the benchmark; the report is printed (and written with `--json`).
 pub async fn run(args: BenchArgs) -> Result<Report, String> {
+    check_workload(&args)?;
     // The simulated agents' sockets.
     crate::fd_limit::raise();
     let mut report = Report {
@@ -226,4 +227,31 @@ pub async fn start_master(
             MasterProc::spawn(dir, &env).await
         }
     }
+}
+
+/// Refuses, before anything starts, a scale workload the flags cannot
+/// describe, naming the flags (not the bench's package, which the master
+/// would refuse only after the agents had connected).
+fn check_workload(args: &BenchArgs) -> Result<(), String> {
+    if matches!(args.mode, Some(BenchMode::Real(_))) || args.instances == 0 {
+        return Ok(());
+    }
+    if args.clusters == 0 {
+        return Err(format!("--clusters 0 cannot hold --instances {}: give at least 1", args.instances));
+    }
+    if args.clients == 0 {
+        return Err("--clients must be at least 1".into());
+    }
+    let max = u64::from(crate::spec::model::MAX_COUNT);
+    let per_cluster = args.instances.div_ceil(args.clusters as u64);
+    if per_cluster > max {
+        return Err(format!(
+            "--instances {} over --clusters {} puts {per_cluster} in a cluster, more than a role may hold ({max}, \
+             count.max): give --clusters {} or more",
+            args.instances,
+            args.clusters,
+            args.instances.div_ceil(max)
+        ));
+    }
+    Ok(())
 }

@@ -16,7 +16,6 @@ use super::raw::{self, RawCount, RawFile, RawHealth, RawResources, RawRole};
 use super::render;
 use crate::storage::records::ConfigValue;
 
-/// The most instances a role may declare in `count.max`.
 /// The largest `count.max` a role may declare: what `flotilla bench` has
 /// shown a master holds in one cluster (BENCHMARKS.md).
 pub const MAX_COUNT: u32 = 10_000;
