@@ -42,6 +42,7 @@ mod integration {
     mod master_restart;
     mod metrics;
     mod openapi;
+    mod operation_records;
     mod order;
     mod overload;
     mod paging;
