@@ -6,7 +6,7 @@
 
 use std::io::Read;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use flotilla::bench::sim::{Latency, SimAgent, address};
 use flotilla::ids::InstanceId;
@@ -29,6 +29,10 @@ fn ready(node: &Value) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_stops_reading_mid_install_fails_the_operation_and_is_dropped() {
+    // The master's send deadline (`agent_send_timeout`), and how much later
+    // than it the link may be seen closed on a busy machine.
+    const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+    const MARGIN: Duration = Duration::from_secs(2);
     let env = TestEnv::start_sim("stall", &[("FLOTILLA_MASTER_AGENT_SEND_TIMEOUT", "1s")], 1).await;
     let agent = env.fleet().agents[0].clone();
     env.upload(&sim::package("big", "1.0.0", 3)).await;
@@ -41,21 +45,62 @@ async fn an_agent_that_stops_reading_mid_install_fails_the_operation_and_is_drop
 
     agent.stall_at_next_install();
     let started = Instant::now();
-    let (status, resp) = env.post("/clusters/st/upgrade", json!({"version": "2.0.0"})).await;
-    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{resp:#}");
-    let id = resp["operation"]["id"].as_str().unwrap().to_string();
-    let op = env
-        .until(30, "the upgrade to a stalled agent ends", async || {
-            let (_, body) = env.get(&format!("/operations/{id}?wait=5")).await;
-            let op = &body["operation"];
-            if ["Failed", "RolledBack"].iter().any(|s| op["status"] == *s) {
-                Ok(op.clone())
-            } else {
-                Err(format!("{op:#}"))
+    // Beside the upgrade: when the agent stopped reading (its switch, looked
+    // at every millisecond), then when `GET /nodes/sim-1` first showed its
+    // link closed (asked every 20 ms).
+    let watch = async {
+        let limit = Instant::now() + Duration::from_secs(30);
+        while !agent.faults.stalled.load(std::sync::atomic::Ordering::SeqCst) {
+            assert!(Instant::now() < limit, "the agent did not stop reading within 30 s\n{}", env.log_tails());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let stalled = Instant::now();
+        loop {
+            let n = env.node("sim-1").await;
+            if n["connected"] == false {
+                break (stalled, Instant::now());
             }
-        })
-        .await;
+            assert!(Instant::now() < limit, "the stalled sim-1 still connected after 30 s: {n:#}\n{}", env.log_tails());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let upgrade = async {
+        let (status, resp) = env.post("/clusters/st/upgrade", json!({"version": "2.0.0"})).await;
+        assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{resp:#}");
+        let id = resp["operation"]["id"].as_str().unwrap().to_string();
+        let op = env
+            .until(30, "the upgrade to a stalled agent ends", async || {
+                let (_, body) = env.get(&format!("/operations/{id}?wait=5")).await;
+                let op = &body["operation"];
+                if ["Failed", "RolledBack"].iter().any(|s| op["status"] == *s) {
+                    Ok(op.clone())
+                } else {
+                    Err(format!("{op:#}"))
+                }
+            })
+            .await;
+        (op, Instant::now())
+    };
+    let ((stalled_at, closed_at), (op, ended_at)) = tokio::join!(watch, upgrade);
     let took = started.elapsed();
+    // The master closed the link once nothing could be sent for its send
+    // deadline: not before it, and not much after.
+    let closed_after = closed_at - stalled_at;
+    assert!(
+        closed_after >= SEND_TIMEOUT / 2 && closed_after <= SEND_TIMEOUT + MARGIN,
+        "the link was seen closed {closed_after:?} after the agent stopped reading; the send deadline is \
+         {SEND_TIMEOUT:?} (allowed: {:?} to {:?})\n{}",
+        SEND_TIMEOUT / 2,
+        SEND_TIMEOUT + MARGIN,
+        env.master_log()
+    );
+    // Every request waiting on the closed link failed at once: so did the
+    // operation (its reason is checked below).
+    let ended_after = ended_at - stalled_at;
+    assert!(
+        ended_after <= SEND_TIMEOUT + MARGIN,
+        "the upgrade ended {ended_after:?} after the agent stopped reading; the send deadline is {SEND_TIMEOUT:?}: {op:#}"
+    );
     assert!(agent.faults.stalled.load(std::sync::atomic::Ordering::Relaxed), "the agent never stalled");
     let error = op["error"].as_str().unwrap_or_default();
     assert!(
@@ -90,7 +135,11 @@ async fn an_agent_that_stops_reading_mid_install_fails_the_operation_and_is_drop
     assert_eq!((&c["status"], &c["package"]["version"]), (&json!("Active"), &json!("2.0.0")), "{c:#}");
     assert!(all_instances(&c).iter().all(|i| i["status"] == "Running"), "{c:#}");
     assert!(agent.state.lock().unwrap().packages.contains(&sha), "the agent never received version 2 in full");
-    eprintln!("stall: the stalled upgrade ended {} after {took:?}: {error}", op["status"]);
+    eprintln!(
+        "stall: the link closed {closed_after:?} after the agent stopped reading; the stalled upgrade ended {} \
+         {:?} after it ({took:?} after the request): {error}",
+        op["status"], ended_after
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
