@@ -230,7 +230,7 @@ impl Harness {
     /// Runs `req` on cluster `name`; the operation once it is journaled.
     pub async fn run(&self, name: &str, req: OpRequest) -> Result<OperationRecord, crate::error::Error> {
         let h = self.handle(name);
-        h.addr.send(RunOperation(req, Reservation::counted(&h.stats))).await.expect("mailbox")
+        h.addr.send(RunOperation(req, Reservation::counted(&h.stats), None)).await.expect("mailbox")
     }
 
     /// The published record of cluster `name`.

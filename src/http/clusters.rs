@@ -13,7 +13,7 @@ use super::dto::{
     ResizeBody, ScaleBody, UpgradeBody,
 };
 use super::error::ApiError;
-use crate::actors::cluster::{OpRequest, PlanPreview, Preview, PreviewCreate, RunOperation};
+use crate::actors::cluster::{Accepted, OpRequest, PlanPreview, Preview, PreviewCreate, RunOperation};
 use crate::actors::read_model::Reservation;
 use crate::actors::registry::ClusterHandle;
 use crate::actors::supervisor::{Create, CreateCluster, RoleRequest};
@@ -77,8 +77,24 @@ async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: bool) -> Res
         let preview = handle.addr.send(Preview(req, slot)).await.map_err(mailbox)??;
         return Ok(HttpResponse::Ok().json(preview));
     }
-    let op = handle.addr.send(RunOperation(req, slot)).await.map_err(mailbox)??;
-    Ok(accepted(&op))
+    // Answered once the operation is durable, from the store's answer:
+    // the actor's thread may be busy with other clusters' work long after.
+    let (early, handed) = tokio::sync::oneshot::channel();
+    let answer = handle.addr.send(RunOperation(req, slot, Some(early)));
+    tokio::pin!(answer);
+    let handed = tokio::select! {
+        handed = handed => handed,
+        // Refused before it was built (busy, invalid, ...): the answer says why.
+        answered = &mut answer => return Ok(accepted(&answered.map_err(mailbox)??)),
+    };
+    match handed {
+        Ok(Accepted { op, durable }) => {
+            durable.await?;
+            Ok(accepted(&op))
+        }
+        // The actor answered without handing one over.
+        Err(_) => Ok(accepted(&answer.await.map_err(mailbox)??)),
+    }
 }
 
 /// Creates a cluster
@@ -193,7 +209,7 @@ pub async fn stop(
     run(&state, &path.into_inner(), OpRequest::Stop, q.dry_run).await
 }
 
-/// Restarts a cluster, a batch at a time
+/// Restarts a cluster: stops it (roles in reverse order), then starts it (roles in order)
 #[utoipa::path(post, path = "/api/v1/clusters/{name}/restart", operation_id = "restart_cluster", tag = "clusters", params(("name" = String, Path, description = "The cluster's name", example = "demo"), DryRun), responses(Mutation))]
 pub async fn restart(
     state: web::Data<AppState>,

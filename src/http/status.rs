@@ -255,8 +255,9 @@ pub async fn get_operation(
         tokio::pin!(notified);
         notified.as_mut().enable();
         // While it runs, wait on the in-memory header; answer from the
-        // store, which has every journaled step's results.
-        let running = rm.running_operations().get(&id).is_some_and(|o| !o.status.is_terminal());
+        // store, which has every journaled step's results. One on its way
+        // to the store (just accepted) is waited for the same way.
+        let running = rm.running_operations().get(&id).is_some_and(|o| !o.status.is_terminal()) || rm.is_accepting(&id);
         if running && tokio::time::Instant::now() < deadline {
             let _ = tokio::time::timeout_at(deadline, notified).await;
             continue;

@@ -426,8 +426,9 @@ fn change_mode(p: &str, mode: Option<&str>, signal: Option<&str>, has_reload: bo
             }
             Ok(ChangeMode::Signal(sig as i32))
         }
-        Some(other) => {
-            Err(SpecError::new(field, format!("{other:?} is not one of \"restart\", \"reload\", \"signal\", \"noop\" (or \"none\")")))
-        }
+        Some(other) => Err(SpecError::new(
+            field,
+            format!("{other:?} is not one of \"restart\", \"reload\", \"signal\", \"noop\" (or \"none\")"),
+        )),
     }
 }

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use actix::prelude::*;
+use futures::FutureExt;
 use time::OffsetDateTime;
 
 use self::ops::ClusterOps;
@@ -60,7 +61,7 @@ pub use failures::{EnterError, InstanceObserved};
 pub(crate) use ops::{END_RETRIES, commit_retrying};
 pub use prepare::{MAX_BATCH, group_by_order};
 pub use preview::{PlacedInstance, PlanPreview, Preview, PreviewCreate, PreviewStep};
-pub use request::OpRequest;
+pub use request::{Accepted, OpRequest, RunOperation};
 
 /// What the actor owns, shared with the running operation's context (both
 /// live on the actor's arbiter thread; borrows never cross an `.await`).
@@ -84,11 +85,6 @@ impl Core {
         v
     }
 }
-
-/// A request to run an operation, with its place in the mailbox.
-#[derive(Message)]
-#[rtype(result = "Result<OperationRecord, Error>")]
-pub struct RunOperation(pub OpRequest, pub Reservation);
 
 pub struct ClusterActor {
     core: Rc<RefCell<Core>>,
@@ -363,7 +359,7 @@ impl Handler<RunOperation> for ClusterActor {
     type Result = AtomicResponse<Self, Result<OperationRecord, Error>>;
 
     fn handle(&mut self, msg: RunOperation, _ctx: &mut Context<Self>) -> Self::Result {
-        let RunOperation(req, mut slot) = msg;
+        let RunOperation(req, mut slot, early) = msg;
         // An API request stays ahead of bulk work on this thread until it
         // is answered (durable), not only until it is taken.
         let urgent = slot.urgent();
@@ -471,53 +467,51 @@ impl Handler<RunOperation> for ClusterActor {
             Ok(w)
         });
         let store = self.shared.store.clone();
-        AtomicResponse::new(Box::pin(
-            async move {
-                match writes {
-                    // A new request: refused (503) rather than queued when
-                    // the store is overloaded; nothing of it exists then.
-                    Ok(w) => store.try_commit(w).await.map_err(Error::from),
-                    Err(e) => Err(Error::from(e)),
+        let durable = async move {
+            match writes {
+                // A new request: refused (503) rather than queued when
+                // the store is overloaded; nothing of it exists then.
+                Ok(w) => store.try_commit(w).await.map_err(Error::from),
+                Err(e) => Err(Error::from(e)),
+            }
+        }
+        .boxed()
+        .shared();
+        let accepting = self.shared.read_model.accepting(op.id);
+        if let Some(early) = early {
+            // Gone: the caller stopped waiting; the operation goes on.
+            let _ = early.send(Accepted { op: op.clone(), durable: durable.clone() });
+        }
+        AtomicResponse::new(Box::pin(durable.into_actor(self).map(move |res, act, ctx| {
+            let _answered = urgent;
+            act.stats.end(res.as_ref().err().map(|e| e.to_string()));
+            match res {
+                Ok(()) => {
+                    act.env.cell.set_record(cluster.clone());
+                    if is_create {
+                        // The cluster appears once its create is durable.
+                        act.shared.read_model.add_cluster(&cluster.name, act.env.cell.clone());
+                        act.shared.read_model.register_actor(&act.stats);
+                        act.creating = false;
+                        let name = &cluster.name;
+                        crate::actors::announce::actor(&act.shared, "actor.started", "cluster", name, Some(name), None);
+                    }
+                    act.shared.read_model.put_operation(&op);
+                    accepting.published();
+                    act.spawn_operation(ctx, prepared, op.clone());
+                    Ok(op)
+                }
+                Err(e) => {
+                    let mut core = act.core.borrow_mut();
+                    core.record.operation = None;
+                    for p in &prepared.pending {
+                        core.pending.remove(&p.id);
+                        act.shared.ports.release(&p.node, p.ports.values().copied());
+                    }
+                    Err(e)
                 }
             }
-            .into_actor(self)
-            .map(move |res, act, ctx| {
-                let _answered = urgent;
-                act.stats.end(res.as_ref().err().map(|e| e.to_string()));
-                match res {
-                    Ok(()) => {
-                        act.env.cell.set_record(cluster.clone());
-                        if is_create {
-                            // The cluster appears once its create is durable.
-                            act.shared.read_model.add_cluster(&cluster.name, act.env.cell.clone());
-                            act.shared.read_model.register_actor(&act.stats);
-                            act.creating = false;
-                            let name = &cluster.name;
-                            crate::actors::announce::actor(
-                                &act.shared,
-                                "actor.started",
-                                "cluster",
-                                name,
-                                Some(name),
-                                None,
-                            );
-                        }
-                        act.shared.read_model.put_operation(&op);
-                        act.spawn_operation(ctx, prepared, op.clone());
-                        Ok(op)
-                    }
-                    Err(e) => {
-                        let mut core = act.core.borrow_mut();
-                        core.record.operation = None;
-                        for p in &prepared.pending {
-                            core.pending.remove(&p.id);
-                            act.shared.ports.release(&p.node, p.ports.values().copied());
-                        }
-                        Err(e)
-                    }
-                }
-            }),
-        ))
+        })))
     }
 }
 

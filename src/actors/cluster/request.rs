@@ -2,9 +2,14 @@
 
 use std::collections::BTreeMap;
 
+use futures::future::{BoxFuture, Shared};
+use tokio::sync::oneshot;
+
+use crate::actors::read_model::Reservation;
+use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
-use crate::storage::records::{InstanceRecord, Limits};
+use crate::storage::records::{InstanceRecord, Limits, OperationRecord};
 
 /// A mutating request on a cluster.
 #[derive(Debug, Clone)]
@@ -68,4 +73,23 @@ impl OpRequest {
             OpRequest::Instance { .. } => "Instance",
         }
     }
+}
+
+/// A request to run an operation, with its place in the mailbox and, from
+/// the API, where to hand the operation over as soon as it is built
+/// ([`Accepted`]).
+#[derive(actix::Message)]
+#[rtype(result = "Result<OperationRecord, Error>")]
+pub struct RunOperation(pub OpRequest, pub Reservation, pub Option<oneshot::Sender<Accepted>>);
+
+/// An operation the actor has built and sent to the store: its caller
+/// answers once `durable` resolves, without waiting for the actor's thread
+/// to come back to the request. Under load that wait was most of a
+/// write's latency: the thread runs other clusters' work before it
+/// (BENCHMARKS.md, B5). Readers may see the operation's cluster without
+/// it for that long; `GET /operations/{id}` finds it at once (the store).
+pub struct Accepted {
+    pub op: OperationRecord,
+    /// Resolves once the operation is durable, or with why it is not.
+    pub durable: Shared<BoxFuture<'static, Result<(), Error>>>,
 }

@@ -95,6 +95,40 @@ pub struct ReadModel {
     pub counters: Counters,
     /// Woken whenever an operation record changes (`?wait=` long-polls).
     pub operation_changed: Notify,
+    /// Operations on their way to the store and not yet published
+    /// ([`Accepting`]). Never shown: a `?wait=` long-poll for one waits to
+    /// be woken rather than reading the store, since the API may answer a
+    /// request as soon as its operation is durable, before its actor has
+    /// published it.
+    accepting: Mutex<std::collections::HashSet<OperationId>>,
+}
+
+/// Held by a cluster actor from building an operation until it has
+/// published it ([`Accepting::published`]), or learned it never will (its
+/// write failed; dropped): then the operation's long-polls are woken to
+/// look again.
+#[must_use]
+pub struct Accepting {
+    read_model: Arc<ReadModel>,
+    id: OperationId,
+    /// Whether dropping it wakes the long-polls (not after `published`).
+    wake: bool,
+}
+
+impl Accepting {
+    /// After [`ReadModel::put_operation`], which woke the long-polls.
+    pub fn published(mut self) {
+        self.wake = false;
+    }
+}
+
+impl Drop for Accepting {
+    fn drop(&mut self) {
+        self.read_model.accepting.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+        if self.wake {
+            self.read_model.operation_changed.notify_waiters();
+        }
+    }
 }
 
 fn empty<K: Ord + Clone, V: Clone>() -> Map<K, V> {
@@ -123,7 +157,19 @@ impl ReadModel {
             store,
             counters: Counters::default(),
             operation_changed: Notify::new(),
+            accepting: Mutex::default(),
         })
+    }
+
+    /// Marks `id` as on its way to the store until the guard is dropped.
+    pub fn accepting(self: &Arc<Self>, id: OperationId) -> Accepting {
+        self.accepting.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+        Accepting { read_model: self.clone(), id, wake: true }
+    }
+
+    /// Whether `id` is on its way to the store (built, not yet published).
+    pub fn is_accepting(&self, id: &OperationId) -> bool {
+        self.accepting.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
     }
 
     // ------------------------------------------------------------ clusters
@@ -328,5 +374,50 @@ impl ReadModel {
 
     pub fn count_transitions(&self, n: u64) {
         self.counters.instance_transitions.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::storage::MasterStore;
+    use crate::storage::records::OperationStatus;
+    use crate::storage::testdata as td;
+
+    /// An operation on its way to the store is not shown, its long-polls
+    /// wait for it, and they are woken when it is published or when it
+    /// never will be (its write refused).
+    #[tokio::test]
+    async fn an_accepted_operation_is_waited_for_until_published_or_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let rm = ReadModel::new(Arc::new(MasterStore::open(&dir.path().join("db")).expect("store")));
+        let c = td::cluster("c");
+        let now = time::OffsetDateTime::now_utc();
+        let pending = || OperationRecord { status: OperationStatus::Pending, ..td::operation(&c, now) };
+        let (published, refused) = (pending(), pending());
+        assert_ne!(published.id, refused.id);
+
+        let guard = rm.accepting(published.id);
+        assert!(rm.is_accepting(&published.id));
+        assert!(rm.running_operations().get(&published.id).is_none(), "shown before it is durable");
+        let woken = rm.operation_changed.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        rm.put_operation(&published);
+        guard.published();
+        assert!(!rm.is_accepting(&published.id));
+        assert!(rm.running_operations().get(&published.id).is_some());
+        tokio::time::timeout(Duration::from_secs(1), woken).await.expect("woken by the publication");
+
+        let guard = rm.accepting(refused.id);
+        let woken = rm.operation_changed.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        drop(guard);
+        assert!(!rm.is_accepting(&refused.id));
+        assert!(rm.running_operations().get(&refused.id).is_none());
+        tokio::time::timeout(Duration::from_secs(1), woken).await.expect("woken: it will never be published");
     }
 }

@@ -312,7 +312,7 @@ impl Handler<Create> for Supervisor {
         let slot = Reservation::counted(&handle.stats).with_urgent(handle.priority.urgent());
         // Sent now, not when the future is first polled: the create is the
         // actor's first message.
-        let sent = handle.addr.send(RunOperation(OpRequest::Create { pending, params }, slot));
+        let sent = handle.addr.send(RunOperation(OpRequest::Create { pending, params }, slot, None));
         Box::pin(sent.into_actor(self).map(move |res, act, _| {
             let res = res.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))));
             if res.is_err()
