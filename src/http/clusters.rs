@@ -77,12 +77,21 @@ async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: bool) -> Res
         let preview = handle.addr.send(Preview(req, slot)).await.map_err(mailbox)??;
         return Ok(HttpResponse::Ok().json(preview));
     }
+    // An upgrade is answered by its actor, once published: deleting a
+    // package decides "in use" from the published view, which must show
+    // the upgrade a client has been told about.
+    if matches!(req, OpRequest::Upgrade { .. }) {
+        return Ok(accepted(&handle.addr.send(RunOperation(req, slot, None)).await.map_err(mailbox)??));
+    }
     // Answered once the operation is durable, from the store's answer:
     // the actor's thread may be busy with other clusters' work long after.
     let (early, handed) = tokio::sync::oneshot::channel();
     let answer = handle.addr.send(RunOperation(req, slot, Some(early)));
     tokio::pin!(answer);
     let handed = tokio::select! {
+        // First when both are ready: an actor that stopped after sending
+        // the writes answers a mailbox error, yet the operation is durable.
+        biased;
         handed = handed => handed,
         // Refused before it was built (busy, invalid, ...): the answer says why.
         answered = &mut answer => return Ok(accepted(&answered.map_err(mailbox)??)),

@@ -77,14 +77,15 @@ template = "extra={{ cluster.config.greeting }}\n"
 change_mode = "noop"
 "#;
 
-/// Records its pid at each start; on SIGHUP, appends what `conf/app.conf`
-/// says at that moment to `data/hups` and keeps running. The shell itself is
+/// Records its pid at each start, once its traps are set (so a recorded
+/// start can take a signal); on SIGHUP, appends what `conf/app.conf` says
+/// at that moment to `data/hups` and keeps running. The shell itself is
 /// the instance's main process: it waits on a background `sleep` so a
 /// trapped signal runs at once (a foreground `sleep` would delay it).
 const START: &str = r#"set -u
-echo "$$" >> data/starts
 trap 'echo "$(cat conf/app.conf)" >> data/hups' HUP
 trap 'exit 0' TERM
+echo "$$" >> data/starts
 sleep 100000 &
 child=$!
 while kill -0 "$child" 2>/dev/null; do wait "$child"; done
@@ -156,6 +157,9 @@ async fn a_changed_file_signals_leaves_or_restarts_its_instance_as_its_change_mo
     for (role, i) in &before {
         let pid = pid_of(i);
         assert!(is_start_script(pid), "{role}: pid {pid} is not the start script: {:?}", cmdline(pid));
+        // A foreground start is Running once spawned; the script records
+        // itself a moment later.
+        assert!(eventually(5, || !starts(i).is_empty()).await, "{role}: the start script never recorded itself");
         assert_eq!(starts(i), [pid], "{role}: the API's pid is the start script's own");
         assert_eq!(read(i, "conf/app.conf"), "greeting=hello\n", "{role}");
         assert!(hups(i).is_empty(), "{role} got a SIGHUP before any change");
@@ -204,6 +208,7 @@ async fn a_changed_file_signals_leaves_or_restarts_its_instance_as_its_change_mo
     assert_ne!(pid_of(a), pid_of(b), "plain: the same pid after a restart change");
     assert!(!pid_alive(pid_of(b)), "plain: the old pid {} still runs", pid_of(b));
     assert!(is_start_script(pid_of(a)), "plain: the new pid {} is not the start script", pid_of(a));
+    assert!(eventually(5, || starts(a).len() == 2).await, "plain: the new start never recorded itself");
     assert_eq!(starts(a), [pid_of(b), pid_of(a)], "plain: started once more");
     assert!(hups(a).is_empty(), "plain: got a SIGHUP: {:?}", hups(a));
     assert!(said(a).contains("restarted"), "plain: the operation says {:?}", said(a));
@@ -225,7 +230,8 @@ async fn a_changed_file_signals_leaves_or_restarts_its_instance_as_its_change_mo
         assert_eq!(read(a, "conf/app.conf"), "greeting=salut\n", "{role}");
         assert!(hups(a).is_empty(), "{role}: got a SIGHUP: {:?}", hups(a));
     }
-    assert_eq!(starts(&again["plain"]).len(), 3, "plain: restarted for the second change");
+    let third = eventually(5, || starts(&again["plain"]).len() == 3).await;
+    assert!(third, "plain: not restarted for the second change: {:?}", starts(&again["plain"]));
 
     // The same value again changes no file: nothing is signalled or restarted.
     reconfigure(&env, "salut").await;

@@ -75,9 +75,12 @@ async fn upgrade_and_back_then_a_broken_version_is_rolled_back() {
         let (status, resp) = env.post("/clusters/up/upgrade", json!({"version": version})).await;
         assert_eq!(status, 202, "{resp:#}");
         if version == "2.0.0" {
-            // The version an upgrade's undo would go back to stays in use.
-            let (status, body) = env.delete("/packages/up/1.0.0").await;
-            assert_eq!((status.as_u16(), error_code(&body)), (409, "package_in_use"), "{body:#}");
+            // The version an upgrade's undo would go back to stays in use,
+            // and so does the one it goes to, from its 202 on.
+            for v in ["1.0.0", "2.0.0"] {
+                let (status, body) = env.delete(&format!("/packages/up/{v}")).await;
+                assert_eq!((status.as_u16(), error_code(&body)), (409, "package_in_use"), "{v}: {body:#}");
+            }
         }
         let op = env.wait_op(resp["operation"]["id"].as_str().unwrap()).await;
         env.assert_succeeded(&op);

@@ -194,6 +194,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(unsafe_code)]
     async fn the_child_switches_user_and_the_agent_stays_who_it_was() {
         assert!(nix::unistd::geteuid().is_root(), "this test needs root (run it as root, as .ci/run does)");
         let tmp = tempfile::tempdir().unwrap();
@@ -203,6 +204,10 @@ mod tests {
         // A handled signal in the agent (tokio's) must not be handled in the
         // child, and the child must not inherit a blocked mask or an ignored SIGPIPE.
         let _usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()).unwrap();
+        // Nor a signal the agent inherited ignored (SIGQUIT in a background
+        // job, SIGHUP under nohup): a shell cannot trap one of those.
+        // SAFETY: sets one signal's disposition to "ignore"; no handler runs.
+        unsafe { libc::signal(libc::SIGQUIT, libc::SIG_IGN) };
         let argv = vec!["/bin/sh".to_string(), "-c".to_string(), "exec sleep 30".to_string()];
         let mut c = spawn::spawn(&launch_sh(&argv, tmp.path(), &logs, &nobody)).unwrap();
         let pid = c.id().unwrap();
@@ -213,6 +218,9 @@ mod tests {
         assert_eq!(groups.trim_start_matches("Groups:").trim(), nobody.gid.to_string());
         assert_eq!(status_field(pid, "SigBlk:"), 0, "the child's signal mask is empty");
         assert_eq!(status_field(pid, "SigIgn:") & (1 << (libc::SIGPIPE - 1)), 0, "SIGPIPE is not ignored");
+        assert_eq!(status_field(pid, "SigIgn:") & (1 << (libc::SIGQUIT - 1)), 0, "SIGQUIT is not ignored");
+        // SAFETY: as above, back to the default.
+        unsafe { libc::signal(libc::SIGQUIT, libc::SIG_DFL) };
         // Every thread of this process is still root: the user switch was
         // the child's alone (glibc's setuid would have switched them all).
         for task in std::fs::read_dir("/proc/self/task").unwrap() {

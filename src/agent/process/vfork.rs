@@ -22,9 +22,10 @@
 //!   make every *thread of the agent* switch user (the `setxid` broadcast of
 //!   a multi-threaded process, whose threads the child shares);
 //! - all signals are blocked in the parent around the clone, so no handler
-//!   of the agent runs in the child; the child puts every handled (and
-//!   `SIGPIPE`, which the Rust runtime ignores) signal back to its default
-//!   and unblocks everything just before `exec`, as std's `Command` does;
+//!   of the agent runs in the child; the child puts every signal back to
+//!   its default (handled ones, `SIGPIPE`, which the Rust runtime ignores,
+//!   and any the agent inherited ignored, as systemd does; std's `Command`
+//!   keeps those) and unblocks everything just before `exec`;
 //! - a failure is written as (stage, errno) to a close-on-exec pipe, then
 //!   `_exit(127)`; the parent reads it after the child is gone and reaps it.
 //!
@@ -341,16 +342,13 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
                 libc::syscall(libc::SYS_rt_sigaction, sig, &ign, std::ptr::null_mut::<KernelSigaction>(), 8);
                 continue;
             }
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
-                continue;
-            }
-            let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
-            if handled || sig == libc::SIGPIPE {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            }
+            // Every signal, also one the agent inherited ignored (SIGHUP
+            // under `nohup`, SIGINT and SIGQUIT in a background job): a
+            // shell cannot trap a signal ignored when it started, so a
+            // `change_signal` would never reach the instance.
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
         }
         if libc::setpgid(0, 0) != 0 {
             fail(p.report, Stage::ProcessGroup, errno());
