@@ -273,6 +273,7 @@ async fn a_config_change_restarts_a_role_of_eight_two_at_a_time() {
 
     // The record: one restart per member, in the order of the batches.
     assert_eq!(r.op["params"]["config"], json!({"greeting": "bonjour"}), "{:#}", r.op);
+    assert_eq!(r.op["params"]["batch"], Value::Null, "no batch asked for, none recorded: {:#}", r.op);
     assert_eq!(r.restarted.len(), 8, "{:#}", r.op);
     let recorded: Vec<BTreeSet<&str>> = r.restarted.chunks(2).map(|c| c.iter().map(String::as_str).collect()).collect();
     assert_eq!(recorded, pairs, "the record's restarts, in pairs, against the ledger's batches: {seen}");
@@ -295,6 +296,7 @@ async fn a_config_change_restarts_a_quorum_role_one_at_a_time_even_when_asked_fo
         ("bonjour", json!({"config": {"greeting": "bonjour"}})),
         ("hallo", json!({"config": {"greeting": "hallo"}, "batch": 5})),
     ] {
+        let asked = body.get("batch").cloned().unwrap_or(Value::Null);
         let r = reconfigure(&env, "q5", &ids, &ledger, body).await;
         assert_restarted_with(&env, "q5", &before, greeting).await;
         let seen = show(&r.ledger, &ids);
@@ -318,6 +320,7 @@ async fn a_config_change_restarts_a_quorum_role_one_at_a_time_even_when_asked_fo
         // The record: a restart per member, in the order the ledger saw.
         let order: Vec<&str> = r.ledger.iter().filter(|m| matches!(m, Move::Down(_))).map(Move::id).collect();
         assert_eq!(r.restarted, order, "{greeting}: the record's order against the ledger's: {:#}", r.op);
+        assert_eq!(r.op["params"]["batch"], asked, "the batch asked for, as recorded: {:#}", r.op);
         before = role_instances(&env.cluster("q5").await, "member");
     }
 }

@@ -110,10 +110,11 @@ impl ClusterActor {
             }
             OpRequest::Reconfigure { values, batch } => {
                 require_active(status, "reconfigure")?;
+                let asked = batch;
                 let batch = check_batch(batch)?;
                 let old = self.core.borrow().record.config.clone();
                 let new = spec.resolve_config(&values, Some(&old))?;
-                let params = serde_json::json!({ "config": values, "batch": batch }).to_string();
+                let params = serde_json::json!({ "config": values, "batch": asked }).to_string();
                 Prepared {
                     params,
                     ..simple(
@@ -125,12 +126,13 @@ impl ClusterActor {
             }
             OpRequest::Upgrade { version, batch } => {
                 require_active(status, "upgrade")?;
+                let asked = batch;
                 let batch = check_batch(batch)?;
                 let old = self.core.borrow().record.package.clone();
                 let new = PackageRef { name: old.name.clone(), version: version.clone() };
                 let new_spec = self.upgrade_target(&new)?;
                 check_compatible(spec, &new_spec, &self.members())?;
-                let params = serde_json::json!({ "version": version, "batch": batch }).to_string();
+                let params = serde_json::json!({ "version": version, "batch": asked }).to_string();
                 Prepared {
                     params,
                     ..simple(
@@ -142,6 +144,7 @@ impl ClusterActor {
             }
             OpRequest::Resize { role, limits, batch } => {
                 require_active(status, "resize")?;
+                let asked = batch;
                 let batch = check_batch(batch)?;
                 if spec.role(&role).is_none() {
                     return Err(Error::spec(format!("roles.{role}"), "the package has no such role"));
@@ -152,7 +155,7 @@ impl ClusterActor {
                 self.check_nodes_enforce_limits(&role, members.iter().map(|m| &m.node))?;
                 let old = self.core.borrow().record.roles.get(&role).and_then(|r| r.limits);
                 let ids: Vec<InstanceId> = members.iter().map(|m| m.id.clone()).collect();
-                let params = serde_json::json!({ "role": role, "memory_bytes": limits.memory_bytes, "cpu": limits.cpu, "batch": batch }).to_string();
+                let params = serde_json::json!({ "role": role, "memory_bytes": limits.memory_bytes, "cpu": limits.cpu, "batch": asked }).to_string();
                 Prepared {
                     params,
                     ..simple(
