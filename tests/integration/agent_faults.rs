@@ -234,3 +234,50 @@ async fn the_master_closes_a_link_that_goes_silent() {
     agent.set_frozen(false);
     env.wait_ready().await;
 }
+
+/// An install has no fixed deadline: to an agent that reads in bursts
+/// (stalls shorter than the send deadline), an install that outlasts the
+/// reply deadline twice over succeeds, because its bytes keep moving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_slower_than_the_reply_deadline_succeeds_while_its_bytes_move() {
+    const REPLY_TIMEOUT: Duration = Duration::from_secs(1);
+    let master = [("FLOTILLA_MASTER_AGENT_REPLY_TIMEOUT", "1s"), ("FLOTILLA_MASTER_AGENT_SEND_TIMEOUT", "3s")];
+    let env = TestEnv::start_sim("slowinstall", &master, 1).await;
+    let agent = env.fleet().agents[0].clone();
+    let pkg = sim::package("slow", "1.0.0", 3).file("lib/blob.bin", 0o644, random_bytes(64 << 20));
+    let sha = env.upload(&pkg).await["sha256"].as_str().expect("sha256").to_string();
+
+    // The agent reads for 10 ms, then not for 400 ms, until the create ends.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pulse = {
+        let (agent, done) = (agent.clone(), done.clone());
+        tokio::spawn(async move {
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                agent.set_stalled(false);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                agent.set_stalled(true);
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+            agent.set_stalled(false);
+        })
+    };
+    let started = Instant::now();
+    let body = json!({"name": "sl", "package": {"name": "slow", "version": "1.0.0"}, "roles": {"d": {"count": 1}}});
+    let op = env.create_cluster(body).await;
+    let op = env.wait_op(op["id"].as_str().expect("op id")).await;
+    let took = started.elapsed();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    pulse.await.expect("pulse");
+    env.assert_succeeded(&op);
+    assert!(
+        took > REPLY_TIMEOUT * 2,
+        "the create took {took:?}: the agent's pauses did not slow the install past the reply deadline \
+         ({REPLY_TIMEOUT:?}), so this shows nothing"
+    );
+    assert!(agent.state.lock().unwrap().packages.contains(&sha), "the agent does not have the package in full");
+    // A link closed mid-install would have failed the create (its
+    // requests fail at once), so its success says the link held.
+    let after = env.node("sim-1").await;
+    assert!(ready(&after), "{after:#}");
+    eprintln!("slow install: the create took {took:?} against a reply deadline of {REPLY_TIMEOUT:?}");
+}
