@@ -77,14 +77,9 @@ async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: bool) -> Res
         let preview = handle.addr.send(Preview(req, slot)).await.map_err(mailbox)??;
         return Ok(HttpResponse::Ok().json(preview));
     }
-    // An upgrade is answered by its actor, once published: deleting a
-    // package decides "in use" from the published view, which must show
-    // the upgrade a client has been told about.
-    if matches!(req, OpRequest::Upgrade { .. }) {
-        return Ok(accepted(&handle.addr.send(RunOperation(req, slot, None)).await.map_err(mailbox)??));
-    }
-    // Answered once the operation is durable, from the store's answer:
-    // the actor's thread may be busy with other clusters' work long after.
+    // Answered once the operation is durable, from the store's answer
+    // (the actor's thread may be busy with other clusters' work long
+    // after), unless the actor keeps the answer until it has published.
     let (early, handed) = tokio::sync::oneshot::channel();
     let answer = handle.addr.send(RunOperation(req, slot, Some(early)));
     tokio::pin!(answer);
@@ -101,7 +96,7 @@ async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: bool) -> Res
             durable.await?;
             Ok(accepted(&op))
         }
-        // The actor answered without handing one over.
+        // The actor answers itself (a refusal, an upgrade).
         Err(_) => Ok(accepted(&answer.await.map_err(mailbox)??)),
     }
 }

@@ -478,7 +478,10 @@ impl Handler<RunOperation> for ClusterActor {
         .boxed()
         .shared();
         let accepting = self.shared.read_model.accepting(op.id);
-        if let Some(early) = early {
+        // An upgrade is answered once published: deleting a package decides
+        // "in use" from the published view, which must show an upgrade a
+        // client has been told about.
+        if let Some(early) = early.filter(|_| prepared.kind != OperationKind::Upgrade) {
             // Gone: the caller stopped waiting; the operation goes on.
             let _ = early.send(Accepted { op: op.clone(), durable: durable.clone() });
         }
