@@ -17,7 +17,13 @@ pub struct Api {
     /// `http://HOST:PORT/api/v1`
     pub base: String,
     token: Option<String>,
+    /// Reads of a bounded size: lists (paged), nodes, operations, health.
     pub reads: Arc<Samples>,
+    /// `GET /clusters/{name}`: a whole cluster, every instance in it (B5
+    /// gives these their own budget, by the cluster's size).
+    pub whole_cluster_reads: Arc<Samples>,
+    /// Every read, both kinds together.
+    pub all_reads: Arc<Samples>,
     pub writes: Arc<Samples>,
     /// The same samples by route (`GET /clusters/{}`), to say which call is slow.
     pub routes: Arc<ByKind>,
@@ -50,6 +56,8 @@ impl Api {
             base: format!("{}/api/v1", base.trim_end_matches('/')),
             token,
             reads: Arc::default(),
+            whole_cluster_reads: Arc::default(),
+            all_reads: Arc::default(),
             writes: Arc::default(),
             routes: Arc::default(),
             overloaded: Arc::default(),
@@ -82,12 +90,14 @@ impl Api {
             let took = started.elapsed();
             // Long polls (`?wait=`) measure the operation, not the API.
             if !path.contains("wait=") {
-                if method == "GET" {
-                    self.reads.add(took)
-                } else {
+                let route = route(method, path);
+                if method != "GET" {
                     self.writes.add(took)
+                } else {
+                    self.all_reads.add(took);
+                    if route == WHOLE_CLUSTER { self.whole_cluster_reads.add(took) } else { self.reads.add(took) }
                 }
-                self.routes.add(&route(method, path), took);
+                self.routes.add(&route, took);
             }
             if status.as_u16() == 503 && text.contains("overloaded") {
                 self.overloaded.fetch_add(1, Ordering::Relaxed);
@@ -170,6 +180,9 @@ async fn parse(text: String) -> Result<Value, (serde_json::Error, String)> {
         Err(e) => Err((serde_json::Error::io(std::io::Error::other(e.to_string())), String::new())),
     }
 }
+
+/// The route of a whole-cluster read.
+const WHOLE_CLUSTER: &str = "GET /clusters/{}";
 
 /// A call's route: its method and path with names and ids as `{}` and
 /// without the query (`GET /clusters/{}`, `POST /clusters/{}/scale`,

@@ -177,10 +177,15 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
     };
     progress.finish_and_clear();
     let reads = api.reads.summary();
+    let whole = api.whole_cluster_reads.summary();
+    let all = api.all_reads.summary();
     let writes = api.writes.summary();
     report.api.read_ms = Percentiles { p50: reads.p50, p99: reads.p99 };
+    report.api.whole_cluster_read_ms = Percentiles { p50: whole.p50, p99: whole.p99 };
+    report.api.all_read_ms = Percentiles { p50: all.p50, p99: all.p99 };
     report.api.write_ms = Percentiles { p50: writes.p50, p99: writes.p99 };
     report.api.reads = reads.count;
+    report.api.whole_cluster_reads = whole.count;
     report.api.writes = writes.count;
     report.api.routes = api.routes.summaries();
     report.api.overloaded = api.overloaded.load(std::sync::atomic::Ordering::Relaxed);
