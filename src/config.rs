@@ -62,8 +62,11 @@ pub struct MasterConfig {
     pub agent_send_timeout: Duration,
     pub endpoints_file: Option<PathBuf>,
     pub log_format: LogFormat,
-    /// Threads cluster actors and node managers are spread over (0: one per CPU).
+    /// Threads cluster actors are spread over (0: one per CPU).
     pub actor_threads: usize,
+    /// Threads agents' connections (node managers, link writers) are
+    /// spread over, apart from the cluster actors' (0: one per two CPUs).
+    pub link_threads: usize,
     /// How many nice steps the actor threads run bulk work below the
     /// process (instance commands, renders, agents' frames); a thread is
     /// raised back while an API request waits for it. 0: never lowered.
@@ -117,6 +120,7 @@ impl Default for MasterConfig {
             endpoints_file: None,
             log_format: LogFormat::Text,
             actor_threads: 0,
+            link_threads: 0,
             bulk_nice: 10,
             http_workers: 2,
             mailbox_capacity: 256,
@@ -310,6 +314,7 @@ impl MasterConfig {
         }
         for (key, v, max) in [
             ("actor_threads", self.actor_threads, 256),
+            ("link_threads", self.link_threads, 256),
             ("http_workers", self.http_workers, 256),
             ("mailbox_capacity", self.mailbox_capacity, 1 << 20),
             ("writer_queue", self.writer_queue, 1 << 20),
@@ -319,7 +324,7 @@ impl MasterConfig {
             ("max_agent_handshakes", self.max_agent_handshakes, 1 << 16),
             ("max_agent_handshakes_per_source", self.max_agent_handshakes_per_source, 1 << 16),
         ] {
-            let min = usize::from(key != "actor_threads");
+            let min = usize::from(!matches!(key, "actor_threads" | "link_threads"));
             if v < min || v > max {
                 return Err(ConfigError::Invalid { key, message: format!("{v} is outside {min}..={max}") });
             }
@@ -442,6 +447,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("soon"), "{err}");
+
+        // Thread counts: 0 picks from the CPUs; past 256 is refused by name.
+        let err = MasterConfig::load_with_env(None, env(&[("FLOTILLA_MASTER_LINK_THREADS", "257")]), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("link_threads") && err.contains("257 is outside 0..=256"), "{err}");
+        let cfg = MasterConfig::load_with_env(None, env(&[("FLOTILLA_MASTER_LINK_THREADS", "3")]), &[]).unwrap();
+        assert_eq!(cfg.link_threads, 3);
     }
 
     #[test]

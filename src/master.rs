@@ -201,7 +201,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         operations_retained: cfg.operations_retained,
         leaked_grace: cfg.leaked_grace,
     };
-    // Cluster actors and node managers are spread over these threads.
+    // Cluster actors are spread over these threads.
     let threads = if cfg.actor_threads == 0 {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
     } else {
@@ -213,9 +213,24 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         .map_err(|source| MasterError::Runtime { source })?;
     let priorities: Vec<Arc<Priority>> = arbiters.iter().map(|_| Arc::default()).collect();
     for (i, (a, p)) in arbiters.iter().zip(&priorities).enumerate() {
-        a.spawn(crate::actors::priority::measure_lag(i, p.clone()));
+        a.spawn(crate::actors::priority::measure_lag(i.to_string(), Some(p.clone())));
         let (p, by) = (p.clone(), cfg.bulk_nice);
         a.spawn(async move { p.lower_thread(by) });
+    }
+    // Agents' connections on threads of their own: their frames are never
+    // held for a request, so they stay off the threads requests wait for.
+    let link_threads = match cfg.link_threads {
+        0 => (threads / 2).max(1),
+        n => n,
+    };
+    let link_arbiters: Vec<ArbiterHandle> = (0..link_threads)
+        .map(|_| Arbiter::try_with_tokio_rt(runtime).map(|a| a.handle()))
+        .collect::<Result<_, _>>()
+        .map_err(|source| MasterError::Runtime { source })?;
+    for (i, a) in link_arbiters.iter().enumerate() {
+        a.spawn(crate::actors::priority::measure_lag(format!("link-{i}"), None));
+        let by = cfg.bulk_nice;
+        a.spawn(async move { crate::actors::priority::lower_for_good(by) });
     }
     let shared = Shared {
         store: store.clone(),
@@ -239,6 +254,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         supervisor: ActorStats::new("supervisor", "supervisor", None),
         priorities: Arc::new(priorities),
         arbiters: Arc::new(arbiters.clone()),
+        link_arbiters: Arc::new(link_arbiters.clone()),
         chunk_budget: Arc::new(tokio::sync::Semaphore::new(crate::actors::node_link::CHUNK_BUDGET)),
     };
     for l in &snapshot.leftovers {
@@ -336,7 +352,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         handle.stop(true).await;
     });
     let served = server.await.map_err(|source| MasterError::Listen { addr: http_addr.to_string(), source });
-    for a in arbiters {
+    for a in arbiters.iter().chain(&link_arbiters) {
         a.stop();
     }
     served

@@ -82,8 +82,11 @@ pub struct Shared {
     pub limits: Limits,
     /// The supervisor's counters: whoever sends it a message counts it.
     pub supervisor: Arc<read_model::ActorStats>,
-    /// The threads cluster actors and node managers are spread over.
+    /// The threads cluster actors are spread over (`actor_threads`).
     pub arbiters: Arc<Vec<ArbiterHandle>>,
+    /// Threads node managers and link writers run on (`link_threads`;
+    /// empty, as in unit tests: the actor threads).
+    pub link_arbiters: Arc<Vec<ArbiterHandle>>,
     /// One gate per arbiter (at least one): API requests go ahead of the
     /// instance commands on their cluster's thread (`priority`).
     pub priorities: Arc<Vec<Arc<priority::Priority>>>,
@@ -97,6 +100,14 @@ impl Shared {
         match self.arbiters.len() {
             0 => actix::Arbiter::current(),
             len => self.arbiters[(n % len as u64) as usize].clone(),
+        }
+    }
+
+    /// The thread a connection's node manager and link writer run on.
+    pub fn link_arbiter_for(&self, n: u64) -> ArbiterHandle {
+        match self.link_arbiters.len() {
+            0 => self.arbiter_for(n),
+            len => self.link_arbiters[(n % len as u64) as usize].clone(),
         }
     }
 

@@ -118,7 +118,7 @@ impl Drop for Ack {
 }
 
 impl NodeManagerActor {
-    /// Starts the actor (on one of the master's arbiters) for a connection
+    /// Starts the actor (on one of the master's link threads) for a connection
     /// whose handshake succeeded and registers its link, replacing (and
     /// closing) a half-open link of the same node. Returns the link.
     pub fn start_for(
@@ -146,10 +146,11 @@ impl NodeManagerActor {
         let stats = ActorStats::new("node_manager", node.as_str(), Some("supervisor".into()));
         shared.read_model.register_actor(&stats);
         entry.live.connect(connection);
-        let arbiter = shared.arbiter_for(connection);
+        let arbiter = shared.link_arbiter_for(connection);
         // The writer (and so the master's heartbeats to this agent) runs on
-        // the link's own arbiter, not on the system one with the supervisor:
-        // a long job there must not starve every agent of heartbeats.
+        // the link's own arbiter, not on the system one with the supervisor
+        // (a long job there must not starve every agent of heartbeats), nor
+        // on the cluster actors' (requests wait for those).
         let writes = write_frames(writer, rx, link.clone(), timing.agent_send_timeout, timing.heartbeat_interval);
         if !arbiter.spawn(writes) {
             tracing::error!(%node, "the link's arbiter is gone; the link cannot write");

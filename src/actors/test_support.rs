@@ -187,6 +187,7 @@ impl Harness {
             limits: Limits::default(),
             supervisor: ActorStats::new("supervisor", "supervisor", None),
             arbiters: Arc::new(Vec::new()),
+            link_arbiters: Arc::new(Vec::new()),
             priorities: Arc::new(vec![Arc::default()]),
             chunk_budget: Arc::new(tokio::sync::Semaphore::new(CHUNK_BUDGET)),
         };

@@ -495,6 +495,11 @@ impl TestEnv {
         std::fs::read_to_string(self.root_path.join(format!("agent-{i}.log"))).unwrap_or_default()
     }
 
+    /// The master's process id.
+    pub fn master_pid(&self) -> u32 {
+        self.master.as_ref().expect("the master is running").id()
+    }
+
     /// Sends `sig` to the master.
     pub fn signal_master(&self, sig: Signal) {
         signal(self.master.as_ref().expect("the master is running"), sig);

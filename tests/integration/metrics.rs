@@ -100,6 +100,11 @@ async fn metrics_parse_need_the_token_and_move_with_an_operation() {
         let ticks = value(&after, "flotilla_actor_thread_lag_seconds", &[("thread", &thread)]);
         assert!(ticks.is_some_and(|n| n >= 1.0), "actor thread {thread}'s lag is measured: {ticks:?}");
     }
+    // And each thread of agents' connections (one per two cores, at least one).
+    for thread in (0..(threads / 2).max(1)).map(|t| format!("link-{t}")) {
+        let ticks = value(&after, "flotilla_actor_thread_lag_seconds", &[("thread", &thread)]);
+        assert!(ticks.is_some_and(|n| n >= 1.0), "{thread}'s lag is measured: {ticks:?}");
+    }
     let waits = value(&after, "flotilla_actor_mailbox_wait_seconds", &[("kind", "cluster")]);
     assert!(waits.is_some_and(|n| n >= 2.0), "the create and the stop waited in the cluster's mailbox: {waits:?}");
     assert!(!after.iter().any(|s| s.labels.values().any(|v| v.contains("mx-svc-"))), "no instance ids in labels");

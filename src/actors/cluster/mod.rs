@@ -233,8 +233,11 @@ impl ClusterActor {
         ctx.spawn(
             tracing::Instrument::instrument(
                 async move {
-                    // Its commands take turns with other tasks on this thread.
-                    let outcome = crate::actors::priority::sliced(runner::run(&ops, &mut op, &plan)).await;
+                    // Its commands take turns with other tasks on this
+                    // thread, and all of it waits while a request does.
+                    let gate = ops.env.priority.clone();
+                    let run = gate.behind_requests(runner::run(&ops, &mut op, &plan));
+                    let outcome = crate::actors::priority::sliced(run).await;
                     (outcome, op, ops.ended.get())
                 },
                 span,

@@ -10,12 +10,14 @@
 //! actor holds an [`Urgent`] mark on that cluster's arbiter from the moment
 //! it is queued until the actor has answered it. While any mark is held,
 //! bulk work on that arbiter ([`Priority::gated`]: each instance command's
-//! execution, and each command a step is about to make and render) is not
-//! polled: it parks, and is woken when the last mark goes. What it was
-//! waiting for (an agent's answer, a durable write) is not lost: it is
-//! taken at the next poll. Marks are short (one request: a check, a
-//! placement, one synced write), so bulk work is held for milliseconds;
-//! agents' frames, reports and the node managers are never held. A gate
+//! execution, and each command a step is about to make and render;
+//! [`Priority::behind_requests`]: an operation's own work between its
+//! commands) is not polled: it parks, and is woken when the last mark
+//! goes. What it was waiting for (an agent's answer, a durable write) is
+//! not lost: it is taken at the next poll. Marks are short (one request: a
+//! check, a placement, one synced write), so bulk work is held for
+//! milliseconds; an agent's reports are never held, and agents' frames are
+//! read on threads of their own (`link_threads`), not these. A gate
 //! closed for longer than [`MAX_HOLD`] (requests arriving back to back)
 //! lets bulk work through again, so a stream of requests slows operations
 //! down but never stops them.
@@ -92,13 +94,13 @@ fn slice_spent() -> bool {
 
 /// How late this thread runs a task that became ready, 10 times a second
 /// for as long as the thread runs: `flotilla_actor_thread_lag_seconds`,
-/// labelled with the arbiter's number (`thread`, from 0). A thread whose
-/// tasks wait for their turn (busy clusters, or no core free for the
-/// thread) shows it here before requests time out. Each tick also lowers
-/// the thread if its last mark went and no bulk work has run since.
-pub async fn measure_lag(thread: usize, gate: Arc<Priority>) {
+/// labelled `thread`: an actor arbiter's number from 0, or `link-N` for
+/// the threads of agents' connections. A thread whose tasks wait for their
+/// turn (busy clusters, or no core free for the thread) shows it here
+/// before requests time out. On an actor thread (`gate`) each tick also
+/// lowers the thread if its last mark went and no bulk work has run since.
+pub async fn measure_lag(thread: String, gate: Option<Arc<Priority>>) {
     const EVERY: Duration = Duration::from_millis(100);
-    let thread = thread.to_string();
     loop {
         let due = Instant::now() + EVERY;
         tokio::time::sleep_until(due.into()).await;
@@ -107,7 +109,23 @@ pub async fn measure_lag(thread: usize, gate: Arc<Priority>) {
         // nowhere for good.
         metrics::histogram!("flotilla_actor_thread_lag_seconds", "thread" => thread.clone())
             .record(due.elapsed().as_secs_f64());
-        gate.settle();
+        if let Some(gate) = &gate {
+            gate.settle();
+        }
+    }
+}
+
+/// Lowers the calling thread `by` nice steps for good: a thread of agents'
+/// connections, whose frames no request waits on as a whole (a request
+/// waits for its own answers, and those are read on whatever thread).
+/// Lowering needs no privilege; a failure is logged and changes nothing.
+pub fn lower_for_good(by: u8) {
+    if by == 0 {
+        return;
+    }
+    let lowered = crate::thread_nice::current_lowered(by).and_then(crate::thread_nice::set_current_for_good);
+    if let Err(e) = lowered {
+        tracing::info!(error = %e, "agents' connections run at the same OS priority as requests");
     }
 }
 
@@ -264,6 +282,23 @@ impl Priority {
         .await
     }
 
+    /// Runs `work` (an operation's own bookkeeping: its steps' plans,
+    /// results, journal and publication, between its commands) only while
+    /// no request is urgent, as [`gated`](Self::gated) does, but without
+    /// taking a turn of the enclosing [`sliced`] poll: the commands inside
+    /// it take those.
+    pub async fn behind_requests<F: Future>(&self, work: F) -> F::Output {
+        let mut work = pin!(work);
+        std::future::poll_fn(|cx| {
+            self.settle();
+            if self.park(cx) {
+                return Poll::Pending;
+            }
+            work.as_mut().poll(cx)
+        })
+        .await
+    }
+
     /// True when the caller must wait (its waker is kept to be woken).
     fn park(&self, cx: &mut Context<'_>) -> bool {
         if !self.is_held() {
@@ -341,214 +376,4 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::cell::Cell;
-    use std::rc::Rc;
-    use std::time::Duration;
-
-    /// Runs `f` with tasks spawned on this thread, as on an arbiter.
-    async fn on_one_thread<F: Future>(f: F) -> F::Output {
-        tokio::task::LocalSet::new().run_until(f).await
-    }
-
-    /// Bulk work does not run while a request is urgent, runs as soon as
-    /// the last mark is gone, and keeps what it was waiting for.
-    #[tokio::test]
-    async fn bulk_work_waits_for_urgent_requests_and_loses_nothing() {
-        on_one_thread(async {
-            let gate = Arc::new(Priority::default());
-            let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
-            let steps = Rc::new(Cell::new(0));
-            let first = gate.urgent();
-            let second = gate.urgent();
-            let work = {
-                let (gate, steps) = (gate.clone(), steps.clone());
-                tokio::task::spawn_local(async move {
-                    gate.gated(async {
-                        steps.set(1);
-                        let v = rx.await.expect("sent");
-                        steps.set(2);
-                        v
-                    })
-                    .await
-                })
-            };
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            assert_eq!(steps.get(), 0, "bulk work ran while a request was urgent");
-            tx.send(7).expect("receiver alive");
-            drop(first);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            assert_eq!(steps.get(), 0, "one of two urgent requests is still waiting");
-            drop(second);
-            let v = tokio::time::timeout(Duration::from_secs(5), work).await.expect("woken").expect("joined");
-            assert_eq!((v, steps.get()), (7, 2), "the answer sent while parked was kept");
-            assert!(!gate.is_held());
-        })
-        .await;
-    }
-
-    /// An operation's poll that has used its slice lets the thread go: a
-    /// task woken meanwhile runs before the operation's remaining ready
-    /// commands, not after all of them.
-    #[tokio::test]
-    async fn a_spent_slice_lets_other_tasks_run_between_commands() {
-        on_one_thread(async {
-            let gate = Arc::new(Priority::default());
-            let done = Rc::new(Cell::new(0u32));
-            let seen_at = Rc::new(Cell::new(None::<u32>));
-            // 40 commands, each ready at once and busy for 1 ms.
-            let op = {
-                let (gate, done) = (gate.clone(), done.clone());
-                tokio::task::spawn_local(sliced(async move {
-                    let gate = &gate;
-                    let done = &done;
-                    futures::future::join_all((0..40).map(|_| {
-                        gate.gated(async move {
-                            let t = Instant::now();
-                            while t.elapsed() < Duration::from_millis(1) {}
-                            done.set(done.get() + 1);
-                        })
-                    }))
-                    .await
-                }))
-            };
-            let other = {
-                let (done, seen_at) = (done.clone(), seen_at.clone());
-                tokio::task::spawn_local(async move { seen_at.set(Some(done.get())) })
-            };
-            other.await.expect("joined");
-            op.await.expect("joined");
-            assert_eq!(done.get(), 40);
-            let at = seen_at.get().expect("the other task ran");
-            assert!(at < 10, "the other task waited for {at} of 40 one-millisecond commands (slice {SLICE:?})");
-        })
-        .await;
-    }
-
-    /// Requests back to back keep the gate closed; bulk work still runs
-    /// once it has waited [`MAX_HOLD`]: slowed, never stopped.
-    #[tokio::test]
-    async fn requests_back_to_back_hold_bulk_work_at_most_max_hold() {
-        on_one_thread(async {
-            let gate = Arc::new(Priority::default());
-            let done = Rc::new(Cell::new(false));
-            let mut mark = gate.urgent();
-            let work = {
-                let (gate, done) = (gate.clone(), done.clone());
-                tokio::task::spawn_local(async move { gate.gated(async { done.set(true) }).await })
-            };
-            // A new request every 10 ms, each answered 10 ms later: the
-            // gate never opens.
-            let started = Instant::now();
-            while !done.get() && started.elapsed() < Duration::from_secs(5) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                let next = gate.urgent();
-                drop(std::mem::replace(&mut mark, next));
-                tokio::task::yield_now().await;
-            }
-            let waited = started.elapsed();
-            assert!(gate.is_held(), "the gate stayed closed throughout");
-            assert!(done.get(), "bulk work never ran under requests back to back");
-            assert!(waited >= MAX_HOLD, "bulk work ran after {waited:?}, before {MAX_HOLD:?}");
-            assert!(waited < MAX_HOLD * 4, "bulk work waited {waited:?} for a hold of {MAX_HOLD:?}");
-            work.await.expect("joined");
-            drop(mark);
-            assert!(!gate.is_held());
-        })
-        .await;
-    }
-
-    /// Work already running parks at its next poll: an answer arriving
-    /// while a request is urgent is taken once the request is answered.
-    #[tokio::test]
-    async fn running_work_parks_at_its_next_poll() {
-        on_one_thread(async {
-            let gate = Arc::new(Priority::default());
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let done = Rc::new(Cell::new(false));
-            let work = {
-                let (gate, done) = (gate.clone(), done.clone());
-                tokio::task::spawn_local(async move {
-                    gate.gated(async {
-                        rx.await.expect("sent");
-                        done.set(true);
-                    })
-                    .await
-                })
-            };
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            let mark = gate.urgent();
-            tx.send(()).expect("receiver alive");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            assert!(!done.get(), "the answer was taken while a request was urgent");
-            drop(mark);
-            tokio::time::timeout(Duration::from_secs(5), work).await.expect("woken").expect("joined");
-            assert!(done.get());
-        })
-        .await;
-    }
-
-    /// The arbiter's thread runs lowered, is raised while a mark taken on
-    /// another thread (as the API's) is held, and is lowered again when
-    /// the last of two marks goes elsewhere; a mark that goes on the
-    /// thread itself (an answered request) leaves it raised until its next
-    /// bulk work, so the answer goes out first. Once the thread has ended,
-    /// its id is no longer touched. The kernel's view, from `/proc`.
-    #[test]
-    fn the_thread_is_raised_while_a_request_waits_for_it() {
-        use crate::thread_nice::nice_in_proc;
-        enum Do {
-            Drop(Urgent),
-            Bulk,
-            End,
-        }
-        let gate = Arc::new(Priority::default());
-        let (to_main, from_arbiter) = std::sync::mpsc::channel();
-        let (to_arbiter, orders) = std::sync::mpsc::channel::<Do>();
-        let arbiter = {
-            let gate = gate.clone();
-            std::thread::spawn(move || {
-                let tid = rustix::thread::gettid().as_raw_nonzero().get();
-                let base = nice_in_proc(tid);
-                gate.lower_thread(10);
-                to_main.send((tid, base)).expect("main waits");
-                for order in orders {
-                    match order {
-                        Do::Drop(mark) => drop(mark),
-                        Do::Bulk => futures::executor::block_on(gate.gated(async {})),
-                        Do::End => return,
-                    }
-                    to_main.send((0, 0)).expect("main waits");
-                }
-            })
-        };
-        let (tid, base) = from_arbiter.recv().expect("the arbiter started");
-        let on_arbiter = |order: Do| {
-            to_arbiter.send(order).expect("the arbiter listens");
-            from_arbiter.recv().expect("done");
-        };
-        let low = (base + 10).min(19);
-        assert_ne!(low, base, "cannot test: the process already runs at nice {base}");
-        assert_eq!(nice_in_proc(tid), low, "bulk work runs lowered (needs CAP_SYS_NICE, as root in CI)");
-        let first = gate.urgent();
-        assert_eq!(nice_in_proc(tid), base, "raised while a request waits");
-        let second = gate.urgent();
-        drop(first);
-        assert_eq!(nice_in_proc(tid), base, "still raised: a request still waits");
-        drop(second);
-        assert_eq!(nice_in_proc(tid), low, "lowered once no request waits");
-
-        let answered = gate.urgent();
-        assert_eq!(nice_in_proc(tid), base);
-        on_arbiter(Do::Drop(answered));
-        assert_eq!(nice_in_proc(tid), base, "the thread that answered stays raised until its next bulk work");
-        on_arbiter(Do::Bulk);
-        assert_eq!(nice_in_proc(tid), low, "lowered before its bulk work ran");
-
-        to_arbiter.send(Do::End).expect("the arbiter listens");
-        arbiter.join().expect("the arbiter's thread");
-        assert!(lock(&gate.parked).nice.is_none(), "the ended thread's id is forgotten");
-        drop(gate.urgent());
-    }
-}
+mod tests;
