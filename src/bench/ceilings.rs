@@ -6,7 +6,13 @@
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::ids::{ClusterId, InstanceId, NodeId};
+use crate::storage::records::{Applied, DesiredState, InstanceRecord, InstanceStatus, PendingRestart, RECORD_VERSION};
+use crate::storage::{MasterStore, WriteOp, events};
 
 /// 4 KiB written at offset 0 and `fdatasync`ed, repeatedly, for `dur`:
 /// syncs per second. One writer, as the master's store has one.
@@ -27,6 +33,80 @@ pub fn fdatasync_per_s(dir: &Path, dur: Duration) -> std::io::Result<f64> {
     drop(f);
     let _ = std::fs::remove_file(&path);
     Ok(rate)
+}
+
+/// Durable instance transitions the master's store alone takes per
+/// second: `committers` tasks each commit, one after another, what one
+/// transition writes (an instance's record and its `instance.status`
+/// event, through the store's group-commit writer), for `dur`, in a fresh
+/// store under `dir` (removed after). B2's numerator without the rest of
+/// the master: what the store would take if actors, links and agents cost
+/// nothing.
+pub async fn store_transitions_per_s(dir: &Path, dur: Duration, committers: usize) -> Result<f64, String> {
+    let path = dir.join("store-probe");
+    let store = MasterStore::open(&path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let writer = store.writer().clone();
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + dur;
+    let tasks: Vec<_> = (0..committers as u32)
+        .map(|i| {
+            let (writer, done) = (writer.clone(), done.clone());
+            let mut record = probe_record(i);
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    record.generation += 1;
+                    record.status = if record.generation.is_multiple_of(2) {
+                        InstanceStatus::Starting
+                    } else {
+                        InstanceStatus::Running
+                    };
+                    let put = WriteOp::put_instance(&record).map_err(|e| e.to_string())?;
+                    let event =
+                        events::append(&events::instance("instance.status", &record)).map_err(|e| e.to_string())?;
+                    writer.commit(vec![put, event]).await.map_err(|e| e.to_string())?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<(), String>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    let (acked, durable) = (done.load(Ordering::Relaxed), writer.commits_written());
+    let rate = acked as f64 / started.elapsed().as_secs_f64();
+    if acked != durable {
+        return Err(format!("store probe: {acked} commits acknowledged, the writer made {durable} durable"));
+    }
+    drop(writer);
+    drop(store);
+    std::fs::remove_dir_all(&path).map_err(|e| format!("removing {}: {e}", path.display()))?;
+    Ok(rate)
+}
+
+/// An instance record of the bench's size (its role, ports and directory).
+fn probe_record(i: u32) -> InstanceRecord {
+    let cluster_id = ClusterId::random();
+    InstanceRecord {
+        version: RECORD_VERSION,
+        id: InstanceId::generate("probe", &cluster_id, "d", i),
+        cluster_id,
+        cluster: "probe".into(),
+        role: "d".into(),
+        ordinal: i,
+        node: NodeId::new(format!("sim-{}", i % 1000)),
+        host: "127.0.0.1".into(),
+        ports: [("p".to_string(), 20000 + (i % 40000) as u16)].into_iter().collect(),
+        status: InstanceStatus::Running,
+        desired: DesiredState::Running,
+        pid: Some(1000 + i),
+        generation: 0,
+        dir: format!("/var/lib/flotilla/instances/probe-d-{i}").into(),
+        last_error: None,
+        applied: Some(Arc::new(Applied { package_version: "1.0.0".into(), limits: None })),
+        pending_restart: PendingRestart::No,
+    }
 }
 
 /// `/bin/true` spawned (fork + exec) and waited for, repeatedly, for
@@ -62,6 +142,15 @@ pub fn proc_usage(pid: u32) -> Option<(f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The probe counts commits its writer made durable, and leaves nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_store_probe_counts_durable_commits_and_cleans_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let rate = store_transitions_per_s(dir.path(), Duration::from_millis(200), 16).await.unwrap();
+        assert!(rate > 0.0, "{rate}");
+        assert!(!dir.path().join("store-probe").exists(), "the probe's store is removed");
+    }
 
     #[test]
     fn ceilings_are_positive_and_usage_reads_our_own_process() {

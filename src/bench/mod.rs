@@ -113,6 +113,10 @@ pub enum BenchMode {
     Linearity,
 }
 
+/// Concurrent committers of the store probe: as many instance commands as
+/// a few operations' steps have in flight at once (256 each).
+const STORE_PROBE_COMMITTERS: usize = 1024;
+
 /// What every workload gets.
 pub struct Setup {
     pub api: Api,
@@ -157,6 +161,11 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
     .map_err(|e| e.to_string())?;
     report.fdatasync_per_s = stats::round(sync.map_err(|e| format!("fdatasync probe: {e}"))?);
     report.spawn_per_s = stats::round(spawn.map_err(|e| format!("spawn probe: {e}"))?);
+    if !matches!(args.mode, Some(BenchMode::Real(_))) {
+        let store =
+            ceilings::store_transitions_per_s(&data_dir, Duration::from_secs(2), STORE_PROBE_COMMITTERS).await?;
+        report.store_transitions_per_s = stats::round(store);
+    }
 
     let master = start_master(&args, &data_dir.join("master"), &progress).await?;
     let api = Api::new(&master.api, master.token.clone())?;

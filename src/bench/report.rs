@@ -52,6 +52,10 @@ pub struct Report {
     /// Synced batches per second the store wrote during placement.
     pub store_syncs_per_s: f64,
     pub fdatasync_per_s: f64,
+    /// Durable instance transitions per second the master's store takes
+    /// alone (`ceilings::store_transitions_per_s`): B2's numerator if the
+    /// rest of the master and the agents cost nothing.
+    pub store_transitions_per_s: f64,
     pub spawn_per_s: f64,
     /// Whether the master's process was observed (it is not with `--api`):
     /// without it the memory and CPU figures are 0 and B8/B9 are not judged.
@@ -173,6 +177,11 @@ impl Report {
         row("durable transitions per second", self.durable_transitions_per_s.to_string());
         row("store syncs per second", self.store_syncs_per_s.to_string());
         row("fdatasync ceiling (one writer)", format!("{}/s", self.fdatasync_per_s));
+        let alone = if self.fdatasync_per_s > 0.0 { self.store_transitions_per_s / self.fdatasync_per_s } else { 0.0 };
+        row(
+            "store alone: transitions per second",
+            format!("{} ({} times fdatasync)", self.store_transitions_per_s, super::stats::round(alone)),
+        );
         row("spawn ceiling (/bin/true)", format!("{}/s", self.spawn_per_s));
         if self.master_measured {
             row(

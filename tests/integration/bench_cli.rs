@@ -250,6 +250,7 @@ async fn bench_runs_the_whole_workload_prints_the_table_writes_the_json_and_clea
         "placement_secs",
         "durable_transitions_per_s",
         "fdatasync_per_s",
+        "store_transitions_per_s",
         "spawn_per_s",
         "master_rss_mb",
         "master_rss_idle_mb",
@@ -369,6 +370,14 @@ async fn bench_runs_the_whole_workload_prints_the_table_writes_the_json_and_clea
     ] {
         assert_eq!(numbers(row(t, label)), vec![num(&r, key)], "{label}: {t}");
     }
+    let alone = numbers(row(t, "store alone: transitions per second"));
+    assert_eq!(alone[0], num(&r, "store_transitions_per_s"), "{t}");
+    let ratio = num(&r, "store_transitions_per_s") / num(&r, "fdatasync_per_s");
+    assert!(
+        (alone[1] - ratio).abs() <= 0.01 * ratio.max(1.0),
+        "store alone: {} x fdatasync, want {ratio}: {t}",
+        alone[1]
+    );
     assert_eq!(
         numbers(row(t, "master RSS"))[..3],
         [num(&r, "master_rss_mb"), num(&r, "master_rss_rest_mb"), num(&r, "master_rss_idle_mb")],
