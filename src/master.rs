@@ -211,7 +211,10 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         .map(|_| Arbiter::try_with_tokio_rt(runtime).map(|a| a.handle()))
         .collect::<Result<_, _>>()
         .map_err(|source| MasterError::Runtime { source })?;
-    let priorities: Vec<Arc<Priority>> = arbiters.iter().map(|_| Arc::default()).collect();
+    // One gate for all of them: bulk work on any actor thread waits while
+    // a request to any cluster does (they share the cores).
+    let gate = Arc::new(crate::actors::priority::Gate::default());
+    let priorities: Vec<Arc<Priority>> = arbiters.iter().map(|_| Arc::new(Priority::sharing(gate.clone()))).collect();
     for (i, (a, p)) in arbiters.iter().zip(&priorities).enumerate() {
         a.spawn(crate::actors::priority::measure_lag(i.to_string(), Some(p.clone())));
         let (p, by) = (p.clone(), cfg.bulk_nice);

@@ -9,12 +9,15 @@
 //! Each arbiter has a [`Priority`]. A request the API sends to a cluster
 //! actor holds an [`Urgent`] mark on that cluster's arbiter from the moment
 //! it is queued until the actor has answered it. While any mark is held,
-//! bulk work on that arbiter ([`Priority::gated`]: each instance command's
-//! execution, and each command a step is about to make and render;
-//! [`Priority::behind_requests`]: an operation's own work between its
-//! commands) is not polled: it parks, and is woken when the last mark
-//! goes. What it was waiting for (an agent's answer, a durable write) is
-//! not lost: it is taken at the next poll. Marks are short (one request: a
+//! bulk work is not polled: each instance command's execution and each
+//! command a step is about to make and render ([`Priority::gated`]), and
+//! an operation's own work between its commands
+//! ([`Priority::behind_requests`]). It parks at the [`Gate`] the master's
+//! actor threads share, on every actor thread, not only the request's:
+//! the threads share the cores, and bulk work on one takes the core a
+//! request on another waits for. It is woken when the last mark goes;
+//! what it was waiting for (an agent's answer, a durable write) is not
+//! lost: it is taken at the next poll. Marks are short (one request: a
 //! check, a placement, one synced write), so bulk work is held for
 //! milliseconds; an agent's reports are never held, and agents' frames are
 //! read on threads of their own (`link_threads`), not these. A gate
@@ -31,8 +34,8 @@
 //! it waits about as long as it runs. So the thread itself runs its bulk
 //! work at a lower OS priority ([`Priority::lower_thread`], nice +10 by
 //! default: `bulk_nice`) and is raised back to the process's priority
-//! while a mark is held: the kernel then gives the request's thread a
-//! core ahead of bulk work, here and on the other arbiters. A thread whose
+//! while one of its own marks is held: the kernel then gives the request's
+//! thread a core ahead of bulk work elsewhere on the machine. A thread whose
 //! last mark goes on itself (an answered request) lowers itself only at
 //! its next bulk work ([`Priority::settle`]), after the answer went out.
 
@@ -41,10 +44,13 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::thread_nice::ThreadNice;
+
+mod gate;
+pub use gate::Gate;
 
 /// How long one poll of an operation may run its commands before the
 /// thread goes on to other tasks.
@@ -129,12 +135,15 @@ pub fn lower_for_good(by: u8) {
     }
 }
 
-/// One arbiter's gate.
+/// One arbiter's priority: the [`Gate`] its bulk work waits at (shared
+/// with the master's other actor threads), and its OS priority, raised
+/// while a request to one of its own actors waits.
 #[derive(Debug, Default)]
 pub struct Priority {
-    /// Requests marked urgent and not yet answered.
+    /// Requests to this arbiter's actors marked urgent and not yet answered.
     urgent: AtomicUsize,
-    parked: Mutex<Parked>,
+    gate: Arc<Gate>,
+    thread: Mutex<ThreadState>,
     /// The last mark went on the arbiter's own thread, which stays raised
     /// until its next bulk work ([`Priority::gated`]): lowered at once, it
     /// could lose its core before the answer went out.
@@ -142,23 +151,13 @@ pub struct Priority {
 }
 
 #[derive(Debug, Default)]
-struct Parked {
-    /// Bulk work parked while a request was urgent.
-    wakers: Vec<Waker>,
-    /// Since when the gate has been closed (None: open).
-    closed_at: Option<Instant>,
+struct ThreadState {
     /// The arbiter thread's OS priority while it is lowered for bulk
     /// work; taken away when the thread ends, so that its id, which the
     /// kernel may give to another thread, is never touched again.
     nice: Option<ThreadNice>,
     /// Whether the thread runs at the process's priority now (a mark held).
     raised: bool,
-}
-
-impl Parked {
-    fn held_too_long(&self) -> bool {
-        self.closed_at.is_some_and(|t| t.elapsed() >= MAX_HOLD)
-    }
 }
 
 /// Held while a request is urgent; dropping it (the request answered, or
@@ -168,12 +167,17 @@ impl Parked {
 pub struct Urgent(Arc<Priority>);
 
 impl Priority {
+    /// An arbiter's priority whose bulk work waits at `gate`, which other
+    /// arbiters share (`Priority::default()` has a gate of its own).
+    pub fn sharing(gate: Arc<Gate>) -> Priority {
+        Priority { gate, ..Priority::default() }
+    }
+
     /// Marks a request urgent until the returned guard is dropped.
     pub fn urgent(self: &Arc<Self>) -> Urgent {
+        self.gate.close();
         if self.urgent.fetch_add(1, Ordering::SeqCst) == 0 {
-            let mut parked = lock(&self.parked);
-            parked.closed_at.get_or_insert_with(Instant::now);
-            self.follow_marks(&mut parked);
+            self.follow_marks(&mut lock(&self.thread));
         }
         Urgent(self.clone())
     }
@@ -188,11 +192,11 @@ impl Priority {
         }
         match ThreadNice::lower_current(by) {
             Ok(nice) => {
-                let mut parked = lock(&self.parked);
-                parked.nice = Some(nice);
-                parked.raised = false;
-                self.follow_marks(&mut parked);
-                drop(parked);
+                let mut thread = lock(&self.thread);
+                thread.nice = Some(nice);
+                thread.raised = false;
+                self.follow_marks(&mut thread);
+                drop(thread);
                 LOWERED.set(Some(Forget(self.clone())));
             }
             Err(e) => tracing::info!(error = %e, "bulk work runs at the same OS priority as requests"),
@@ -204,22 +208,22 @@ impl Priority {
     /// ([`Priority::settle`]). Called under the lock after every change of
     /// `urgent` that may begin or end a hold, so the last call sees the
     /// last count.
-    fn follow_marks(&self, parked: &mut Parked) {
-        let Some(nice) = parked.nice else { return };
+    fn follow_marks(&self, thread: &mut ThreadState) {
+        let Some(nice) = thread.nice else { return };
         if self.is_held() {
             self.lower_pending.store(false, Ordering::SeqCst);
-            if !parked.raised {
+            if !thread.raised {
                 set_nice(&nice, true);
-                parked.raised = true;
+                thread.raised = true;
             }
-        } else if parked.raised {
+        } else if thread.raised {
             if self.is_own_thread() {
                 self.lower_pending.store(true, Ordering::SeqCst);
             } else {
                 // Under the lock: the thread cannot end (and its id go to
                 // another) meanwhile.
                 set_nice(&nice, false);
-                parked.raised = false;
+                thread.raised = false;
             }
         }
     }
@@ -235,20 +239,20 @@ impl Priority {
         {
             return;
         }
-        let mut parked = lock(&self.parked);
-        let Some(nice) = parked.nice else { return };
-        if self.is_held() || !parked.raised {
+        let mut thread = lock(&self.thread);
+        let Some(nice) = thread.nice else { return };
+        if self.is_held() || !thread.raised {
             return;
         }
-        parked.raised = false;
-        drop(parked);
+        thread.raised = false;
+        drop(thread);
         set_nice(&nice, false);
-        let mut parked = lock(&self.parked);
+        let mut thread = lock(&self.thread);
         if self.is_held() {
             // Marked between the two locks: raised again, whatever the
             // marker did before the lowering landed.
             set_nice(&nice, true);
-            parked.raised = true;
+            thread.raised = true;
         }
     }
 
@@ -301,48 +305,15 @@ impl Priority {
 
     /// True when the caller must wait (its waker is kept to be woken).
     fn park(&self, cx: &mut Context<'_>) -> bool {
-        if !self.is_held() {
-            return false;
-        }
-        let mut parked = lock(&self.parked);
-        // Checked again under the lock: the last mark may have gone (and
-        // woken everyone parked) between the first check and here.
-        if !self.is_held() {
-            return false;
-        }
-        parked.closed_at.get_or_insert_with(Instant::now);
-        if parked.held_too_long() {
-            return false;
-        }
-        // No search for a waker already kept: thousands may be parked, and
-        // a command is polled again only when something woke it, so the
-        // copies stay as few as its wakes.
-        parked.wakers.push(cx.waker().clone());
-        true
+        self.gate.park(cx)
     }
 }
 
 impl Drop for Urgent {
     fn drop(&mut self) {
-        let last = self.0.urgent.fetch_sub(1, Ordering::SeqCst) == 1;
-        let mut parked = lock(&self.0.parked);
-        self.0.follow_marks(&mut parked);
-        let woken = if last && !self.0.is_held() {
-            parked.closed_at = None;
-            std::mem::take(&mut parked.wakers)
-        } else if parked.held_too_long() {
-            // Requests back to back: what waited longest goes now.
-            std::mem::take(&mut parked.wakers)
-        } else {
-            Vec::new()
-        };
-        // Woken outside the lock (thousands may be parked): a request being
-        // marked meanwhile does not wait for them. None is lost: work that
-        // parks after the take is woken by the mark that made it park.
-        drop(parked);
-        for w in woken {
-            w.wake();
-        }
+        self.0.urgent.fetch_sub(1, Ordering::SeqCst);
+        self.0.follow_marks(&mut lock(&self.0.thread));
+        self.0.gate.release();
     }
 }
 
@@ -356,7 +327,7 @@ struct Forget(Arc<Priority>);
 
 impl Drop for Forget {
     fn drop(&mut self) {
-        lock(&self.0.parked).nice = None;
+        lock(&self.0.thread).nice = None;
     }
 }
 

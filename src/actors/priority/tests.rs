@@ -250,6 +250,49 @@ fn the_thread_is_raised_while_a_request_waits_for_it() {
 
     to_arbiter.send(Do::End).expect("the arbiter listens");
     arbiter.join().expect("the arbiter's thread");
-    assert!(lock(&gate.parked).nice.is_none(), "the ended thread's id is forgotten");
+    assert!(lock(&gate.thread).nice.is_none(), "the ended thread's id is forgotten");
     drop(gate.urgent());
+}
+
+/// Arbiters sharing a gate: a request to an actor on one holds bulk work
+/// on the other thread too (they share the cores), and raises only its
+/// own thread's priority; the other's bulk work runs once it is answered.
+#[test]
+fn a_request_on_one_thread_holds_bulk_work_on_every_thread_sharing_the_gate() {
+    use std::sync::atomic::AtomicU32;
+    let gate = Arc::new(Gate::default());
+    let (here, there) = (Arc::new(Priority::sharing(gate.clone())), Arc::new(Priority::sharing(gate.clone())));
+    let mark = here.urgent();
+    assert!(here.is_held() && !there.is_held(), "only the request's own thread counts it (and is raised)");
+    assert!(gate.is_closed());
+    let steps = Arc::new(AtomicU32::new(0));
+    let other = {
+        let (there, steps) = (there.clone(), steps.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(on_one_thread(async move {
+                there.gated(async { steps.store(1, Ordering::SeqCst) }).await;
+                there.behind_requests(async { steps.store(2, Ordering::SeqCst) }).await;
+            }))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(steps.load(Ordering::SeqCst), 0, "bulk work on the other thread ran while a request was urgent");
+    drop(mark);
+    other.join().expect("the other thread's bulk work ended once the request was answered");
+    assert_eq!(steps.load(Ordering::SeqCst), 2);
+    assert!(!gate.is_closed());
+}
+
+/// Each arbiter of `Priority::default()` has a gate of its own: a request
+/// on one does not hold another's bulk work (unit tests and harnesses).
+#[tokio::test]
+async fn priorities_with_gates_of_their_own_do_not_hold_each_other() {
+    on_one_thread(async {
+        let (a, b) = (Arc::new(Priority::default()), Arc::new(Priority::default()));
+        let _mark = a.urgent();
+        let ran = tokio::time::timeout(Duration::from_secs(5), b.gated(async { 7 })).await;
+        assert_eq!(ran.ok(), Some(7), "b's bulk work waited for a's request");
+    })
+    .await;
 }
