@@ -63,6 +63,18 @@ impl Registry {
         });
     }
 
+    /// Removes `name` if it is still the actor counted by `stats` (not a
+    /// later actor that took the name since).
+    pub fn remove_if(&self, name: &str, stats: &Arc<ActorStats>) {
+        self.0.rcu(|cur| {
+            let mut next = imbl::HashMap::clone(cur);
+            if next.get(name).is_some_and(|h| Arc::ptr_eq(&h.stats, stats)) {
+                next.remove(name);
+            }
+            next
+        });
+    }
+
     pub fn remove(&self, name: &str) -> Option<ClusterHandle> {
         let mut removed = None;
         self.0.rcu(|cur| {

@@ -89,14 +89,25 @@ fn a_create_that_is_not_durable_never_appears() {
         };
         let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
         let res = sup.send(super::supervisor::Create(req.clone(), slot)).await.unwrap();
+        let res = match res {
+            Ok(answer) => answer.answer().await,
+            Err(e) => Err(e),
+        };
         assert!(res.is_err());
+        assert!(!h.shared.registry.contains("new"), "the refused create freed its name before it was answered");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(h.shared.read_model.cluster("new").is_none());
         assert!(!h.shared.read_model.actors().iter().any(|a| a.id == "new"), "not among the actors");
         assert!(h.events().iter().all(|(_, d)| d["data"]["id"] != "new"), "{:?}", h.events());
         // Once durable, it appears, with its actor and its event.
         let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
-        sup.send(super::supervisor::Create(req, slot)).await.unwrap().expect("created");
+        sup.send(super::supervisor::Create(req, slot))
+            .await
+            .unwrap()
+            .expect("handed over")
+            .answer()
+            .await
+            .expect("created");
         assert!(h.shared.read_model.cluster("new").is_some());
         eventually("actor.started", || h.events().iter().any(|(k, d)| k == "actor.started" && d["id"] == "new")).await;
     });

@@ -131,7 +131,7 @@ pub async fn create(
         let preview = state.supervisor.send(PreviewCreate(req, slot)).await.map_err(mailbox)??;
         return Ok(HttpResponse::Ok().json(preview));
     }
-    let op = state.supervisor.send(Create(req, slot)).await.map_err(mailbox)??;
+    let op = state.supervisor.send(Create(req, slot)).await.map_err(mailbox)??.answer().await?;
     Ok(accepted(&op))
 }
 

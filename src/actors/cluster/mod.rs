@@ -361,7 +361,7 @@ impl Handler<RunOperation> for ClusterActor {
     // cross (a stale one landing last could drop the busy mark).
     type Result = AtomicResponse<Self, Result<OperationRecord, Error>>;
 
-    fn handle(&mut self, msg: RunOperation, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: RunOperation, ctx: &mut Context<Self>) -> Self::Result {
         let RunOperation(req, mut slot, early) = msg;
         // An API request stays ahead of bulk work on this thread until it
         // is answered (durable), not only until it is taken.
@@ -409,6 +409,9 @@ impl Handler<RunOperation> for ClusterActor {
                 self.stats.end(Some(e.to_string()));
                 for p in &placed {
                     self.shared.ports.release(&p.node, p.ports.values().copied());
+                }
+                if is_create {
+                    self.forget_refused_create(ctx);
                 }
                 if is_change && self.core.borrow().record.status == ClusterStatus::Active {
                     // Sahara: a refused scale leaves the cluster Active, with the reason.
@@ -514,6 +517,10 @@ impl Handler<RunOperation> for ClusterActor {
                         core.pending.remove(&p.id);
                         act.shared.ports.release(&p.node, p.ports.values().copied());
                     }
+                    drop(core);
+                    if is_create {
+                        act.forget_refused_create(ctx);
+                    }
                     Err(e)
                 }
             }
@@ -521,10 +528,16 @@ impl Handler<RunOperation> for ClusterActor {
     }
 }
 
-/// Stops the actor without touching storage (a create that never became durable).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Shutdown(pub Reservation);
+impl ClusterActor {
+    /// A create refused before it became durable: frees the name (before
+    /// the refusal is answered, so the caller may retry it at once) and
+    /// stops the actor, which was never shown.
+    fn forget_refused_create(&mut self, ctx: &mut Context<Self>) {
+        let name = self.core.borrow().record.name.clone();
+        self.shared.registry.remove_if(&name, &self.stats);
+        ctx.stop();
+    }
+}
 
 /// Makes the actor panic (the supervision tests).
 #[cfg(test)]
@@ -538,15 +551,5 @@ impl Handler<Panic> for ClusterActor {
 
     fn handle(&mut self, _msg: Panic, _ctx: &mut Context<Self>) {
         panic!("injected panic in cluster {}", self.core.borrow().record.name);
-    }
-}
-
-impl Handler<Shutdown> for ClusterActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: Shutdown, ctx: &mut Context<Self>) {
-        msg.0.begin("shutdown");
-        self.stats.end(None);
-        ctx.stop();
     }
 }

@@ -23,7 +23,7 @@ pub use create::place_instances;
 pub use nodes::{NodeDown, NodeInventory};
 
 use super::Shared;
-use super::cluster::{ClusterActor, EnterError, InstanceObserved, OpRequest, RunOperation, Shutdown, Start};
+use super::cluster::{ClusterActor, EnterError, InstanceObserved, OpRequest, RunOperation, Start};
 use super::gone_operations::GoneOperations;
 use super::instance::Observation;
 use super::placement::Candidate;
@@ -52,11 +52,25 @@ pub struct RoleRequest {
     pub nodes: Option<Vec<NodeId>>,
 }
 
-/// [`CreateCluster`] with its place in the supervisor's mailbox.
+/// [`CreateCluster`] with its place in the supervisor's mailbox. Answered
+/// once the new cluster's actor has the create: await its [`CreateAnswer`].
 pub struct Create(pub CreateCluster, pub Reservation);
 
 impl Message for Create {
-    type Result = Result<OperationRecord, Error>;
+    type Result = Result<CreateAnswer, Error>;
+}
+
+/// The answer of the cluster actor a create was handed to: its operation
+/// once durable and published, or why it was refused (the actor has then
+/// freed the name and stopped). Awaited by the caller on its own thread,
+/// not through the supervisor's: a burst of creates no longer queues for
+/// the supervisor's turn twice.
+pub struct CreateAnswer(Request<ClusterActor, RunOperation>);
+
+impl CreateAnswer {
+    pub async fn answer(self) -> Result<OperationRecord, Error> {
+        self.0.await.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))))
+    }
 }
 
 /// A cluster finished its delete; its name is free.
@@ -287,7 +301,7 @@ impl Actor for Supervisor {
 }
 
 impl Handler<Create> for Supervisor {
-    type Result = ResponseActFuture<Self, Result<OperationRecord, Error>>;
+    type Result = Result<CreateAnswer, Error>;
 
     fn handle(&mut self, msg: Create, ctx: &mut Context<Self>) -> Self::Result {
         let Create(req, slot) = msg;
@@ -296,7 +310,7 @@ impl Handler<Create> for Supervisor {
             Ok(v) => v,
             Err(e) => {
                 self.stats.end(None);
-                return Box::pin(fut::ready(Err(e)));
+                return Err(e);
             }
         };
         let name = record.name.clone();
@@ -310,18 +324,10 @@ impl Handler<Create> for Supervisor {
         self.stats.end(None);
         // An API request like any other: ahead of bulk work on its thread.
         let slot = Reservation::counted(&handle.stats).with_urgent(handle.priority.urgent());
-        // Sent now, not when the future is first polled: the create is the
-        // actor's first message.
-        let sent = handle.addr.send(RunOperation(OpRequest::Create { pending, params }, slot, None));
-        Box::pin(sent.into_actor(self).map(move |res, act, _| {
-            let res = res.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))));
-            if res.is_err()
-                && let Some(h) = act.shared.registry.remove(&name)
-            {
-                h.addr.do_send(Shutdown(Reservation::counted(&h.stats)));
-            }
-            res
-        }))
+        // Sent now, not when the answer is first awaited: the create is the
+        // actor's first message. A refused create frees its name and stops
+        // its actor itself, before it answers.
+        Ok(CreateAnswer(handle.addr.send(RunOperation(OpRequest::Create { pending, params }, slot, None))))
     }
 }
 
