@@ -113,6 +113,58 @@ fn a_create_that_is_not_durable_never_appears() {
     });
 }
 
+/// A create refused on its cluster's thread, where its instances are
+/// placed (a pinned node unknown), or after they were placed (its write
+/// failed), holds nothing: its name is free when the refusal is answered,
+/// and so are the ports its placement took.
+#[test]
+fn a_refused_create_gives_back_its_name_and_its_ports() {
+    run(async {
+        let h = Harness::new();
+        let sup = h.boot(Vec::new(), Vec::new()).await;
+        let n1 = crate::ids::NodeId::new("n1");
+        let node = h.shared.read_model.node(&n1).expect("n1 registered");
+        node.live.connect(1);
+        let first_port = node.record().port_range.0;
+        let create = |nodes: &[&str]| {
+            let role = super::supervisor::RoleRequest {
+                count: Some(2),
+                nodes: Some(nodes.iter().map(|n| crate::ids::NodeId::new(*n)).collect()),
+            };
+            super::supervisor::CreateCluster {
+                name: "new".into(),
+                package: crate::storage::records::PackageRef { name: "t".into(), version: "1".into() },
+                roles: [("server".to_string(), role)].into(),
+                config: Default::default(),
+            }
+        };
+        let send = |req| {
+            let sup = sup.clone();
+            let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
+            async move {
+                match sup.send(super::supervisor::Create(req, slot)).await.expect("mailbox") {
+                    Ok(answer) => answer.answer().await,
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        let unknown = send(create(&["n1", "nowhere"])).await.expect_err("an unknown node");
+        assert!(unknown.to_string().contains("unknown node"), "{unknown}");
+        assert!(!h.shared.registry.contains("new"), "the name is free once refused");
+        h.store.fail(1, is_cluster_write);
+        let lost = send(create(&["n1"])).await.expect_err("not durable");
+        assert!(lost.to_string().contains("injected"), "the store's refusal, not a closed mailbox: {lost}");
+        assert!(!h.shared.registry.contains("new"), "the name is free once refused");
+        // Neither holds a port: the create that succeeds gets the lowest two.
+        let op = send(create(&["n1"])).await.expect("created");
+        let placed = op.resume.expect("a running create keeps its plan").pending;
+        let mut ports: Vec<u16> = placed.iter().flat_map(|i| i.ports.values().copied()).collect();
+        ports.sort_unstable();
+        assert_eq!(ports, vec![first_port, first_port + 1], "{placed:?}");
+        assert!(placed.iter().all(|i| i.node == n1));
+    });
+}
+
 /// A cluster actor that panics mid-operation is started again from the
 /// store, goes on with the operation from its journal, and answers again.
 #[test]

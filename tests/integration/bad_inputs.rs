@@ -47,12 +47,16 @@ async fn bad_requests_are_refused_and_change_nothing() {
     too_many["roles"] = json!({"store": {"count": 9}});
     let mut wrong_type = create("ok-name", "kv");
     wrong_type["config"] = json!({"limit": "ten"});
+    // Refused on the new cluster's own thread, where its instances are placed.
+    let mut pinned_unknown = create("ok-name", "kv");
+    pinned_unknown["roles"] = json!({"store": {"count": 1, "nodes": ["nowhere"]}});
     let cases: Vec<(&str, Value, u16, &str, Option<&str>)> = vec![
         ("unknown package", create("ok-name", "nope"), 404, "not_found", None),
         ("bad cluster name", create("Bad_Name", "kv"), 400, "invalid_name", None),
         ("unknown field", unknown_field, 400, "invalid_json", Some("colour")),
         ("count over max", too_many, 422, "spec_violation", None),
         ("config of the wrong type", wrong_type, 422, "spec_violation", Some("limit")),
+        ("a pinned node unknown", pinned_unknown, 422, "spec_violation", Some("nowhere")),
     ];
     for (what, body, status, code, mentions) in cases {
         let (got, resp) = env.post("/clusters", body.clone()).await;

@@ -61,7 +61,7 @@ pub use failures::{EnterError, InstanceObserved};
 pub(crate) use ops::{END_RETRIES, commit_retrying};
 pub use prepare::{MAX_BATCH, group_by_order};
 pub use preview::{PlacedInstance, PlanPreview, Preview, PreviewCreate, PreviewStep};
-pub use request::{Accepted, OpRequest, RunOperation};
+pub use request::{Accepted, OpRequest, RoleToPlace, RunOperation};
 
 /// What the actor owns, shared with the running operation's context (both
 /// live on the actor's arbiter thread; borrows never cross an `.await`).
@@ -361,7 +361,7 @@ impl Handler<RunOperation> for ClusterActor {
     // cross (a stale one landing last could drop the busy mark).
     type Result = AtomicResponse<Self, Result<OperationRecord, Error>>;
 
-    fn handle(&mut self, msg: RunOperation, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: RunOperation, _ctx: &mut Context<Self>) -> Self::Result {
         let RunOperation(req, mut slot, early) = msg;
         // An API request stays ahead of bulk work on this thread until it
         // is answered (durable), not only until it is taken.
@@ -397,21 +397,24 @@ impl Handler<RunOperation> for ClusterActor {
                 | OpRequest::Upgrade { .. }
                 | OpRequest::Resize { .. }
         );
-        // A create whose validation fails here gives its placements back.
-        let placed: Vec<InstanceRecord> = match &req {
-            OpRequest::Create { pending, .. } => pending.clone(),
-            _ => Vec::new(),
-        };
         let prepared = self.package().and_then(|(_, spec)| self.prepare(req, &spec));
         let prepared = match prepared {
             Ok(p) => p,
             Err(e) => {
+                // Nothing placed is left behind: a placement that fails
+                // gives back the ports it took (`place_new_cluster`).
                 self.stats.end(Some(e.to_string()));
-                for p in &placed {
-                    self.shared.ports.release(&p.node, p.ports.values().copied());
-                }
                 if is_create {
-                    self.forget_refused_create(ctx);
+                    // Inside the answer's future: an actor stopped in the
+                    // handler itself never sends it (the caller would see a
+                    // closed mailbox instead of the refusal).
+                    return AtomicResponse::new(Box::pin(ActorFutureExt::map(
+                        fut::ready(Err(e)),
+                        |res, act: &mut Self, ctx| {
+                            act.forget_refused_create(ctx);
+                            res
+                        },
+                    )));
                 }
                 if is_change && self.core.borrow().record.status == ClusterStatus::Active {
                     // Sahara: a refused scale leaves the cluster Active, with the reason.

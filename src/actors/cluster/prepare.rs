@@ -33,7 +33,11 @@ impl ClusterActor {
         };
         let all: Vec<InstanceId> = self.core.borrow().members().iter().map(|m| m.id.clone()).collect();
         Ok(match req {
-            OpRequest::Create { pending, params } => {
+            OpRequest::Create { roles, params } => {
+                let pending = {
+                    let core = self.core.borrow();
+                    crate::actors::supervisor::place_new_cluster(&self.shared, &core.record, spec, &roles)?
+                };
                 let groups = group_by_order(spec, pending.iter());
                 Prepared {
                     params,

@@ -320,15 +320,16 @@ impl Handler<PreviewCreate> for Supervisor {
     fn handle(&mut self, msg: PreviewCreate, _ctx: &mut Context<Self>) -> Self::Result {
         let PreviewCreate(req, slot) = msg;
         slot.begin("preview create");
-        let answer = self.validate_create(&req).and_then(|(record, pending)| {
-            for p in &pending {
-                self.shared().ports.release(&p.node, p.ports.values().copied());
-            }
+        let answer = self.validate_create(&req).and_then(|(record, roles)| {
             let view = self
                 .shared()
                 .read_model
                 .package(&record.package.name, &record.package.version)
                 .ok_or_else(|| Error::not_found("package", &record.package))?;
+            let pending = crate::actors::supervisor::place_new_cluster(self.shared(), &record, &view.spec, &roles)?;
+            for p in &pending {
+                self.shared().ports.release(&p.node, p.ports.values().copied());
+            }
             let params = serde_json::to_string(&req).unwrap_or_default();
             Ok(create_preview(&view.spec, pending, params))
         });

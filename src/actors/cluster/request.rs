@@ -9,14 +9,24 @@ use crate::actors::read_model::Reservation;
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
-use crate::storage::records::{InstanceRecord, Limits, OperationRecord};
+use crate::storage::records::{Limits, OperationRecord};
+
+/// A role of a new cluster to place: how many instances, and on which
+/// nodes when the request pins them.
+#[derive(Debug, Clone)]
+pub struct RoleToPlace {
+    pub role: String,
+    pub count: u32,
+    pub nodes: Option<Vec<NodeId>>,
+}
 
 /// A mutating request on a cluster.
 #[derive(Debug, Clone)]
 pub enum OpRequest {
-    /// Sent by the supervisor for a new cluster; `pending` are the placed instances.
+    /// Sent by the supervisor for a new cluster, validated: the actor
+    /// places its roles' instances.
     Create {
-        pending: Vec<InstanceRecord>,
+        roles: Vec<RoleToPlace>,
         params: String,
     },
     Start,

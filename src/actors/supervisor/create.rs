@@ -104,8 +104,46 @@ pub fn place_instances(
     Ok(out)
 }
 
+/// Places every role of a new cluster (`record`, already validated), in
+/// the spec's role order, each spread over the nodes the earlier roles
+/// left emptiest. On a refusal, the ports taken so far are given back.
+pub fn place_new_cluster(
+    shared: &Shared,
+    record: &ClusterRecord,
+    spec: &ComponentSpec,
+    roles: &[RoleToPlace],
+) -> Result<Vec<InstanceRecord>, Error> {
+    let mut pending: Vec<InstanceRecord> = Vec::new();
+    let mut in_cluster: BTreeMap<NodeId, usize> = BTreeMap::new();
+    for r in roles.iter().filter(|r| r.count > 0) {
+        let placed = spec
+            .role(&r.role)
+            .ok_or_else(|| Error::spec(format!("roles.{}", r.role), "no such role"))
+            .and_then(|role| place_instances(shared, record, role, 1, r.count, r.nodes.as_deref(), &in_cluster));
+        match placed {
+            Ok(v) => {
+                for i in &v {
+                    *in_cluster.entry(i.node.clone()).or_default() += 1;
+                }
+                pending.extend(v)
+            }
+            Err(e) => {
+                for p in &pending {
+                    shared.ports.release(&p.node, p.ports.values().copied());
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(pending)
+}
+
 impl Supervisor {
-    pub(crate) fn validate_create(&self, req: &CreateCluster) -> Result<(ClusterRecord, Vec<InstanceRecord>), Error> {
+    /// Checks a create and builds the new cluster's record, with the roles
+    /// its actor is to place: the placement (a pass over every node per
+    /// role) runs on the cluster's own thread, not the supervisor's, so a
+    /// burst of creates does not queue for it in one mailbox.
+    pub(crate) fn validate_create(&self, req: &CreateCluster) -> Result<(ClusterRecord, Vec<RoleToPlace>), Error> {
         validate_name(&req.name).map_err(|m| Error::invalid("invalid_name", format!("name: {m}")))?;
         if self.shared.registry.contains(&req.name) {
             return Err(Error::AlreadyExists { kind: "cluster", id: req.name.clone() });
@@ -140,35 +178,14 @@ impl Supervisor {
             created_at: now,
             updated_at: now,
         };
-        let mut counts = Vec::new();
+        let mut roles = Vec::new();
         for role in &spec.roles {
             let r = req.roles.get(&role.name).cloned().unwrap_or_default();
             let count = r.count.unwrap_or(role.count.min);
             spec.check_count(&role.name, count)?;
-            counts.push((role, count, r.nodes));
-        }
-        let mut pending: Vec<InstanceRecord> = Vec::new();
-        let mut in_cluster: BTreeMap<NodeId, usize> = BTreeMap::new();
-        for (role, count, nodes) in counts {
             record.roles.insert(role.name.clone(), RoleState { next_ordinal: count + 1, limits: None });
-            if count == 0 {
-                continue;
-            }
-            match place_instances(&self.shared, &record, role, 1, count, nodes.as_deref(), &in_cluster) {
-                Ok(v) => {
-                    for i in &v {
-                        *in_cluster.entry(i.node.clone()).or_default() += 1;
-                    }
-                    pending.extend(v)
-                }
-                Err(e) => {
-                    for p in &pending {
-                        self.shared.ports.release(&p.node, p.ports.values().copied());
-                    }
-                    return Err(e);
-                }
-            }
+            roles.push(RoleToPlace { role: role.name.clone(), count, nodes: r.nodes });
         }
-        Ok((record, pending))
+        Ok((record, roles))
     }
 }

@@ -19,18 +19,18 @@ use time::OffsetDateTime;
 mod create;
 mod nodes;
 
-pub use create::place_instances;
+pub use create::{place_instances, place_new_cluster};
 pub use nodes::{NodeDown, NodeInventory};
 
 use super::Shared;
-use super::cluster::{ClusterActor, EnterError, InstanceObserved, OpRequest, RunOperation, Start};
+use super::cluster::{ClusterActor, EnterError, InstanceObserved, OpRequest, RoleToPlace, RunOperation, Start};
 use super::gone_operations::GoneOperations;
 use super::instance::Observation;
 use super::placement::Candidate;
 use super::read_model::{ActorStats, Reservation};
 use crate::error::Error;
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId, validate_name};
-use crate::spec::RoleSpec;
+use crate::spec::{ComponentSpec, RoleSpec};
 use crate::storage::records::{
     ClusterRecord, ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, NodeStatus, OperationRecord,
     OperationStatus, PackageRef, PendingRestart, RECORD_VERSION, RoleState,
@@ -306,7 +306,7 @@ impl Handler<Create> for Supervisor {
     fn handle(&mut self, msg: Create, ctx: &mut Context<Self>) -> Self::Result {
         let Create(req, slot) = msg;
         slot.begin("create cluster");
-        let (record, pending) = match self.validate_create(&req) {
+        let (record, roles) = match self.validate_create(&req) {
             Ok(v) => v,
             Err(e) => {
                 self.stats.end(None);
@@ -325,9 +325,9 @@ impl Handler<Create> for Supervisor {
         // An API request like any other: ahead of bulk work on its thread.
         let slot = Reservation::counted(&handle.stats).with_urgent(handle.priority.urgent());
         // Sent now, not when the answer is first awaited: the create is the
-        // actor's first message. A refused create frees its name and stops
-        // its actor itself, before it answers.
-        Ok(CreateAnswer(handle.addr.send(RunOperation(OpRequest::Create { pending, params }, slot, None))))
+        // actor's first message. The actor places the instances; a refused
+        // create frees its name and stops its actor itself, before it answers.
+        Ok(CreateAnswer(handle.addr.send(RunOperation(OpRequest::Create { roles, params }, slot, None))))
     }
 }
 
