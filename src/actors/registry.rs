@@ -1,7 +1,9 @@
 //! The live cluster actors, by cluster name: how the API and the node
 //! managers reach a cluster without going through the supervisor's mailbox.
-//! Read without a lock on every request; written by the supervisor only
-//! (creates, deletes, boot), so a name is taken exactly once.
+//! Read without a lock on every request. A name is taken by the supervisor
+//! only (creates, boot), so it is taken exactly once; it is given back by
+//! the supervisor (deletes) or by a cluster actor whose create was refused
+//! (`remove_if`: only while the name is still that actor's).
 
 use std::sync::Arc;
 

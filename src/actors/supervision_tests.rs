@@ -165,6 +165,36 @@ fn a_refused_create_gives_back_its_name_and_its_ports() {
     });
 }
 
+/// A create whose caller stopped waiting before the new cluster's actor
+/// took it is still run: its name never stays with an actor that did not
+/// run its create (actix skips a message whose sender has gone).
+#[test]
+fn a_create_whose_caller_left_is_still_run() {
+    run(async {
+        let mut h = Harness::new();
+        // The cluster's thread is held until the caller has gone.
+        let thread = actix::Arbiter::new();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        thread.spawn(async move {
+            let _ = held.recv();
+        });
+        h.shared.arbiters = std::sync::Arc::new(vec![thread.handle()]);
+        let sup = h.boot(Vec::new(), Vec::new()).await;
+        let req = super::supervisor::CreateCluster {
+            name: "left".into(),
+            package: crate::storage::records::PackageRef { name: "t".into(), version: "1".into() },
+            roles: Default::default(),
+            config: Default::default(),
+        };
+        let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
+        let answer = sup.send(super::supervisor::Create(req, slot)).await.unwrap().expect("handed over");
+        drop(answer);
+        release.send(()).expect("the thread waits");
+        eventually("the create run", || h.shared.read_model.cluster("left").is_some()).await;
+        thread.stop();
+    });
+}
+
 /// A cluster actor that panics mid-operation is started again from the
 /// store, goes on with the operation from its journal, and answers again.
 #[test]

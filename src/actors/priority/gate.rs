@@ -4,9 +4,9 @@
 //! any cluster actor holds bulk work on every actor thread, not only on
 //! its own. The threads share the machine's cores, and bulk work on one
 //! takes the core a request on another waits for: under workload A on 2
-//! cores, three quarters of a request's wait in its cluster's mailbox was
-//! its thread runnable without a core, a quarter the thread running other
-//! work first (`/proc` schedstat read at queueing and at handling;
+//! cores, a request's thread spent two thirds of the request's wait in
+//! its cluster's mailbox runnable without a core, a third running other
+//! work (`/proc` schedstat read at queueing and at handling;
 //! BENCHMARKS.md, eleventh session).
 
 use std::sync::Mutex;
@@ -42,9 +42,10 @@ impl Gate {
     /// A request became urgent.
     pub(super) fn close(&self) {
         if self.urgent.fetch_add(1, Ordering::SeqCst) == 0 {
-            // A new hold: timed from now, not from a hold that ended
-            // while this one began.
-            lock(&self.waiting).closed_at = Some(Instant::now());
+            // A new hold, timed from now, unless the last one's release has
+            // not yet opened the gate: what parked under it keeps its clock
+            // (reset, it could wait past `MAX_HOLD`).
+            lock(&self.waiting).closed_at.get_or_insert_with(Instant::now);
         }
     }
 
@@ -65,6 +66,22 @@ impl Gate {
         // Woken outside the lock (thousands may be parked): a request being
         // marked meanwhile does not wait for them. None is lost: work that
         // parks after the take is woken by the mark that made it park.
+        drop(waiting);
+        for w in woken {
+            w.wake();
+        }
+    }
+
+    /// Wakes what parked once the gate has been closed longer than
+    /// [`MAX_HOLD`], though no request was answered since: under one slow
+    /// request, what parked before the hold grew too long would otherwise
+    /// wait for its answer. Called by each actor thread's lag tick.
+    pub(super) fn let_through_if_held_too_long(&self) {
+        let mut waiting = lock(&self.waiting);
+        if waiting.wakers.is_empty() || !waiting.held_too_long() {
+            return;
+        }
+        let woken = std::mem::take(&mut waiting.wakers);
         drop(waiting);
         for w in woken {
             w.wake();

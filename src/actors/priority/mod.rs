@@ -103,9 +103,11 @@ fn slice_spent() -> bool {
 /// labelled `thread`: an actor arbiter's number from 0, or `link-N` for
 /// the threads of agents' connections. A thread whose tasks wait for their
 /// turn (busy clusters, or no core free for the thread) shows it here
-/// before requests time out. On an actor thread (`gate`) each tick also
-/// lowers the thread if its last mark went and no bulk work has run since.
-pub async fn measure_lag(thread: String, gate: Option<Arc<Priority>>) {
+/// before requests time out. On an actor thread (`priority`) each tick
+/// also lowers the thread if its last mark went and no bulk work has run
+/// since, and lets parked bulk work through if the shared gate has been
+/// closed longer than [`MAX_HOLD`].
+pub async fn measure_lag(thread: String, priority: Option<Arc<Priority>>) {
     const EVERY: Duration = Duration::from_millis(100);
     loop {
         let due = Instant::now() + EVERY;
@@ -115,8 +117,9 @@ pub async fn measure_lag(thread: String, gate: Option<Arc<Priority>>) {
         // nowhere for good.
         metrics::histogram!("flotilla_actor_thread_lag_seconds", "thread" => thread.clone())
             .record(due.elapsed().as_secs_f64());
-        if let Some(gate) = &gate {
-            gate.settle();
+        if let Some(p) = &priority {
+            p.settle();
+            p.gate.let_through_if_held_too_long();
         }
     }
 }

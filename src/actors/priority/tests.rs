@@ -296,3 +296,32 @@ async fn priorities_with_gates_of_their_own_do_not_hold_each_other() {
     })
     .await;
 }
+
+/// One request held long (a slow write): bulk work that parked under it
+/// is let through by the thread's tick once the gate has been closed
+/// [`MAX_HOLD`], not only when the request is answered.
+#[tokio::test]
+async fn work_parked_under_one_slow_request_goes_at_the_tick_after_max_hold() {
+    on_one_thread(async {
+        let priority = Arc::new(Priority::default());
+        let mark = priority.urgent();
+        let done = Rc::new(Cell::new(false));
+        let work = {
+            let (priority, done) = (priority.clone(), done.clone());
+            tokio::task::spawn_local(async move { priority.gated(async { done.set(true) }).await })
+        };
+        let ticks = tokio::task::spawn_local(measure_lag("test".into(), Some(priority.clone())));
+        let started = Instant::now();
+        while !done.get() && started.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let waited = started.elapsed();
+        assert!(priority.is_held(), "the one request is still waiting");
+        assert!(done.get(), "parked bulk work waited for the request's answer");
+        assert!(waited >= MAX_HOLD, "bulk work ran after {waited:?}, before {MAX_HOLD:?}");
+        work.await.expect("joined");
+        ticks.abort();
+        drop(mark);
+    })
+    .await;
+}

@@ -65,11 +65,11 @@ impl Message for Create {
 /// freed the name and stopped). Awaited by the caller on its own thread,
 /// not through the supervisor's: a burst of creates no longer queues for
 /// the supervisor's turn twice.
-pub struct CreateAnswer(Request<ClusterActor, RunOperation>);
+pub struct CreateAnswer(tokio::sync::oneshot::Receiver<Result<OperationRecord, Error>>);
 
 impl CreateAnswer {
     pub async fn answer(self) -> Result<OperationRecord, Error> {
-        self.0.await.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))))
+        self.0.await.unwrap_or_else(|_| Err(Error::unavailable("cluster actor: the create's answer was lost")))
     }
 }
 
@@ -327,7 +327,16 @@ impl Handler<Create> for Supervisor {
         // Sent now, not when the answer is first awaited: the create is the
         // actor's first message. The actor places the instances; a refused
         // create frees its name and stops its actor itself, before it answers.
-        Ok(CreateAnswer(handle.addr.send(RunOperation(OpRequest::Create { roles, params }, slot, None))))
+        let request = handle.addr.send(RunOperation(OpRequest::Create { roles, params }, slot, None));
+        // Awaited here, not by the caller: actix skips a message whose
+        // sender stopped waiting, and a client that hangs up would leave
+        // the name taken by an actor that never ran its create.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        actix::spawn(async move {
+            let res = request.await.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))));
+            let _ = tx.send(res);
+        });
+        Ok(CreateAnswer(rx))
     }
 }
 
