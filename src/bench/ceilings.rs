@@ -44,35 +44,41 @@ pub fn fdatasync_per_s(dir: &Path, dur: Duration) -> std::io::Result<f64> {
 /// nothing.
 pub async fn store_transitions_per_s(dir: &Path, dur: Duration, committers: usize) -> Result<f64, String> {
     let path = dir.join("store-probe");
+    // Removed on every path, after the store (dropped first) has closed;
+    // a leftover of a run that was killed is the bench's own, not reused.
+    let _cleanup = RemoveOnDrop(path.clone());
+    let _ = std::fs::remove_dir_all(&path);
     let store = MasterStore::open(&path).map_err(|e| format!("opening {}: {e}", path.display()))?;
     let writer = store.writer().clone();
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let deadline = started + dur;
-    let tasks: Vec<_> = (0..committers as u32)
-        .map(|i| {
-            let (writer, done) = (writer.clone(), done.clone());
-            let mut record = probe_record(i);
-            tokio::spawn(async move {
-                while Instant::now() < deadline {
-                    record.generation += 1;
-                    record.status = if record.generation.is_multiple_of(2) {
-                        InstanceStatus::Starting
-                    } else {
-                        InstanceStatus::Running
-                    };
-                    let put = WriteOp::put_instance(&record).map_err(|e| e.to_string())?;
-                    let event =
-                        events::append(&events::instance("instance.status", &record)).map_err(|e| e.to_string())?;
-                    writer.commit(vec![put, event]).await.map_err(|e| e.to_string())?;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok::<(), String>(())
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.map_err(|e| e.to_string())??;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..committers as u32 {
+        let (writer, done) = (writer.clone(), done.clone());
+        let mut record = probe_record(i);
+        tasks.spawn(async move {
+            while Instant::now() < deadline {
+                record.generation += 1;
+                record.status = if record.generation.is_multiple_of(2) {
+                    InstanceStatus::Starting
+                } else {
+                    InstanceStatus::Running
+                };
+                let put = WriteOp::put_instance(&record).map_err(|e| e.to_string())?;
+                let event = events::append(&events::instance("instance.status", &record)).map_err(|e| e.to_string())?;
+                writer.commit(vec![put, event]).await.map_err(|e| e.to_string())?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), String>(())
+        });
+    }
+    while let Some(res) = tasks.join_next().await {
+        if let Err(e) = res.map_err(|e| e.to_string()).and_then(|r| r) {
+            // The others stop committing before the store goes.
+            tasks.shutdown().await;
+            return Err(format!("store probe: {e}"));
+        }
     }
     let (acked, durable) = (done.load(Ordering::Relaxed), writer.commits_written());
     let rate = acked as f64 / started.elapsed().as_secs_f64();
@@ -83,6 +89,15 @@ pub async fn store_transitions_per_s(dir: &Path, dur: Duration, committers: usiz
     drop(store);
     std::fs::remove_dir_all(&path).map_err(|e| format!("removing {}: {e}", path.display()))?;
     Ok(rate)
+}
+
+/// Removes a directory when dropped (whatever path the probe returns by).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// An instance record of the bench's size (its role, ports and directory).
