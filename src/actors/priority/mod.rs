@@ -274,19 +274,7 @@ impl Priority {
     /// [`MAX_HOLD`]); once the enclosing [`sliced`] poll has used its
     /// slice, it waits for the next one.
     pub async fn gated<F: Future>(&self, work: F) -> F::Output {
-        let mut work = pin!(work);
-        std::future::poll_fn(|cx| {
-            self.settle();
-            if self.park(cx) {
-                return Poll::Pending;
-            }
-            if slice_spent() {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            work.as_mut().poll(cx)
-        })
-        .await
+        self.held_back(work, true).await
     }
 
     /// Runs `work` (an operation's own bookkeeping: its steps' plans,
@@ -295,10 +283,18 @@ impl Priority {
     /// taking a turn of the enclosing [`sliced`] poll: the commands inside
     /// it take those.
     pub async fn behind_requests<F: Future>(&self, work: F) -> F::Output {
+        self.held_back(work, false).await
+    }
+
+    async fn held_back<F: Future>(&self, work: F, takes_a_slice: bool) -> F::Output {
         let mut work = pin!(work);
         std::future::poll_fn(|cx| {
             self.settle();
             if self.park(cx) {
+                return Poll::Pending;
+            }
+            if takes_a_slice && slice_spent() {
+                cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
             work.as_mut().poll(cx)
