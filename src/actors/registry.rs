@@ -22,6 +22,8 @@ pub struct ClusterHandle {
     pub addr: Addr<ClusterActor>,
     pub stats: Arc<ActorStats>,
     pub priority: Arc<Priority>,
+    /// The thread the actor runs on.
+    pub arbiter: actix::ArbiterHandle,
 }
 
 impl ClusterHandle {

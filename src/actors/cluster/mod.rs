@@ -186,7 +186,7 @@ impl ClusterActor {
             },
             on_panic,
         );
-        ClusterHandle { addr, stats, priority }
+        ClusterHandle { addr, stats, priority, arbiter }
     }
 
     pub(super) fn package(&self) -> Result<(Arc<PackageRecord>, Arc<ComponentSpec>), Error> {

@@ -62,9 +62,9 @@ impl Message for Create {
 
 /// The answer of the cluster actor a create was handed to: its operation
 /// once durable and published, or why it was refused (the actor has then
-/// freed the name and stopped). Awaited by the caller on its own thread,
-/// not through the supervisor's: a burst of creates no longer queues for
-/// the supervisor's turn twice.
+/// freed the name and stopped). Forwarded from the cluster's thread to the
+/// caller's, not through the supervisor's: a burst of creates no longer
+/// queues for the supervisor's turn twice.
 pub struct CreateAnswer(tokio::sync::oneshot::Receiver<Result<OperationRecord, Error>>);
 
 impl CreateAnswer {
@@ -328,11 +328,12 @@ impl Handler<Create> for Supervisor {
         // actor's first message. The actor places the instances; a refused
         // create frees its name and stops its actor itself, before it answers.
         let request = handle.addr.send(RunOperation(OpRequest::Create { roles, params }, slot, None));
-        // Awaited here, not by the caller: actix skips a message whose
-        // sender stopped waiting, and a client that hangs up would leave
-        // the name taken by an actor that never ran its create.
+        // Awaited on the cluster's thread, where the answer is made, not by
+        // the caller: actix skips a message whose sender stopped waiting,
+        // and a client that hangs up would leave the name taken by an
+        // actor that never ran its create.
         let (tx, rx) = tokio::sync::oneshot::channel();
-        actix::spawn(async move {
+        handle.arbiter.spawn(async move {
             let res = request.await.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))));
             let _ = tx.send(res);
         });
