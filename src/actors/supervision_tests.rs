@@ -3,16 +3,43 @@
 //! is durable, a panicking cluster actor started again from the store, an
 //! inventory older than the instance, a member crash during an operation.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use actix::Addr;
+
 use super::cluster::{OpRequest, Panic};
+use super::supervisor::{CreateAnswer, CreateCluster, RoleRequest, Supervisor};
 use super::test_support::{Harness, cluster, eventually, is_cluster_write, is_journal, is_new_operation};
+use crate::error::Error;
+use crate::ids::NodeId;
 use crate::operations::lifecycle::InstanceVerb;
 use crate::protocol::messages::{AgentRequest, AgentResponse};
-use crate::storage::records::{ClusterStatus, InstanceStatus, OperationStatus};
+use crate::storage::records::{ClusterStatus, InstanceStatus, OperationRecord, OperationStatus};
 
 fn run<F: std::future::Future>(f: F) -> F::Output {
     actix::System::new().block_on(f)
+}
+
+/// A create of the harness's package named `name`, with `roles`.
+fn create_request(name: &str, roles: BTreeMap<String, RoleRequest>) -> CreateCluster {
+    CreateCluster {
+        name: name.into(),
+        package: crate::storage::records::PackageRef { name: "t".into(), version: "1".into() },
+        roles,
+        config: Default::default(),
+    }
+}
+
+/// Sends a create to the supervisor: its handing over to the new cluster's actor.
+async fn hand_over(h: &Harness, sup: &Addr<Supervisor>, req: CreateCluster) -> Result<CreateAnswer, Error> {
+    let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
+    sup.send(super::supervisor::Create(req, slot)).await.expect("the supervisor's mailbox")
+}
+
+/// Sends a create and waits for the cluster actor's answer.
+async fn create(h: &Harness, sup: &Addr<Supervisor>, req: CreateCluster) -> Result<OperationRecord, Error> {
+    hand_over(h, sup, req).await?.answer().await
 }
 
 /// A journal write that fails (and fails again when tried again) stops the
@@ -81,18 +108,8 @@ fn a_create_that_is_not_durable_never_appears() {
         let h = Harness::new();
         let sup = h.boot(Vec::new(), Vec::new()).await;
         h.store.fail(1, is_cluster_write);
-        let req = super::supervisor::CreateCluster {
-            name: "new".into(),
-            package: crate::storage::records::PackageRef { name: "t".into(), version: "1".into() },
-            roles: Default::default(),
-            config: Default::default(),
-        };
-        let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
-        let res = sup.send(super::supervisor::Create(req.clone(), slot)).await.unwrap();
-        let res = match res {
-            Ok(answer) => answer.answer().await,
-            Err(e) => Err(e),
-        };
+        let req = create_request("new", Default::default());
+        let res = create(&h, &sup, req.clone()).await;
         assert!(res.is_err());
         assert!(!h.shared.registry.contains("new"), "the refused create freed its name before it was answered");
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -100,14 +117,7 @@ fn a_create_that_is_not_durable_never_appears() {
         assert!(!h.shared.read_model.actors().iter().any(|a| a.id == "new"), "not among the actors");
         assert!(h.events().iter().all(|(_, d)| d["data"]["id"] != "new"), "{:?}", h.events());
         // Once durable, it appears, with its actor and its event.
-        let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
-        sup.send(super::supervisor::Create(req, slot))
-            .await
-            .unwrap()
-            .expect("handed over")
-            .answer()
-            .await
-            .expect("created");
+        create(&h, &sup, req).await.expect("created");
         assert!(h.shared.read_model.cluster("new").is_some());
         eventually("actor.started", || h.events().iter().any(|(k, d)| k == "actor.started" && d["id"] == "new")).await;
     });
@@ -122,41 +132,23 @@ fn a_refused_create_gives_back_its_name_and_its_ports() {
     run(async {
         let h = Harness::new();
         let sup = h.boot(Vec::new(), Vec::new()).await;
-        let n1 = crate::ids::NodeId::new("n1");
+        let n1 = NodeId::new("n1");
         let node = h.shared.read_model.node(&n1).expect("n1 registered");
         node.live.connect(1);
         let first_port = node.record().port_range.0;
-        let create = |nodes: &[&str]| {
-            let role = super::supervisor::RoleRequest {
-                count: Some(2),
-                nodes: Some(nodes.iter().map(|n| crate::ids::NodeId::new(*n)).collect()),
-            };
-            super::supervisor::CreateCluster {
-                name: "new".into(),
-                package: crate::storage::records::PackageRef { name: "t".into(), version: "1".into() },
-                roles: [("server".to_string(), role)].into(),
-                config: Default::default(),
-            }
+        let pinned = |nodes: &[&str]| {
+            let role = RoleRequest { count: Some(2), nodes: Some(nodes.iter().map(|n| NodeId::new(*n)).collect()) };
+            create_request("new", [("server".to_string(), role)].into())
         };
-        let send = |req| {
-            let sup = sup.clone();
-            let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
-            async move {
-                match sup.send(super::supervisor::Create(req, slot)).await.expect("mailbox") {
-                    Ok(answer) => answer.answer().await,
-                    Err(e) => Err(e),
-                }
-            }
-        };
-        let unknown = send(create(&["n1", "nowhere"])).await.expect_err("an unknown node");
+        let unknown = create(&h, &sup, pinned(&["n1", "nowhere"])).await.expect_err("an unknown node");
         assert!(unknown.to_string().contains("unknown node"), "{unknown}");
         assert!(!h.shared.registry.contains("new"), "the name is free once refused");
         h.store.fail(1, is_cluster_write);
-        let lost = send(create(&["n1"])).await.expect_err("not durable");
+        let lost = create(&h, &sup, pinned(&["n1"])).await.expect_err("not durable");
         assert!(lost.to_string().contains("injected"), "the store's refusal, not a closed mailbox: {lost}");
         assert!(!h.shared.registry.contains("new"), "the name is free once refused");
         // Neither holds a port: the create that succeeds gets the lowest two.
-        let op = send(create(&["n1"])).await.expect("created");
+        let op = create(&h, &sup, pinned(&["n1"])).await.expect("created");
         let placed = op.resume.expect("a running create keeps its plan").pending;
         let mut ports: Vec<u16> = placed.iter().flat_map(|i| i.ports.values().copied()).collect();
         ports.sort_unstable();
@@ -180,14 +172,7 @@ fn a_create_whose_caller_left_is_still_run() {
         });
         h.shared.arbiters = std::sync::Arc::new(vec![thread.handle()]);
         let sup = h.boot(Vec::new(), Vec::new()).await;
-        let req = super::supervisor::CreateCluster {
-            name: "left".into(),
-            package: crate::storage::records::PackageRef { name: "t".into(), version: "1".into() },
-            roles: Default::default(),
-            config: Default::default(),
-        };
-        let slot = super::read_model::Reservation::counted(&h.shared.supervisor);
-        let answer = sup.send(super::supervisor::Create(req, slot)).await.unwrap().expect("handed over");
+        let answer = hand_over(&h, &sup, create_request("left", Default::default())).await.expect("handed over");
         drop(answer);
         release.send(()).expect("the thread waits");
         eventually("the create run", || h.shared.read_model.cluster("left").is_some()).await;
