@@ -22,7 +22,7 @@ for spec in ../examples/components/*/component.toml; do
 done
 cargo +nightly fuzz build --sanitizer none
 status=0
-for target in frame_decoder tar_policy component_toml api_bodies; do
+for target in frame_decoder tar_policy component_toml api_bodies beneath; do
   mkdir -p "corpus/$target" "regressions/$target" "seeds/$target" "artifacts/$target"
   echo "fuzz: $target for ${seconds}s"
   if ! cargo +nightly fuzz run --sanitizer none "$target" "corpus/$target" "seeds/$target" "regressions/$target" -- \

@@ -152,6 +152,10 @@ pub struct AgentConfig {
     pub port_range: String,
     pub labels: BTreeMap<String, String>,
     pub default_run_as: Option<String>,
+    /// `FIRST-LAST`: the uids given as dynamic users, one per cluster whose
+    /// spec names no `run_as` (when `default_run_as` is unset and the agent
+    /// is root); empty: none (such instances run as `nobody`).
+    pub dynamic_users: String,
     /// Whether an instance may run as uid 0 or gid 0 (by whatever name).
     pub allow_root: bool,
     /// The users a spec's `run_as` may name; empty: any user (but root,
@@ -189,6 +193,7 @@ impl Default for AgentConfig {
             port_range: "20000-29999".into(),
             labels: BTreeMap::new(),
             default_run_as: None,
+            dynamic_users: "61184-65519".into(),
             allow_root: false,
             allowed_run_as: Vec::new(),
             allow_loader_env: false,
@@ -220,6 +225,23 @@ impl AgentConfig {
     /// The parsed, validated port range.
     pub fn ports(&self) -> Result<(u16, u16), ConfigError> {
         parse_port_range(&self.port_range)
+    }
+
+    /// The uids dynamic users are given from (inclusive); `None` when
+    /// `dynamic_users` is empty.
+    pub fn dynamic_uids(&self) -> Result<Option<(u32, u32)>, ConfigError> {
+        let text = self.dynamic_users.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let bad = |m: &str| ConfigError::Invalid { key: "dynamic_users", message: format!("{text:?}: {m}") };
+        let (a, b) = text.split_once('-').ok_or_else(|| bad("expected FIRST-LAST, e.g. 61184-65519"))?;
+        let a: u32 = a.trim().parse().map_err(|_| bad("FIRST is not a uid"))?;
+        let b: u32 = b.trim().parse().map_err(|_| bad("LAST is not a uid"))?;
+        if a < 1000 || b < a || b >= 65534 {
+            return Err(bad("need 1000 <= FIRST <= LAST < 65534 (above the system users, below nobody)"));
+        }
+        Ok(Some((a, b)))
     }
 }
 
@@ -362,6 +384,7 @@ impl AgentConfig {
             message: format!("{:?} is not an IP address", self.address),
         })?;
         self.ports()?;
+        self.dynamic_uids()?;
         if let Some(bad) =
             self.allowed_run_as.iter().find(|u| u.is_empty() || u.contains([',', ':', '/']) || u.trim() != *u)
         {

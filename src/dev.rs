@@ -32,7 +32,8 @@ pub struct DevArgs {
     pub port_range: String,
     /// Let the agents run an instance as root where its spec names root
     /// (`run_as = "root"`). Without it they refuse root; either way an
-    /// instance whose spec names no user runs as `nobody`.
+    /// instance whose spec names no user runs as its cluster's own dynamic
+    /// user (a uid of 61184-65519 given per cluster).
     #[arg(long)]
     pub allow_root: bool,
 }
@@ -49,7 +50,7 @@ pub enum DevError {
     },
 }
 
-/// Under root, instances run as `nobody`, which must be able to reach
+/// Under root, instances run as users of their own, which must be able to reach
 /// their directories under `dir`: says so at once (and how to fix it)
 /// rather than at the first install.
 fn warn_if_unreachable(dir: &Path) {
@@ -60,7 +61,7 @@ fn warn_if_unreachable(dir: &Path) {
     let closed = dir.ancestors().find(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 == 0));
     if let Some(d) = closed {
         eprintln!(
-            "flotilla dev: warning: instances run as nobody, who cannot reach {} ({} is not searchable by others): \
+            "flotilla dev: warning: instances run as users of their own, who cannot reach {} ({} is not searchable by others): \
              installs will fail; pass a --data-dir outside it (e.g. /var/tmp/flotilla-dev) or `chmod o+x {}`",
             dir.display(),
             d.display(),
@@ -193,10 +194,10 @@ impl AgentCommand<'_> {
             .arg("--data-dir")
             .arg(self.dir.join(format!("agent-{i}")))
             .args(["--port-range", &self.args.port_range])
-            // Never as the user who ran `flotilla dev` (root, often): as
-            // `nobody`, or root only where a spec names it and the
-            // operator passed --allow-root.
-            .args(["--default-run-as", "nobody"])
+            // Never as the user who ran `flotilla dev` (root, often): each
+            // cluster as a dynamic user of its own (the agent's default),
+            // or root only where a spec names it and the operator passed
+            // --allow-root.
             .args(self.args.allow_root.then_some("--allow-root"))
             .arg("--stop-instances-on-exit")
             // Enrolls at its first start; later starts use its certificate.

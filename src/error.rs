@@ -47,8 +47,9 @@ pub enum Error {
 }
 
 impl Error {
+    /// `id` is cut to 100 characters: it often comes from a request.
     pub fn not_found(kind: &'static str, id: impl fmt::Display) -> Self {
-        Error::NotFound { kind, id: id.to_string() }
+        Error::NotFound { kind, id: crate::ids::shorten(&id.to_string(), 100) }
     }
     pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
         Error::Invalid { code, message: message.into() }

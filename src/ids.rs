@@ -31,6 +31,18 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// At most `max` characters of `s` for a message, with how many were left
+/// out: an id or a name from a request may be 10,000 characters long, and
+/// an error message echoing it whole would be mostly that.
+pub fn shorten(s: &str, max: usize) -> String {
+    let total = s.chars().count();
+    if total <= max {
+        return s.to_string();
+    }
+    let head: String = s.chars().take(max).collect();
+    format!("{head}... ({} more characters)", total - max)
+}
+
 /// Checks a package version: 1..=64 chars of `[A-Za-z0-9._+-]`, not starting with `.`.
 pub fn validate_version(version: &str) -> Result<(), String> {
     if version.is_empty() || version.len() > 64 {

@@ -22,7 +22,7 @@
 //! | [`actors`] | master-side actors: supervisor, cluster, instance, node manager, read model |
 //! | [`operations`] | multi-step cluster operations as step lists with undo, and their runner |
 //! | [`http`] | the actix-web admin API: routes, DTOs, error mapping |
-//! | [`agent`] | the node manager: connection, installer, process control, local state |
+//! | [`agent`] | the node manager: connection, installer, process control, local state; every file operation inside an instance directory in `agent::beneath` (never through the instance's links), each cluster's dynamic user in `agent::node::dynamic_users` |
 //! | [`master`] | wiring that starts a master: storage, actors, listeners, the first API token (`--init`) |
 //! | [`cli`] | the command-line client (`flotilla cluster`, `package`, `node`, `op`, `events`, `token`): finding the master, waiting for operations, exit codes |
 //! | [`dev`] | `flotilla dev`: a master and N agents on loopback |

@@ -134,7 +134,12 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         let path = path.display().to_string();
         move |source| MasterError::Io { path, source }
     };
-    std::fs::create_dir_all(&cfg.data_dir).map_err(io_err(&cfg.data_dir))?;
+    // Everything the master writes is its own: the store holds config
+    // values (passwords among them), the trust dir the CA's key. So files
+    // are made 0600 and directories 0700 (umask 077), and the data dir
+    // itself is 0700 whatever made it before.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    crate::private_file::private_dir(&cfg.data_dir).map_err(io_err(&cfg.data_dir))?;
     let store = MasterStore::open_opts(&cfg.data_dir.join("db"), cfg.writer_queue, cfg.events_retained as u64)
         .map_err(MasterError::Storage)?;
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
@@ -319,6 +324,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         trust,
         open_health: cfg.open_health,
         open_metrics: cfg.open_metrics,
+        log_readers: Default::default(),
         metrics: match crate::http::metrics::install() {
             Ok(h) => Some(h),
             Err(e) => {

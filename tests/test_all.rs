@@ -5,8 +5,8 @@
 //! One test binary on purpose: every test binary links the whole crate with
 //! RocksDB, so one binary links once, and its tests still run in parallel
 //! threads (each with its own master, agents, IPs and ports; see
-//! `common::env`). Agents run as root here and in CI, so instances run as
-//! `nobody`.
+//! `common::env`). Agents run as root here and in CI, so an instance whose
+//! spec names no user runs as its cluster's own dynamic user.
 
 mod common;
 
@@ -36,6 +36,7 @@ mod integration {
     mod grandchild;
     mod hooks;
     mod instance_logs;
+    mod isolation;
     mod leaked;
     mod lifecycle;
     mod logs;

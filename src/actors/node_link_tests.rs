@@ -36,6 +36,7 @@ async fn an_install_the_agent_failed_mid_stream_sends_no_more_chunks() {
     let link = NodeLink::new(NodeId::new("n1"), 1, tx, chunks, Duration::from_secs(5), Duration::from_secs(5));
     let begin = InstallBegin {
         instance: InstanceId::new("i1"),
+        cluster: crate::ids::ClusterId(uuid::Uuid::nil()),
         generation: 1,
         run_as: None,
         process: ProcessSpec {

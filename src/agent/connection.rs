@@ -30,7 +30,6 @@ use tokio_util::codec::{Framed, FramedWrite};
 use super::installer::{self, StreamingExtractor};
 use super::node::{Node, failure};
 use super::outbox::Outbox;
-use super::process::users::RunAs;
 use crate::protocol::codec::{AgentCodec, ProtocolError};
 use crate::protocol::handshake::{LinkStream, LinkWriter, agent_handshake};
 use crate::protocol::messages::{
@@ -52,7 +51,7 @@ pub struct Identity {
 
 struct PendingInstall {
     begin: InstallBegin,
-    run_as: RunAs,
+    run_as: super::node::InstallUser,
     staging: PathBuf,
     tee: PathBuf,
     extractor: StreamingExtractor,

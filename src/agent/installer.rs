@@ -28,7 +28,7 @@ use crate::package::{CheckedEntry, EntryRule, ExtractLimits, PackageEntry, Packa
 
 mod tree;
 
-pub use tree::{chown_tree_nofollow, place_instance_dir};
+pub use tree::place_instance_dir;
 
 /// Chunks buffered between the network and the extractor (~4 MiB).
 const CHANNEL_CHUNKS: usize = 4;
@@ -59,10 +59,11 @@ pub enum InstallError {
         #[source]
         source: io::Error,
     },
-    #[error("invalid file path {path:?}: {reason}")]
-    BadPath { path: String, reason: &'static str },
-    #[error("refusing to write {path:?}: {link:?} is a symlink")]
-    ThroughSymlink { path: String, link: String },
+    /// Something in the instance directory was not what the agent
+    /// expects (a link, a FIFO, a bad path), or a file operation there
+    /// failed (`agent::beneath`).
+    #[error(transparent)]
+    Beneath(#[from] crate::agent::beneath::BeneathError),
     #[error("the extraction already failed")]
     AlreadyFailed,
     #[error("the extraction task died: {0}")]

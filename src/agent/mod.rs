@@ -6,6 +6,7 @@
 //! - [`enroll`]: this node's certificate, kept or got with a join token
 //! - [`node`]: the instance records and the command handlers
 //! - [`installer`]: streaming, checked tar extraction into a staging dir
+//! - [`beneath`]: every file operation inside an instance directory, never following its links
 //! - [`files`]: rendered files, written atomically, never through a link
 //! - [`health`]: health probes gating `Started`, and `CheckHealth`
 //! - [`hooks`]: lifecycle hooks (`RunHook`), serialized with the instance's commands
@@ -13,6 +14,7 @@
 //! - [`restart`]: the restart policy for crashed instances
 //! - [`outbox`]: reports of exits and restarts, kept until the master acknowledges them
 
+pub mod beneath;
 pub mod connection;
 pub mod enroll;
 pub mod files;
@@ -49,6 +51,13 @@ pub enum AgentError {
     },
 }
 
+/// Creates `dir` (and its parents) if missing and sets its mode.
+pub fn data_dir_mode(dir: &std::path::Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
 /// Runs an agent until `shutdown` resolves.
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
     crate::fd_limit::raise();
@@ -56,7 +65,13 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let master: SocketAddr = cfg.master_addr.parse().map_err(|_| {
         AgentError::Config(crate::config::ConfigError::Invalid { key: "master_addr", message: cfg.master_addr.clone() })
     })?;
-    std::fs::create_dir_all(&cfg.data_dir)
+    // The agent's store, package cache and certificate are its own: files
+    // 0600, directories 0700 (umask 077; instances get 022, see
+    // `process::vfork`). The data dir is 0711: instance users must pass
+    // through it to their directories under `instances/`, but may not list
+    // it.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    data_dir_mode(&cfg.data_dir, 0o711)
         .map_err(|source| AgentError::Io { path: cfg.data_dir.display().to_string(), source })?;
     let node_id = NodeId::new(cfg.node_id.clone());
     let enrolling = enroll::credentials(

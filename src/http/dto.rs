@@ -11,6 +11,7 @@ mod previews;
 mod status;
 mod tokens;
 mod trust;
+mod unique;
 
 pub use envelopes::{
     ClusterPage, NodePage, OperationEnvelope, OperationPage, PackageDetail, PackageEnvelope, PackageList,
@@ -70,10 +71,10 @@ pub struct CreateClusterBody {
     pub name: String,
     pub package: PackageBody,
     /// Role name to its size and placement; a role left out gets its minimum.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "unique::keys")]
     pub roles: BTreeMap<String, RoleBody>,
     /// Config values, typed by the package's `component.toml`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "unique::keys")]
     pub config: BTreeMap<String, serde_json::Value>,
 }
 
@@ -101,6 +102,7 @@ pub struct ScaleBody {
 #[schema(example = json!({ "config": { "greeting": "bonjour" } }))]
 pub struct ConfigBody {
     /// The values to change; the others stay.
+    #[serde(deserialize_with = "unique::keys")]
     pub config: BTreeMap<String, serde_json::Value>,
     /// Instances changed at a time.
     #[serde(default)]

@@ -92,6 +92,11 @@ impl ResponseError for ApiError {
     }
 }
 
+/// The longest error message answered (a longer one is cut, saying so).
+pub const MAX_MESSAGE_CHARS: usize = 2000;
+/// The longest `field` answered.
+const MAX_FIELD_CHARS: usize = 200;
+
 /// An error answer; the request id is drawn here and logged with it.
 fn answer(
     status: StatusCode,
@@ -101,6 +106,10 @@ fn answer(
     headers: Vec<(actix_web::http::header::HeaderName, String)>,
 ) -> HttpResponse {
     let request_id = uuid::Uuid::new_v4().to_string();
+    // An id or a name from the request may be 10,000 characters long and
+    // echoed in the message; the answer and the log keep its beginning.
+    let message = crate::ids::shorten(&message, MAX_MESSAGE_CHARS);
+    let field = field.map(|f| crate::ids::shorten(&f, MAX_FIELD_CHARS));
     if status.is_server_error() {
         tracing::error!(%request_id, code, error = %message, "request failed");
     } else {

@@ -6,7 +6,17 @@
 //! quiet) while the client stays, so neither side keeps state per reader;
 //! a client that left is noticed at the next write, and a log silent for
 //! [`IDLE_END`] ends its stream.
+//!
+//! Reads are bounded here as on the agent: at most [`MAX_PER_INSTANCE`]
+//! reads (a followed log counts for as long as it is followed) of one
+//! instance and [`MAX_PER_NODE`] of one node at once through this master;
+//! one more is refused at once (`503 overloaded`, saying which bound). A
+//! read the agent refuses because of what it found (a link, a FIFO, a file
+//! of another user where the log should be) is `409 log_refused`, with the
+//! agent's reason.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_web::{HttpResponse, web};
@@ -17,10 +27,10 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::error::ApiError;
-use crate::actors::node_link::NodeLink;
+use crate::actors::node_link::{NodeError, NodeLink};
 use crate::error::Error;
-use crate::ids::InstanceId;
-use crate::protocol::messages::{AgentRequest, AgentResponse, LogFrom, LogStream};
+use crate::ids::{InstanceId, NodeId};
+use crate::protocol::messages::{AgentRequest, AgentResponse, FailureKind, LogFrom, LogStream};
 
 /// How often a followed log is read again while it grows; a quiet log is
 /// read less and less often, down to every [`POLL_QUIET`].
@@ -33,6 +43,59 @@ const IDLE_END: Duration = Duration::from_secs(3600);
 const CHUNK: u32 = 64 * 1024;
 /// At most this many lines of `tail`.
 const MAX_TAIL: u32 = 10_000;
+/// Log reads (one-shot or followed) of one instance at once.
+pub const MAX_PER_INSTANCE: usize = 4;
+/// Log reads of the instances of one node at once.
+pub const MAX_PER_NODE: usize = 16;
+
+/// The log reads under way through this master, per node and per instance.
+#[derive(Default)]
+pub struct LogReaders(Mutex<(HashMap<NodeId, usize>, HashMap<InstanceId, usize>)>);
+
+/// One read's place, given back when dropped (a followed log holds it
+/// for as long as it is followed).
+pub struct ReaderSlot(Arc<LogReaders>, NodeId, InstanceId);
+
+impl LogReaders {
+    fn take(self: &Arc<Self>, node: &NodeId, id: &InstanceId) -> Result<ReaderSlot, Error> {
+        let mut guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (nodes, instances) = &mut *guard;
+        let on_node = nodes.get(node).copied().unwrap_or(0);
+        if on_node >= MAX_PER_NODE {
+            return Err(Error::overloaded(format!(
+                "{on_node} log reads of instances on node {node} are under way (at most {MAX_PER_NODE}); retry shortly"
+            )));
+        }
+        let of_instance = instances.get(id).copied().unwrap_or(0);
+        if of_instance >= MAX_PER_INSTANCE {
+            return Err(Error::overloaded(format!(
+                "{of_instance} log reads of {id} are under way (at most {MAX_PER_INSTANCE}); retry shortly"
+            )));
+        }
+        *nodes.entry(node.clone()).or_default() += 1;
+        *instances.entry(id.clone()).or_default() += 1;
+        Ok(ReaderSlot(self.clone(), node.clone(), id.clone()))
+    }
+}
+
+impl Drop for ReaderSlot {
+    fn drop(&mut self) {
+        let mut guard = self.0.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (nodes, instances) = &mut *guard;
+        if let Some(n) = nodes.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                nodes.remove(&self.1);
+            }
+        }
+        if let Some(n) = instances.get_mut(&self.2) {
+            *n -= 1;
+            if *n == 0 {
+                instances.remove(&self.2);
+            }
+        }
+    }
+}
 
 /// Which of an instance's logs.
 #[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
@@ -80,19 +143,26 @@ pub async fn logs(
         StreamName::Stdout => LogStream::Stdout,
         StreamName::Stderr => LogStream::Stderr,
     };
-    let tail = q.tail.unwrap_or(100).min(MAX_TAIL);
+    let tail = q.tail.unwrap_or(100);
+    if tail > MAX_TAIL {
+        return Err(
+            Error::invalid("invalid_query", format!("tail must be at most {MAX_TAIL} lines, got {tail}")).into()
+        );
+    }
     let cluster = state.shared.read_model.cluster(&name).ok_or_else(|| Error::not_found("cluster", &name))?;
     let id = InstanceId::new(id);
     let node =
         cluster.instances.get(&id).map(|i| i.record.node.clone()).ok_or_else(|| Error::not_found("instance", &id))?;
     let link =
         state.shared.links.get(&node).ok_or_else(|| Error::unavailable(format!("node {node} is not connected")))?;
+    let slot = state.log_readers.take(&node, &id)?;
     let (first, mut next) = read(&link, &id, stream, LogFrom::Tail(tail)).await?;
     if !q.follow {
         return Ok(HttpResponse::Ok().content_type("text/plain; charset=utf-8").body(first));
     }
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     actix_web::rt::spawn(async move {
+        let _slot = slot;
         if tx.send(Bytes::from(first)).await.is_err() {
             return;
         }
@@ -135,11 +205,18 @@ pub async fn logs(
 /// One `ReadLog` through `link`: (bytes, the offset to read from next).
 async fn read(link: &NodeLink, id: &InstanceId, stream: LogStream, from: LogFrom) -> Result<(Vec<u8>, u64), ApiError> {
     let req = AgentRequest::ReadLog { instance: id.clone(), stream, from, max_bytes: CHUNK };
+    let refused = |f: &crate::protocol::messages::CommandFailure| match f.kind {
+        // What the agent found where the log should be (a link, a FIFO,
+        // another user's file): the read is refused, not failed.
+        FailureKind::BadRequest => {
+            Error::conflict("log_refused", format!("the agent refused to read the log: {}", f.message))
+        }
+        FailureKind::Busy => Error::overloaded(format!("the agent is busy: {}", f.message)),
+        _ => Error::unavailable(format!("the agent could not read the log: {}", f.message)),
+    };
     match link.call(req, "ReadLog").await {
         Ok(AgentResponse::LogChunk { data, next_offset }) => Ok((data, next_offset)),
-        Ok(AgentResponse::Failed(f)) => {
-            Err(ApiError(Error::unavailable(format!("the agent could not read the log: {}", f.message))))
-        }
+        Ok(AgentResponse::Failed(f)) | Err(NodeError::Failed(f)) => Err(ApiError(refused(&f))),
         Ok(other) => Err(ApiError(Error::unavailable(format!("unexpected answer to ReadLog: {other:?}")))),
         Err(e) => Err(ApiError(Error::unavailable(format!("reading the log: {}", crate::error::ErrorChain(&e))))),
     }

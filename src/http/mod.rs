@@ -16,7 +16,7 @@ pub mod dto;
 pub mod error;
 mod events;
 mod instances;
-mod logs;
+pub mod logs;
 pub mod metrics;
 pub mod openapi;
 mod packages;
@@ -51,6 +51,8 @@ pub struct AppState {
     pub open_metrics: bool,
     /// The metrics recorder's handle (`None`: not recorded here).
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Instance log reads under way (bounded per node and per instance).
+    pub log_readers: Arc<logs::LogReaders>,
 }
 
 impl AppState {

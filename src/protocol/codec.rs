@@ -187,6 +187,7 @@ mod tests {
         vec![
             AgentRequest::InstallBegin(Box::new(InstallBegin {
                 instance: inst(),
+                cluster: crate::ids::ClusterId(uuid::Uuid::from_u128(7)),
                 generation: 7,
                 run_as: Some("app".into()),
                 process: ProcessSpec {

@@ -28,11 +28,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{InstanceId, NodeId};
+use crate::ids::{ClusterId, InstanceId, NodeId};
 
 /// Bumped on any incompatible change to these types. Both sides refuse a
 /// peer with another version, with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// At most this many ids in `Hello::unrecorded` (the rest are reported at
 /// a later connection, once the first ones are removed).
@@ -302,6 +302,9 @@ pub enum LogFrom {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InstallBegin {
     pub instance: InstanceId,
+    /// The instance's cluster: a root agent gives each cluster whose spec
+    /// names no `run_as` a user of its own (`node::dynamic_users`).
+    pub cluster: ClusterId,
     pub generation: u64,
     /// The run-as user from the spec; `None` means the agent's default.
     pub run_as: Option<String>,
@@ -433,6 +436,9 @@ pub enum FailureKind {
     Health,
     Timeout,
     Internal,
+    /// Refused at once because the agent is at a bound (concurrent log
+    /// reads); nothing was done, and retrying shortly may succeed.
+    Busy,
 }
 
 // ---------------------------------------------------------------- events

@@ -108,12 +108,27 @@ pub fn check_relative_path(p: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A rendered file's path: a relative path that is not one of the directories
-/// flotilla owns (`data`, `logs`, `run`); files inside them are fine.
+/// A rendered file's path: a relative path outside the directories the
+/// instance owns (`data`, `logs`, `run`): the agent, root, writes rendered
+/// files, and those three are the instance's own to fill (a start script
+/// may copy a rendered file there, e.g. ZooKeeper's `conf/myid`).
 pub fn check_file_path(p: &str) -> Result<(), String> {
     check_relative_path(p)?;
+    let first = p.split('/').next().unwrap_or(p);
+    if RESERVED_DIRS.contains(&first) {
+        return Err(format!(
+            "path {p:?} is inside {first}/, which the instance owns (data, logs, run): a rendered file goes elsewhere, e.g. conf/"
+        ));
+    }
+    Ok(())
+}
+
+/// A pidfile's path: a relative path that is not one of the directories
+/// the instance owns itself (a pidfile inside `run/` is the usual place).
+pub fn check_pidfile_path(p: &str) -> Result<(), String> {
+    check_relative_path(p)?;
     if RESERVED_DIRS.contains(&p) {
-        return Err(format!("path {p:?} is a directory flotilla owns (data, logs, run); name a file inside it"));
+        return Err(format!("path {p:?} is a directory the instance owns (data, logs, run); name a file inside it"));
     }
     Ok(())
 }
@@ -233,8 +248,23 @@ mod tests {
     #[test]
     fn relative_paths() {
         assert!(check_file_path("conf/zoo.cfg").is_ok());
-        assert!(check_file_path("data/myid").is_ok());
-        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "a/", "./a", "a\0b", "data", "logs", "run"] {
+        assert!(check_file_path("conf/myid").is_ok());
+        assert!(check_file_path("database/x").is_ok(), "only the directories themselves are the instance's");
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "a/",
+            "./a",
+            "a\0b",
+            "data",
+            "logs",
+            "run",
+            "data/myid",
+            "run/x/y",
+        ] {
             assert!(check_file_path(bad).is_err(), "{bad:?} accepted");
         }
         assert!(check_relative_path(&"a".repeat(255)).is_ok());

@@ -250,7 +250,7 @@ fn role(r: RawRole) -> Result<RoleSpec, SpecError> {
         }
     }
     if let Some(pidfile) = &r.pidfile {
-        checks::check_file_path(pidfile).map_err(|m| SpecError::new(f("pidfile"), m))?;
+        checks::check_pidfile_path(pidfile).map_err(|m| SpecError::new(f("pidfile"), m))?;
     }
     let duration = |key: &str, v: &Option<String>, default: Duration| match v {
         None => Ok(default),

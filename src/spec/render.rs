@@ -424,7 +424,7 @@ dataDir={{ instance.data_dir }}
 {% endfor %}"""
 
 [[roles.files]]
-path = "data/myid"
+path = "conf/myid"
 template = "{{ instance.ordinal }}\n"
 mode = 0o600
 "#;
@@ -444,7 +444,7 @@ mode = 0o600
              server.2=127.0.0.12:6001:6002\n\
              server.3=127.0.0.13:7001:7002\n"
         );
-        assert_eq!(files[1], RenderedFile { path: "data/myid".into(), contents: b"2\n".to_vec(), mode: 0o600 });
+        assert_eq!(files[1], RenderedFile { path: "conf/myid".into(), contents: b"2\n".to_vec(), mode: 0o600 });
     }
 
     #[test]

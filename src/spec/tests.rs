@@ -49,7 +49,7 @@ clientPort={{ instance.ports.client }}
 {% endfor %}"""
 
 [[roles.files]]
-path = "data/myid"
+path = "conf/myid"
 template = "{{ instance.ordinal }}\n"
 mode = 0o600
 
@@ -224,7 +224,7 @@ fn pidfile_rules() {
     role_rejects("pidfile = \"run/../x.pid\"", "roles.web.pidfile", "..");
     role_rejects("pidfile = \"run//x.pid\"", "roles.web.pidfile", "empty components");
     role_rejects(&format!("pidfile = \"{}\"", "a".repeat(256)), "roles.web.pidfile", "255");
-    role_rejects("pidfile = \"run\"", "roles.web.pidfile", "flotilla owns");
+    role_rejects("pidfile = \"run\"", "roles.web.pidfile", "the instance owns");
 }
 
 #[test]
@@ -235,14 +235,16 @@ fn file_rules() {
     role_rejects(&file("conf//x", ""), "roles.web.files[0].path", "empty components");
     role_rejects(&file("a\\u0000b", ""), "roles.web.files[0].path", "NUL");
     role_rejects(&file(&"a".repeat(256), ""), "roles.web.files[0].path", "255");
-    role_rejects(&file("data", ""), "roles.web.files[0].path", "flotilla owns");
-    role_rejects(&file("logs", ""), "roles.web.files[0].path", "flotilla owns");
+    role_rejects(&file("data", ""), "roles.web.files[0].path", "which the instance owns");
+    role_rejects(&file("logs", ""), "roles.web.files[0].path", "which the instance owns");
+    role_rejects(&file("data/myid", ""), "roles.web.files[0].path", "inside data/");
+    role_rejects(&file("run/app.pid", ""), "roles.web.files[0].path", "inside run/");
     role_rejects(&format!("{}{}", file("a", ""), file("a", "")), "roles.web.files[1].path", "duplicate");
     role_rejects(&file("a", "mode = 0o4755"), "roles.web.files[0].mode", "setuid");
     role_rejects(&file("a", "mode = \"0755\""), "roles.web.files[0].mode", "invalid type");
     role_rejects(&file("a", "mode = -1"), "roles.web.files[0].mode", "invalid value");
     let spec =
-        ComponentSpec::parse(&minimal(&format!("{}{}", file("data/myid", "mode = 493"), file("b", "")))).unwrap();
+        ComponentSpec::parse(&minimal(&format!("{}{}", file("conf/myid", "mode = 493"), file("b", "")))).unwrap();
     assert_eq!(spec.roles[0].files[0].mode, 0o755);
     assert_eq!(spec.roles[0].files[1].mode, 0o644);
 }

@@ -1,7 +1,9 @@
 //! Records the agent persists in its own RocksDB: one per instance it holds,
 //! plus tombstones for deletes in progress (so a crash mid-delete finishes the
 //! delete on restart instead of resurrecting the instance), and the restarts
-//! its restart policy made recently (so an agent restart does not forget them).
+//! its restart policy made recently (so an agent restart does not forget them),
+//! and the dynamic users it gave to clusters (so a restarted agent gives a
+//! cluster's instances the same uid and re-adopts them as that user).
 
 use std::collections::BTreeMap;
 
@@ -57,4 +59,18 @@ pub struct RestartRecord {
     pub version: u32,
     pub id: InstanceId,
     pub times_ms: Vec<u64>,
+}
+
+/// The uid (and gid, the same number) this node gave to one cluster's
+/// instances, for as long as any of them is installed here (`members`);
+/// released when the last one is deleted. Kept in its own column family,
+/// so the instance records' encoding is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DynamicUserRecord {
+    pub version: u32,
+    /// The cluster's id (`ClusterId`, as text).
+    pub cluster: String,
+    pub uid: u32,
+    /// The instances installed, or being installed, as this user.
+    pub members: std::collections::BTreeSet<InstanceId>,
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use rocksdb::DB;
 
-use super::agent_records::{AgentInstanceRecord, RestartRecord, Tombstone};
+use super::agent_records::{AgentInstanceRecord, DynamicUserRecord, RestartRecord, Tombstone};
 use super::db;
 use super::keys::agent_cf;
 use super::{StorageError, StoreWriter};
@@ -21,6 +21,10 @@ pub struct AgentSnapshot {
     /// The restart policy's recent restarts (none in a store written
     /// before they were kept: the column family is created empty).
     pub restarts: Vec<RestartRecord>,
+    /// The dynamic users given to clusters (none in a store written
+    /// before they existed), and where the search for the next uid starts.
+    pub users: Vec<DynamicUserRecord>,
+    pub users_next: Option<u32>,
 }
 
 /// The agent's database and its writer; cheap to clone.
@@ -55,7 +59,17 @@ impl AgentStore {
             instances: db::load_cf(&self.db, agent_cf::INSTANCES)?,
             tombstones: db::load_cf(&self.db, agent_cf::TOMBSTONES)?,
             restarts: db::load_cf(&self.db, agent_cf::RESTARTS)?,
+            users: db::load_cf(&self.db, agent_cf::USERS)?,
+            users_next: self.users_next()?,
         })
+    }
+
+    fn users_next(&self) -> Result<Option<u32>, StorageError> {
+        let meta = self.db.cf_handle(agent_cf::META).ok_or(StorageError::UnknownColumnFamily { cf: agent_cf::META })?;
+        match self.db.get_cf(meta, super::keys::DYNAMIC_USERS_NEXT_KEY).map_err(StorageError::Rocks)? {
+            Some(v) => Ok(Some(db::decode_value(agent_cf::META, super::keys::DYNAMIC_USERS_NEXT_KEY, &v)?)),
+            None => Ok(None),
+        }
     }
 }
 
@@ -90,7 +104,7 @@ mod tests {
         store.writer().commit(vec![WriteOp::delete_agent_instance(&id), WriteOp::delete_tombstone(&id)]).await.unwrap();
         drop(store);
         let snap = AgentStore::open(dir.path()).unwrap().load_all().unwrap();
-        assert_eq!(snap, AgentSnapshot { instances: vec![a], tombstones: vec![], restarts: vec![] });
+        assert_eq!(snap, AgentSnapshot { instances: vec![a], ..Default::default() });
     }
 
     /// The restarts are kept under their own key: a store opened before
@@ -108,7 +122,7 @@ mod tests {
         }
         let store = AgentStore::open(dir.path()).unwrap();
         let snap = store.load_all().unwrap();
-        assert_eq!(snap, AgentSnapshot { instances: vec![a.clone()], tombstones: vec![], restarts: vec![] });
+        assert_eq!(snap, AgentSnapshot { instances: vec![a.clone()], ..Default::default() });
         let r = RestartRecord { version: 1, id: a.id.clone(), times_ms: vec![1_700_000_000_000, 1_700_000_001_000] };
         store.writer().commit(vec![WriteOp::put_restarts(&r).unwrap()]).await.unwrap();
         drop(store);

@@ -22,7 +22,7 @@
 //! it back, for the caller to commit with others in one atomic request.
 
 use crate::ids::{ClusterId, InstanceId, OperationId};
-use crate::storage::agent_records::{AgentInstanceRecord, RestartRecord, Tombstone};
+use crate::storage::agent_records::{AgentInstanceRecord, DynamicUserRecord, RestartRecord, Tombstone};
 use crate::storage::records::{
     ClusterRecord, EventRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord, OperationRecord,
     PackageRecord, Resumable, TokenRecord,
@@ -81,11 +81,19 @@ pub mod agent_cf {
     pub const META: &str = "meta";
     /// The restart policy's recent restarts per instance (`RestartRecord`).
     pub const RESTARTS: &str = "restarts";
-    pub const ALL: [&str; 4] = [INSTANCES, TOMBSTONES, META, RESTARTS];
+    /// The dynamic users given to clusters on this node, by cluster id
+    /// (`DynamicUserRecord`); a store written before them has none.
+    pub const USERS: &str = "users";
+    pub const ALL: [&str; 5] = [INSTANCES, TOMBSTONES, META, RESTARTS, USERS];
 }
 
 /// The key in `meta` holding the schema version (a codec-encoded `u32`).
 pub const SCHEMA_VERSION_KEY: &[u8] = b"schema_version";
+
+/// The key in the agent's `meta` holding where the search for the next
+/// dynamic uid starts (a codec-encoded `u32`): allocation goes round the
+/// range, so a released uid is given again as late as possible.
+pub const DYNAMIC_USERS_NEXT_KEY: &[u8] = b"dynamic_users_next";
 
 pub fn cluster_key(id: &ClusterId) -> Vec<u8> {
     id.0.as_bytes().to_vec()
@@ -327,6 +335,18 @@ impl WriteOp {
 
     pub fn delete_restarts(id: &InstanceId) -> WriteOp {
         WriteOp::Delete { cf: agent_cf::RESTARTS, key: id.as_str().as_bytes().to_vec() }
+    }
+
+    pub fn put_dynamic_user(r: &DynamicUserRecord) -> Result<WriteOp, StorageError> {
+        put(agent_cf::USERS, r.cluster.as_bytes().to_vec(), r)
+    }
+
+    pub fn put_dynamic_users_next(next: u32) -> Result<WriteOp, StorageError> {
+        put(agent_cf::META, DYNAMIC_USERS_NEXT_KEY.to_vec(), &next)
+    }
+
+    pub fn delete_dynamic_user(cluster: &str) -> WriteOp {
+        WriteOp::Delete { cf: agent_cf::USERS, key: cluster.as_bytes().to_vec() }
     }
 }
 

@@ -26,7 +26,7 @@ fn own_ports() -> String {
 impl Dev {
     pub fn start() -> Dev {
         let dir = tempfile::Builder::new().prefix("flotilla-dev-").tempdir().expect("temp dir");
-        // Dev mode's instances run as nobody, who must reach their dirs.
+        // Dev mode's instances run as users of their own, who must reach their dirs.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod temp dir");
         let log = std::fs::File::create(dir.path().join("dev.log")).expect("log");

@@ -172,7 +172,8 @@ impl TestEnv {
         let k = slot % 250 + 1;
         let low = 20000 + (slot % 200) as u16 * 200;
         let root = tempfile::Builder::new().prefix(&format!("flotilla-{name}-")).tempdir().expect("temp dir");
-        // Instances run as `nobody` (the agent is root): it must reach its dir.
+        // Instances run as users of their own (the agent is root): they must
+        // reach their dirs.
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod temp dir");
         let root_path = std::fs::canonicalize(root.path()).expect("resolve temp dir");
         std::fs::create_dir_all(root_path.join("master")).expect("master dir");
@@ -498,6 +499,11 @@ impl TestEnv {
     /// The master's process id.
     pub fn master_pid(&self) -> u32 {
         self.master.as_ref().expect("the master is running").id()
+    }
+
+    /// Agent `i`'s process id (1..=3).
+    pub fn agent_pid(&self, i: usize) -> u32 {
+        self.agents[i - 1].id()
     }
 
     /// Sends `sig` to the master.

@@ -17,4 +17,4 @@ pub mod zk;
 pub use env::TestEnv;
 pub use http::{all_instances, dir_of, error_code, id_of, pid_of, role_instances};
 pub use package::PackageBuilder;
-pub use procfs::{cmdline, eventually, instance_pids, nobody_uid, pid_alive, proc_uid};
+pub use procfs::{DYNAMIC_UIDS, cmdline, dynamic_uid, eventually, instance_pids, pid_alive, proc_uid};

@@ -26,9 +26,16 @@ pub fn proc_uid(pid: u32) -> Option<u32> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// The uid of `nobody`, whom the agent (root) runs instances as.
-pub fn nobody_uid() -> u32 {
-    nix::unistd::User::from_name("nobody").expect("user lookup").expect("user nobody exists").uid.as_raw()
+/// The uids a root agent gives its clusters' dynamic users (the default
+/// `dynamic_users` setting): an instance whose spec names no user runs as
+/// one of these, one per cluster.
+pub const DYNAMIC_UIDS: std::ops::RangeInclusive<u32> = 61184..=65519;
+
+/// The uid `pid` runs as, checked to be a dynamic user's.
+pub fn dynamic_uid(pid: u32) -> u32 {
+    let uid = proc_uid(pid).unwrap_or_else(|| panic!("no uid for pid {pid}"));
+    assert!(DYNAMIC_UIDS.contains(&uid), "pid {pid} runs as uid {uid}, not a dynamic user's");
+    uid
 }
 
 /// Every live process whose environment holds exactly

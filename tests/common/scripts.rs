@@ -1,5 +1,5 @@
 //! Start scripts shared by the tests, and readers of what they leave in the
-//! instance directory. Scripts run as `nobody` with the instance directory as
+//! instance directory. Scripts run as their cluster's dynamic user with the instance directory as
 //! their working directory and write nothing outside it.
 
 use serde_json::Value;

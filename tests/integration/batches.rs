@@ -72,8 +72,8 @@ template = "{{{{ cluster.config.greeting }}}}\n"
     PackageBuilder::new(name, "1.0.0").spec(&spec).script("bin/start.sh", START).script("bin/ready.sh", READY)
 }
 
-/// An empty ledger in the env's temp dir that `nobody` (whom instances run
-/// as) may append to.
+/// An empty ledger in the env's temp dir that any instance (each cluster runs
+/// as a user of its own) may append to.
 fn new_ledger(env: &TestEnv) -> PathBuf {
     let root = env.master_dir().parent().expect("the env's temp dir").to_path_buf();
     let path = root.join("ledger");

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::common::scripts::rendered;
 use crate::common::{
-    PackageBuilder, TestEnv, cmdline, eventually, id_of, instance_pids, nobody_uid, pid_alive, pid_of, proc_uid,
+    PackageBuilder, TestEnv, cmdline, dynamic_uid, eventually, id_of, instance_pids, pid_alive, pid_of, proc_uid,
     role_instances,
 };
 
@@ -52,7 +52,7 @@ async fn daemonizing_and_foreground_components_run_with_their_real_pids() {
     let fg_pid = pid_of(fg);
     assert!(pid_alive(fg_pid), "foreground pid {fg_pid} is not alive");
     assert_eq!(cmdline(fg_pid), ["sleep", "200002"], "the foreground pid is the server");
-    assert_eq!(proc_uid(fg_pid), Some(nobody_uid()));
+    let uid = dynamic_uid(fg_pid);
 
     assert_eq!(daemon["status"], "Running", "{daemon:#}");
     let d_pid = pid_of(daemon);
@@ -62,7 +62,7 @@ async fn daemonizing_and_foreground_components_run_with_their_real_pids() {
     let is_daemon = eventually(5, || cmdline(d_pid) == ["sleep", "200001"]).await;
     assert!(is_daemon, "the daemon's pid is the daemon's, not the start script's: {:?}", cmdline(d_pid));
     assert_eq!(rendered(daemon, "run/daemon.pid").trim(), d_pid.to_string(), "the pid is the one in the pidfile");
-    assert_eq!(proc_uid(d_pid), Some(nobody_uid()));
+    assert_eq!(proc_uid(d_pid), Some(uid), "one cluster, one user");
     let d_id = id_of(daemon);
     assert!(instance_pids(&d_id).contains(&d_pid), "the daemon does not carry its instance marker");
     let script_gone =

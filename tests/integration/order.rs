@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::json;
 
 use crate::common::scripts::{RECORD_AND_SLEEP, member_lines, rendered, started_at};
-use crate::common::{PackageBuilder, TestEnv, instance_pids, nobody_uid, pid_of, proc_uid, role_instances};
+use crate::common::{PackageBuilder, TestEnv, dynamic_uid, instance_pids, pid_of, proc_uid, role_instances};
 
 const SPEC: &str = r#"
 [component]
@@ -74,12 +74,14 @@ async fn lower_order_runs_first_and_files_list_every_member() {
     let ordinals: Vec<u64> = stores.iter().map(|i| i["ordinal"].as_u64().unwrap()).collect();
     assert_eq!(ordinals, vec![1, 2, 3]);
 
-    // Every instance runs, as nobody, and its process carries its marker.
+    // Every instance runs, as the cluster's own user, and its process
+    // carries its marker.
+    let uid = dynamic_uid(pid_of(&stores[0]));
     for i in stores.iter().chain(&fronts) {
         assert_eq!(i["status"], "Running", "{i:#}");
         let pid = pid_of(i);
         assert!(instance_pids(i["id"].as_str().unwrap()).contains(&pid), "pid {pid} of {i:#} has no marker");
-        assert_eq!(proc_uid(pid), Some(nobody_uid()), "instance {} does not run as nobody", i["id"]);
+        assert_eq!(proc_uid(pid), Some(uid), "instance {} does not run as its cluster's user", i["id"]);
         assert!(env.agent_ips.contains(&i["host"].as_str().unwrap().to_string()), "host of {i:#}");
     }
 

@@ -124,7 +124,7 @@ async fn lifecycle(env: &TestEnv, name: &str, held: &str) -> Duration {
 #[tokio::test]
 async fn other_clusters_create_scale_and_stop_while_one_operation_is_held() {
     let env = TestEnv::start_with("parallel", &[("FLOTILLA_MASTER_ACTOR_THREADS", ACTOR_THREADS)]).await;
-    // The held start script runs as `nobody`: it must reach the gate and
+    // The held start script runs as its cluster's user: it must reach the gate and
     // write in it.
     let gate = tempfile::Builder::new().prefix("flotilla-gate-").tempdir().expect("gate dir");
     std::fs::set_permissions(gate.path(), std::fs::Permissions::from_mode(0o1777)).expect("chmod gate");

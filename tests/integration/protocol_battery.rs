@@ -247,6 +247,7 @@ fn file(path: &str, contents: &str) -> RenderedFile {
 fn begin(instance: &InstanceId, generation: u64, files: Vec<RenderedFile>, sha256: &str, size: u64) -> InstallBegin {
     InstallBegin {
         instance: instance.clone(),
+        cluster: flotilla::ids::ClusterId(uuid::Uuid::from_u128(1)),
         generation,
         run_as: None,
         process: ProcessSpec {

@@ -302,6 +302,7 @@ impl InstanceActor {
                         applied = Some(p.applied.clone());
                         let begin = InstallBegin {
                             instance,
+                            cluster: self.record.borrow().cluster_id,
                             generation,
                             run_as: p.run_as,
                             process: p.process,

@@ -7,29 +7,52 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 
+/// Who an install's instance runs as: a user of the node, resolved when
+/// the install is checked, or its cluster's dynamic user, given (and
+/// recorded) when the install completes (the check may not wait).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InstallUser {
+    Named(users::RunAs),
+    Dynamic,
+}
+
 impl Node {
-    pub(super) fn resolve_run_as(&self, wanted: Option<&str>) -> Result<users::RunAs, AgentResponse> {
+    pub(super) fn resolve_run_as(&self, wanted: Option<&str>) -> Result<InstallUser, AgentResponse> {
         if !nix::unistd::geteuid().is_root() {
             // Not root: everything runs as the agent's own user.
-            return Ok(users::current());
+            return Ok(InstallUser::Named(users::current()));
         }
-        let name = wanted.unwrap_or(self.policy.default_user());
+        if let Some(name) = wanted
+            && users::is_dynamic(name)
+        {
+            return Err(failure(
+                FailureKind::BadRequest,
+                format!("run_as {name:?} is not a user name (a dynamic user is never named by a spec)"),
+            ));
+        }
+        let name = match (wanted, self.policy.default_run_as.as_deref()) {
+            (Some(name), _) | (None, Some(name)) => name,
+            (None, None) if self.users.enabled() => return Ok(InstallUser::Dynamic),
+            (None, None) => self.policy.default_user(),
+        };
         let user =
             users::resolve(name).map_err(|e| failure(FailureKind::BadRequest, format!("run_as {name:?}: {e}")))?;
         // By uid and gid, not by name: an alias of root is root.
         match self.policy.refuse_user(&user) {
             Some(why) => Err(failure(FailureKind::BadRequest, why)),
-            None => Ok(user),
+            None => Ok(InstallUser::Named(user)),
         }
     }
 
     /// Checks that a run-as user other than the agent's can reach the
     /// instance root (every ancestor must be searchable by others).
-    pub(super) fn check_reachable(&self, run_as: &users::RunAs) -> Result<(), AgentResponse> {
+    pub(super) fn check_reachable(&self, user: &InstallUser) -> Result<(), AgentResponse> {
         use std::os::unix::fs::PermissionsExt;
-        if run_as.uid == nix::unistd::geteuid().as_raw() || run_as.uid == 0 {
-            return Ok(());
-        }
+        let name = match user {
+            InstallUser::Named(u) if u.uid == nix::unistd::geteuid().as_raw() || u.uid == 0 => return Ok(()),
+            InstallUser::Named(u) => u.name.as_str(),
+            InstallUser::Dynamic => "the cluster's dynamic user",
+        };
         let mut p = Some(self.root.as_path());
         while let Some(dir) = p {
             if let Ok(meta) = std::fs::metadata(dir)
@@ -38,8 +61,7 @@ impl Node {
                 return Err(failure(
                     FailureKind::BadRequest,
                     format!(
-                        "user {} cannot reach {} ({} is not searchable by others); put the agent's data_dir elsewhere or set default_run_as",
-                        run_as.name,
+                        "{name} cannot reach {} ({} is not searchable by others); put the agent's data_dir elsewhere or set default_run_as",
                         self.root.display(),
                         dir.display()
                     ),
@@ -68,7 +90,7 @@ impl Node {
     /// free now; when it is busy, the checks that need it (generation,
     /// running) are left to [`Self::complete_install`], which takes the
     /// lock anyway and makes them all again.
-    pub fn check_install(&self, begin: &InstallBegin) -> Result<users::RunAs, AgentResponse> {
+    pub fn check_install(&self, begin: &InstallBegin) -> Result<InstallUser, AgentResponse> {
         if !begin.instance.is_safe_path_component() {
             return Err(failure(
                 FailureKind::BadRequest,
@@ -142,7 +164,7 @@ impl Node {
     /// Second half of an install: the package is extracted in `staging`.
     /// Moves it into place, writes the rendered files, hands ownership to
     /// the run-as user, and records the instance.
-    pub async fn complete_install(&self, begin: InstallBegin, staging: PathBuf, run_as: users::RunAs) -> AgentResponse {
+    pub async fn complete_install(&self, begin: InstallBegin, staging: PathBuf, user: InstallUser) -> AgentResponse {
         let slot = self.slot(&begin.instance);
         let mut guard = slot.lock("install").await;
         // Every check of `check_install` that needs the record, again: it
@@ -163,6 +185,18 @@ impl Node {
             let _ = tokio::fs::remove_dir_all(&staging).await;
             return refused;
         }
+        let run_as = match user {
+            InstallUser::Named(u) => u,
+            InstallUser::Dynamic => {
+                match self.users.join(&self.store, &begin.cluster.to_string(), &begin.instance).await {
+                    Ok(u) => u,
+                    Err(e) => {
+                        let _ = tokio::fs::remove_dir_all(&staging).await;
+                        return failure(FailureKind::Install, format!("install of {}: {e}", begin.instance));
+                    }
+                }
+            }
+        };
         let files = begin.files.clone();
         let owner = (run_as.uid, run_as.gid);
         let placed = tokio::task::spawn_blocking({
@@ -171,7 +205,7 @@ impl Node {
                 installer::place_instance_dir(&staging, &dir).map_err(|e| crate::error::ErrorChain(&e).to_string())?;
                 write_rendered_files(&dir, &files, None).map_err(|e| crate::error::ErrorChain(&e).to_string())?;
                 if nix::unistd::geteuid().is_root() {
-                    installer::chown_tree_nofollow(&dir, owner.0, owner.1)
+                    crate::agent::beneath::tree::chown_tree(&dir, owner.0, owner.1)
                         .map_err(|e| crate::error::ErrorChain(&e).to_string())?;
                 }
                 Ok(files.len() as u32)
@@ -260,9 +294,8 @@ mod tests {
     /// `allowed_run_as` limits the users a spec may name.
     #[tokio::test]
     async fn root_and_users_outside_allowed_run_as_are_refused() {
-        if !nix::unistd::geteuid().is_root() {
-            return; // a non-root agent runs everything as itself
-        }
+        // A non-root agent runs everything as itself: nothing to refuse.
+        assert!(nix::unistd::geteuid().is_root(), "run-as users need a root agent (CI runs the tests as root)");
         let t = TestNode::with_policy(RunAsPolicy {
             allowed_run_as: vec!["daemon".into(), "root".into()],
             ..RunAsPolicy::default()
@@ -279,8 +312,28 @@ mod tests {
             FailureKind::BadRequest,
             &["\"bin\"", "allowed_run_as (daemon, root)"],
         );
-        assert_eq!(t.node.check_install(&named(Some("daemon"))).unwrap().name, "daemon");
-        assert_eq!(t.node.check_install(&named(None)).unwrap().name, "nobody", "the default is always allowed");
+        let name = |u: InstallUser| match u {
+            InstallUser::Named(u) => u.name,
+            InstallUser::Dynamic => "dynamic".into(),
+        };
+        assert_eq!(name(t.node.check_install(&named(Some("daemon"))).unwrap()), "daemon");
+        assert_eq!(name(t.node.check_install(&named(None)).unwrap()), "nobody", "the default is always allowed");
+        refused(
+            t.node.check_install(&named(Some("dynamic:61184"))).map(|_| ()).unwrap_err(),
+            FailureKind::BadRequest,
+            &["not a user name"],
+        );
+        // With dynamic users, a spec without run_as gets its cluster's,
+        // unless the operator named a default user.
+        let dynamic =
+            TestNode::with_policy(RunAsPolicy { dynamic_users: Some((61184, 65519)), ..RunAsPolicy::default() });
+        assert_eq!(dynamic.node.check_install(&named(None)).unwrap(), InstallUser::Dynamic);
+        let named_default = TestNode::with_policy(RunAsPolicy {
+            dynamic_users: Some((61184, 65519)),
+            default_run_as: Some("daemon".into()),
+            ..RunAsPolicy::default()
+        });
+        assert_eq!(name(named_default.node.check_install(&named(None)).unwrap()), "daemon");
 
         // A record naming root (installed before the rule, or the user
         // database changed since): its start is refused, nothing runs.
@@ -292,6 +345,7 @@ mod tests {
     fn begin(id: &InstanceId, generation: u64) -> InstallBegin {
         InstallBegin {
             instance: id.clone(),
+            cluster: crate::ids::ClusterId(uuid::Uuid::from_u128(1)),
             generation,
             run_as: None,
             process: spec(&["sleep", "100"]),

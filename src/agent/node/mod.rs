@@ -24,11 +24,13 @@ use crate::storage::agent_records::{AgentInstanceRecord, Tombstone};
 use crate::storage::records::RECORD_VERSION;
 use crate::storage::{AgentStore, WriteOp};
 
+pub mod dynamic_users;
 mod install;
 mod logs;
 mod policy;
 mod stop;
 
+pub use install::InstallUser;
 pub use policy::RunAsPolicy;
 
 /// One instance's slot: its record behind the lock that serializes
@@ -95,6 +97,10 @@ pub struct Node {
     /// The agent is stopping its instances to exit (`stop_all`): an exit
     /// now is one it caused, never restarted.
     pub(super) closing: std::sync::atomic::AtomicBool,
+    /// The uids given to clusters whose specs name no user.
+    pub users: dynamic_users::DynamicUsers,
+    /// Log reads under way (`logs`): bounded per instance and per node.
+    pub(super) log_reads: Arc<logs::LogReads>,
     /// The master's requests being worked on, over every connection: a
     /// new connection's inventory waits until those of the last one have
     /// finished (see `connection::session`).
@@ -190,6 +196,7 @@ impl Node {
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
         std::fs::set_permissions(&package_cache, std::fs::Permissions::from_mode(0o700))?;
         let root = std::fs::canonicalize(&root)?;
+        let users = dynamic_users::DynamicUsers::new(policy.dynamic_users);
         Ok(Arc::new(Node {
             store,
             processes,
@@ -202,6 +209,8 @@ impl Node {
             restart_policy: Mutex::default(),
             restarts: RestartHistory::default(),
             closing: std::sync::atomic::AtomicBool::new(false),
+            users,
+            log_reads: Arc::default(),
             requests: Arc::new(tokio::sync::Semaphore::new(super::connection::MAX_REQUESTS_IN_FLIGHT)),
         }))
     }
@@ -277,6 +286,10 @@ impl Node {
             .await
             .map_err(|e| crate::storage::StorageError::Codec(e.to_string()))??;
         let held: std::collections::HashSet<InstanceId> = snapshot.instances.iter().map(|r| r.id.clone()).collect();
+        self.users
+            .load(&self.store, snapshot.users, snapshot.users_next, &held)
+            .await
+            .map_err(crate::storage::StorageError::Codec)?;
         for rec in snapshot.instances {
             let slot = self.slot(&rec.id);
             *slot.lock("recover").await = Some(rec);

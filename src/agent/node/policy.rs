@@ -9,7 +9,11 @@ use crate::config::AgentConfig;
 /// How the agent treats the run-as users and environments of specs.
 #[derive(Debug, Clone, Default)]
 pub struct RunAsPolicy {
+    /// The user of instances whose spec names none; `None`: each cluster
+    /// its own dynamic user (`dynamic_users`), or `nobody` without them.
     pub default_run_as: Option<String>,
+    /// The uids dynamic users are taken from; `None`: none are given.
+    pub dynamic_users: Option<(u32, u32)>,
     /// Whether an instance may run as uid 0 or gid 0, whatever its name.
     pub allow_root: bool,
     /// The users a spec may name; empty: any (root only with `allow_root`).
@@ -23,6 +27,14 @@ pub struct RunAsPolicy {
 /// iconv, `GCONV_PATH`) loads code or changes how it runs: every `LD_*`
 /// name, and `GLIBC_TUNABLES` (parsed by the loader itself before `main`;
 /// CVE-2023-4911 turned it into code execution).
+///
+/// Variables through which one *program* loads code (`BASH_ENV`,
+/// `PYTHONPATH`, `PERL5LIB`, `NODE_OPTIONS`, ...) are not refused: they
+/// change only what the instance's own processes run, as the instance's
+/// own user, which its package's start script could do anyway. The loader
+/// variables are refused because they reach every binary the instance
+/// starts, setuid ones included (where the loader's secure mode is the
+/// only guard).
 pub fn is_loader_var(name: &str) -> bool {
     name.starts_with("LD_") || name == "GCONV_PATH" || name == "GLIBC_TUNABLES"
 }
@@ -31,6 +43,8 @@ impl RunAsPolicy {
     pub fn from_config(cfg: &AgentConfig) -> RunAsPolicy {
         RunAsPolicy {
             default_run_as: cfg.default_run_as.clone(),
+            // Checked when the settings are loaded (`validate`).
+            dynamic_users: cfg.dynamic_uids().ok().flatten(),
             allow_root: cfg.allow_root,
             allowed_run_as: cfg.allowed_run_as.clone(),
             allow_loader_env: cfg.allow_loader_env,

@@ -132,15 +132,23 @@ impl Node {
             let _ = self.processes.stop(&req).await;
             self.processes.forget_confirmation(id);
         }
+        // Through directory fds, never following a link the instance left
+        // in its tree (`agent::beneath`).
         let dir = self.instance_dir(id);
-        if let Err(e) = tokio::fs::remove_dir_all(&dir).await
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            return failure(FailureKind::Internal, format!("cannot remove {}: {e}", dir.display()));
+        let removed = tokio::task::spawn_blocking(move || crate::agent::beneath::tree::remove_path(&dir)).await;
+        match removed {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return failure(FailureKind::Internal, crate::error::ErrorChain(&e).to_string()),
+            Err(e) => return failure(FailureKind::Internal, format!("the removal task failed: {e}")),
         }
         let ops = vec![WriteOp::delete_agent_instance(id), WriteOp::delete_restarts(id), WriteOp::delete_tombstone(id)];
         if let Err(e) = self.store.writer().commit(ops).await {
             return failure(FailureKind::Internal, e.to_string());
+        }
+        // Its cluster's dynamic user is released with its last instance
+        // here (a failure only keeps the uid until the next boot prunes it).
+        if let Err(e) = self.users.leave(&self.store, id).await {
+            tracing::warn!(instance = %id, error = %e, "cannot release its dynamic user");
         }
         *guard = None;
         drop(guard);

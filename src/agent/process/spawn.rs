@@ -3,26 +3,26 @@
 //! (through the `sys` hook), plus reading the stderr tail of one run.
 //!
 //! Log files live in `<dir>/logs/`, a directory the run-as user can write to;
-//! since the agent may be root, they are opened with `O_NOFOLLOW` relative to
-//! a `logs/` fd that was itself opened with `O_NOFOLLOW`, so a planted symlink
-//! cannot make the agent append to (or report the contents of) another file.
+//! since the agent may be root, they are opened through `agent::beneath`
+//! (relative to a `logs/` fd opened without following a link, non-blocking,
+//! a regular file with one link only), so a planted symlink, hard link or
+//! FIFO cannot make the agent append to (or report the contents of) another
+//! file, nor hang it.
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-
-use nix::fcntl::{OFlag, open, openat};
-use nix::sys::stat::Mode;
 
 use super::ProcessError;
 use super::child::Child;
 use super::tree::MARKER_VAR;
 use super::users::RunAs;
 use super::vfork::{self, ChildSetup};
+use crate::agent::beneath::{BeneathError, Dir, Expect, RelPath};
 use crate::ids::InstanceId;
 
 /// The PATH every command starts with (the spec's env may override it).
@@ -63,63 +63,38 @@ pub fn open_named_logs(dir: &Path, run_as: &RunAs, stdout_name: &str, stderr_nam
             ));
         }
     }
-    let logs = ensure_dir(&dir.join("logs"), run_as)?;
-    let dir_fd =
-        open(&logs, OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY, Mode::empty())
-            .map_err(|e| ProcessError::io(format!("opening {}", logs.display()), e.into()))?;
-    // O_NONBLOCK: a planted FIFO must not hang the agent (refused below).
-    let flags = OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
-    let open_log = |name: &str, access: OFlag| -> Result<File, ProcessError> {
-        let fd: OwnedFd = openat(&dir_fd, name, flags | access, Mode::from_bits_truncate(0o644))
-            .map_err(|e| ProcessError::io(format!("opening {}", logs.join(name).display()), e.into()))?;
-        let file = File::from(fd);
-        // Only a plain file of its own: a hard link to another file would
-        // make the agent append to (and chown) that file.
-        let meta =
-            file.metadata().map_err(|e| ProcessError::io(format!("stat of {}", logs.join(name).display()), e))?;
-        if !meta.is_file() || meta.nlink() != 1 {
-            return Err(ProcessError::io(
-                format!("{} is not a regular file with a single link", logs.join(name).display()),
-                io::Error::new(io::ErrorKind::InvalidInput, "refusing to write a log through it"),
-            ));
-        }
-        if run_as.needs_switch() {
-            std::os::unix::fs::fchown(&file, Some(run_as.uid), Some(run_as.gid))
-                .map_err(|e| ProcessError::io(format!("chown of {}", logs.join(name).display()), e))?;
+    let shown = dir.join("logs");
+    let refused = |e: BeneathError| {
+        ProcessError::io(
+            format!("opening the logs in {}", shown.display()),
+            io::Error::other(crate::error::ErrorChain(&e).to_string()),
+        )
+    };
+    let owner = run_as.needs_switch().then_some((run_as.uid, run_as.gid));
+    let logs = Dir::open(dir).and_then(|d| d.ensure_dir(OsStr::new("logs"), 0o750, owner)).map_err(refused)?;
+    // Only a plain file of the instance's own, with one link: a hard link
+    // to another file would make the agent append to (and chown) that
+    // file; a FIFO (opened non-blocking) is refused, not waited on.
+    let expect = Expect { owner: None, single_link: true };
+    let open_log = |name: &str| -> Result<File, ProcessError> {
+        let rel = RelPath::name(name).map_err(refused)?;
+        let file = logs.open_append(&rel, 0o640, expect).map_err(refused)?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+                .map_err(|e| ProcessError::io(format!("chown of {}", shown.join(name).display()), e))?;
         }
         Ok(file)
     };
-    let stdout = open_log(stdout_name, OFlag::O_RDWR)?;
-    let stderr = open_log(stderr_name, OFlag::O_RDWR)?;
+    let stdout = open_log(stdout_name)?;
+    let stderr = open_log(stderr_name)?;
     let size = |file: &File, name: &str| {
         file.metadata()
             .map(|m| m.len())
-            .map_err(|e| ProcessError::io(format!("stat of {}", logs.join(name).display()), e))
+            .map_err(|e| ProcessError::io(format!("stat of {}", shown.join(name).display()), e))
     };
     let stdout_start = size(&stdout, stdout_name)?;
     let stderr_start = size(&stderr, stderr_name)?;
     Ok(Logs { stdout, stderr, stdout_start, stderr_start })
-}
-
-/// Makes sure `path` is a real directory (not a symlink), creating it owned
-/// by the run-as user when missing.
-pub fn ensure_dir(path: &Path, run_as: &RunAs) -> Result<PathBuf, ProcessError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => Ok(path.to_path_buf()),
-        Ok(_) => Err(ProcessError::io(
-            format!("{} is not a directory", path.display()),
-            io::Error::new(io::ErrorKind::InvalidInput, "not a directory"),
-        )),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(path).map_err(|e| ProcessError::io(format!("creating {}", path.display()), e))?;
-            if run_as.needs_switch() {
-                std::os::unix::fs::lchown(path, Some(run_as.uid), Some(run_as.gid))
-                    .map_err(|e| ProcessError::io(format!("chown of {}", path.display()), e))?;
-            }
-            Ok(path.to_path_buf())
-        }
-        Err(e) => Err(ProcessError::io(format!("stat of {}", path.display()), e)),
-    }
 }
 
 /// The last lines (at most 20, at most 4 KiB) written to `file` after byte
@@ -289,7 +264,8 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
         std::fs::remove_file(tmp.path().join("logs/stderr.log")).unwrap();
         std::fs::remove_file(tmp.path().join("logs/stdout.log")).unwrap();
-        nix::unistd::mkfifo(&tmp.path().join("logs/stdout.log"), Mode::from_bits_truncate(0o644)).unwrap();
+        nix::unistd::mkfifo(&tmp.path().join("logs/stdout.log"), nix::sys::stat::Mode::from_bits_truncate(0o644))
+            .unwrap();
         assert!(open_logs(tmp.path(), &super::super::users::current()).is_err());
     }
 

@@ -200,16 +200,10 @@ impl ProcessController {
         logs: Logs,
     ) -> Result<Started, ProcessError> {
         pidfile::check_relative(rel).map_err(|reason| ProcessError::PidfileInvalid { path: rel.into(), reason })?;
-        let path = req.dir.join(rel);
-        if let Some(parent) = path.parent() {
-            spawn::ensure_dir(parent, req.run_as)?;
-        }
+        let pidfile = pidfile::Pidfile::open(req.dir, rel, req.run_as)?;
+        let path = pidfile.path.clone();
         // A pidfile left from an earlier run must not be mistaken for this one.
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(ProcessError::io(format!("removing the stale pidfile {}", path.display()), e)),
-        }
+        pidfile.remove_stale()?;
         let timeout_ms = req.spec.start_timeout_ms;
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let spawned = Instant::now();
@@ -245,11 +239,11 @@ impl ProcessController {
         // it waits, so a pidfile written in between is not missed). Closing
         // an inotify instance waits for an RCU grace period (milliseconds),
         // so a needed waiter is dropped off the start's path.
-        let outcome = match pidfile::read_pid(&path) {
+        let outcome = match pidfile.read() {
             Ok(Some(pid)) if is_running(pid) => Outcome::Pid(pid),
             _ => {
-                let mut waiter = pidfile::Waiter::new(&path);
-                let outcome = waiter.wait(&path, deadline, is_running, nothing_runs).await;
+                let mut waiter = pidfile::Waiter::new(&pidfile);
+                let outcome = waiter.wait(&pidfile, deadline, is_running, nothing_runs).await;
                 tokio::task::spawn_blocking(move || drop(waiter));
                 outcome
             }

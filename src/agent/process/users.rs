@@ -1,5 +1,8 @@
 //! The user an instance's processes run as, looked up in the node's user
-//! database (`getpwnam_r` through nix).
+//! database (`getpwnam_r` through nix), or one of the agent's dynamic users
+//! (`node::dynamic_users`), written `dynamic:<uid>`: a `:` is never part of
+//! a user name (it separates the fields of `/etc/passwd`), so no real user
+//! is taken for one, and a spec naming one is refused ([`is_dynamic`]).
 
 use nix::unistd::{Gid, Uid, User, getegid, geteuid};
 
@@ -22,8 +25,30 @@ impl RunAs {
     }
 }
 
+/// How a dynamic user's name starts.
+pub const DYNAMIC_PREFIX: &str = "dynamic:";
+
+/// The dynamic user of `uid` (its group is the same number).
+pub fn dynamic(uid: u32) -> RunAs {
+    RunAs { name: format!("{DYNAMIC_PREFIX}{uid}"), uid, gid: uid }
+}
+
+/// True when `name` is in the dynamic users' form (never a real user).
+pub fn is_dynamic(name: &str) -> bool {
+    name.contains(':')
+}
+
 /// Looks up `name`; an unknown user is [`ProcessError::UnknownUser`].
 pub fn resolve(name: &str) -> Result<RunAs, ProcessError> {
+    if let Some(uid) = name.strip_prefix(DYNAMIC_PREFIX) {
+        return match uid.parse::<u32>() {
+            Ok(uid) if uid != 0 => Ok(dynamic(uid)),
+            _ => Err(ProcessError::UnknownUser { name: name.to_string() }),
+        };
+    }
+    if is_dynamic(name) {
+        return Err(ProcessError::UnknownUser { name: name.to_string() });
+    }
     match User::from_name(name) {
         Ok(Some(u)) => Ok(RunAs { name: u.name, uid: u.uid.as_raw(), gid: u.gid.as_raw() }),
         Ok(None) => Err(ProcessError::UnknownUser { name: name.to_string() }),
@@ -57,5 +82,9 @@ mod tests {
         let me = current();
         assert_eq!(me.uid, geteuid().as_raw());
         assert!(!me.needs_switch());
+        assert_eq!(resolve("dynamic:61184").unwrap(), RunAs { name: "dynamic:61184".into(), uid: 61184, gid: 61184 });
+        for bad in ["dynamic:0", "dynamic:x", "dynamic:", "other:1", "root:"] {
+            assert!(matches!(resolve(bad), Err(ProcessError::UnknownUser { .. })), "{bad}");
+        }
     }
 }

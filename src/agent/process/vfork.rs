@@ -30,7 +30,7 @@
 //!   `_exit(127)`; the parent reads it after the child is gone and reaps it.
 //!
 //! What the child does, in order: default signal handlers, `setpgid(0, 0)`,
-//! stdin/stdout/stderr, `chdir`, the open-files limit the agent started with
+//! stdin/stdout/stderr, `chdir`, umask 022, the open-files limit the agent started with
 //! (best effort: the agent's raised limit is not the instance's business), a
 //! write of `"0"` to the `cgroup.procs` of every cgroup it joins (so it and
 //! every descendant are born inside them), then, when dropping from root,
@@ -79,6 +79,9 @@ struct KernelSigaction {
 // The raw setuid/setgid syscalls take 32-bit ids on 64-bit Linux only.
 #[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
 compile_error!("vfork.rs assumes 64-bit Linux (32-bit ids in setuid/setgid, the kernel's sigaction layout)");
+
+/// The umask every instance command starts with.
+pub const INSTANCE_UMASK: libc::mode_t = 0o022;
 
 /// What the child does to itself before `exec`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -361,6 +364,10 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
         if libc::chdir(p.dir) != 0 {
             fail(p.report, Stage::Dir, errno());
         }
+        // The agent runs with umask 077 (its store and keys are its own);
+        // an instance gets the usual 022. The clone has no CLONE_FS, so
+        // this (like the chdir) is the child's alone.
+        libc::umask(INSTANCE_UMASK);
         if let Some((soft, hard)) = p.setup.nofile {
             let lim = libc::rlimit { rlim_cur: soft, rlim_max: hard };
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);

@@ -2,7 +2,8 @@
 # Runs one ZooKeeper server in the foreground: the java process replaces this
 # script, so flotilla supervises (and signals) the server itself.
 #
-# Needs, rendered by flotilla: conf/zoo.cfg and data/myid. Logs go to
+# Needs, rendered by flotilla: conf/zoo.cfg and conf/myid (copied to data/myid,
+# where ZooKeeper reads it; data/ is the instance's own). Logs go to
 # logs/zookeeper.N.log (rotated, see conf/logging.properties); only warnings
 # and errors reach stderr, which flotilla also keeps under logs/.
 #
@@ -15,10 +16,12 @@ if [[ ! -f conf/zoo.cfg ]]; then
     echo "zk-start: $ZK_DIR/conf/zoo.cfg is missing (flotilla renders it)" >&2
     exit 1
 fi
-if [[ ! -s data/myid ]]; then
-    echo "zk-start: $ZK_DIR/data/myid is missing or empty (flotilla renders it)" >&2
+if [[ ! -s conf/myid ]]; then
+    echo "zk-start: $ZK_DIR/conf/myid is missing or empty (flotilla renders it)" >&2
     exit 1
 fi
+mkdir -p data
+cp conf/myid data/myid
 mkdir -p logs
 
 exec "$ZK_JAVA" \
