@@ -53,11 +53,11 @@ pub enum PackageError {
     CorruptGzip { detail: String },
     #[error("the package is not a valid tar archive: {detail}")]
     NotTar { detail: String },
-    #[error("entry {entry:?} refused: {rule}")]
+    #[error("entry {short:?} refused: {rule}", short = crate::ids::shorten(.entry, 200))]
     EntryRefused { entry: String, rule: EntryRule },
     #[error("the package has more than {max} entries")]
     TooManyEntries { max: u64 },
-    #[error("the package unpacks to more than {max} bytes (limit reached at entry {entry:?})")]
+    #[error("the package unpacks to more than {max} bytes (limit reached at entry {short:?})", short = crate::ids::shorten(.entry, 200))]
     TooLarge { entry: String, max: u64 },
     #[error("the package has no {SPEC_FILE} at its root")]
     MissingSpec,

@@ -39,7 +39,10 @@ use super::procfs::instance_pids;
 /// The component's name.
 pub const NAME: &str = "fy";
 
+// `umask 0`: the instances of one cluster on different nodes may run
+// as different dynamic users, and all of them append to the same files.
 const GATE: &str = r#"set -u
+umask 0
 w=$1
 v=@VERSION@
 echo "$w $TAG $v" >> "$CTL/ran"
