@@ -125,7 +125,7 @@ export function clusterView(root, { live, params }) {
         h('span', { class: 'muted' }, 'Package'), h('span', { class: 'mono' }, `${c.package.name}:${c.package.version}`),
         h('span', { class: 'muted' }, 'Roles'), h('span', {}, roles(c.roles)),
         h('span', { class: 'muted' }, 'Instances'), counts(c.instance_counts),
-        h('span', { class: 'muted' }, 'Config'), h('code', {}, Object.entries(c.config).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join('  ') || '–'),
+        h('span', { class: 'muted' }, 'Config'), h('code', {}, Object.entries(c.config).map(([k, v]) => `${k}=${v && v.secret === 'set' ? '(secret, set)' : JSON.stringify(v)}`).join('  ') || '–'),
         h('span', { class: 'muted' }, 'Created'), h('span', {}, when(c.created_at)),
         h('span', { class: 'muted' }, 'Id'), h('span', { class: 'mono' }, c.id)),
       h('div', { class: 'toolbar actions' },

@@ -235,7 +235,7 @@ impl ClusterDto {
             package: PackageRefDto { name: c.package.name.clone(), version: c.package.version.clone() },
             status: c.status,
             status_description: c.status_description.clone(),
-            config: c.config.iter().map(|(k, v)| (k.clone(), v.to_json())).collect(),
+            config: c.config.iter().map(|(k, v)| (k.clone(), v.to_public_json())).collect(),
             roles,
             instances: instances.iter().map(|i| InstanceDto::from(&*i.record)).collect(),
             instance_counts: instance_counts(snap).into_iter().collect(),

@@ -22,6 +22,9 @@ pub enum ConfigType {
     Float,
     Bool,
     String,
+    /// A string never shown back (`ConfigValue::Secret`), with no default
+    /// (a default would be in the package, for anyone to read).
+    Secret,
 }
 
 impl ConfigType {
@@ -31,6 +34,7 @@ impl ConfigType {
             "float" => Some(Self::Float),
             "bool" => Some(Self::Bool),
             "string" => Some(Self::String),
+            "secret" => Some(Self::Secret),
             _ => None,
         }
     }
@@ -42,6 +46,7 @@ impl ConfigType {
             Self::Float => "float",
             Self::Bool => "bool",
             Self::String => "string",
+            Self::Secret => "secret",
         }
     }
 }
@@ -67,7 +72,7 @@ impl ConfigParam {
         let kind = ConfigType::parse(&raw.kind).ok_or_else(|| {
             SpecError::new(
                 format!("{field}.type"),
-                format!("unknown type {:?}; expected int, float, bool or string", raw.kind),
+                format!("unknown type {:?}; expected int, float, bool, string or secret", raw.kind),
             )
         })?;
         let numeric = matches!(kind, ConfigType::Int | ConfigType::Float);
@@ -113,6 +118,12 @@ impl ConfigParam {
             choices: raw.choices,
             description: raw.description,
         };
+        if kind == ConfigType::Secret && raw.default.is_some() {
+            return Err(SpecError::new(
+                format!("{field}.default"),
+                "a secret has no default: it would be in the package for anyone to read; clusters give it",
+            ));
+        }
         if let Some(default) = raw.default {
             let dfield = format!("{field}.default");
             let value = param.value_from_toml(&default).map_err(|m| SpecError::new(&dfield, m))?;
@@ -148,6 +159,11 @@ impl ConfigParam {
             }
             (ConfigType::Bool, Json::Bool(b)) => ConfigValue::Bool(*b),
             (ConfigType::String, Json::String(s)) => ConfigValue::Str(s.clone()),
+            (ConfigType::Secret, Json::String(s)) => ConfigValue::Secret(s.clone()),
+            // Never echo what was given for a secret.
+            (ConfigType::Secret, other) => {
+                return Err(format!("wrong type: expected a secret (a string), got {}", json_type(other)));
+            }
             (kind, other) => {
                 return Err(format!("wrong type: expected {}, got {} {other}", kind.name(), json_type(other)));
             }
@@ -165,7 +181,10 @@ impl ConfigParam {
                 }
                 Some(*f)
             }
-            (ConfigType::Bool, ConfigValue::Bool(_)) => None,
+            (ConfigType::Bool, ConfigValue::Bool(_)) | (ConfigType::Secret, ConfigValue::Secret(_)) => None,
+            // A secret a newer version declares a plain string stays hidden:
+            // an upgrade must not be a way to read it back.
+            (ConfigType::String, ConfigValue::Secret(_)) => None,
             (ConfigType::String, ConfigValue::Str(s)) => {
                 if let Some(choices) = &self.choices
                     && !choices.contains(s)
@@ -225,8 +244,22 @@ pub(super) fn resolve(
     for (name, param) in params {
         let field = format!("config.{name}");
         let value = match (given.get(name), base.and_then(|b| b.get(name)), &param.default) {
+            // A secret given back as the API shows it keeps its value, so a
+            // config read and sent back whole changes nothing.
+            (Some(json), Some(current), _)
+                if current.is_secret() && *json == crate::storage::records::secret_shown() =>
+            {
+                current.clone()
+            }
             (Some(json), _, _) => param.value_from_json(json).map_err(|m| SpecError::new(&field, m))?,
-            (None, Some(current), _) => current.clone(),
+            // A parameter that became a secret in a new version keeps its
+            // value, hidden from now on; one that stopped being one stays
+            // hidden.
+            (None, Some(current), _) => match (param.kind, current) {
+                (ConfigType::Secret, ConfigValue::Str(s)) => ConfigValue::Secret(s.clone()),
+                (ConfigType::String, ConfigValue::Secret(s)) => ConfigValue::Secret(s.clone()),
+                _ => current.clone(),
+            },
             (None, None, Some(default)) => default.clone(),
             (None, None, None) => {
                 return Err(SpecError::new(field, "required: the parameter has no default, give a value"));

@@ -458,3 +458,33 @@ fn templates_know_whether_they_read_the_member_lists() {
     .unwrap();
     assert!(!without.templates.uses_members(), "{:?}", without.roles[0].files);
 }
+
+#[test]
+fn a_secret_is_typed_hidden_and_survives_a_type_change() {
+    let text = "[component]\nname = \"c\"\nversion = \"1\"\n[config]\npw = { type = \"secret\" }\n[[roles]]\nname = \"web\"\nstart = [\"bin/run\"]\n";
+    let spec = ComponentSpec::parse(text).unwrap();
+    let typed = spec.resolve_config(&given(json!({"pw": "hunter2"})), None).unwrap();
+    assert_eq!(typed["pw"], ConfigValue::Secret("hunter2".into()));
+    assert_eq!(typed["pw"].to_json(), json!("hunter2"), "templates see the value");
+    assert_eq!(typed["pw"].to_public_json(), json!({"secret": "set"}));
+    assert!(!format!("{typed:?}").contains("hunter2"), "Debug shows the secret: {typed:?}");
+    // Given back as shown: unchanged; a wrong type: refused without the value.
+    let again = spec.resolve_config(&given(json!({"pw": {"secret": "set"}})), Some(&typed)).unwrap();
+    assert_eq!(again["pw"], ConfigValue::Secret("hunter2".into()));
+    let err = spec.resolve_config(&given(json!({"pw": 987654})), None).unwrap_err();
+    assert!(!err.message.contains("987654"), "{err}");
+    // As shown without a value to keep, it is not a string.
+    spec.resolve_config(&given(json!({"pw": {"secret": "set"}})), None).unwrap_err();
+    // A plain string that becomes a secret in a new version is hidden from
+    // then on, and one that stops being a secret stays hidden.
+    let plain = BTreeMap::from([("pw".to_string(), ConfigValue::Str("old".into()))]);
+    assert_eq!(spec.resolve_config(&given(json!({})), Some(&plain)).unwrap()["pw"], ConfigValue::Secret("old".into()));
+    let as_string = ComponentSpec::parse(&text.replace("\"secret\"", "\"string\"")).unwrap();
+    let kept = as_string.resolve_config(&given(json!({})), Some(&typed)).unwrap();
+    assert!(kept["pw"].is_secret(), "{kept:?}");
+    // An operation's parameters keep only that it was set.
+    let shown = crate::storage::records::mask_secrets(&given(json!({"pw": "hunter2"})), &typed);
+    assert_eq!(shown["pw"], json!({"secret": "set"}));
+    // A package cannot ship one.
+    rejects(&text.replace("type = \"secret\"", "type = \"secret\", default = \"x\""), "config.pw.default", "secret");
+}

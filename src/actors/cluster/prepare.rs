@@ -118,7 +118,8 @@ impl ClusterActor {
                 let batch = check_batch(batch)?;
                 let old = self.core.borrow().record.config.clone();
                 let new = spec.resolve_config(&values, Some(&old))?;
-                let params = serde_json::json!({ "config": values, "batch": asked }).to_string();
+                let shown = crate::storage::records::mask_secrets(&values, &new);
+                let params = serde_json::json!({ "config": shown, "batch": asked }).to_string();
                 Prepared {
                     params,
                     ..simple(

@@ -330,7 +330,7 @@ impl Handler<PreviewCreate> for Supervisor {
             for p in &pending {
                 self.shared().ports.release(&p.node, p.ports.values().copied());
             }
-            let params = serde_json::to_string(&req).unwrap_or_default();
+            let params = req.params(&record.config);
             Ok(create_preview(&view.spec, pending, params))
         });
         self.stats().end(answer.as_ref().err().map(|e| e.to_string()));

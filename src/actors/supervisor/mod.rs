@@ -46,6 +46,17 @@ pub struct CreateCluster {
     pub config: BTreeMap<String, serde_json::Value>,
 }
 
+impl CreateCluster {
+    /// What the create's operation record keeps of the request: its
+    /// secret values (as `typed`, the record's resolved config, says) shown
+    /// only as set.
+    pub fn params(&self, typed: &BTreeMap<String, crate::storage::records::ConfigValue>) -> String {
+        let shown =
+            CreateCluster { config: crate::storage::records::mask_secrets(&self.config, typed), ..self.clone() };
+        serde_json::to_string(&shown).unwrap_or_default()
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RoleRequest {
     pub count: Option<u32>,
@@ -314,7 +325,7 @@ impl Handler<Create> for Supervisor {
             }
         };
         let name = record.name.clone();
-        let params = serde_json::to_string(&req).unwrap_or_default();
+        let params = req.params(&record.config);
         // The name is taken from here on, so a concurrent create of the same
         // name gets 409 even before this one is durable. The cluster becomes
         // visible to readers once its create is durable.

@@ -6,6 +6,7 @@
 //! `/proc`.
 
 mod logs;
+mod secrets;
 mod trees;
 mod users;
 
