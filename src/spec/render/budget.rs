@@ -359,11 +359,11 @@ pub(super) fn pre_filter(name: &str, state: &State, args: &[Value]) -> Result<()
         // Text in, text of about the same size out (times escaping).
         "safe" | "string" | "trim" => {
             check_more(fitting_display(v)?.saturating_mul(esc))?;
-            if name == "trim" {
-                if let Some(chars) = arg(1).cloned().or(kwarg("chars")) {
-                    // The characters to trim, collected as `char`s.
-                    check_more(fitting_display(&chars)?.saturating_mul(4))?;
-                }
+            // The characters to trim, collected as `char`s.
+            if name == "trim"
+                && let Some(chars) = arg(1).cloned().or(kwarg("chars"))
+            {
+                check_more(fitting_display(&chars)?.saturating_mul(4))?;
             }
         }
         "reverse" if v.kind() == ValueKind::String => check_more(fitting_display(v)?)?,
@@ -539,10 +539,11 @@ pub(super) fn pre_test(name: &str, args: &[Value]) -> Result<(), Error> {
             }
         }
         "in" => {
-            if let [needle, container, ..] = args {
-                if container.kind() == ValueKind::String && needle.kind() != ValueKind::String {
-                    fitting_display(needle)?;
-                }
+            if let [needle, container, ..] = args
+                && container.kind() == ValueKind::String
+                && needle.kind() != ValueKind::String
+            {
+                fitting_display(needle)?;
             }
         }
         _ => {}

@@ -182,3 +182,49 @@ fn an_ordinary_big_file_within_the_output_cap_renders() {
     assert_eq!(out.len(), 9000 * 100);
     assert!(usage.peak < (TEMPLATE_MEMORY_BUDGET as isize), "{usage:?}");
 }
+
+/// The fuzz seeds of `component_toml` (`fuzz/hostile_templates/`), through
+/// the fuzz target's path: parsed as specs, rendered, each refused within
+/// the budget (or its constants refused at parse).
+#[test]
+fn the_hostile_fuzz_seeds_are_refused_within_the_budget() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/hostile_templates");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let (result, usage) = alloc_meter::measure(|| {
+            let spec = crate::spec::ComponentSpec::parse(&text)?;
+            let role = &spec.roles[0];
+            let ctx = RenderContext {
+                component: ComponentCtx { name: "c".into(), version: "1".into() },
+                cluster: ClusterCtx {
+                    name: "c".into(),
+                    id: "id".into(),
+                    config: BTreeMap::new(),
+                    roles: BTreeMap::new(),
+                },
+                instance: InstanceCtx {
+                    id: "i".into(),
+                    ordinal: 1,
+                    role: role.name.clone(),
+                    host: "h".into(),
+                    node: "n".into(),
+                    ports: BTreeMap::new(),
+                    dir: "/i".into(),
+                    data_dir: "/i/data".into(),
+                },
+            };
+            render_files(role, &ctx)
+        });
+        let err = result.expect_err(&path.display().to_string());
+        assert!(
+            err.message.contains(&budget_message()) || err.message.contains("the limit of a template's constants"),
+            "{}: {err}",
+            path.display()
+        );
+        assert!(usage.peak < PEAK_LIMIT, "{}: peak {}", path.display(), usage.peak);
+        n += 1;
+    }
+    assert!(n >= 8, "{n} seeds");
+}

@@ -123,10 +123,10 @@ pub fn rewrite<'a>(orig: &Instructions<'a>) -> Result<Instructions<'a>, Refused>
         if let Some(r) = refused(instr) {
             return Err(r);
         }
-        if let Instruction::ApplyFilter(_, _, id) = instr {
-            if *id != UNCACHED {
-                ids.next = ids.next.max(id.saturating_add(1));
-            }
+        if let Instruction::ApplyFilter(_, _, id) = instr
+            && *id != UNCACHED
+        {
+            ids.next = ids.next.max(id.saturating_add(1));
         }
         len += 1;
     }
