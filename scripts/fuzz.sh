@@ -20,6 +20,9 @@ mkdir -p seeds/component_toml
 for spec in ../examples/components/*/component.toml; do
   cp "$spec" "seeds/component_toml/$(basename "$(dirname "$spec")").toml"
 done
+# Templates that, unbounded, take the master's memory (issue 22, item 3):
+# the renderer must refuse each within its budget.
+cp hostile_templates/*.toml seeds/component_toml/
 cargo +nightly fuzz build --sanitizer none
 status=0
 for target in frame_decoder tar_policy component_toml api_bodies beneath; do

@@ -10,6 +10,7 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`alloc_meter`] | the global allocator (mimalloc) and its per-thread byte meter, which bounds a template's memory |
 //! | [`config`] | master and agent settings (file + `FLOTILLA_*` env), validated on load |
 //! | [`error`] | the domain `Error` (no HTTP in it) and `ErrorChain` |
 //! | [`ids`] | typed ids and the name rule |
@@ -34,6 +35,7 @@
 
 pub mod actors;
 pub mod agent;
+pub mod alloc_meter;
 pub mod bench;
 pub mod cli;
 pub mod config;

@@ -3,15 +3,8 @@
 
 use std::path::PathBuf;
 
-/// mimalloc, not glibc's malloc: under load the master spent a quarter of
-/// its CPU in glibc's allocator, and its per-thread arenas held freed
-/// memory (BENCHMARKS.md). Built with `no_thp`: where transparent huge
-/// pages are `always`, mimalloc's eagerly committed arenas became resident
-/// 2 MiB at a time (an agent with 333 instances held 340 MiB instead of
-/// 50); the agent gives its children the machine's policy back
-/// (`agent/process/vfork.rs`).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The global allocator (mimalloc behind a byte meter) is declared in the
+// library, `flotilla::alloc_meter`, so tests and benches run on it too.
 
 /// mimalloc v3 keeps freed pages for `purge_delay` (1 s by default) before
 /// giving them back to the OS, and only a thread that allocates again

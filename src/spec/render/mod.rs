@@ -10,15 +10,42 @@
 //!
 //! minijinja is built without its `serde` feature, so the context is turned
 //! into template values by hand ([`RenderContext::to_value`]).
+//!
+//! A render is bounded in time by fuel ([`RENDER_FUEL`] instructions) and in
+//! memory by [`TEMPLATE_MEMORY_BUDGET`]: each template runs as a rewritten
+//! copy of its compiled instructions with the budget's checks spliced in,
+//! among filters that estimate what they would add before they run.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `mod.rs` | the context, the environment, [`Templates`] and rendering |
+//! | `budget.rs` | the byte budget, its checks and the estimates |
+//! | `constants.rs` | the memory compiling may take: constants minijinja folds |
+//! | `rewrite.rs` | the copy of a template's instructions with the checks in |
+//! | `builtins.rs` | the filters, tests and functions a template may call |
+
+mod budget;
+#[cfg(test)]
+mod budget_tests;
+mod builtins;
+mod constants;
+#[cfg(test)]
+mod equivalence_tests;
+mod rewrite;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 
+use minijinja::machinery::{self, Instructions};
 use minijinja::value::Value;
-use minijinja::{Environment, UndefinedBehavior};
+use minijinja::{AutoEscape, Environment, UndefinedBehavior};
 use serde::{Deserialize, Serialize};
 
+pub use self::budget::{TEMPLATE_MEMORY_BUDGET, budget_message};
 use super::SpecError;
 use super::model::RoleSpec;
+use crate::alloc_meter;
 use crate::protocol::messages::RenderedFile;
 
 /// Everything a template sees.
@@ -180,21 +207,27 @@ pub const RENDER_FUEL: u64 = 2_000_000;
 /// frames are bounded, and a config file this big is a template gone wrong.
 pub const MAX_RENDERED_BYTES: usize = 1024 * 1024;
 
-/// The one environment configuration used to compile and to render.
+/// The one environment configuration used to compile and to render: no
+/// filter, test or function but the budgeted built-ins (`builtins.rs`) and
+/// the budget's own checks.
 fn environment() -> Environment<'static> {
-    let mut env = Environment::new();
+    let mut env = Environment::empty();
     env.set_fuel(Some(RENDER_FUEL));
     env.set_undefined_behavior(UndefinedBehavior::Strict);
     env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
     // Names the undefined expression in errors ("`instance.ports.x` is undefined").
     env.set_debug(true);
-    // A config file's final newline is content; Jinja's default drops it.
+    env.set_syntax(syntax());
+    builtins::install(&mut env);
+    budget::add_checks(&mut env);
+    env
+}
+
+/// A config file's final newline is content; Jinja's default drops it.
+fn syntax() -> minijinja::syntax::SyntaxConfig {
     let mut syntax = minijinja::syntax::SyntaxConfig::builder();
     syntax.keep_trailing_newline(true);
-    if let Ok(syntax) = syntax.build() {
-        env.set_syntax(syntax);
-    }
-    env
+    syntax.build().unwrap_or_default()
 }
 
 /// The field of file `index` of `role`'s template, also the template's name.
@@ -211,31 +244,38 @@ fn template_error(field: &str, err: &minijinja::Error) -> SpecError {
     SpecError::new(field, format!("template error: {err}"))
 }
 
-/// Compiles a template without rendering it (the parse-time check).
+/// Compiles a template without rendering it (the parse-time check): its
+/// syntax, and that it can run under the budget (no `include`, ...).
 pub fn compile(field: &str, source: &str) -> Result<(), SpecError> {
-    let env = environment();
-    env.template_from_named_str(field, source).map(|_| ()).map_err(|e| template_error(field, &e))
+    Templates::from_sources([(field.to_owned(), source.to_owned())]).map(|_| ())
 }
 
-fn render_one(env: &Environment<'static>, field: &str, source: &str, ctx: &Value) -> Result<String, SpecError> {
-    let out = env
-        .template_from_named_str(field, source)
-        .and_then(|t| t.render(ctx))
-        .map_err(|e| template_error(field, &e))?;
-    if out.len() > MAX_RENDERED_BYTES {
-        return Err(SpecError::new(
-            field,
-            format!("renders to {} bytes, over the limit of {MAX_RENDERED_BYTES}", out.len()),
-        ));
-    }
-    Ok(out)
+/// One template as it runs: its rewritten instructions.
+struct Program<'a> {
+    instructions: Instructions<'a>,
+    /// minijinja's guess of the output size, for the first allocation.
+    size_hint: usize,
 }
+
+/// Every template of a spec by name, borrowing their text from the
+/// environment that compiled them.
+struct Programs<'a>(BTreeMap<&'a str, Program<'a>>);
+
+self_cell::self_cell!(
+    /// The environment (templates, filters) and the rewritten programs
+    /// made from it, kept together so a render copies no instructions.
+    struct Compiled {
+        owner: Environment<'static>,
+        #[covariant]
+        dependent: Programs,
+    }
+);
 
 /// Every template of a spec, compiled once when the spec is parsed: a
 /// render then costs the render, not a parse of the template (the master
 /// renders each of 100,000 instances).
 #[derive(Clone)]
-pub struct Templates(std::sync::Arc<Environment<'static>>, bool);
+pub struct Templates(std::sync::Arc<Compiled>, bool);
 
 impl std::fmt::Debug for Templates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -253,16 +293,26 @@ impl PartialEq for Templates {
 impl Templates {
     /// Compiles every file and environment template of `roles`.
     pub fn compile(roles: &[RoleSpec]) -> Result<Templates, SpecError> {
-        let mut env = environment();
+        let mut sources = Vec::new();
         for role in roles {
             for (i, file) in role.files.iter().enumerate() {
-                let field = file_field(&role.name, i);
-                env.add_template_owned(field.clone(), file.template.clone()).map_err(|e| template_error(&field, &e))?;
+                sources.push((file_field(&role.name, i), file.template.clone()));
             }
             for (key, template) in &role.env {
-                let field = env_field(&role.name, key);
-                env.add_template_owned(field.clone(), template.clone()).map_err(|e| template_error(&field, &e))?;
+                sources.push((env_field(&role.name, key), template.clone()));
             }
+        }
+        Templates::from_sources(sources)
+    }
+
+    /// Compiles and rewrites templates given as (name, source).
+    fn from_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<Templates, SpecError> {
+        let mut env = environment();
+        for (field, source) in sources {
+            // Before minijinja compiles it: compiling folds constants.
+            constants::check(&field, &source, syntax())
+                .map_err(|m| SpecError::new(&field, format!("template error: {m}")))?;
+            env.add_template_owned(field.clone(), source).map_err(|e| template_error(&field, &e))?;
         }
         // Whether any template reads the member lists (`cluster.roles`, or
         // `cluster` as a whole): when none does, the master renders a
@@ -270,7 +320,18 @@ impl Templates {
         let uses_members = env.templates().any(|(_, t)| {
             t.undeclared_variables(true).iter().any(|v| v == "cluster" || v.starts_with("cluster.roles"))
         });
-        Ok(Templates(std::sync::Arc::new(env), uses_members))
+        let compiled = Compiled::try_new(env, |env| {
+            let mut programs = BTreeMap::new();
+            for (name, template) in env.templates() {
+                let compiled = machinery::get_compiled_template(&template);
+                let instructions = rewrite::rewrite(&compiled.instructions)
+                    .map_err(|r| SpecError::new(name, format!("template error: {}", r.0)))?;
+                let name: &str = compiled.instructions.name();
+                programs.insert(name, Program { instructions, size_hint: compiled.buffer_size_hint });
+            }
+            Ok::<_, SpecError>(Programs(programs))
+        })?;
+        Ok(Templates(std::sync::Arc::new(compiled), uses_members))
     }
 
     /// Whether some template reads the member lists (see [`Templates::compile`]).
@@ -278,8 +339,13 @@ impl Templates {
         self.1
     }
 
+    /// Renders template `field` for the context `value`, within the fuel,
+    /// the memory budget and the output cap.
     fn render(&self, field: &str, value: &Value) -> Result<String, SpecError> {
-        let out = self.0.get_template(field).and_then(|t| t.render(value)).map_err(|e| template_error(field, &e))?;
+        let out = self.0.with_dependent(|env, programs| match programs.0.get(field) {
+            Some(program) => run(env, program, field, value),
+            None => Err(SpecError::new(field, "template error: no such template")),
+        })?;
         if out.len() > MAX_RENDERED_BYTES {
             return Err(SpecError::new(
                 field,
@@ -317,203 +383,53 @@ impl Templates {
     }
 }
 
-/// Renders every file of `role` for the instance described by `ctx`, in file order.
+/// Runs one program under the byte meter: every byte it allocates on this
+/// thread counts against the budget until it returns (its state included,
+/// dropped inside the meter).
+fn run(env: &Environment<'_>, program: &Program<'_>, field: &str, value: &Value) -> Result<String, SpecError> {
+    budget::reset();
+    let (result, _) = alloc_meter::measure(|| {
+        let mut out = String::with_capacity(program.size_hint);
+        let blocks = BTreeMap::new();
+        let result = machinery::eval(
+            env,
+            &program.instructions,
+            value.clone(),
+            &blocks,
+            &mut machinery::make_string_output(&mut out),
+            AutoEscape::None,
+        )
+        .map(drop);
+        result.map(|()| out)
+    });
+    // A refusal may surface as another error (a filter that wraps it), or
+    // not at all (one that swallows it): the budget is what happened.
+    if budget::exceeded() {
+        let at = match &result {
+            Err(e) => e.line().map(|l| format!(" at line {l}")).unwrap_or_default(),
+            Ok(_) => String::new(),
+        };
+        return Err(SpecError::new(field, format!("{}{at}", budget_message())));
+    }
+    result.map_err(|e| template_error(field, &e))
+}
+
+/// Compiles `source` as template `field` and renders it once for `value`:
+/// what the tests of this module drive.
+#[cfg(test)]
+fn render_source(field: &str, source: &str, value: &Value) -> Result<String, SpecError> {
+    Templates::from_sources([(field.to_owned(), source.to_owned())])?.render(field, value)
+}
+
+/// Renders every file of `role` for the instance described by `ctx`, in
+/// file order (compiling the role's templates first; the master keeps them
+/// compiled in [`Templates`]).
 pub fn render_files(role: &RoleSpec, ctx: &RenderContext) -> Result<Vec<RenderedFile>, SpecError> {
-    let env = environment();
-    let value = ctx.to_value();
-    role.files
-        .iter()
-        .enumerate()
-        .map(|(i, file)| {
-            let contents = render_one(&env, &file_field(&role.name, i), &file.template, &value)?;
-            Ok(RenderedFile { path: file.path.clone(), contents: contents.into_bytes(), mode: file.mode })
-        })
-        .collect()
+    Templates::compile(std::slice::from_ref(role))?.render_files(role, &ctx.to_value())
 }
 
 /// Renders the environment of `role` for the instance described by `ctx`,
 /// sorted by variable name.
 pub fn render_env(role: &RoleSpec, ctx: &RenderContext) -> Result<Vec<(String, String)>, SpecError> {
-    let env = environment();
-    let value = ctx.to_value();
-    role.env
-        .iter()
-        .map(|(key, template)| {
-            let rendered = render_one(&env, &env_field(&role.name, key), template, &value)?;
-            if rendered.contains('\0') {
-                return Err(SpecError::new(env_field(&role.name, key), "rendered value contains NUL"));
-            }
-            Ok((key.clone(), rendered))
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::spec::ComponentSpec;
-
-    #[test]
-    fn a_hostile_template_runs_out_of_fuel_or_size_instead_of_hanging() {
-        let env = environment();
-        let ctx = Value::from(());
-        let spin = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}";
-        let started = std::time::Instant::now();
-        let err = render_one(&env, "roles.x.files[0].template", spin, &ctx).unwrap_err();
-        assert!(err.message.contains("fuel"), "{err}");
-        assert!(started.elapsed() < std::time::Duration::from_secs(20), "fuel did not stop it early");
-        let big = "{% for a in range(60000) %}{{ 'x' * 100 }}{% endfor %}";
-        let err = render_one(&env, "roles.x.files[0].template", big, &ctx).unwrap_err();
-        assert!(err.message.contains("over the limit"), "{err}");
-    }
-
-    fn member(ordinal: u32, host: &str, base: u16) -> MemberCtx {
-        MemberCtx {
-            id: format!("zk-server-{ordinal}-abcdef"),
-            ordinal,
-            host: host.into(),
-            node: format!("node-{ordinal}"),
-            ports: BTreeMap::from([("client".into(), base), ("peer".into(), base + 1), ("election".into(), base + 2)]),
-        }
-    }
-
-    /// Instance 2 of a three-member cluster, members given out of order.
-    fn context() -> RenderContext {
-        let members = vec![member(3, "127.0.0.13", 7000), member(1, "127.0.0.11", 5000), member(2, "127.0.0.12", 6000)];
-        let me = &members[2];
-        RenderContext {
-            component: ComponentCtx { name: "zookeeper".into(), version: "3.8.0".into() },
-            cluster: ClusterCtx {
-                name: "zk".into(),
-                id: "6f1c0d2e-0000-4000-8000-000000000000".into(),
-                config: BTreeMap::from([
-                    ("tick_time".into(), serde_json::json!(2000)),
-                    ("heap".into(), serde_json::json!("small")),
-                ]),
-                roles: BTreeMap::from([("server".into(), RoleCtx { count: 3, members: members.clone() })]),
-            },
-            instance: InstanceCtx {
-                id: me.id.clone(),
-                ordinal: me.ordinal,
-                role: "server".into(),
-                host: me.host.clone(),
-                node: me.node.clone(),
-                ports: me.ports.clone(),
-                dir: "/srv/flotilla/instances/zk-server-2-abcdef".into(),
-                data_dir: "/srv/flotilla/instances/zk-server-2-abcdef/data".into(),
-            },
-        }
-    }
-
-    fn role(files: &str, env: &str) -> RoleSpec {
-        let text = format!(
-            "[component]\nname = \"zookeeper\"\nversion = \"3.8.0\"\n[[roles]]\nname = \"server\"\nports = [\"client\", \"peer\", \"election\"]\nstart = [\"bin/zk\"]\nenv = {{ {env} }}\n{files}"
-        );
-        let spec = ComponentSpec::parse(&text).unwrap();
-        spec.roles.into_iter().next().unwrap()
-    }
-
-    const ZOO_CFG: &str = r#"
-[[roles.files]]
-path = "conf/zoo.cfg"
-template = """
-tickTime={{ cluster.config.tick_time }}
-clientPort={{ instance.ports.client }}
-dataDir={{ instance.data_dir }}
-{% for m in cluster.roles.server.members %}server.{{ m.ordinal }}={{ m.host }}:{{ m.ports.peer }}:{{ m.ports.election }}
-{% endfor %}"""
-
-[[roles.files]]
-path = "conf/myid"
-template = "{{ instance.ordinal }}\n"
-mode = 0o600
-"#;
-
-    #[test]
-    fn renders_a_zoo_cfg_listing_members_in_ordinal_order() {
-        let files = render_files(&role(ZOO_CFG, ""), &context()).unwrap();
-        assert_eq!(files.len(), 2);
-        assert_eq!(files[0].path, "conf/zoo.cfg");
-        assert_eq!(files[0].mode, 0o644);
-        assert_eq!(
-            String::from_utf8(files[0].contents.clone()).unwrap(),
-            "tickTime=2000\n\
-             clientPort=6000\n\
-             dataDir=/srv/flotilla/instances/zk-server-2-abcdef/data\n\
-             server.1=127.0.0.11:5001:5002\n\
-             server.2=127.0.0.12:6001:6002\n\
-             server.3=127.0.0.13:7001:7002\n"
-        );
-        assert_eq!(files[1], RenderedFile { path: "conf/myid".into(), contents: b"2\n".to_vec(), mode: 0o600 });
-    }
-
-    #[test]
-    fn rendering_is_byte_identical_across_runs() {
-        let role = role(ZOO_CFG, "A = \"{{ cluster.config }}\", B = \"{{ cluster.roles }}\"");
-        let first = (render_files(&role, &context()).unwrap(), render_env(&role, &context()).unwrap());
-        for _ in 0..5 {
-            let again = (render_files(&role, &context()).unwrap(), render_env(&role, &context()).unwrap());
-            assert_eq!(first, again);
-        }
-    }
-
-    #[test]
-    fn an_undefined_variable_is_an_error_naming_the_file() {
-        let files = r#"
-[[roles.files]]
-path = "a"
-template = "ok"
-[[roles.files]]
-path = "b"
-template = "line one\nport={{ instance.ports.admin }}\n"
-"#;
-        let err = render_files(&role(files, ""), &context()).unwrap_err();
-        assert_eq!(err.field, "roles.server.files[1].template");
-        assert!(err.message.contains("undefined"), "{err}");
-        assert!(err.message.contains("instance.ports.admin"), "{err}");
-        assert!(err.message.contains(":2"), "line number missing: {err}");
-
-        let top = "[[roles.files]]\npath = \"a\"\ntemplate = \"{{ nothing }}\"\n";
-        let err = render_files(&role(top, ""), &context()).unwrap_err();
-        assert_eq!(err.field, "roles.server.files[0].template");
-        assert!(err.message.contains("nothing"), "{err}");
-
-        let in_if = "[[roles.files]]\npath = \"a\"\ntemplate = \"{% if cluster.config.missing %}x{% endif %}\"\n";
-        assert!(render_files(&role(in_if, ""), &context()).is_err());
-    }
-
-    #[test]
-    fn no_auto_escaping_and_no_filesystem() {
-        let files = "[[roles.files]]\npath = \"a\"\ntemplate = \"{{ '<a&b>' }}\"\n";
-        let out = render_files(&role(files, ""), &context()).unwrap();
-        assert_eq!(out[0].contents, b"<a&b>");
-        let include = "[[roles.files]]\npath = \"a\"\ntemplate = \"{% include '/etc/passwd' %}\"\n";
-        let err = render_files(&role(include, ""), &context()).unwrap_err();
-        assert!(err.message.contains("not found") || err.message.contains("does not exist"), "{err}");
-    }
-
-    #[test]
-    fn renders_env_sorted_by_name() {
-        let role = role(
-            "",
-            "ZOO_LOG_DIR = \"{{ instance.dir }}/logs\", HEAP = \"{{ cluster.config.heap }}\", ID = \"{{ instance.ordinal }}\"",
-        );
-        let env = render_env(&role, &context()).unwrap();
-        assert_eq!(
-            env,
-            [
-                ("HEAP".to_string(), "small".to_string()),
-                ("ID".to_string(), "2".to_string()),
-                ("ZOO_LOG_DIR".to_string(), "/srv/flotilla/instances/zk-server-2-abcdef/logs".to_string()),
-            ]
-        );
-        let bad = role_with_env("X = \"{{ instance.nope }}\"");
-        let err = render_env(&bad, &context()).unwrap_err();
-        assert_eq!(err.field, "roles.server.env.X");
-        assert!(err.message.contains("instance.nope"), "{err}");
-    }
-
-    fn role_with_env(env: &str) -> RoleSpec {
-        role("", env)
-    }
+    Templates::compile(std::slice::from_ref(role))?.render_env(role, &ctx.to_value())
 }
