@@ -28,7 +28,7 @@ fn routes() -> Vec<(String, String)> {
                 .iter()
                 .zip(["demo", "1.0.0", "server", "x1"])
                 .fold(path.to_string(), |p, (from, to)| p.replace(from, to));
-            methods.iter().map(move |m| (m.to_uppercase(), path.clone()))
+            methods.iter().map(move |(m, _)| (m.to_uppercase(), path.clone()))
         })
         .collect();
     assert!(out.len() >= 25, "the route table: {out:?}");
