@@ -54,6 +54,7 @@ mod integration {
     mod rolling;
     mod run_as_gone;
     mod scale;
+    mod scopes;
     mod threads;
     mod tokens;
     mod trust;
