@@ -8,6 +8,8 @@
 
 use std::fmt;
 
+use crate::scope::Scope;
+
 /// What went wrong, in terms a client can act on.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
@@ -41,6 +43,11 @@ pub enum Error {
     /// No valid API token was presented (401).
     #[error("{message}")]
     Unauthorized { message: String },
+    /// The token is valid but its scope is too low for this (403): `what`
+    /// (`POST /api/v1/packages/...`, `a token of scope admin`) needs
+    /// `needed`, the token has `has`.
+    #[error("{what} needs the `{needed}` scope; this token has `{has}`")]
+    Forbidden { what: String, needed: Scope, has: Scope },
     /// A bug or an unexpected failure of a dependency (500).
     #[error("internal error: {message}")]
     Internal { message: String },
@@ -65,6 +72,9 @@ impl Error {
     }
     pub fn overloaded(message: impl Into<String>) -> Self {
         Error::Overloaded { message: message.into() }
+    }
+    pub fn forbidden(what: impl Into<String>, needed: Scope, has: Scope) -> Self {
+        Error::Forbidden { what: what.into(), needed, has }
     }
     /// Wraps any error as internal, keeping its whole chain in the message.
     pub fn internal(err: impl std::error::Error) -> Self {

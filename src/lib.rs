@@ -14,6 +14,7 @@
 //! | [`config`] | master and agent settings (file + `FLOTILLA_*` env), validated on load |
 //! | [`error`] | the domain `Error` (no HTTP in it) and `ErrorChain` |
 //! | [`ids`] | typed ids and the name rule |
+//! | [`scope`] | an API token's scope: `read` < `operate` < `admin` |
 //! | [`fd_limit`] | the open-files limit raised at start, the original kept for children |
 //! | [`thread_nice`] | a thread's OS priority, lowered for bulk work and raised back while a request waits |
 //! | [`private_file`] | files only their owner reads (tokens, keys), written crash-safe |
@@ -49,6 +50,7 @@ pub mod operations;
 pub mod package;
 pub mod private_file;
 pub mod protocol;
+pub mod scope;
 pub mod spec;
 pub mod storage;
 pub mod thread_nice;

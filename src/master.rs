@@ -79,7 +79,7 @@ async fn first_token(tokens: &Arc<ApiTokens>, init: &Init) -> Result<(), MasterE
     // Handed over before it is stored: a token file that cannot be written
     // leaves no token behind, and the next start with --init tries again.
     let new = tokens
-        .create_then("initial", |new| match init {
+        .create_then("initial", crate::scope::Scope::Admin, |new| match init {
             Init::File(path) => write_private(path, format!("{}\n", new.token).as_bytes())
                 .map_err(|e| crate::error::Error::invalid("token_file", format!("{}: {e}", path.display()))),
             _ => {

@@ -55,6 +55,7 @@ mod integration {
     mod rolling;
     mod run_as_gone;
     mod scale;
+    mod scopes;
     mod template_budget;
     mod threads;
     mod tokens;

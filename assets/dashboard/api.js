@@ -1,7 +1,9 @@
 // The API token and calls to /api/v1. The token comes from the page's
 // `#token=` fragment (never sent to the server) or the login form, lives in
 // sessionStorage (gone with the tab), and is sent only in the
-// Authorization header, never in a URL.
+// Authorization header, never in a URL. `GET /whoami` tells the page the
+// token's scope (read < operate < admin): views offer only what it allows
+// (`can`), and the master refuses the rest anyway (403).
 
 const KEY = 'flotilla.token';
 const unauthorized = new Set();
@@ -19,6 +21,18 @@ export function takeTokenFromFragment() {
 export const token = () => sessionStorage.getItem(KEY);
 export const setToken = (t) => sessionStorage.setItem(KEY, t.trim());
 export const forgetToken = () => sessionStorage.removeItem(KEY);
+
+const RANK = { read: 0, operate: 1, admin: 2 };
+let scope = null;
+
+/** Asks the master for this token's scope (`GET /whoami`); the scope. */
+export async function learnScope() {
+  scope = (await api('GET', '/whoami')).token.scope;
+  return scope;
+}
+
+/** Whether this token's scope allows what needs `needed` (`operate`, ...). */
+export const can = (needed) => scope !== null && RANK[scope] >= RANK[needed];
 
 /** `fn(error)` runs when the master refuses the token. */
 export const onUnauthorized = (fn) => unauthorized.add(fn);

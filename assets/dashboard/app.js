@@ -2,7 +2,7 @@
 // stream, and the router (`#/actors`, `#/clusters`, `#/clusters/NAME`,
 // `#/operations[?cluster=NAME]`, `#/operations/ID`, `#/nodes`, `#/events`).
 
-import { api, forgetToken, onUnauthorized, setToken, takeTokenFromFragment, token } from './api.js';
+import { api, forgetToken, learnScope, onUnauthorized, setToken, takeTokenFromFragment, token } from './api.js';
 import { actorsView } from './actors.js';
 import { clusterView, clustersView } from './clusters.js';
 import { eventsView, remember } from './events.js';
@@ -22,6 +22,7 @@ const ROUTES = {
 const main = document.getElementById('main');
 const liveBadge = document.getElementById('live');
 const logout = document.getElementById('logout');
+const scopeBadge = document.getElementById('scope');
 const live = new Live();
 // For a look from the browser's console (and the browser test, which cuts
 // the stream to check the resume): `flotilla.live`.
@@ -74,6 +75,18 @@ function login(message) {
 
 async function start() {
   logout.hidden = false;
+  // What this token may do, before any view draws its buttons: a view
+  // shows the verbs of `operate` only to a token that has it.
+  try {
+    const scope = await learnScope();
+    scopeBadge.textContent = scope;
+    scopeBadge.title = scope === 'read' ? 'This token can look, not act' : `This token's scope: ${scope}`;
+    scopeBadge.hidden = false;
+  } catch (e) {
+    if (e.status === 401) return; // the login form is shown
+    scopeBadge.textContent = 'scope unknown';
+    scopeBadge.hidden = false;
+  }
   if (!started) {
     started = true;
     live.subscribe(remember);

@@ -1,9 +1,11 @@
 // Clusters: a page of summaries (status and description, roles, instances
 // by status, the running operation), and one cluster: its roles, config,
 // running operation with progress, actions, and its instances a page at a
-// time (node, pid, ports, status) kept live by instance events.
+// time (node, pid, ports, status) kept live by instance events. Actions
+// (and the boxes that pick instances for them) only for a token whose
+// scope allows them (`operate`); a `read` token sees the same page without.
 
-import { api, seg } from './api.js';
+import { api, can, seg } from './api.js';
 import { clusterAction, instanceAction } from './actions.js';
 import { operationPanel } from './operations.js';
 import { Pager, badge, coalescer, fill, h, sequencer, table, when } from './ui.js';
@@ -128,9 +130,11 @@ export function clusterView(root, { live, params }) {
         h('span', { class: 'muted' }, 'Config'), h('code', {}, Object.entries(c.config).map(([k, v]) => `${k}=${v && v.secret === 'set' ? '(secret, set)' : JSON.stringify(v)}`).join('  ') || '–'),
         h('span', { class: 'muted' }, 'Created'), h('span', {}, when(c.created_at)),
         h('span', { class: 'muted' }, 'Id'), h('span', { class: 'mono' }, c.id)),
-      h('div', { class: 'toolbar actions' },
-        act('scale', 'Scale…'), act('start', 'Start', 'quiet'), act('stop', 'Stop', 'quiet'), act('restart', 'Restart', 'quiet'),
-        act('config', 'Config…', 'quiet'), act('upgrade', 'Upgrade…', 'quiet'), act('delete', 'Delete', 'danger')));
+      can('operate')
+        ? h('div', { class: 'toolbar actions' },
+          act('scale', 'Scale…'), act('start', 'Start', 'quiet'), act('stop', 'Stop', 'quiet'), act('restart', 'Restart', 'quiet'),
+          act('config', 'Config…', 'quiet'), act('upgrade', 'Upgrade…', 'quiet'), act('delete', 'Delete', 'danger'))
+        : h('p', { class: 'muted', id: 'read-only' }, 'This token can look, not act: its scope is read (actions need operate).'));
     const have = new Set([...roleFilter.options].map((o) => o.value));
     for (const r of Object.keys(c.roles)) if (!have.has(r)) roleFilter.append(h('option', { value: r }, r));
   }
@@ -152,9 +156,10 @@ export function clusterView(root, { live, params }) {
   }
 
   const instRow = (i) => {
-    const box = h('input', { type: 'checkbox', checked: selected.has(i.id), title: 'select for scale-in',
+    const acts = can('operate');
+    const box = acts && h('input', { type: 'checkbox', checked: selected.has(i.id), title: 'select for scale-in',
       onchange: (ev) => { if (ev.target.checked) selected.add(i.id); else selected.delete(i.id); } });
-    const verbs = ['restart', 'stop', 'start'].map((v) => h('button', { class: 'quiet', dataset: { verb: v },
+    const verbs = acts && ['restart', 'stop', 'start'].map((v) => h('button', { class: 'quiet', dataset: { verb: v },
       onclick: () => instanceAction(name, i.id, v) }, v));
     return h('tr', { dataset: { instance: i.id } },
       h('td', {}, box),

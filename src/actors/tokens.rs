@@ -8,6 +8,11 @@
 //! comparison. The table changes only after the store acknowledged the
 //! write, so a token works once its creation is durable and stops working
 //! as soon as its revocation is answered.
+//!
+//! Each token has a [`Scope`]; which route needs which is the HTTP layer's
+//! business (`http/auth.rs`). One rule is kept here, where tokens are made,
+//! whatever the routes say: a token never mints one of a higher scope than
+//! its own ([`ApiTokens::create`] takes the minter's scope).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,6 +24,7 @@ use time::OffsetDateTime;
 
 use crate::error::Error;
 use crate::ids::validate_name;
+use crate::scope::Scope;
 use crate::storage::keys::master_cf;
 use crate::storage::meta::{self, MetaStore};
 use crate::storage::records::{RECORD_VERSION, TokenRecord};
@@ -87,8 +93,8 @@ impl ApiTokens {
     }
 
     /// What [`create`](Self::create) would refuse, without creating (a dry run).
-    pub fn check_create(&self, name: &str) -> Result<(), Error> {
-        validate_name(name).map_err(|m| Error::invalid("invalid_name", format!("token name: {m}")))?;
+    pub fn check_create(&self, name: &str, scope: Scope, by: Scope) -> Result<(), Error> {
+        check_mint(name, scope, by)?;
         if self.table.load().len() >= MAX_TOKENS {
             return Err(Error::conflict("too_many_tokens", format!("at most {MAX_TOKENS} tokens; revoke one first")));
         }
@@ -108,17 +114,22 @@ impl ApiTokens {
         Ok(record)
     }
 
-    /// Creates a token named `name`; answers once it is durable.
-    pub async fn create(self: &Arc<Self>, name: &str) -> Result<NewToken, Error> {
-        self.create_then(name, |_| Ok(())).await
+    /// Creates a token named `name` of `scope`, asked for by a token of
+    /// scope `by` (which may mint its own scope or a lower one); answers
+    /// once it is durable.
+    pub async fn create(self: &Arc<Self>, name: &str, scope: Scope, by: Scope) -> Result<NewToken, Error> {
+        check_mint(name, scope, by)?;
+        self.create_then(name, scope, |_| Ok(())).await
     }
 
     /// Like [`create`](Self::create), calling `hand_over` with the token
     /// before it is stored: a token that cannot be handed over (its file
     /// cannot be written) is never stored, so it cannot lock anyone out.
+    /// Asked for by the master's own operator (`--init`), not a token.
     pub async fn create_then(
         self: &Arc<Self>,
         name: &str,
+        scope: Scope,
         hand_over: impl FnOnce(&NewToken) -> Result<(), Error>,
     ) -> Result<NewToken, Error> {
         validate_name(name).map_err(|m| Error::invalid("invalid_name", format!("token name: {m}")))?;
@@ -139,6 +150,7 @@ impl ApiTokens {
             name: name.to_string(),
             secret_sha256: Sha256::digest(secret.as_bytes()).into(),
             created_at: OffsetDateTime::now_utc(),
+            scope,
         };
         let new = NewToken { record, token: format!("{TOKEN_PREFIX}{id}_{secret}") };
         hand_over(&new)?;
@@ -191,6 +203,16 @@ impl ApiTokens {
     }
 }
 
+/// A token of scope `by` may mint a token named `name` of `scope`: the
+/// name is valid and `scope` is not above `by`.
+fn check_mint(name: &str, scope: Scope, by: Scope) -> Result<(), Error> {
+    validate_name(name).map_err(|m| Error::invalid("invalid_name", format!("token name: {m}")))?;
+    if !by.allows(scope) {
+        return Err(Error::forbidden(format!("minting a token of scope `{scope}`"), scope, by));
+    }
+    Ok(())
+}
+
 /// `flt_<id>_<secret>` into its id and secret; `None` for anything else.
 fn split(token: &str) -> Option<(&str, &str)> {
     let rest = token.strip_prefix(TOKEN_PREFIX)?;
@@ -220,8 +242,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let t = tokens(dir.path());
         assert!(t.is_empty());
-        let a = t.create("alice").await.unwrap();
-        let b = t.create("ci").await.unwrap();
+        let a = t.create("alice", Scope::Admin, Scope::Admin).await.unwrap();
+        let b = t.create("ci", Scope::Admin, Scope::Admin).await.unwrap();
         assert!(a.token.starts_with("flt_"));
         assert_eq!(t.verify(&a.token).unwrap().name, "alice");
         assert_eq!(t.verify(&b.token).unwrap().id, b.record.id);
@@ -254,12 +276,15 @@ mod tests {
     async fn the_last_token_is_kept_and_names_are_checked() {
         let dir = tempfile::tempdir().unwrap();
         let t = tokens(dir.path());
-        let only = t.create("initial").await.unwrap();
+        let only = t.create("initial", Scope::Admin, Scope::Admin).await.unwrap();
         let err = t.revoke(&only.record.id).await.unwrap_err();
         assert!(matches!(err, Error::Conflict { code: "last_token", .. }), "{err}");
         assert!(t.verify(&only.token).is_some());
         assert!(matches!(t.revoke("nope").await.unwrap_err(), Error::NotFound { .. }));
-        assert!(matches!(t.create("Bad Name").await.unwrap_err(), Error::Invalid { code: "invalid_name", .. }));
+        assert!(matches!(
+            t.create("Bad Name", Scope::Admin, Scope::Admin).await.unwrap_err(),
+            Error::Invalid { code: "invalid_name", .. }
+        ));
         assert_eq!(t.list().len(), 1);
     }
 
@@ -267,10 +292,54 @@ mod tests {
     async fn a_token_that_cannot_be_handed_over_is_not_stored() {
         let dir = tempfile::tempdir().unwrap();
         let t = tokens(dir.path());
-        let err = t.create_then("initial", |_| Err(Error::invalid("token_file", "read-only"))).await.unwrap_err();
+        let err = t
+            .create_then("initial", Scope::Admin, |_| Err(Error::invalid("token_file", "read-only")))
+            .await
+            .unwrap_err();
         assert!(matches!(err, Error::Invalid { code: "token_file", .. }), "{err}");
         assert!(t.is_empty());
         drop(t);
         assert!(tokens(dir.path()).is_empty(), "nothing reached the store either");
+    }
+
+    /// A token mints its own scope or a lower one, never a higher one,
+    /// whatever the routes allow; a dry run says the same.
+    #[tokio::test]
+    async fn a_token_never_mints_above_its_own_scope() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tokens(dir.path());
+        for by in Scope::ALL {
+            for scope in Scope::ALL {
+                let name = format!("{by}-makes-{scope}");
+                let made = t.create(&name, scope, by).await;
+                let checked = t.check_create(&name, scope, by);
+                if scope <= by {
+                    let made = made.unwrap();
+                    assert_eq!(t.verify(&made.token).unwrap().scope, scope, "{name}");
+                    checked.unwrap();
+                } else {
+                    for err in [made.unwrap_err(), checked.unwrap_err()] {
+                        assert_eq!(err, Error::forbidden(format!("minting a token of scope `{scope}`"), scope, by));
+                        assert_eq!(
+                            err.to_string(),
+                            format!(
+                                "minting a token of scope `{scope}` needs the `{scope}` scope; this token has `{by}`"
+                            )
+                        );
+                    }
+                }
+            }
+        }
+        // read: read; operate: read, operate; admin: all three.
+        assert_eq!(t.list().len(), 6);
+        drop(t);
+        let t = tokens(dir.path());
+        let mut stored: Vec<(String, Scope)> = t.list().iter().map(|r| (r.name.clone(), r.scope)).collect();
+        stored.sort();
+        assert_eq!(
+            stored.iter().filter(|(n, s)| n.ends_with(s.as_str())).count(),
+            6,
+            "scopes survive a reopen: {stored:?}"
+        );
     }
 }

@@ -1,9 +1,12 @@
-//! `flotilla token create|ls|revoke`.
+//! `flotilla token create|ls|revoke`. A token is made with a scope
+//! (`--scope read|operate|admin`; without one the master makes it
+//! `admin`), and lists show each token's.
 
 use reqwest::Method;
 use serde_json::json;
 
 use super::{CliError, Client, Target, table};
+use crate::scope::Scope;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum TokenCmd {
@@ -11,8 +14,13 @@ pub enum TokenCmd {
     Create {
         /// What to call it (`ci`, `alice`).
         name: String,
+        /// What it may do: `read` (every GET, the event stream, metrics),
+        /// `operate` (read, plus the verbs on clusters and instances, and
+        /// logs) or `admin` (everything). Default: admin.
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(Scope::NAMES))]
+        scope: Option<String>,
     },
-    /// List tokens (ids and names; never secrets).
+    /// List tokens (ids, names, scopes; never secrets).
     Ls,
     /// Revoke a token by id; it is refused from the answer on.
     Revoke { id: String },
@@ -21,14 +29,20 @@ pub enum TokenCmd {
 pub async fn run(cmd: TokenCmd, target: &Target) -> Result<(), CliError> {
     let client = Client::new(target)?;
     match cmd {
-        TokenCmd::Create { name } => {
-            let v = client.call(Method::POST, &super::dry(target, "/tokens"), Some(&json!({ "name": name }))).await?;
+        TokenCmd::Create { name, scope } => {
+            let mut body = json!({ "name": name });
+            if let Some(scope) = scope {
+                body["scope"] = json!(scope);
+            }
+            let v = client.call(Method::POST, &super::dry(target, "/tokens"), Some(&body)).await?;
             if target.dry_run {
                 super::show(target, &v, super::describe_dry);
             } else if target.json {
                 super::out(format!("{v:#}"));
             } else {
-                eprintln!("token {} ({name}) created; it is shown only now:", v["token"]["id"].as_str().unwrap_or("?"));
+                let (id, scope) =
+                    (v["token"]["id"].as_str().unwrap_or("?"), v["token"]["scope"].as_str().unwrap_or("?"));
+                eprintln!("token {id} ({name}, scope {scope}) created; it is shown only now:");
                 super::out(v["secret"].as_str().unwrap_or_default());
             }
         }
@@ -42,7 +56,7 @@ pub async fn run(cmd: TokenCmd, target: &Target) -> Result<(), CliError> {
                     .map(|a| {
                         a.iter()
                             .map(|t| {
-                                ["id", "name", "created_at"]
+                                ["id", "name", "scope", "created_at"]
                                     .iter()
                                     .map(|k| t[*k].as_str().unwrap_or_default().to_string())
                                     .collect()
@@ -50,7 +64,7 @@ pub async fn run(cmd: TokenCmd, target: &Target) -> Result<(), CliError> {
                             .collect()
                     })
                     .unwrap_or_default();
-                super::out(table(&["ID", "NAME", "CREATED"], &rows));
+                super::out(table(&["ID", "NAME", "SCOPE", "CREATED"], &rows));
             }
         }
         TokenCmd::Revoke { id } => {

@@ -20,7 +20,7 @@ pub use previews::{PackageCheckDto, PackagePreview, PackageUploadAnswer};
 pub use status::{ActorDto, ActorsDto, HealthDto};
 pub use tokens::{
     CreateTokenBody, CreatedToken, RevokeAnswer, RevokedToken, TokenCreatePreview, TokenDto, TokenList,
-    TokenRevokePreview,
+    TokenRevokePreview, WhoAmI,
 };
 pub use trust::{
     CreateJoinTokenBody, CreatedJoinToken, DeletedJoinToken, JoinTokenDto, JoinTokenList, NodeCertDto, RevokedNode,

@@ -24,7 +24,7 @@ pub struct ErrorDetail {
     /// Stable, for programs: `not_found`, `already_exists`, `invalid_json`,
     /// `invalid_query`, `invalid_path`, `cluster_busy`, `spec_violation`,
     /// `too_large`, `unavailable`, `overloaded`, `unauthorized`,
-    /// `method_not_allowed`, `internal`, ...
+    /// `forbidden`, `method_not_allowed`, `internal`, ...
     pub code: String,
     /// For people; its wording may change.
     pub message: String,
@@ -64,6 +64,7 @@ impl ApiError {
             Error::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Error::Overloaded { .. } => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             Error::Unauthorized { .. } => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Error::Forbidden { .. } => (StatusCode::FORBIDDEN, "forbidden"),
             Error::Internal { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -172,6 +173,13 @@ pub struct BadRequest(pub ErrorBody);
     ("X-Request-Id" = String)
 ))]
 pub struct Unauthorized(pub ErrorBody);
+
+/// The token is valid but its scope is too low for this route
+/// (`forbidden`); the message names the scope needed and the token's.
+/// Scopes: `read` < `operate` < `admin`.
+#[derive(ToResponse)]
+#[response(headers(("X-Request-Id" = String)))]
+pub struct Forbidden(pub ErrorBody);
 
 /// No such thing (`not_found`).
 #[derive(ToResponse)]

@@ -183,7 +183,7 @@ pub async fn stream(
             .filter(|k| !k.is_empty())
             .collect(),
     };
-    let token = req.extensions().get::<AuthedToken>().map(|t| t.0.clone()).unwrap_or_default();
+    let token = req.extensions().get::<AuthedToken>().map(|t| t.0.id.clone()).unwrap_or_default();
     let store = state.shared.read_model.store().clone();
     // Before anything is read, so nothing committed meanwhile is missed.
     let live = store.subscribe_appends();

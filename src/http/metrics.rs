@@ -9,7 +9,8 @@
 //! from the read model when scraped (nothing is kept up to date while no
 //! one scrapes): instances and clusters by status, nodes by status and
 //! each node's heartbeat age, mailbox depth per actor kind, running
-//! operations. Needs a token unless the `open_metrics` setting is on.
+//! operations. Needs a token (of scope `read` at least: a Prometheus
+//! scraper's) unless the `open_metrics` setting is on.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -87,8 +88,8 @@ pub async fn track(
 
 /// The master's metrics, in Prometheus text format
 ///
-/// At the root, as Prometheus expects. Needs a token unless the
-/// `open_metrics` setting is on.
+/// At the root, as Prometheus expects. Needs a token (any scope: `read`
+/// is enough) unless the `open_metrics` setting is on.
 #[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "status",
     security((), ("bearer" = [])),
     responses(
@@ -98,7 +99,8 @@ pub async fn track(
         (status = 503, response = super::error::Unavailable)))]
 pub async fn scrape(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     if !state.open_metrics {
-        super::auth::check(&state, req.headers().get(actix_web::http::header::AUTHORIZATION))?;
+        let header = req.headers().get(actix_web::http::header::AUTHORIZATION);
+        super::auth::authorize(&state, header, "GET /metrics", super::auth::METRICS)?;
     }
     let Some(handle) = &state.metrics else {
         return Err(ApiError(Error::unavailable("metrics are not recorded in this process")));

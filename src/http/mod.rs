@@ -5,9 +5,10 @@
 //! Accepted` with the operation once its record is durable; `GET
 //! /operations/{id}?wait=S` long-polls its end. A full mailbox or write
 //! queue answers `503 overloaded` with `Retry-After`, before anything of
-//! the request happened. Every route needs an API token (`auth.rs`), but
-//! the API description, `GET /api/v1/openapi.json` (`openapi.rs`),
-//! generated from these handlers and their bodies (`dto.rs`).
+//! the request happened. Every route needs an API token of the scope its
+//! line of the route table names (`auth.rs`), but the API description,
+//! `GET /api/v1/openapi.json` (`openapi.rs`), generated from these
+//! handlers and their bodies (`dto.rs`).
 
 pub(crate) mod auth;
 mod clusters;
@@ -34,6 +35,7 @@ use crate::actors::packages::Packages;
 use crate::actors::supervisor::Supervisor;
 use crate::actors::tokens::ApiTokens;
 use crate::error::Error;
+use crate::scope::Scope;
 
 /// What every handler gets.
 #[derive(Clone)]
@@ -72,13 +74,16 @@ fn channel_body(
 }
 
 /// Declares the routes under `/api/v1`: each path once, with its handler
-/// per method. Another method on a listed path answers `405` with `Allow`
-/// (a resource's default service); [`API_ROUTES`] lists the table for the
-/// test that holds the API description (`openapi.rs`) to it.
+/// and the scope a token needs for it, per method. Another method on a
+/// listed path answers `405` with `Allow` (a resource's default service);
+/// [`API_ROUTES`] lists the table for the token check (`auth.rs`, which
+/// answers `403` to a token below the route's scope before any handler
+/// runs), the API description (`openapi.rs`) and the tests.
 macro_rules! api_routes {
-    ($($path:literal => [$($method:ident $handler:path),+ $(,)?]),* $(,)?) => {
-        /// Every route under `/api/v1`: (path, methods).
-        pub const API_ROUTES: &[(&str, &[&str])] = &[$(($path, &[$(stringify!($method)),+])),*];
+    ($($path:literal => [$($method:ident $handler:path => $scope:ident),+ $(,)?]),* $(,)?) => {
+        /// Every route under `/api/v1`: (path, [(method, scope needed)]).
+        pub const API_ROUTES: &[(&str, &[(&str, Scope)])] =
+            &[$(($path, &[$((stringify!($method), Scope::$scope)),+])),*];
 
         fn api_resources(scope: actix_web::Scope) -> actix_web::Scope {
             scope$(.service(resource($path, &[$(stringify!($method)),+])$(.route(web::$method().to($handler)))+))*
@@ -86,36 +91,44 @@ macro_rules! api_routes {
     };
 }
 
+// Which scope each route needs, in one place (README "API tokens"):
+// `Read` every GET that shows state (not logs: they show what a component
+// prints, secrets included); `Operate` the verbs on clusters and instances,
+// and logs; `Admin` packages, API tokens, nodes, join tokens, trust. Health
+// and this document are open or need any token (`auth.rs`); `/metrics`
+// needs `read` (`auth::METRICS`).
 api_routes! {
-    "/health" => [get status::health],
-    "/openapi.json" => [get openapi::document],
-    "/tokens" => [post tokens::create, get tokens::list],
-    "/tokens/{id}" => [delete tokens::revoke],
-    "/actors" => [get status::actors],
-    "/events" => [get events::stream],
-    "/join-tokens" => [post trust::create, get trust::list],
-    "/join-tokens/{id}" => [delete trust::delete],
-    "/nodes" => [get status::list_nodes],
-    "/nodes/{id}" => [get status::get_node],
-    "/nodes/{id}/revoke" => [post trust::revoke],
-    "/operations" => [get status::list_operations],
-    "/operations/{id}" => [get status::get_operation],
-    "/packages" => [get packages::list],
-    "/packages/{name}/{version}" => [put packages::upload, get packages::get, delete packages::delete],
-    "/clusters" => [post clusters::create, get clusters::list],
-    "/clusters/{name}" => [get clusters::get, delete clusters::delete],
-    "/clusters/{name}/start" => [post clusters::start],
-    "/clusters/{name}/stop" => [post clusters::stop],
-    "/clusters/{name}/restart" => [post clusters::restart],
-    "/clusters/{name}/scale" => [post clusters::scale],
-    "/clusters/{name}/config" => [patch clusters::reconfigure],
-    "/clusters/{name}/upgrade" => [post clusters::upgrade],
-    "/clusters/{name}/roles/{role}" => [patch clusters::resize],
-    "/clusters/{name}/instances" => [get instances::list],
-    "/clusters/{name}/instances/{id}/logs" => [get logs::logs],
-    "/clusters/{name}/instances/{id}/start" => [post clusters::start_instance],
-    "/clusters/{name}/instances/{id}/stop" => [post clusters::stop_instance],
-    "/clusters/{name}/instances/{id}/restart" => [post clusters::restart_instance],
+    "/health" => [get status::health => Read],
+    "/openapi.json" => [get openapi::document => Read],
+    "/whoami" => [get tokens::whoami => Read],
+    "/tokens" => [post tokens::create => Admin, get tokens::list => Admin],
+    "/tokens/{id}" => [delete tokens::revoke => Admin],
+    "/actors" => [get status::actors => Read],
+    "/events" => [get events::stream => Read],
+    "/join-tokens" => [post trust::create => Admin, get trust::list => Admin],
+    "/join-tokens/{id}" => [delete trust::delete => Admin],
+    "/nodes" => [get status::list_nodes => Read],
+    "/nodes/{id}" => [get status::get_node => Read],
+    "/nodes/{id}/revoke" => [post trust::revoke => Admin],
+    "/operations" => [get status::list_operations => Read],
+    "/operations/{id}" => [get status::get_operation => Read],
+    "/packages" => [get packages::list => Read],
+    "/packages/{name}/{version}" => [
+        put packages::upload => Admin, get packages::get => Read, delete packages::delete => Admin],
+    "/clusters" => [post clusters::create => Operate, get clusters::list => Read],
+    "/clusters/{name}" => [get clusters::get => Read, delete clusters::delete => Operate],
+    "/clusters/{name}/start" => [post clusters::start => Operate],
+    "/clusters/{name}/stop" => [post clusters::stop => Operate],
+    "/clusters/{name}/restart" => [post clusters::restart => Operate],
+    "/clusters/{name}/scale" => [post clusters::scale => Operate],
+    "/clusters/{name}/config" => [patch clusters::reconfigure => Operate],
+    "/clusters/{name}/upgrade" => [post clusters::upgrade => Operate],
+    "/clusters/{name}/roles/{role}" => [patch clusters::resize => Operate],
+    "/clusters/{name}/instances" => [get instances::list => Read],
+    "/clusters/{name}/instances/{id}/logs" => [get logs::logs => Operate],
+    "/clusters/{name}/instances/{id}/start" => [post clusters::start_instance => Operate],
+    "/clusters/{name}/instances/{id}/stop" => [post clusters::stop_instance => Operate],
+    "/clusters/{name}/instances/{id}/restart" => [post clusters::restart_instance => Operate],
 }
 
 /// A path that answers `405` to any method but `methods`.

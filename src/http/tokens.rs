@@ -1,21 +1,29 @@
 //! `/api/v1/tokens`: create (the secret is in this answer only), list,
 //! revoke. `flotilla token create|ls|revoke` calls these. Create and revoke
-//! take `?dry_run=true`: checked, not done.
+//! take `?dry_run=true`: checked, not done. And `/api/v1/whoami`: the
+//! token a request is made with, its scope included (the dashboard shows
+//! only what that scope allows).
+//!
+//! A token is made with a scope (`admin` unless the body names one), at
+//! most the scope of the token asking: the route needs `admin` today, and
+//! `actors::tokens` refuses a higher scope whatever the route table says.
 
 use actix_web::{HttpResponse, web};
 
 use super::AppState;
+use super::auth::AuthedToken;
 use super::clusters::DryRun;
 use super::dto::{
     CreateTokenBody, CreatedToken, RevokeAnswer, RevokedToken, TokenCreatePreview, TokenDto, TokenList,
-    TokenRevokePreview,
+    TokenRevokePreview, WhoAmI,
 };
 use super::error::ApiError;
 
 /// Creates an API token
 ///
 /// `201` with the token whole, shown this once; with `?dry_run=true`, `200`
-/// and nothing created.
+/// and nothing created. Its `scope` is `admin` unless the body names one;
+/// a token never makes one of a higher scope than its own (`403`).
 #[utoipa::path(post, path = "/api/v1/tokens", operation_id = "create_token", tag = "tokens", params(DryRun), responses(
     (status = 201, description = "Created: `secret` is shown this once", body = CreatedToken),
     (status = 200, description = "`?dry_run=true`: it would be created", body = TokenCreatePreview),
@@ -28,14 +36,18 @@ pub async fn create(
     state: web::Data<AppState>,
     body: web::Json<CreateTokenBody>,
     q: web::Query<DryRun>,
+    caller: web::ReqData<AuthedToken>,
 ) -> Result<HttpResponse, ApiError> {
+    let scope = body.scope.unwrap_or_default();
+    let by = caller.0.scope;
     if q.dry_run {
-        state.tokens.check_create(&body.name)?;
-        let would = TokenCreatePreview { dry_run: true, valid: true, would: "create".into(), name: body.name.clone() };
+        state.tokens.check_create(&body.name, scope, by)?;
+        let would =
+            TokenCreatePreview { dry_run: true, valid: true, would: "create".into(), name: body.name.clone(), scope };
         return Ok(HttpResponse::Ok().json(would));
     }
-    let new = state.tokens.create(&body.name).await?;
-    tracing::info!(id = %new.record.id, name = %new.record.name, "API token created");
+    let new = state.tokens.create(&body.name, scope, by).await?;
+    tracing::info!(id = %new.record.id, name = %new.record.name, %scope, by = %caller.0.id, "API token created");
     Ok(HttpResponse::Created().json(CreatedToken { token: TokenDto::from(&new.record), secret: new.token }))
 }
 
@@ -74,4 +86,14 @@ pub async fn revoke(
     let record = state.tokens.revoke(&id).await?;
     tracing::info!(id = %record.id, name = %record.name, "API token revoked");
     Ok(HttpResponse::Ok().json(RevokeAnswer::Revoked(RevokedToken { revoked: TokenDto::from(&record) })))
+}
+
+/// The token this request is made with
+///
+/// Its id, name and scope (never its secret): what a client, the dashboard
+/// among them, may do with it.
+#[utoipa::path(get, path = "/api/v1/whoami", operation_id = "whoami", tag = "tokens",
+    responses((status = 200, description = "The token of this request", body = WhoAmI)))]
+pub async fn whoami(caller: web::ReqData<AuthedToken>) -> HttpResponse {
+    HttpResponse::Ok().json(WhoAmI { token: TokenDto::from(&*caller.0) })
 }

@@ -25,8 +25,11 @@ use super::{StorageError, StoreWriter, WriteOp};
 
 /// The master's schema. 3: operations stored as a header, per-step results
 /// and a plan kept only while they run, with time indexes; nodes say
-/// whether they are simulated. A version 2 store is migrated at open.
-pub const MASTER_SCHEMA_VERSION: u32 = 3;
+/// whether they are simulated. 4: API tokens have a scope. A version 2 or
+/// 3 store is migrated at open, one version at a time (each step in one
+/// synced batch with its version: a crash between two leaves a store the
+/// next start goes on migrating).
+pub const MASTER_SCHEMA_VERSION: u32 = 4;
 
 /// Events kept by default (the `events_retained` setting).
 pub const DEFAULT_EVENTS_RETAINED: u64 = 100_000;
@@ -70,7 +73,8 @@ impl MasterStore {
                 master_cf::META,
                 MASTER_SCHEMA_VERSION,
                 |db, found| match found {
-                    2 => super::migrate::master_2_to_3(db),
+                    2 => super::migrate::master_2_to_3(db).and_then(|()| super::migrate::master_3_to_4(db)),
+                    3 => super::migrate::master_3_to_4(db),
                     _ => Err(StorageError::SchemaTooOld { found, supported: MASTER_SCHEMA_VERSION }),
                 },
             )?;
@@ -434,7 +438,8 @@ mod tests {
             }
             other => panic!("expected SchemaTooNew, got {other:?}"),
         }
-        set_schema_version(dir.path(), MASTER_SCHEMA_VERSION - 2);
+        // 1 was never released: refused, not migrated.
+        set_schema_version(dir.path(), 1);
         match MasterStore::open(dir.path()) {
             Err(e @ StorageError::SchemaTooOld { .. }) => assert!(e.to_string().contains("start afresh"), "{e}"),
             other => panic!("expected SchemaTooOld, got {other:?}"),

@@ -11,9 +11,11 @@ use time::OffsetDateTime;
 use super::keys::master_cf;
 use super::records::{
     InstanceResult, NodeRecord, OperationKind, OperationRecord, OperationStatus, Resumable, StepRecord, StepStatus,
+    TokenRecord,
 };
 use super::{StorageError, codec, db};
 use crate::ids::{ClusterId, NodeId, OperationId};
+use crate::scope::Scope;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct NodeRecordV2 {
@@ -54,6 +56,17 @@ struct OperationRecordV2 {
     #[serde(with = "crate::storage::serde_time::rfc3339_option")]
     ended_at: Option<OffsetDateTime>,
     resume: Option<Resumable>,
+}
+
+/// An API token before scopes (schemas 2 and 3).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct TokenRecordV3 {
+    version: u32,
+    id: String,
+    name: String,
+    secret_sha256: [u8; 32],
+    #[serde(with = "time::serde::rfc3339")]
+    created_at: OffsetDateTime,
 }
 
 fn cf<'a>(db: &'a DB, name: &'static str) -> Result<&'a rocksdb::ColumnFamily, StorageError> {
@@ -131,6 +144,31 @@ pub fn master_2_to_3(db: &DB) -> Result<(), StorageError> {
     Ok(())
 }
 
+/// 3 -> 4: API tokens gain a scope. Every token stored before keeps what
+/// it could do, everything: `admin`.
+pub fn master_3_to_4(db: &DB) -> Result<(), StorageError> {
+    let mut batch = WriteBatch::default();
+    let tokens = cf(db, master_cf::TOKENS)?;
+    for item in db.iterator_cf(tokens, IteratorMode::Start) {
+        let (k, v) = item.map_err(StorageError::Rocks)?;
+        let old: TokenRecordV3 = db::decode_value(master_cf::TOKENS, &k, &v)?;
+        let new = TokenRecord {
+            version: 4,
+            id: old.id,
+            name: old.name,
+            secret_sha256: old.secret_sha256,
+            created_at: old.created_at,
+            scope: Scope::Admin,
+        };
+        batch.put_cf(tokens, &k, codec::encode(&new)?);
+    }
+    db::put_schema_version(db, &mut batch, master_cf::META, 4)?;
+    let mut sync = WriteOptions::default();
+    sync.set_sync(true);
+    db.write_opt(batch, &sync).map_err(StorageError::Rocks)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,10 +231,15 @@ mod tests {
                 registered_at: OffsetDateTime::now_utc(),
             };
             db.put_cf(cf(&db, master_cf::NODES).unwrap(), b"node-1", codec::encode(&node).unwrap()).unwrap();
+            db.put_cf(cf(&db, master_cf::TOKENS).unwrap(), b"0123456789ab", codec::encode(&v3_token()).unwrap())
+                .unwrap();
             db.put_cf(cf(&db, master_cf::META).unwrap(), keys::SCHEMA_VERSION_KEY, codec::encode(&2u32).unwrap())
                 .unwrap();
         }
         let store = MasterStore::open(dir.path()).unwrap();
+        // Through 3 on to 4: its token is there, with everything it could do.
+        let tokens: Vec<TokenRecord> = meta::load(&store, master_cf::TOKENS).unwrap();
+        assert_eq!(tokens.iter().map(|t| (t.name.as_str(), t.scope)).collect::<Vec<_>>(), [("ci", Scope::Admin)]);
         let snap = store.load_all().unwrap();
         assert_eq!(snap.nodes.len(), 1);
         assert!(!snap.nodes[0].simulated);
@@ -212,5 +255,81 @@ mod tests {
         drop(store);
         // Opening again does not migrate twice.
         MasterStore::open(dir.path()).unwrap();
+    }
+
+    /// A token as schemas 2 and 3 stored it: no scope.
+    fn v3_token() -> TokenRecordV3 {
+        TokenRecordV3 {
+            version: 2,
+            id: "0123456789ab".into(),
+            name: "ci".into(),
+            secret_sha256: [7; 32],
+            created_at: OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap(),
+        }
+    }
+
+    /// A schema-3 store holding `tokens` (as that release wrote them).
+    fn v3_store(dir: &std::path::Path, tokens: &[TokenRecordV3]) {
+        let mut opts = rocksdb::Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let db = DB::open_cf(&opts, dir, master_cf::ALL).unwrap();
+        for t in tokens {
+            db.put_cf(cf(&db, master_cf::TOKENS).unwrap(), t.id.as_bytes(), codec::encode(t).unwrap()).unwrap();
+        }
+        db.put_cf(cf(&db, master_cf::META).unwrap(), keys::SCHEMA_VERSION_KEY, codec::encode(&3u32).unwrap()).unwrap();
+    }
+
+    /// A token stored before scopes is read as `admin` (it could do
+    /// everything then, and keeps doing so), with all else as it was.
+    #[test]
+    fn a_token_stored_before_scopes_is_admin() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = v3_token();
+        let other = TokenRecordV3 { id: "ba9876543210".into(), name: "initial".into(), ..v3_token() };
+        v3_store(dir.path(), &[old.clone(), other]);
+        // The new shape cannot read the old bytes: hence the migration.
+        assert!(codec::decode::<TokenRecord>(&codec::encode(&old).unwrap()).is_err());
+
+        let store = MasterStore::open(dir.path()).unwrap();
+        let tokens: Vec<TokenRecord> = meta::load(&store, master_cf::TOKENS).unwrap();
+        assert_eq!(tokens.len(), 2);
+        let ci = tokens.iter().find(|t| t.id == old.id).unwrap();
+        assert_eq!(
+            (ci.name.as_str(), ci.secret_sha256, ci.created_at, ci.scope),
+            ("ci", old.secret_sha256, old.created_at, Scope::Admin)
+        );
+        assert!(tokens.iter().all(|t| t.scope == Scope::Admin), "{tokens:?}");
+        drop(store);
+        // Migrated once: the store says 4 and opens as it is.
+        let store = MasterStore::open(dir.path()).unwrap();
+        let again: Vec<TokenRecord> = meta::load(&store, master_cf::TOKENS).unwrap();
+        assert_eq!(again, tokens);
+    }
+
+    /// A token of each scope, stored now, comes back with its scope.
+    #[tokio::test]
+    async fn a_tokens_scope_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MasterStore::open(dir.path()).unwrap();
+        let writes = Scope::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let t = TokenRecord {
+                    version: 4,
+                    id: format!("00000000000{i}"),
+                    name: s.to_string(),
+                    secret_sha256: [0; 32],
+                    created_at: OffsetDateTime::UNIX_EPOCH,
+                    scope: *s,
+                };
+                super::super::WriteOp::put_token(&t).unwrap()
+            })
+            .collect();
+        store.writer().commit(writes).await.unwrap();
+        let tokens: Vec<TokenRecord> = meta::load(&store, master_cf::TOKENS).unwrap();
+        assert_eq!(tokens.iter().map(|t| t.scope).collect::<Vec<_>>(), Scope::ALL);
+        assert!(tokens.iter().all(|t| t.name == t.scope.as_str()));
     }
 }

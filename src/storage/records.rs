@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId};
+use crate::scope::Scope;
 
 /// Schema version written into every record created by this release.
 pub const RECORD_VERSION: u32 = 2;
@@ -563,6 +564,9 @@ pub struct TokenRecord {
     pub secret_sha256: [u8; 32],
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+    /// What it may do. Added in schema 4: tokens stored before then are
+    /// migrated as `admin` (what every token could do).
+    pub scope: Scope,
 }
 
 /// An instance a force delete could not remove from its agent (the agent
@@ -617,5 +621,16 @@ mod tests {
         let map: BTreeMap<String, u16> = [("client".to_string(), 2181u16), ("peer".to_string(), 2888)].into();
         assert_eq!(codec::encode(&ports).unwrap(), codec::encode(&map).unwrap());
         assert_eq!(codec::decode::<Ports>(&codec::encode(&map).unwrap()).unwrap(), ports);
+    }
+
+    /// A token's scope is stored by its variant index (`scope.rs` says
+    /// never to reorder them): this pins the bytes.
+    #[test]
+    fn a_scope_is_stored_as_its_variant_index() {
+        for (i, scope) in Scope::ALL.into_iter().enumerate() {
+            assert_eq!(codec::encode(&scope).unwrap(), vec![i as u8], "{scope}");
+            assert_eq!(codec::decode::<Scope>(&[i as u8]).unwrap(), scope);
+        }
+        assert!(codec::decode::<Scope>(&[3]).is_err(), "no fourth scope");
     }
 }

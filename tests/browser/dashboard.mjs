@@ -2,7 +2,11 @@
 // a running `flotilla dev` with a cluster `demo` of the `web` package
 // (tests/integration/dashboard.rs sets that up and runs this script).
 //
-//   node dashboard.mjs LOGIN_URL OUT_DIR
+//   node dashboard.mjs LOGIN_URL OUT_DIR [READ_LOGIN_URL]
+//
+// LOGIN_URL carries an admin token; READ_LOGIN_URL, if given, a token of
+// scope `read`, with which the same cluster page must show no control
+// that changes anything (and no request be refused).
 //
 // Asserts on what the page shows, never on the API. Screenshots go to
 // OUT_DIR. Prints one JSON line with what it saw; exits non-zero (with the
@@ -12,9 +16,9 @@ import { chromium } from 'playwright-core';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-const [, , loginUrl, outDir] = process.argv;
+const [, , loginUrl, outDir, readLoginUrl] = process.argv;
 if (!loginUrl || !outDir) {
-  console.error('usage: node dashboard.mjs LOGIN_URL OUT_DIR');
+  console.error('usage: node dashboard.mjs LOGIN_URL OUT_DIR [READ_LOGIN_URL]');
   process.exit(2);
 }
 const CHROMIUM = '/usr/bin/chromium';
@@ -36,14 +40,22 @@ const browser = await chromium.launch({
   args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
     '--disable-component-update', '--disable-sync'],
 });
-const page = await browser.newPage({ viewport: { width: 1440, height: 1000 } });
-page.setDefaultTimeout(30_000);
-page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-page.on('console', (m) => { if (m.type() === 'error') problems.push(`console error: ${m.text()}`); });
-page.on('response', (r) => { if (r.status() >= 400) problems.push(`${r.status()} for ${r.url()}`); });
 const requests = [];
-page.on('request', (r) => requests.push(r.url()));
-const shot = (name) => page.screenshot({ path: join(outDir, `${name}.png`), fullPage: true });
+/** A page of a fresh context (its own sessionStorage), its troubles recorded. */
+async function newPage() {
+  const context = await browser.newContext({ viewport: { width: 1440, height: 1000 } });
+  const p = await context.newPage();
+  p.setDefaultTimeout(30_000);
+  p.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+  p.on('console', (m) => { if (m.type() === 'error') problems.push(`console error: ${m.text()}`); });
+  p.on('response', (r) => { if (r.status() >= 400) problems.push(`${r.status()} for ${r.url()}`); });
+  p.on('request', (r) => requests.push(r.url()));
+  return p;
+}
+const page = await newPage();
+const shot = (name, p = page) => p.screenshot({ path: join(outDir, `${name}.png`), fullPage: true });
+/** Every control of the page that would change something. */
+const MUTATING = '#main button[data-action], #main button[data-verb], #instances input[type="checkbox"]';
 const text = (sel) => page.locator(sel).first().innerText();
 
 try {
@@ -77,6 +89,12 @@ try {
   await page.waitForFunction(() => document.querySelectorAll('#instances tr[data-instance]').length === 2);
   const status = await text('#cluster-status');
   expect(status.includes('Active'), `demo Active, not ${status}`);
+  // An admin token: its scope shown, every action offered.
+  seen.scope = (await text('#scope')).trim();
+  expect(seen.scope === 'admin', `the admin scope in the header, not ${seen.scope}`);
+  await page.locator('button[data-action="delete"]').waitFor();
+  seen.controls = await page.locator(MUTATING).count();
+  expect(seen.controls === 7 + 2 * 4, `7 cluster actions and 4 per instance row, not ${seen.controls}`);
   // A marker that a reload would wipe, and every progress bar value the
   // operation panel ever draws (each render makes new bars).
   await page.evaluate(() => {
@@ -180,6 +198,33 @@ try {
   expect(events.some((t) => t.includes('instance.status')), 'instance events in the feed');
   await shot('8-events');
   step('operations, nodes and events views');
+
+  // A read token, in a tab of its own: the same cluster, live, and not
+  // one control that would change it; no request of the page refused.
+  if (readLoginUrl) {
+    const rp = await newPage();
+    await rp.goto(readLoginUrl);
+    await rp.waitForFunction(() => !location.hash.includes('token'));
+    await rp.locator('#scope:not([hidden])').waitFor();
+    seen.readScope = (await rp.locator('#scope').innerText()).trim();
+    expect(seen.readScope === 'read', `the read scope in the header, not ${seen.readScope}`);
+    await rp.locator('#live.on').waitFor();
+    await rp.locator('#nav a[data-view="clusters"]').click();
+    await rp.locator('#clusters tr[data-cluster="demo"] a').click();
+    await rp.waitForFunction(() => document.querySelectorAll('#instances tr[data-instance]').length === 4);
+    await rp.locator('#read-only').waitFor();
+    const readStatus = await rp.locator('#cluster-status').innerText();
+    expect(readStatus.includes('Active'), `demo Active for the read token too, not ${readStatus}`);
+    seen.readControls = await rp.locator(MUTATING).count();
+    expect(seen.readControls === 0, `no control that changes anything for a read token, not ${seen.readControls}`);
+    const buttons = await rp.locator('#main button').allInnerTexts();
+    const acting = buttons.filter((b) => /scale|start|stop|restart|config|upgrade|delete/i.test(b));
+    expect(acting.length === 0, `no action button for a read token: ${JSON.stringify(acting)}`);
+    await shot('9-read-only', rp);
+    step(`read token: scope shown, cluster demo with 4 instances and no mutating control (buttons: ${JSON.stringify(buttons)})`);
+    const readStored = await rp.evaluate(() => sessionStorage.getItem('flotilla.token'));
+    expect(!requests.some((u) => u.includes(readStored)), 'no request URL with the read token');
+  }
 
   // The token is only ever in a header: no request carries it in its URL
   // (a query string, a path); the login URL's fragment is never sent.

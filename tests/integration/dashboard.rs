@@ -4,8 +4,10 @@
 //! log in with the URL `flotilla dev` printed, see the actor tree, scale
 //! out from the page and watch the operation's bar advance and the new
 //! instances appear without a reload, kill an instance's process and see
-//! its restart, then the operations, nodes and events views. Screenshots
-//! are kept in `$CARGO_TARGET_TMPDIR/dashboard/`.
+//! its restart, then the operations, nodes and events views; then, with a
+//! token of scope `read` (`flotilla token create --scope read`) in a tab of
+//! its own, the same cluster without one control that would change it.
+//! Screenshots are kept in `$CARGO_TARGET_TMPDIR/dashboard/`.
 //!
 //! Needs `node`, `/usr/bin/chromium` and `tests/browser/node_modules`
 //! (`scripts/setup.sh` installs all three); without them the test fails
@@ -77,6 +79,8 @@ fn an_operator_scales_out_and_watches_a_restart_from_the_dashboard() {
     check_assets(&api);
 
     dev.ok(&["cluster", "create", "demo", "--package", "web:1.0.0", "--role", "server=2"]);
+    let viewer = dev.ok(&["token", "create", "viewer", "--scope", "read"]).trim().to_string();
+    let read_url = format!("{api}/#token={viewer}");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).expect("screenshot dir");
@@ -85,6 +89,7 @@ fn an_operator_scales_out_and_watches_a_restart_from_the_dashboard() {
         .arg(browser_dir().join("dashboard.mjs"))
         .arg(&url)
         .arg(&out)
+        .arg(&read_url)
         .current_dir(browser_dir())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -113,7 +118,10 @@ fn an_operator_scales_out_and_watches_a_restart_from_the_dashboard() {
     let seen: serde_json::Value = serde_json::from_str(stdout.trim()).expect("the script's JSON line");
     assert_eq!(seen["ok"], true, "{seen}");
     eprintln!("dashboard: what the page showed: {seen}");
-    for shot in ["1-actors", "3-scale-preview", "4-scaled-out", "5-restarted", "6-operation", "8-events"] {
+    assert_eq!((seen["scope"].as_str(), seen["readScope"].as_str()), (Some("admin"), Some("read")), "{seen}");
+    assert_eq!(seen["readControls"], 0, "{seen}");
+    for shot in ["1-actors", "3-scale-preview", "4-scaled-out", "5-restarted", "6-operation", "8-events", "9-read-only"]
+    {
         let png = std::fs::read(out.join(format!("{shot}.png"))).unwrap_or_default();
         assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "screenshot {shot} missing or empty");
     }

@@ -28,7 +28,7 @@ fn routes() -> Vec<(String, String)> {
                 .iter()
                 .zip(["demo", "1.0.0", "server", "x1"])
                 .fold(path.to_string(), |p, (from, to)| p.replace(from, to));
-            methods.iter().map(move |m| (m.to_uppercase(), path.clone()))
+            methods.iter().map(move |(m, _)| (m.to_uppercase(), path.clone()))
         })
         .collect();
     assert!(out.len() >= 25, "the route table: {out:?}");
@@ -180,13 +180,45 @@ async fn the_token_cli_creates_lists_and_revokes_with_exit_codes() {
     assert!(alice.starts_with("flt_") && err.contains("alice"), "stdout {out:?} stderr {err:?}");
     let alice_id = alice.split('_').nth(1).unwrap();
 
+    // With a scope: `--scope read`; without one, admin.
+    let (code, out, err) = cli(&env, &["token", "create", "viewer", "--scope", "read"], &auth);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("viewer, scope read"), "{err}");
+    let viewer = out.trim().to_string();
+    let viewer_id = viewer.split('_').nth(1).unwrap();
+    let (code, _, err) = cli(&env, &["token", "create", "root", "--scope", "root"], &auth);
+    assert_eq!(code, 2, "an unknown scope is a usage error: {err}");
+    assert!(err.contains("read") && err.contains("operate") && err.contains("admin"), "{err}");
+
     let (code, out, err) = cli(&env, &["token", "ls"], &auth);
     assert_eq!(code, 0, "{err}");
-    assert!(out.starts_with("ID") && out.contains(alice_id) && out.contains("alice"), "{out}");
+    assert!(out.starts_with("ID") && out.lines().next().unwrap().contains("SCOPE"), "{out}");
+    let row =
+        |id: &str| out.lines().find(|l| l.starts_with(id)).unwrap_or_default().split_whitespace().collect::<Vec<_>>();
+    assert_eq!(row(alice_id)[..3], [alice_id, "alice", "admin"], "{out}");
+    assert_eq!(row(viewer_id)[..3], [viewer_id, "viewer", "read"], "{out}");
     let (code, out, _) = cli(&env, &["token", "ls", "--json"], &auth);
     assert_eq!(code, 0);
     let v: Value = serde_json::from_str(&out).expect("--json is JSON");
-    assert_eq!(v["tokens"].as_array().map(Vec::len), Some(2), "{v:#}");
+    let scopes: Vec<(&str, &str)> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t["scope"].as_str().unwrap()))
+        .collect();
+    assert_eq!(scopes.len(), 3, "{v:#}");
+    for expected in [("initial", "admin"), ("alice", "admin"), ("viewer", "read")] {
+        assert!(scopes.contains(&expected), "{expected:?} in {scopes:?}");
+    }
+
+    // A read token reads, but makes no token (nor lists them): 403, exit 3.
+    let as_viewer = [("FLOTILLA_API", base.as_str()), ("FLOTILLA_TOKEN", viewer.as_str())];
+    assert_eq!(cli(&env, &["node", "ls"], &as_viewer).0, 0);
+    let (code, _, err) = cli(&env, &["token", "create", "sneaky", "--scope", "read"], &as_viewer);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("forbidden") && err.contains("needs the `admin` scope; this token has `read`"), "{err}");
+    let (code, _, err) = cli(&env, &["token", "ls"], &as_viewer);
+    assert_eq!(code, 3, "{err}");
 
     // Alice's token works for the CLI too; then she is revoked.
     let as_alice = [("FLOTILLA_API", base.as_str()), ("FLOTILLA_TOKEN", alice.as_str())];

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::scope::Scope;
 use crate::storage::records::TokenRecord;
 
 /// `POST /tokens`.
@@ -13,6 +14,10 @@ pub struct CreateTokenBody {
     /// Who or what it is for (`ci`, `alice`).
     #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,62}$")]
     pub name: String,
+    /// What it may do: `read` (every GET, the event stream, metrics),
+    /// `operate` (read, the verbs on clusters and instances, logs) or
+    /// `admin` (everything), the default.
+    pub scope: Option<Scope>,
 }
 
 /// A token as lists show it: never its secret, never its hash.
@@ -22,12 +27,20 @@ pub struct TokenDto {
     pub name: String,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: time::OffsetDateTime,
+    /// What it may do (`read` < `operate` < `admin`).
+    pub scope: Scope,
 }
 
 impl From<&TokenRecord> for TokenDto {
     fn from(r: &TokenRecord) -> Self {
-        TokenDto { id: r.id.clone(), name: r.name.clone(), created_at: r.created_at }
+        TokenDto { id: r.id.clone(), name: r.name.clone(), created_at: r.created_at, scope: r.scope }
     }
+}
+
+/// `GET /whoami`: the token this request was made with.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WhoAmI {
+    pub token: TokenDto,
 }
 
 /// `GET /tokens`.
@@ -59,6 +72,7 @@ pub struct TokenCreatePreview {
     /// `create`.
     pub would: String,
     pub name: String,
+    pub scope: Scope,
 }
 
 /// `DELETE /tokens/{id}?dry_run=true`.
