@@ -291,10 +291,15 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     let listener_cfg = ListenerConfig {
         heartbeat_interval: cfg.heartbeat_interval,
         handshake_timeout: cfg.handshake_timeout,
+        first_bytes_timeout: cfg.first_bytes_timeout,
         own_addrs: vec![agent_addr, http_addr],
-        max_connections: cfg.max_agent_connections,
-        max_handshakes: cfg.max_agent_handshakes,
-        max_handshakes_per_source: cfg.max_agent_handshakes_per_source,
+        limits: crate::actors::agent_listener::admission::Limits {
+            max_connections: cfg.max_agent_connections,
+            general: cfg.max_agent_handshakes,
+            reserved: cfg.reserved_agent_handshakes,
+            per_source: cfg.max_agent_handshakes_per_source,
+            per_subnet: cfg.max_agent_handshakes_per_subnet,
+        },
     };
     actix::spawn(crate::actors::agent_listener::run(
         agent_listener,

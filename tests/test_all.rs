@@ -38,6 +38,7 @@ mod integration {
     mod instance_logs;
     mod leaked;
     mod lifecycle;
+    mod listener;
     mod logs;
     mod master_restart;
     mod metrics;
