@@ -243,3 +243,38 @@ async fn one_subnet_holds_at_most_its_cap_of_connections_being_admitted() {
     let log = env.master_log();
     assert!(log.contains("max_agent_handshakes_per_subnet (8)"), "{log}");
 }
+
+/// A ClientHello that names a live certificate of this master takes a
+/// reserved slot; a connection that then does not present that very
+/// certificate is closed as soon as TLS ends, not at the handshake's
+/// deadline, and counted as `claim_broken`: a replayed claim buys nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_not_backed_by_its_certificate_is_closed_when_tls_ends() {
+    let master_env = [("FLOTILLA_MASTER_HANDSHAKE_TIMEOUT", "30s")];
+    let env = TestEnv::start_sim("listener-claim", &master_env, 1).await;
+    let sim: Value = node(&env, "sim-1").await;
+    let hex_fp = sim["certificate"]["fingerprint"].as_str().unwrap_or_else(|| panic!("no fingerprint: {sim:#}"));
+    let mut fp = [0u8; 32];
+    hex::decode_to_slice(hex_fp, &mut fp).expect("a hex SHA-256");
+
+    let token: JoinToken = env.join_token.parse().expect("join token");
+    let mut config = (*tls::enroll_config(token.ca).expect("TLS config")).clone();
+    config.alpn_protocols = vec![tls::certificate_claim(&fp)];
+    let tcp = tokio::net::TcpStream::connect(env.agent_socket()).await.unwrap();
+    let asked = Instant::now();
+    let mut stream = tls::connect(std::sync::Arc::new(config), tcp, Duration::from_secs(5)).await.expect("TLS");
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read(&mut stream, &mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "the connection was not closed: {read:?}");
+    assert!(asked.elapsed() < Duration::from_secs(3), "closed after {:?}", asked.elapsed());
+    env.until(5, "the broken claim logged", async || {
+        let log = env.master_log();
+        if log.contains(&format!("its ClientHello named certificate {hex_fp}, it presented none")) {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    })
+    .await;
+    assert_eq!(node(&env, "sim-1").await["connected"], true, "the real sim-1 lost its link");
+}
