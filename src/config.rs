@@ -36,6 +36,10 @@ pub struct MasterConfig {
     /// bytes per second than this is refused.
     pub upload_min_rate: u64,
     pub max_json_bytes: usize,
+    /// A request body (a package upload's excepted) not received whole
+    /// within this of the request's head is refused (`400 body_timeout`).
+    #[serde(with = "humantime_serde_compat")]
+    pub request_body_timeout: Duration,
     #[serde(with = "humantime_serde_compat")]
     pub heartbeat_interval: Duration,
     #[serde(with = "humantime_serde_compat")]
@@ -119,6 +123,7 @@ impl Default for MasterConfig {
             upload_idle_timeout: Duration::from_secs(30),
             upload_min_rate: 16 * 1024,
             max_json_bytes: 1024 * 1024,
+            request_body_timeout: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(2),
             node_unknown_after: Duration::from_secs(6),
             node_down_after: Duration::from_secs(30),
@@ -306,6 +311,7 @@ impl MasterConfig {
         }
         check_nonzero("heartbeat_interval", self.heartbeat_interval)?;
         check_nonzero("upload_idle_timeout", self.upload_idle_timeout)?;
+        check_nonzero("request_body_timeout", self.request_body_timeout)?;
         if self.node_unknown_after <= self.heartbeat_interval {
             return Err(ConfigError::Invalid {
                 key: "node_unknown_after",
