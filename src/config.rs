@@ -36,6 +36,10 @@ pub struct MasterConfig {
     /// bytes per second than this is refused.
     pub upload_min_rate: u64,
     pub max_json_bytes: usize,
+    /// A request body (a package upload's excepted) not received whole
+    /// within this of the request's head is refused (`400 body_timeout`).
+    #[serde(with = "humantime_serde_compat")]
+    pub request_body_timeout: Duration,
     #[serde(with = "humantime_serde_compat")]
     pub heartbeat_interval: Duration,
     #[serde(with = "humantime_serde_compat")]
@@ -56,6 +60,17 @@ pub struct MasterConfig {
     /// connection from that address is closed at once (one host trickling
     /// handshakes cannot take every slot from the others).
     pub max_agent_handshakes_per_source: usize,
+    /// Of those, how many one subnet (an IPv4 /24, an IPv6 /64) may hold;
+    /// past it a new connection from that subnet is closed at once.
+    pub max_agent_handshakes_per_subnet: usize,
+    /// Handshakes kept, beyond `max_agent_handshakes`, for connections whose
+    /// ClientHello names a certificate this master issued (enrolled agents
+    /// reconnecting); enrollments and anything else never take them.
+    pub reserved_agent_handshakes: usize,
+    /// A connection that has not sent a whole TLS ClientHello within this
+    /// is closed (long before `handshake_timeout`).
+    #[serde(with = "humantime_serde_compat")]
+    pub first_bytes_timeout: Duration,
     /// A frame an agent's connection cannot take within this closes the
     /// link: the agent stopped reading.
     #[serde(with = "humantime_serde_compat")]
@@ -108,6 +123,7 @@ impl Default for MasterConfig {
             upload_idle_timeout: Duration::from_secs(30),
             upload_min_rate: 16 * 1024,
             max_json_bytes: 1024 * 1024,
+            request_body_timeout: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(2),
             node_unknown_after: Duration::from_secs(6),
             node_down_after: Duration::from_secs(30),
@@ -116,6 +132,9 @@ impl Default for MasterConfig {
             max_agent_connections: 20_000,
             max_agent_handshakes: 256,
             max_agent_handshakes_per_source: 64,
+            max_agent_handshakes_per_subnet: 128,
+            reserved_agent_handshakes: 64,
+            first_bytes_timeout: Duration::from_secs(3),
             agent_send_timeout: Duration::from_secs(10),
             endpoints_file: None,
             log_format: LogFormat::Text,
@@ -314,6 +333,7 @@ impl MasterConfig {
         }
         check_nonzero("heartbeat_interval", self.heartbeat_interval)?;
         check_nonzero("upload_idle_timeout", self.upload_idle_timeout)?;
+        check_nonzero("request_body_timeout", self.request_body_timeout)?;
         if self.node_unknown_after <= self.heartbeat_interval {
             return Err(ConfigError::Invalid {
                 key: "node_unknown_after",
@@ -345,13 +365,23 @@ impl MasterConfig {
             ("max_agent_connections", self.max_agent_connections, 1 << 20),
             ("max_agent_handshakes", self.max_agent_handshakes, 1 << 16),
             ("max_agent_handshakes_per_source", self.max_agent_handshakes_per_source, 1 << 16),
+            ("max_agent_handshakes_per_subnet", self.max_agent_handshakes_per_subnet, 1 << 16),
+            ("reserved_agent_handshakes", self.reserved_agent_handshakes, 1 << 16),
         ] {
-            let min = usize::from(!matches!(key, "actor_threads" | "link_threads"));
+            let min = usize::from(!matches!(key, "actor_threads" | "link_threads" | "reserved_agent_handshakes"));
             if v < min || v > max {
                 return Err(ConfigError::Invalid { key, message: format!("{v} is outside {min}..={max}") });
             }
         }
-        check_nonzero("handshake_timeout", self.handshake_timeout)
+        check_nonzero("handshake_timeout", self.handshake_timeout)?;
+        check_nonzero("first_bytes_timeout", self.first_bytes_timeout)?;
+        if self.first_bytes_timeout > self.handshake_timeout {
+            return Err(ConfigError::Invalid {
+                key: "first_bytes_timeout",
+                message: "must not be longer than handshake_timeout".into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -478,6 +508,20 @@ mod tests {
         assert!(err.contains("link_threads") && err.contains("257 is outside 0..=256"), "{err}");
         let cfg = MasterConfig::load_with_env(None, env(&[("FLOTILLA_MASTER_LINK_THREADS", "3")]), &[]).unwrap();
         assert_eq!(cfg.link_threads, 3);
+
+        // The listener's first-bytes deadline sits inside the handshake's.
+        let err = MasterConfig::load_with_env(None, env(&[("FLOTILLA_MASTER_FIRST_BYTES_TIMEOUT", "11s")]), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("first_bytes_timeout") && err.contains("handshake_timeout"), "{err}");
+        let err =
+            MasterConfig::load_with_env(None, env(&[("FLOTILLA_MASTER_MAX_AGENT_HANDSHAKES_PER_SUBNET", "0")]), &[])
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("max_agent_handshakes_per_subnet"), "{err}");
+        let cfg =
+            MasterConfig::load_with_env(None, env(&[("FLOTILLA_MASTER_RESERVED_AGENT_HANDSHAKES", "0")]), &[]).unwrap();
+        assert_eq!(cfg.reserved_agent_handshakes, 0, "no room kept is allowed");
     }
 
     #[test]

@@ -113,6 +113,11 @@ pub const BLOCKING_THREADS: usize = 8;
 /// (and its allocator heap) for tokio's default 10 s.
 pub const HTTP_BLOCKING_THREADS: usize = 2;
 
+/// How long an API client has to send a request's head (line and
+/// headers); past it the request is answered `408` and its connection
+/// closed. actix-web's default, named here so it is a decision.
+pub const HTTP_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How long an idle blocking thread lives (tokio's default is 10 s). Each
 /// keeps its allocator heap while it lives: after an install to 1,000
 /// agents the master held 25 MiB more for those 10 s.
@@ -296,10 +301,15 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     let listener_cfg = ListenerConfig {
         heartbeat_interval: cfg.heartbeat_interval,
         handshake_timeout: cfg.handshake_timeout,
+        first_bytes_timeout: cfg.first_bytes_timeout,
         own_addrs: vec![agent_addr, http_addr],
-        max_connections: cfg.max_agent_connections,
-        max_handshakes: cfg.max_agent_handshakes,
-        max_handshakes_per_source: cfg.max_agent_handshakes_per_source,
+        limits: crate::actors::agent_listener::admission::Limits {
+            max_connections: cfg.max_agent_connections,
+            general: cfg.max_agent_handshakes,
+            reserved: cfg.reserved_agent_handshakes,
+            per_source: cfg.max_agent_handshakes_per_source,
+            per_subnet: cfg.max_agent_handshakes_per_subnet,
+        },
     };
     actix::spawn(crate::actors::agent_listener::run(
         agent_listener,
@@ -325,6 +335,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         open_health: cfg.open_health,
         open_metrics: cfg.open_metrics,
         log_readers: Default::default(),
+        request_body_timeout: cfg.request_body_timeout,
         metrics: match crate::http::metrics::install() {
             Ok(h) => Some(h),
             Err(e) => {
@@ -345,6 +356,10 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     .disable_signals()
     // Long polls (`?wait=`) would hold a graceful stop for their full wait.
     .shutdown_timeout(5)
+    // A request's head must be in within this (else 408 and closed); its
+    // body has `request_body_timeout` (`http::body_deadline`). Set here,
+    // not left to actix's default, so a change there cannot lift it.
+    .client_request_timeout(HTTP_HEAD_TIMEOUT)
     .listen(http_listener)
     .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?
     .run();

@@ -39,6 +39,7 @@ mod integration {
     mod isolation;
     mod leaked;
     mod lifecycle;
+    mod listener;
     mod logs;
     mod master_restart;
     mod metrics;

@@ -229,10 +229,12 @@ pub async fn start_master(
     // The whole fleet is one host. Each simulated agent dials from its own
     // loopback address (`sim::address`), so the per-source handshake cap,
     // meant for a host among many, does not bind it; lifted all the same,
-    // so a change of addressing cannot quietly throttle a run.
-    let per_source = "FLOTILLA_MASTER_MAX_AGENT_HANDSHAKES_PER_SOURCE";
-    if !env.iter().any(|(k, _)| k == per_source) {
-        env.push((per_source.to_string(), "65536".to_string()));
+    // so a change of addressing cannot quietly throttle a run. The fleet
+    // does fill /24s (250 agents each), so the per-subnet cap is lifted too.
+    for cap in ["FLOTILLA_MASTER_MAX_AGENT_HANDSHAKES_PER_SOURCE", "FLOTILLA_MASTER_MAX_AGENT_HANDSHAKES_PER_SUBNET"] {
+        if !env.iter().any(|(k, _)| k == cap) {
+            env.push((cap.to_string(), "65536".to_string()));
+        }
     }
     match (&args.api, args.agent_addr) {
         (Some(api), Some(agents)) => Ok(MasterProc::attach(api, agents, args.token.clone())),

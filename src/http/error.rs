@@ -132,10 +132,21 @@ pub fn method_not_allowed(method: &actix_web::http::Method, methods: &[&str]) ->
     answer(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message, None, vec![(ALLOW, allow)])
 }
 
-/// Maps actix's JSON body errors to our codes (unknown field, bad type, too big).
-pub fn json_error(err: actix_web::error::JsonPayloadError, _req: &actix_web::HttpRequest) -> actix_web::Error {
+/// Maps actix's JSON body errors to our codes (unknown field, bad type, too
+/// big, too slow: `body_timeout`, see [`super::body_deadline`]).
+pub fn json_error(err: actix_web::error::JsonPayloadError, req: &actix_web::HttpRequest) -> actix_web::Error {
     use actix_web::error::JsonPayloadError as J;
     let e = match &err {
+        J::Payload(p) if super::body_deadline::is_body_timeout(p) => {
+            let within = req.app_data::<actix_web::web::Data<super::AppState>>().map(|s| s.request_body_timeout);
+            Error::invalid(
+                "body_timeout",
+                format!(
+                    "the request body was not received within {} (request_body_timeout); the connection is closed",
+                    within.map_or_else(|| "its deadline".to_string(), |d| humantime::format_duration(d).to_string())
+                ),
+            )
+        }
         J::OverflowKnownLength { length, limit } => {
             Error::TooLarge { message: format!("JSON body of {length} bytes is over the limit of {limit}") }
         }
@@ -160,7 +171,8 @@ pub fn path_error(err: actix_web::error::PathError, _req: &actix_web::HttpReques
 // The error answers as the API description names them (`openapi.rs`).
 
 /// The request is malformed: a body, query or path that does not parse
-/// (`invalid_json`, `invalid_content_type`, `invalid_query`, `invalid_path`)
+/// (`invalid_json`, `invalid_content_type`, `invalid_query`, `invalid_path`),
+/// a JSON body not received within `request_body_timeout` (`body_timeout`)
 /// or a value out of its domain (`invalid_request`, `invalid_name`, ...).
 #[derive(ToResponse)]
 #[response(headers(("X-Request-Id" = String)))]

@@ -11,6 +11,7 @@
 //! handlers and their bodies (`dto.rs`).
 
 pub(crate) mod auth;
+mod body_deadline;
 mod clusters;
 mod dashboard;
 pub mod dto;
@@ -51,6 +52,9 @@ pub struct AppState {
     pub open_health: bool,
     /// `GET /metrics` answers without a token.
     pub open_metrics: bool,
+    /// A request body (but a package upload's) must be in within this of
+    /// the request's head (`body_deadline`).
+    pub request_body_timeout: std::time::Duration,
     /// The metrics recorder's handle (`None`: not recorded here).
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Instance log reads under way (bounded per node and per instance).
@@ -145,7 +149,11 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: 
         .app_data(web::JsonConfig::default().limit(max_json_bytes).error_handler(error::json_error))
         .app_data(web::QueryConfig::default().error_handler(error::query_error))
         .app_data(web::PathConfig::default().error_handler(error::path_error))
-        .service(api_resources(web::scope("/api/v1")).wrap(actix_web::middleware::from_fn(auth::require_token)))
+        .service(
+            api_resources(web::scope("/api/v1"))
+                .wrap(actix_web::middleware::from_fn(body_deadline::limit))
+                .wrap(actix_web::middleware::from_fn(auth::require_token)),
+        )
         .service(resource("/metrics", &["get"]).route(web::get().to(metrics::scrape)))
         .route("/", web::get().to(dashboard::index))
         .route("/ui/{file}", web::get().to(dashboard::asset))

@@ -125,12 +125,23 @@ async fn raw_upload(
     bytes: &[u8],
     send: impl AsyncFnOnce(&mut tokio::net::TcpStream, &[u8]),
 ) -> (u16, Value) {
+    raw_request(env, &format!("PUT /api/v1/packages/{name}/1.0.0"), "application/gzip", bytes, send).await
+}
+
+/// `request` (method and path) by hand, as [`raw_upload`] does.
+async fn raw_request(
+    env: &TestEnv,
+    request: &str,
+    content_type: &str,
+    bytes: &[u8],
+    send: impl AsyncFnOnce(&mut tokio::net::TcpStream, &[u8]),
+) -> (u16, Value) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let host = env.api.trim_start_matches("http://").split('/').next().unwrap().to_string();
     let mut tcp = tokio::net::TcpStream::connect(&host).await.unwrap();
     let head = format!(
-        "PUT /api/v1/packages/{name}/1.0.0 HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {}\r\n\
-         Content-Type: application/gzip\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{request} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         env.token,
         bytes.len()
     );
@@ -191,4 +202,37 @@ async fn a_stalled_or_trickling_upload_is_refused_and_frees_its_slot() {
     let (_, list) = env.get("/packages").await;
     assert_eq!(list["packages"], json!([]), "a refused upload left a package: {list:#}");
     env.upload(&PackageBuilder::new("kv", "1.0.0").spec(SPEC).script("bin/start.sh", "exec sleep 100000\n")).await;
+}
+
+/// A JSON body trickled a byte a second is refused once the body deadline
+/// passes (`400 body_timeout`) and its connection closed; before, one such
+/// client held a connection and its handler for as long as it liked. The
+/// same body sent whole goes through.
+#[tokio::test]
+async fn a_trickled_json_body_is_refused_at_its_deadline() {
+    let env = TestEnv::start_with("body-deadline", &[("FLOTILLA_MASTER_REQUEST_BODY_TIMEOUT", "2s")]).await;
+    let body = br#"{"name": "t", "package": {"name": "none", "version": "1.0.0"}}"#;
+    let started = std::time::Instant::now();
+    let (status, answer) = raw_request(&env, "POST /api/v1/clusters", "application/json", body, async |tcp, bytes| {
+        use tokio::io::AsyncWriteExt;
+        for b in bytes {
+            if tcp.write_all(&[*b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    assert_eq!((status, error_code(&answer)), (400, "body_timeout"), "{answer:#}");
+    assert!(took < std::time::Duration::from_secs(8), "refused and closed only after {took:?}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("request_body_timeout") && message.contains("2s"), "{message}");
+
+    let (status, answer) = raw_request(&env, "POST /api/v1/clusters", "application/json", body, async |tcp, bytes| {
+        use tokio::io::AsyncWriteExt;
+        tcp.write_all(bytes).await.unwrap();
+    })
+    .await;
+    assert_eq!((status, error_code(&answer)), (404, "not_found"), "the whole body was not read: {answer:#}");
 }

@@ -8,14 +8,60 @@
 //! - A connection without one may only enroll: a join token in, a
 //!   certificate out, then the master closes it.
 //!
-//! Anything else is refused with a `Refused` frame saying why, before any
-//! state changes. The listener holds at most `max_connections` agent
-//! connections (the live links and the handshakes under way) and runs at
-//! most `max_handshakes` TLS and protocol handshakes at once; past that a
-//! new connection waits in the kernel's backlog. One source address holds
-//! at most `max_handshakes_per_source` of them; a connection past that is
-//! closed at once.
+//! Anything else is refused with a `Refusal` frame saying why, before any
+//! state changes.
+//!
+//! # Who gets in while the listener is under a flood
+//!
+//! Before its handshake is done nothing tells a reconnecting agent from
+//! an attacker's connection, so the listener bounds what each phase of a
+//! connection may hold, and keeps room for what can prove itself soonest
+//! ([`admission`] keeps the books):
+//!
+//! 1. **Accepted, waiting for its ClientHello.** Every connection is
+//!    accepted at once (nothing waits in the kernel's backlog behind idle
+//!    sockets) and counted against `max_agent_connections` (links
+//!    included), its address (`max_agent_handshakes_per_source`; an IPv6
+//!    /64 counts as one address) and its subnet
+//!    (`max_agent_handshakes_per_subnet`: an IPv4 /24, an IPv6 /64); past
+//!    any of them it is closed at once. It must send a whole TLS
+//!    ClientHello within `first_bytes_timeout` (3 s), else it is closed:
+//!    a socket that sends nothing, or something that is not TLS, costs a
+//!    task and a few seconds of one count, never a handshake slot.
+//! 2. **ClientHello in, TLS under way.** Now the connection takes a
+//!    handshake slot, which it holds until it is admitted or closed (the
+//!    TLS handshake and then the protocol's): `max_agent_handshakes`
+//!    general slots anyone may take, and `reserved_agent_handshakes` kept
+//!    for connections whose ClientHello names (as an ALPN protocol, see
+//!    [`crate::protocol::tls::certificate_claim`]) a certificate this
+//!    master issued and has not revoked. A claim is only a word at this
+//!    point, so the reserved room is bounded per certificate: one slot
+//!    under each, and a connection holding one must finish TLS within
+//!    `first_bytes_timeout` and present that very certificate, or it is
+//!    closed. The reserved slot gives the address's and subnet's counts
+//!    back. A claim that is not a live certificate of this master, an
+//!    enrollment, or a second claim of a certificate already holding a
+//!    reserved slot waits for a general slot (a claim takes whichever
+//!    comes free first), up to `handshake_timeout` from the accept.
+//! 3. **TLS done.** Enrollment or registration, as above, in the slot.
+//!
+//! So idle sockets never delay anyone past their own few seconds, and
+//! garbage that does speak TLS (a ClientHello, then silence) fills at
+//! most the general slots: an enrolled agent's reconnect takes a reserved
+//! slot at once and is through in a round trip or two. To keep it out an
+//! attacker must replay the ClientHellos of enrolled agents (they travel
+//! in the clear), and then holds one slot per certificate replayed, for
+//! `first_bytes_timeout` at a time; the agent whose claim is held still
+//! waits for a general slot as before. What the subnet cap cannot help is
+//! an agent sharing an address or /24 with the flood: its connections are
+//! counted with the flood's until they send their ClientHello.
+//!
+//! Every refusal is counted in `flotilla_agent_connections_refused_total`
+//! by reason; the ones anyone can cause in bulk without a byte of TLS
+//! (caps, the first-bytes deadline, not TLS) are logged as a count once a
+//! second per kind, the others one line each with the peer and the cause.
 
+pub mod admission;
 pub mod hello;
 
 use std::net::SocketAddr;
@@ -27,6 +73,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::codec::{Framed, FramedWrite};
 
+use self::admission::{Admission, Limits, Refusal, Ticket};
 use super::Shared;
 use super::node_manager::NodeManagerActor;
 use super::supervisor::Supervisor;
@@ -35,68 +82,23 @@ use crate::error::Error;
 use crate::protocol::codec::MasterCodec;
 use crate::protocol::handshake::{LinkStream, Opening, master_open, refuse, welcome};
 use crate::protocol::messages::{MasterFrame, PROTOCOL_VERSION, Welcome};
-use crate::protocol::tls::fingerprint;
+use crate::protocol::tls::{claimed_certificate, fingerprint};
+use crate::storage::WriteOp;
+use crate::storage::records::{NodeRecord, RECORD_VERSION};
 
 /// The largest opening frame of a connection without a certificate.
 const ENROLL_FRAME_MAX: usize = 4096;
-use crate::storage::WriteOp;
-use crate::storage::records::{NodeRecord, RECORD_VERSION};
 
 /// What the listener needs besides the actors.
 #[derive(Clone)]
 pub struct ListenerConfig {
     pub heartbeat_interval: Duration,
     pub handshake_timeout: Duration,
+    /// A whole ClientHello must be in within this of the accept.
+    pub first_bytes_timeout: Duration,
     /// The master's own listening addresses (see [`hello::check`]).
     pub own_addrs: Vec<SocketAddr>,
-    pub max_connections: usize,
-    pub max_handshakes: usize,
-    pub max_handshakes_per_source: usize,
-}
-
-/// Handshakes in flight per source address.
-#[derive(Default)]
-struct PerSource(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
-
-/// One source's handshake slot, given back when dropped.
-struct SourceSlot(Arc<PerSource>, std::net::IpAddr);
-
-/// The source a connection counts against: an IPv4 address (also when
-/// mapped into IPv6), or an IPv6 /64, which one host may fill with
-/// addresses of its own.
-fn source_of(ip: std::net::IpAddr) -> std::net::IpAddr {
-    match ip.to_canonical() {
-        std::net::IpAddr::V6(v6) => {
-            let bits = u128::from(v6) & !((1u128 << 64) - 1);
-            std::net::IpAddr::V6(std::net::Ipv6Addr::from(bits))
-        }
-        v4 => v4,
-    }
-}
-
-impl PerSource {
-    fn take(self: &Arc<Self>, ip: std::net::IpAddr, max: usize) -> Option<SourceSlot> {
-        let ip = source_of(ip);
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let n = map.entry(ip).or_default();
-        if *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(SourceSlot(self.clone(), ip))
-    }
-}
-
-impl Drop for SourceSlot {
-    fn drop(&mut self) {
-        let mut map = self.0.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = map.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.1);
-            }
-        }
-    }
+    pub limits: Limits,
 }
 
 /// Accepts agent connections until the process ends.
@@ -107,13 +109,8 @@ pub async fn run(
     trust: Arc<Trust>,
     cfg: ListenerConfig,
 ) {
-    let handshakes = Arc::new(tokio::sync::Semaphore::new(cfg.max_handshakes.max(1)));
-    let per_source = Arc::new(PerSource::default());
-    let (mut refused, mut last_warned) = (0u64, None::<Instant>);
+    let admission = Admission::new(cfg.limits);
     loop {
-        // Waits here while the handshakes are all taken: new agents queue
-        // in the backlog instead of in tasks.
-        let Ok(permit) = handshakes.clone().acquire_owned().await else { return };
         let (stream, peer) = match listener.accept().await {
             Ok(v) => v,
             Err(e) => {
@@ -122,51 +119,94 @@ pub async fn run(
                 continue;
             }
         };
-        let in_flight = cfg.max_handshakes.max(1) - handshakes.available_permits();
-        if shared.links.len() + in_flight > cfg.max_connections {
-            tracing::warn!(%peer, max = cfg.max_connections, "agent connection refused: the listener is full");
-            continue;
-        }
-        let Some(source) = per_source.take(peer.ip(), cfg.max_handshakes_per_source.max(1)) else {
-            refused += 1;
-            // A flood of them is not a flood of log lines: one a second.
-            if last_warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                tracing::warn!(%peer, max = cfg.max_handshakes_per_source, refused, "agent connections refused: their address has as many handshakes under way as one source may");
-                last_warned = Some(Instant::now());
-                refused = 0;
+        // Counted before a byte is read; closed at once past a cap.
+        let ticket = match admission.enter(peer.ip(), shared.links.len()) {
+            Ok(t) => t,
+            Err(refusal) => {
+                admission.refused(refusal, peer, cfg.first_bytes_timeout);
+                continue;
             }
-            continue;
         };
-        let (shared, supervisor, trust, cfg) = (shared.clone(), supervisor.clone(), trust.clone(), cfg.clone());
+        let (shared, supervisor, trust, cfg, admission) =
+            (shared.clone(), supervisor.clone(), trust.clone(), cfg.clone(), admission.clone());
         actix::spawn(async move {
-            let result = admit(stream, peer, &shared, &supervisor, &trust, &cfg).await;
-            drop((permit, source));
-            if let Err(e) = result {
-                tracing::warn!(%peer, error = %e, "agent not admitted");
+            // The ticket lives in `admit` and is given back when it returns.
+            if let Err((refusal, reason)) = admit(stream, peer, ticket, &shared, &supervisor, &trust, &cfg).await {
+                admission.refused(refusal, peer, cfg.first_bytes_timeout);
+                if !refusal.is_bulk() {
+                    tracing::warn!(%peer, kind = refusal.label(), error = %reason, "agent not admitted");
+                }
             }
         });
     }
 }
 
-/// TLS, the opening frame, then enrollment or registration.
+/// The ClientHello, a handshake slot, TLS (the module doc's phases 1 and
+/// 2), then [`register`]; `ticket` is held throughout.
 async fn admit(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
+    mut ticket: Ticket,
+    shared: &Shared,
+    supervisor: &actix::Addr<Supervisor>,
+    trust: &Arc<Trust>,
+    cfg: &ListenerConfig,
+) -> Result<(), (Refusal, String)> {
+    let deadline = Instant::now() + cfg.handshake_timeout;
+    if let Err(e) = crate::protocol::socket::prepare(&stream) {
+        tracing::debug!(%peer, error = %e, "socket options not set");
+    }
+    let first_bytes = (Instant::now() + cfg.first_bytes_timeout).min(deadline);
+    let acceptor = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
+    let start = match tokio::time::timeout_at(first_bytes, acceptor).await {
+        Err(_) => return Err((Refusal::NoClientHello, String::new())),
+        Ok(Err(e)) => return Err((Refusal::NotTls, e.to_string())),
+        Ok(Ok(start)) => start,
+    };
+    // Only a live certificate of this master is worth the reserved room;
+    // any other claim is as good as none.
+    let claim =
+        claimed_certificate(start.client_hello().alpn().into_iter().flatten()).filter(|fp| trust.identify(fp).is_ok());
+    tokio::time::timeout_at(deadline, ticket.take_slot(claim)).await.map_err(|_| {
+        (Refusal::NoSlot, format!("no handshake slot came free within handshake_timeout ({:?})", cfg.handshake_timeout))
+    })?;
+    // A reserved slot is the room kept for agents' reconnects: its holder
+    // gets a round trip's worth of time to prove its claim, not the whole
+    // handshake's, so a replayed claim holds it only briefly.
+    let tls_deadline = match ticket.reserved_for() {
+        Some(_) => (Instant::now() + cfg.first_bytes_timeout).min(deadline),
+        None => deadline,
+    };
+    let tls = tokio::time::timeout_at(tls_deadline, start.into_stream(trust.acceptor().config().clone()))
+        .await
+        .map_err(|_| (Refusal::Tls, "TLS handshake timed out".to_string()))?
+        .map_err(|e| (Refusal::Tls, format!("TLS handshake failed: {}", crate::error::ErrorChain(&e))))?;
+    let presented = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| fingerprint(c));
+    if let Some(claimed) = ticket.reserved_for()
+        && presented != Some(claimed)
+    {
+        let what = presented.map_or_else(|| "none".to_string(), hex::encode);
+        let reason = format!("its ClientHello named certificate {}, it presented {what}", hex::encode(claimed));
+        return Err((Refusal::ClaimBroken, reason));
+    }
+    let result = register(Box::new(tls), presented, peer, deadline, shared, supervisor, trust, cfg).await;
+    drop(ticket);
+    result.map_err(|reason| (Refusal::Protocol, reason))
+}
+
+/// After TLS: the opening frame, then enrollment or registration, within
+/// `deadline`; `presented` is the certificate the agent presented.
+#[allow(clippy::too_many_arguments)]
+async fn register(
+    stream: LinkStream,
+    presented: Option<crate::protocol::tls::Fingerprint>,
+    peer: SocketAddr,
+    deadline: Instant,
     shared: &Shared,
     supervisor: &actix::Addr<Supervisor>,
     trust: &Arc<Trust>,
     cfg: &ListenerConfig,
 ) -> Result<(), String> {
-    let deadline = Instant::now() + cfg.handshake_timeout;
-    if let Err(e) = crate::protocol::socket::prepare(&stream) {
-        tracing::debug!(%peer, error = %e, "socket options not set");
-    }
-    let tls = tokio::time::timeout_at(deadline, trust.acceptor().accept(stream))
-        .await
-        .map_err(|_| "TLS handshake timed out".to_string())?
-        .map_err(|e| format!("TLS handshake failed: {}", crate::error::ErrorChain(&e)))?;
-    let presented = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| fingerprint(c));
-    let stream: LinkStream = Box::new(tls);
     let mut framed = Framed::new(stream, MasterCodec::default());
     // Without a certificate only an enrollment may come: a few hundred bytes.
     if presented.is_none() {
@@ -282,21 +322,4 @@ async fn admit(
         slot,
     });
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::net::IpAddr;
-
-    use super::source_of;
-
-    #[test]
-    fn a_source_is_an_ipv4_address_or_an_ipv6_64() {
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert_eq!(source_of(ip("10.1.2.3")), ip("10.1.2.3"));
-        assert_eq!(source_of(ip("::ffff:10.1.2.3")), ip("10.1.2.3"), "mapped IPv4 is IPv4");
-        assert_eq!(source_of(ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd")), ip("2001:db8:1:2::"));
-        assert_eq!(source_of(ip("2001:db8:1:2::7")), source_of(ip("2001:db8:1:2:ffff::1")), "one /64");
-        assert_ne!(source_of(ip("2001:db8:1:2::7")), source_of(ip("2001:db8:1:3::7")));
-    }
 }

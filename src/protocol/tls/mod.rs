@@ -14,6 +14,14 @@
 //! taken from what the agent says; a certificate missing from the table
 //! (revoked, or issued by another master's CA) is refused.
 //!
+//! An enrolled agent also names its certificate in its ClientHello, as an
+//! ALPN protocol ([`certificate_claim`]): the master reads it before any
+//! TLS work and keeps handshake room for such connections (see
+//! `actors::agent_listener`). The claim is only a word until the handshake
+//! ends: a connection that does not then present that very certificate is
+//! closed. The master selects no ALPN protocol, so the claim changes
+//! nothing else (rustls, on both ends, goes on without one).
+//!
 //! One crypto backend (aws-lc-rs) is named explicitly everywhere, so no
 //! process-wide default provider is needed.
 
@@ -54,6 +62,28 @@ impl TlsError {
     pub(crate) fn rustls(what: &'static str) -> impl FnOnce(rustls::Error) -> TlsError {
         move |e| TlsError::Crypto { what, message: e.to_string() }
     }
+}
+
+/// The ALPN protocol an enrolled agent's ClientHello carries:
+/// `flotilla-cert/` and the hex SHA-256 of the certificate it will present.
+pub const CLAIM_PREFIX: &[u8] = b"flotilla-cert/";
+
+/// The ALPN protocol naming the certificate with fingerprint `fp`.
+pub fn certificate_claim(fp: &Fingerprint) -> Vec<u8> {
+    let mut claim = CLAIM_PREFIX.to_vec();
+    claim.extend_from_slice(hex::encode(fp).as_bytes());
+    claim
+}
+
+/// The certificate a ClientHello's ALPN protocols claim, if one of them
+/// is a well-formed claim (the first such).
+pub fn claimed_certificate<'a>(mut alpn: impl Iterator<Item = &'a [u8]>) -> Option<Fingerprint> {
+    alpn.find_map(|p| {
+        let hex = p.strip_prefix(CLAIM_PREFIX)?;
+        let mut fp = [0u8; 32];
+        hex::decode_to_slice(hex, &mut fp).ok()?;
+        Some(fp)
+    })
 }
 
 /// The SHA-256 of `der`.
@@ -132,12 +162,15 @@ pub fn client_config(
     cert: CertificateDer<'static>,
     key: PrivateKeyDer<'static>,
 ) -> Result<Arc<ClientConfig>, TlsError> {
-    let config = ClientConfig::builder_with_provider(provider())
+    let claim = certificate_claim(&fingerprint(&cert));
+    let mut config = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(TlsError::rustls("the client configuration"))?
         .with_root_certificates(roots(ca)?)
         .with_client_auth_cert(vec![cert], key)
         .map_err(TlsError::rustls("the client configuration"))?;
+    // Read by the master's listener before the handshake (module doc).
+    config.alpn_protocols = vec![claim];
     Ok(Arc::new(config))
 }
 
@@ -200,5 +233,19 @@ mod tests {
         let (master_chain, _) = ca.master_identity().unwrap();
         let err = check_node_certificate(ca.cert(), &master_chain[0], &key.public_key(), "node-7").unwrap_err();
         assert!(!err.is_empty(), "the master's server certificate is no client certificate");
+    }
+
+    #[test]
+    fn a_claim_names_a_certificate_and_nothing_else_passes_for_one() {
+        let fp = fingerprint(b"some certificate");
+        let claim = certificate_claim(&fp);
+        let protocols: [&[u8]; 3] = [b"h2", b"flotilla-cert/zz", &claim];
+        assert_eq!(claimed_certificate(protocols.into_iter()), Some(fp), "the well-formed one is found");
+        assert_eq!(claimed_certificate([&b"http/1.1"[..]].into_iter()), None);
+        let short = &claim[..claim.len() - 2];
+        assert_eq!(claimed_certificate([short].into_iter()), None, "a truncated claim");
+        let mut upper = claim.clone();
+        upper.push(b'0');
+        assert_eq!(claimed_certificate([&upper[..]].into_iter()), None, "one hex digit too many");
     }
 }
