@@ -73,6 +73,12 @@ pub enum BeneathError {
     ForeignOwner { path: PathBuf, uid: u32, want: u32 },
     #[error("refusing {path}: it has {links} hard links")]
     HardLinked { path: PathBuf, links: u64 },
+    #[error(
+        "refusing to chown {path}: it has {links} hard links, {inside} of them in the tree; the others may be files outside the instance"
+    )]
+    LinkedOutside { path: PathBuf, links: u64, inside: usize },
+    #[error("refusing to chown {path}: the tree has more than {max} hard-linked files")]
+    TooManyLinked { path: PathBuf, max: usize },
     #[error("cannot {op} {path}")]
     Io {
         op: &'static str,
@@ -268,19 +274,20 @@ impl Dir {
     /// creating it with `mode` (and giving it to `owner`) when missing.
     pub fn ensure_dir(&self, name: &OsStr, mode: u32, owner: Option<(u32, u32)>) -> Result<Dir, BeneathError> {
         let shown = self.shown.join(name);
-        match nix::sys::stat::mkdirat(&self.fd, name, Mode::from_bits_truncate(mode)) {
-            Ok(()) => {
-                if let Some((uid, gid)) = owner {
-                    chown_at(self.fd(), name, uid, gid).map_err(|e| BeneathError::io("chown", &shown, e))?;
-                }
-            }
-            Err(Errno::EEXIST) => {}
+        let created = match nix::sys::stat::mkdirat(&self.fd, name, Mode::from_bits_truncate(mode)) {
+            Ok(()) => true,
+            Err(Errno::EEXIST) => false,
             Err(e) => return Err(BeneathError::io("create the directory", &shown, e)),
-        }
+        };
         let fd = match nix::fcntl::openat(&self.fd, name, DIR_FLAGS, Mode::empty()) {
             Ok(fd) => fd,
             Err(e) => return Err(self.classify(&[name.to_os_string()], 0, e)),
         };
+        // Through the directory opened, not its name: the name may have
+        // been swapped for something else since the mkdir.
+        if let Some((uid, gid)) = owner.filter(|_| created) {
+            chown_fd(fd.as_fd(), uid, gid).map_err(|e| BeneathError::io("chown", &shown, e))?;
+        }
         Ok(Dir { fd, shown, resolver: self.resolver })
     }
 
@@ -447,13 +454,35 @@ pub fn check_file(st: &FileStat, path: &Path, expect: Expect) -> Result<(), Bene
 }
 
 /// `fchownat` without following a link.
+/// Gives the entry `name` of `at` to `uid:gid` through an `O_PATH` fd of
+/// it, never by its name a second time: a link is chowned itself, and what
+/// is checked is what is chowned, whatever is swapped in meanwhile. A
+/// non-directory with other hard links is refused (`EMLINK`): one of them
+/// may be a file outside the instance (an instance may link a file it does
+/// not own where `fs.protected_hardlinks` is 0), which root's chown would
+/// give away. [`tree::chown_tree`] gives a tree's own hard links.
 pub(crate) fn chown_at(at: BorrowedFd<'_>, name: &OsStr, uid: u32, gid: u32) -> nix::Result<()> {
+    let fd = open_path(at, name)?;
+    let st = nix::sys::stat::fstat(&fd)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR && st.st_nlink > 1 {
+        return Err(Errno::EMLINK);
+    }
+    chown_fd(fd.as_fd(), uid, gid)
+}
+
+/// `name` in `at` itself (no link followed), for inspecting and chowning.
+pub(crate) fn open_path(at: BorrowedFd<'_>, name: &OsStr) -> nix::Result<OwnedFd> {
+    nix::fcntl::openat(at, name, OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+}
+
+/// Chowns what `fd` is (an `O_PATH` fd of a link: the link).
+pub(crate) fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> nix::Result<()> {
     nix::unistd::fchownat(
-        at,
-        name,
+        fd,
+        "",
         Some(nix::unistd::Uid::from_raw(uid)),
         Some(nix::unistd::Gid::from_raw(gid)),
-        AtFlags::AT_SYMLINK_NOFOLLOW,
+        AtFlags::AT_EMPTY_PATH | AtFlags::AT_SYMLINK_NOFOLLOW,
     )
 }
 

@@ -258,3 +258,36 @@ fn chown_tree_does_not_follow_links() {
     }
     assert!(tree::chown_tree(&inst.join("run"), uid, gid).is_err(), "the root itself must not be a link");
 }
+
+#[test]
+fn chown_tree_gives_a_tree_its_own_hard_links_and_refuses_one_from_outside() {
+    require_root("giving files to another user");
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let victim = outside.path().join("shadow");
+    std::fs::write(&victim, "root's").unwrap();
+    let inst = tmp.path().join("inst");
+    std::fs::create_dir_all(inst.join("bin")).unwrap();
+    std::fs::create_dir_all(inst.join("data")).unwrap();
+    // A package's own hard link: both names in the tree.
+    std::fs::write(inst.join("bin/run"), "#!/bin/sh\n").unwrap();
+    std::fs::hard_link(inst.join("bin/run"), inst.join("bin/run2")).unwrap();
+    let (uid, gid) = (4242, 4343);
+    tree::chown_tree(&inst, uid, gid).unwrap();
+    for p in ["bin/run", "bin/run2"] {
+        let m = std::fs::symlink_metadata(inst.join(p)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (uid, gid), "{p}");
+    }
+    // What an instance can leave where protected_hardlinks is 0: a hard
+    // link to root's file. Refused, and root's file stays root's.
+    std::fs::hard_link(&victim, inst.join("data/x")).unwrap();
+    let err = tree::chown_tree(&inst, 5151, 5151).unwrap_err();
+    assert!(matches!(err, BeneathError::LinkedOutside { links: 2, inside: 1, .. }), "{err}");
+    assert!(err.to_string().contains("data/x"), "{err}");
+    assert_eq!(std::fs::metadata(&victim).unwrap().uid(), me(), "root's file was given away");
+    // One file alone is refused the same way.
+    let root = Dir::open(&inst).unwrap();
+    let err = chown_at(root.dir(&rel("data")).unwrap().fd(), OsStr::new("x"), 5151, 5151);
+    assert_eq!(err, Err(Errno::EMLINK));
+    assert_eq!(std::fs::metadata(&victim).unwrap().uid(), me());
+}

@@ -4,6 +4,7 @@
 //! link anywhere (or a directory swapped for one mid-walk) is chowned or
 //! unlinked itself, never what it points at.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::Mode;
 use nix::unistd::UnlinkatFlags;
 
-use super::{BeneathError, Dir, chown_at, open_dir_fd};
+use super::{BeneathError, Dir, chown_fd, open_dir_fd, open_path};
 
 const DIR_FLAGS: OFlag = OFlag::O_RDONLY.union(OFlag::O_DIRECTORY).union(OFlag::O_NOFOLLOW).union(OFlag::O_CLOEXEC);
 
@@ -27,9 +28,22 @@ fn names(fd: &OwnedFd, shown: &Path) -> Result<Vec<OsString>, BeneathError> {
     listing.map(|e| e.map(|e| e.file_name()).map_err(|e| BeneathError::io("list", shown, e))).collect()
 }
 
+/// The most hard-linked files [`chown_tree`] holds (an fd each) to check
+/// that all their links are inside the tree.
+const MAX_LINKED: usize = 4096;
+
+/// A file by (device, inode): hard-linked files seen in a tree are kept by
+/// it, with their link count and the entries (fd, path) naming them.
+type Inode = (u64, u64);
+
 /// Gives `dir` and everything under it to `uid:gid` without following any
 /// symlink (links themselves are chowned). Entries already owned right are
-/// left alone.
+/// left alone. Each entry is opened (`O_PATH`), inspected and chowned
+/// through that fd, so what was checked is what is chowned. A file with
+/// several hard links is given only when all of them are in the tree (a
+/// package's own hard links): one linked from outside (an instance may
+/// link a file it does not own where `fs.protected_hardlinks` is 0) is
+/// refused, never given away.
 pub fn chown_tree(dir: &Path, uid: u32, gid: u32) -> Result<(), BeneathError> {
     let root = open_dir_fd(dir).map_err(|e| BeneathError::io("open", dir, e))?;
     let st = nix::sys::stat::fstat(&root).map_err(|e| BeneathError::io("inspect", dir, e))?;
@@ -37,6 +51,17 @@ pub fn chown_tree(dir: &Path, uid: u32, gid: u32) -> Result<(), BeneathError> {
         nix::unistd::fchown(&root, Some(nix::unistd::Uid::from_raw(uid)), Some(nix::unistd::Gid::from_raw(gid)))
             .map_err(|e| BeneathError::io("chown", dir, e))?;
     }
+    let give = |fd: &OwnedFd, st: &nix::sys::stat::FileStat, path: &Path| -> Result<(), BeneathError> {
+        if st.st_uid == uid && st.st_gid == gid {
+            return Ok(());
+        }
+        match chown_fd(fd.as_fd(), uid, gid) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(BeneathError::io("chown", path, e)),
+        }
+    };
+    let mut linked: HashMap<Inode, (u64, Vec<(OwnedFd, PathBuf)>)> = HashMap::new();
+    let mut linked_seen = 0;
     // Pending directories as (parent fd, name): a directory is opened only
     // when it is walked, so open fds stay around the tree's depth.
     let mut pending: Vec<(Rc<OwnedFd>, OsString, PathBuf)> = Vec::new();
@@ -44,18 +69,27 @@ pub fn chown_tree(dir: &Path, uid: u32, gid: u32) -> Result<(), BeneathError> {
     while let Some((fd, path)) = current.take() {
         for name in names(&fd, &path)? {
             let child = path.join(&name);
-            let st = match nix::sys::stat::fstatat(&*fd, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
-                Ok(st) => st,
+            let entry = match open_path(fd.as_fd(), &name) {
+                Ok(entry) => entry,
                 Err(Errno::ENOENT) => continue, // removed meanwhile
-                Err(e) => return Err(BeneathError::io("inspect", &child, e)),
+                Err(e) => return Err(BeneathError::io("open", &child, e)),
             };
-            if st.st_uid != uid || st.st_gid != gid {
-                match chown_at(fd.as_fd(), &name, uid, gid) {
-                    Ok(()) | Err(Errno::ENOENT) => {}
-                    Err(e) => return Err(BeneathError::io("chown", &child, e)),
+            let st = nix::sys::stat::fstat(&entry).map_err(|e| BeneathError::io("inspect", &child, e))?;
+            let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            if !is_dir && st.st_nlink > 1 {
+                linked_seen += 1;
+                if linked_seen > MAX_LINKED {
+                    return Err(BeneathError::TooManyLinked { path: dir.to_path_buf(), max: MAX_LINKED });
                 }
+                linked
+                    .entry((st.st_dev, st.st_ino))
+                    .or_insert_with(|| (st.st_nlink, Vec::new()))
+                    .1
+                    .push((entry, child));
+                continue;
             }
-            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            give(&entry, &st, &child)?;
+            if is_dir {
                 pending.push((Rc::clone(&fd), name, child));
             }
         }
@@ -70,6 +104,16 @@ pub fn chown_tree(dir: &Path, uid: u32, gid: u32) -> Result<(), BeneathError> {
                 Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => continue,
                 Err(e) => return Err(BeneathError::io("open", &child, e)),
             }
+        }
+    }
+    for (links, entries) in linked.into_values() {
+        if entries.len() as u64 != links {
+            let path = entries[0].1.clone();
+            return Err(BeneathError::LinkedOutside { path, links, inside: entries.len() });
+        }
+        for (fd, path) in &entries {
+            let st = nix::sys::stat::fstat(fd).map_err(|e| BeneathError::io("inspect", path, e))?;
+            give(fd, &st, path)?;
         }
     }
     Ok(())

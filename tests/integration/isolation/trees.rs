@@ -96,3 +96,32 @@ stop_grace = "2s"
     assert!(text.contains("run is a symbolic link"), "the failure does not say why: {op:#}");
     intact(&target, "after the refused start");
 }
+
+/// A hard link in `data/` to a file of root's outside: an instance can
+/// make one where `fs.protected_hardlinks` is 0 (the kernel's default; most
+/// distributions set 1), so the test makes it for it. The upgrade's chown
+/// of the carried tree refuses it, naming it, and root's file stays
+/// root's; the delete unlinks the link and leaves the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_link_to_a_file_outside_is_never_given_to_the_instance() {
+    let env = TestEnv::start("iso-hardlink").await;
+    env.upload(&intruder("1.0.0")).await;
+    env.upload(&intruder("1.0.1")).await;
+    let target = victim(&env, "hl-victim");
+    let i = attack(&env, "hl", "none", "").await;
+    let dir = dir_of(&i);
+    std::fs::hard_link(target.join("keep"), dir.join("data/hl")).unwrap();
+
+    let op = env.run_op("/clusters/hl/upgrade", Some(json!({"version": "1.0.1"}))).await;
+    assert_eq!(op["status"], "Failed", "{op:#}");
+    let text = op.to_string();
+    assert!(text.contains("data/hl") && text.contains("hard links"), "the failure does not name the link: {op:#}");
+    intact(&target, "after the upgrade");
+
+    let (status, body) = env.delete("/clusters/hl?force=true").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body:#}");
+    let gone = eventually(30, || !dir.exists()).await;
+    assert!(gone, "the instance dir is left: {}", dir.display());
+    intact(&target, "after the delete");
+    assert_eq!(std::fs::metadata(target.join("keep")).unwrap().nlink(), 1, "the link was not removed");
+}
