@@ -104,14 +104,7 @@ impl ApiTokens {
     /// What [`revoke`](Self::revoke) would refuse, without revoking (a dry run).
     pub fn check_revoke(&self, id: &str) -> Result<Arc<TokenRecord>, Error> {
         let table = self.table.load();
-        let record = table.get(id).cloned().ok_or_else(|| Error::not_found("token", id))?;
-        if table.len() == 1 {
-            return Err(Error::conflict(
-                "last_token",
-                format!("token {id} is the only one left; create another before revoking it"),
-            ));
-        }
-        Ok(record)
+        refuse_revoke(&table, id).cloned()
     }
 
     /// Creates a token named `name` of `scope`, asked for by a token of
@@ -187,15 +180,7 @@ impl ApiTokens {
     pub async fn revoke(self: &Arc<Self>, id: &str) -> Result<TokenRecord, Error> {
         let one = self.writes.clone().lock_owned().await;
         let table = self.table.load_full();
-        let Some(record) = table.get(id) else {
-            return Err(Error::not_found("token", id));
-        };
-        if table.len() == 1 {
-            return Err(Error::conflict(
-                "last_token",
-                format!("token {id} is the only one left; create another before revoking it"),
-            ));
-        }
+        let record = refuse_revoke(&table, id)?;
         let mut next = (*table).clone();
         next.remove(id);
         self.commit_then_swap(one, WriteOp::delete_token(id), next).await?;
@@ -225,6 +210,21 @@ pub(crate) fn random<const N: usize>() -> Result<[u8; N], Error> {
     let mut buf = [0u8; N];
     getrandom::fill(&mut buf).map_err(|e| Error::Internal { message: format!("no randomness for a token: {e}") })?;
     Ok(buf)
+}
+
+/// Token `id`, unless revoking it would leave no admin token: without one,
+/// nobody could mint tokens, upload packages or manage nodes through the
+/// API again (read and operate tokens cannot make an admin one).
+fn refuse_revoke<'a>(table: &'a BTreeMap<String, Arc<TokenRecord>>, id: &str) -> Result<&'a Arc<TokenRecord>, Error> {
+    let record = table.get(id).ok_or_else(|| Error::not_found("token", id))?;
+    let admins = table.values().filter(|r| r.scope == Scope::Admin).count();
+    if record.scope == Scope::Admin && admins == 1 {
+        return Err(Error::conflict(
+            "last_token",
+            format!("token {id} is the last admin token; create another admin token before revoking it"),
+        ));
+    }
+    Ok(record)
 }
 
 #[cfg(test)]
@@ -286,6 +286,15 @@ mod tests {
             Error::Invalid { code: "invalid_name", .. }
         ));
         assert_eq!(t.list().len(), 1);
+        // With a read token beside it, the admin one is still the last admin.
+        let read = t.create("dash", Scope::Read, Scope::Admin).await.unwrap();
+        let err = t.revoke(&only.record.id).await.unwrap_err();
+        assert!(matches!(err, Error::Conflict { code: "last_token", .. }), "{err}");
+        assert!(t.check_revoke(&only.record.id).is_err());
+        t.revoke(&read.record.id).await.unwrap();
+        let second = t.create("second", Scope::Admin, Scope::Admin).await.unwrap();
+        t.revoke(&only.record.id).await.unwrap();
+        assert!(t.verify(&second.token).is_some());
     }
 
     #[tokio::test]

@@ -73,6 +73,17 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     data_dir_mode(&cfg.data_dir, 0o711)
         .map_err(|source| AgentError::Io { path: cfg.data_dir.display().to_string(), source })?;
+    // Everything in it but `instances/` is the agent's alone, whatever mode
+    // an earlier release (umask 022) left: the store holds every instance's
+    // rendered environment, secrets included.
+    for private in ["db", "packages", "tls"] {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = cfg.data_dir.join(private);
+        if dir.is_dir() {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|source| AgentError::Io { path: dir.display().to_string(), source })?;
+        }
+    }
     let node_id = NodeId::new(cfg.node_id.clone());
     let enrolling = enroll::credentials(
         &cfg.data_dir,

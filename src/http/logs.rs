@@ -188,6 +188,10 @@ pub async fn logs(
                         return;
                     }
                 }
+                // The agent's own bound on reads at once (other readers
+                // through other masters, or one-shot reads beside the
+                // followers this master lets through): try again later.
+                Err(ApiError(Error::Overloaded { .. })) => wait = (wait * 2).min(POLL_QUIET),
                 Err(e) => {
                     let _ = tx.send(Bytes::from(format!("\n[flotilla: the log stream ended: {}]\n", e.0))).await;
                     return;

@@ -179,11 +179,21 @@ impl DynamicUsers {
 
 /// True when `uid` is a user or a group of the node's databases.
 fn known_to_the_node(uid: u32) -> bool {
+    // systemd's DynamicUser takes its uids (same default range) with a
+    // lock file per uid, and they are in no database while its service is
+    // stopped.
+    if std::path::Path::new(SYSTEMD_DYNAMIC_UIDS).join(uid.to_string()).exists() {
+        return true;
+    }
     let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid));
     let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(uid));
     // A lookup that fails is taken as "known": never risk a shared id.
     !matches!(user, Ok(None)) || !matches!(group, Ok(None))
 }
+
+/// Where systemd keeps a lock file for each uid its `DynamicUser`
+/// services hold.
+const SYSTEMD_DYNAMIC_UIDS: &str = "/run/systemd/dynamic-uid";
 
 /// The uids that own a running process (`/proc/<pid>` belongs to its
 /// process's uid).

@@ -67,7 +67,10 @@ impl RunAsPolicy {
                 user.name, user.uid, user.gid
             ));
         }
+        // A dynamic user is given by this agent, never named by a spec:
+        // `allowed_run_as` limits the names specs may give.
         if !self.allowed_run_as.is_empty()
+            && !crate::agent::process::users::is_dynamic(&user.name)
             && user.name != self.default_user()
             && !self.allowed_run_as.contains(&user.name)
         {
