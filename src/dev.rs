@@ -70,19 +70,6 @@ fn warn_if_unreachable(dir: &Path) {
     }
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return futures::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
 fn setup<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> DevError + '_ {
     move |e| DevError::Setup(format!("{what}: {e}"))
 }
@@ -167,7 +154,7 @@ async fn start_and_wait(
     .map_err(setup("writing endpoints.json"))?;
     print_banner(&api_url, &token, dir, args.agents, &loaded);
     tokio::select! {
-        _ = shutdown_signal() => {
+        _ = crate::shutdown::signal() => {
             eprintln!("\nflotilla dev: stopping agents (and their instances), then the master ...");
             Ok(())
         }
@@ -387,6 +374,7 @@ async fn stop_children(children: Vec<(String, Child)>) {
         }
         for (name, mut c) in group {
             match tokio::time::timeout(Duration::from_secs(60), c.wait()).await {
+                Ok(Ok(status)) if !status.success() => eprintln!("flotilla dev: {name} ended with {status}"),
                 Ok(_) => {}
                 Err(_) => {
                     eprintln!("flotilla dev: {name} did not stop within 60 s; killing it");

@@ -28,6 +28,7 @@
 //! | [`master`] | wiring that starts a master: storage, actors, listeners, the first API token (`--init`) |
 //! | [`cli`] | the command-line client (`flotilla cluster`, `package`, `node`, `op`, `events`, `token`): finding the master, waiting for operations, exit codes |
 //! | [`dev`] | `flotilla dev`: a master and N agents on loopback |
+//! | [`shutdown`] | the signal master, agent and `flotilla dev` stop on (Ctrl-C, SIGTERM) |
 //! | [`bench`] | `flotilla bench`: simulated agents (the real protocol, a fake process layer) and the load driver |
 //! | [`package`] | package tarballs: reading `component.toml` out of an upload |
 //!
@@ -51,6 +52,7 @@ pub mod package;
 pub mod private_file;
 pub mod protocol;
 pub mod scope;
+pub mod shutdown;
 pub mod spec;
 pub mod storage;
 pub mod thread_nice;

@@ -271,7 +271,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let cfg = AgentConfig::load(config.as_deref(), &o)?;
             init_logs(cfg.log_format, "info");
             let rt = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
-            let result = rt.block_on(flotilla::agent::run(cfg, flotilla::dev::shutdown_signal()));
+            let result = rt.block_on(flotilla::agent::run(cfg, flotilla::shutdown::signal()));
             // A blocking task that never returns (a /proc read stuck on a
             // process in the kernel) must not keep the agent from exiting.
             rt.shutdown_timeout(std::time::Duration::from_secs(5));

@@ -217,10 +217,15 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     } else {
         cfg.actor_threads
     };
-    let arbiters: Vec<ArbiterHandle> = (0..threads)
-        .map(|_| Arbiter::try_with_tokio_rt(runtime).map(|a| a.handle()))
-        .collect::<Result<_, _>>()
-        .map_err(|source| MasterError::Runtime { source })?;
+    // Owned here to be joined at exit; the actors get handles.
+    let mut threads_to_join: Vec<Arbiter> = Vec::new();
+    let mut arbiter = || -> Result<ArbiterHandle, MasterError> {
+        let a = Arbiter::try_with_tokio_rt(runtime).map_err(|source| MasterError::Runtime { source })?;
+        let handle = a.handle();
+        threads_to_join.push(a);
+        Ok(handle)
+    };
+    let arbiters: Vec<ArbiterHandle> = (0..threads).map(|_| arbiter()).collect::<Result<_, _>>()?;
     // One gate for all of them: bulk work on any actor thread waits while
     // a request to any cluster does (they share the cores).
     let gate = Arc::new(crate::actors::priority::Gate::default());
@@ -236,10 +241,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         0 => (threads / 2).max(1),
         n => n,
     };
-    let link_arbiters: Vec<ArbiterHandle> = (0..link_threads)
-        .map(|_| Arbiter::try_with_tokio_rt(runtime).map(|a| a.handle()))
-        .collect::<Result<_, _>>()
-        .map_err(|source| MasterError::Runtime { source })?;
+    let link_arbiters: Vec<ArbiterHandle> = (0..link_threads).map(|_| arbiter()).collect::<Result<_, _>>()?;
     for (i, a) in link_arbiters.iter().enumerate() {
         a.spawn(crate::actors::priority::measure_lag(format!("link-{i}"), None));
         let by = cfg.bulk_nice;
@@ -369,16 +371,26 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         write_endpoints(path, http_addr, agent_addr).map_err(io_err(path))?;
     }
     let handle = server.handle();
+    let quiesce = store.clone();
     actix::spawn(async move {
-        crate::dev::shutdown_signal().await;
+        crate::shutdown::signal().await;
         tracing::info!("shutting down: the store is frozen, running operations resume at the next start");
         store.freeze();
         handle.stop(true).await;
     });
     let served = server.await.map_err(|source| MasterError::Listen { addr: http_addr.to_string(), source });
-    for a in arbiters.iter().chain(&link_arbiters) {
+    // Nothing left running at exit: the actor threads stopped and joined
+    // (their actors hold the store), then the store's background work.
+    for a in &threads_to_join {
         a.stop();
     }
+    let _ = tokio::task::spawn_blocking(move || {
+        for a in threads_to_join {
+            let _ = a.join();
+        }
+    })
+    .await;
+    quiesce.quiesce();
     served
 }
 

@@ -181,6 +181,10 @@ impl MetaStore for MasterStore {
         self.writer.freeze()
     }
 
+    fn quiesce(&self) {
+        self.db.cancel_all_background_work(true);
+    }
+
     fn stats(&self) -> meta::StoreStats {
         meta::StoreStats {
             batches: self.writer.batches_written(),

@@ -54,6 +54,12 @@ pub trait MetaStore: Send + Sync + 'static {
     fn subscribe_appends(&self) -> broadcast::Receiver<Arc<Appended>>;
     /// Refuses every later write (shutdown); writes already queued land.
     fn freeze(&self);
+    /// After [`freeze`](Self::freeze), at exit: stops the engine's own
+    /// background work (flushes, compactions) and waits for it, so the
+    /// process never exits with the engine's threads mid-way (RocksDB
+    /// aborts with `pthread lock: Invalid argument` when its statics go
+    /// first). The store stays readable.
+    fn quiesce(&self) {}
     /// What the engine has written, and what waits.
     fn stats(&self) -> StoreStats;
 }
