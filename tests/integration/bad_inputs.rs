@@ -236,3 +236,34 @@ async fn a_trickled_json_body_is_refused_at_its_deadline() {
     .await;
     assert_eq!((status, error_code(&answer)), (404, "not_found"), "the whole body was not read: {answer:#}");
 }
+
+/// The rest of issue 22's item 7 against a real master: a key repeated
+/// inside `config` is refused (it was last-wins), `tail` above 10,000 is
+/// refused, and a 10,000-character id is not echoed whole.
+#[tokio::test]
+async fn repeated_keys_huge_tails_and_long_ids_get_short_clear_errors() {
+    let env = TestEnv::start("item-7").await;
+    let body = r#"{"name": "d", "package": {"name": "kv", "version": "1.0.0"}, "config": {"x": 1, "x": 2}}"#;
+    let (status, answer) =
+        raw_request(&env, "POST /api/v1/clusters", "application/json", body.as_bytes(), async |tcp, bytes| {
+            use tokio::io::AsyncWriteExt;
+            tcp.write_all(bytes).await.unwrap();
+        })
+        .await;
+    assert_eq!(status, 400, "{answer:#}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("duplicate key \"x\""), "{message}");
+
+    let (status, answer) = env.get("/clusters/nope/instances/nope-a-1-000000/logs?tail=10001").await;
+    assert_eq!((status.as_u16(), error_code(&answer)), (400, "invalid_query"), "{answer:#}");
+    assert!(answer["error"]["message"].as_str().unwrap_or_default().contains("at most 10000"), "{answer:#}");
+
+    let long = "a".repeat(10_000);
+    for path in [format!("/clusters/{long}"), format!("/operations/{long}"), format!("/nodes/{long}")] {
+        let (status, answer) = env.get(&path).await;
+        assert!(status.is_client_error(), "{status}");
+        let text = answer.to_string();
+        assert!(text.len() < 3000, "a {}-byte answer echoes the id: {}", text.len(), &text[..200]);
+        assert!(!text.contains(&long[..2500]), "the id is echoed whole");
+    }
+}

@@ -9,7 +9,8 @@ use serde_json::json;
 
 use crate::common::{PackageBuilder, TestEnv, id_of, role_instances};
 
-const SPEC: &str = r#"
+/// A role that writes to its log (also `scopes`).
+pub const SPEC: &str = r#"
 [component]
 name = "talk"
 version = "1.0.0"

@@ -269,23 +269,11 @@ async fn only_admin_makes_tokens_of_the_scope_asked_and_unknown_scopes_are_refus
     assert_eq!(scopes, expected.map(|(n, s)| (n.to_string(), s.to_string())), "{list:#}");
 }
 
-const SPEC: &str = r#"
-[component]
-name = "talk"
-version = "1.0.0"
-
-[[roles]]
-name = "svc"
-count = { min = 1, max = 1 }
-start = ["bin/talk.sh"]
-stop_grace = "2s"
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operate_token_reads_a_log_but_uploads_no_package() {
     let env = TestEnv::start("scopes-logs").await;
     let talk = PackageBuilder::new("talk", "1.0.0")
-        .spec(SPEC)
+        .spec(super::instance_logs::SPEC)
         .script("bin/talk.sh", "echo hello from talk\nexec sleep 1000\n");
     env.upload(&talk).await;
     let c = env.create_active(json!({"name": "talk", "package": {"name": "talk", "version": "1.0.0"}})).await;
@@ -314,7 +302,7 @@ async fn an_operate_token_reads_a_log_but_uploads_no_package() {
 
     // operate uploads no package (a real tarball, which admin could).
     let v2 = PackageBuilder::new("talk", "2.0.0")
-        .spec(&SPEC.replace("1.0.0", "2.0.0"))
+        .spec(&super::instance_logs::SPEC.replace("1.0.0", "2.0.0"))
         .script("bin/talk.sh", "exec sleep 1000\n");
     let url = format!("{}/packages/talk/2.0.0", env.api);
     let resp = operate.put(&url).body(v2.build()).send().await.expect("PUT");
