@@ -20,14 +20,18 @@
 //!   kernel without `openat2` (before 5.6, or a seccomp filter refusing it),
 //!   by a walk that opens one component at a time with `O_NOFOLLOW` from
 //!   the directory fd ([`Resolver`]). Either way a link swapped in between
-//!   a check and the open is refused, not followed.
+//!   a check and the open is refused, not followed, and so is a mount point
+//!   on the way (`RESOLVE_NO_XDEV`; the walk compares `st_dev`): an
+//!   instance that can mount (FUSE) could make a read there hang.
 //! - Files are opened with `O_NONBLOCK` (a FIFO or a device answers at once
 //!   instead of holding a thread) and checked with `fstat` on the open fd:
 //!   only a regular file is read or written, optionally one owned by the
 //!   instance's user (a hard link to root's file is root's) and with a
 //!   single link ([`Expect`]).
 //! - Trees are walked (chown, removal) through directory fds as well
-//!   ([`tree`]), and rendered files are written through a temp file and
+//!   ([`tree`]); a chown goes through an `O_PATH` fd of what was checked,
+//!   and a hard-linked file is given only when all its links are in the
+//!   tree; and rendered files are written through a temp file and
 //!   one `renameat` in the same directory ([`write`]).
 //!
 //! Callers: log reads (`node::logs`), pidfile reads (`process::pidfile`),
@@ -71,6 +75,8 @@ pub enum BeneathError {
     NotRegular { path: PathBuf, kind: &'static str },
     #[error("refusing {path}: it belongs to uid {uid}, not to the instance's user (uid {want})")]
     ForeignOwner { path: PathBuf, uid: u32, want: u32 },
+    #[error("refusing {path}: a mount point is on its path")]
+    Mount { path: PathBuf },
     #[error("refusing {path}: it has {links} hard links")]
     HardLinked { path: PathBuf, links: u64 },
     #[error(
@@ -353,7 +359,10 @@ impl Dir {
         let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         if self.resolver == Resolver::Openat2 && OPENAT2.load(Ordering::Relaxed) != NO {
             let how = OpenHow::new().flags(flags).mode(mode).resolve(
-                ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                    | ResolveFlag::RESOLVE_NO_XDEV,
             );
             let path = rel.parts.iter().map(|p| p.as_bytes()).collect::<Vec<_>>().join(&b'/');
             let mut tries = 0;
@@ -371,12 +380,15 @@ impl Dir {
                     // A rename elsewhere raced the lookup; the kernel asks
                     // to try again.
                     Err(Errno::EAGAIN) if tries < 8 => tries += 1,
-                    // A link, a non-directory parent, an escape, a socket or
-                    // a FIFO without a reader: the walk below says which
-                    // component and what it is (and refuses it again).
-                    Err(
-                        Errno::ELOOP | Errno::ENOTDIR | Errno::EXDEV | Errno::EAGAIN | Errno::ENXIO | Errno::EOPNOTSUPP,
-                    ) => {
+                    // A mount point on the way (`..` never is one: a
+                    // `RelPath` has none): an instance that can mount (FUSE)
+                    // could make a read hang there. Refused without a walk,
+                    // which would enter the mount.
+                    Err(Errno::EXDEV) => return Err(BeneathError::Mount { path: self.shown(rel) }),
+                    // A link, a non-directory parent, a socket or a FIFO
+                    // without a reader: the walk below says which component
+                    // and what it is (and refuses it again).
+                    Err(Errno::ELOOP | Errno::ENOTDIR | Errno::EAGAIN | Errno::ENXIO | Errno::EOPNOTSUPP) => {
                         break;
                     }
                     Err(e) => return Err(BeneathError::io("open", &self.shown(rel), e)),
@@ -388,18 +400,30 @@ impl Dir {
 
     /// The fallback resolution: each parent opened as a directory with
     /// `O_NOFOLLOW` from the one before, the last name with `flags`.
+    /// Each opened component must be on this directory's filesystem (as
+    /// `RESOLVE_NO_XDEV`; unlike it, the open has entered the mount).
     fn walk(&self, rel: &RelPath, flags: OFlag, mode: Mode) -> Result<OwnedFd, BeneathError> {
         let (parents, last) = rel.split_last();
+        let dev = nix::sys::stat::fstat(&self.fd).map_err(|e| BeneathError::io("inspect", &self.shown, e))?.st_dev;
+        let same_dev = |fd: OwnedFd| -> Result<OwnedFd, BeneathError> {
+            match nix::sys::stat::fstat(&fd) {
+                Ok(st) if st.st_dev == dev => Ok(fd),
+                Ok(_) => Err(BeneathError::Mount { path: self.shown(rel) }),
+                Err(e) => Err(BeneathError::io("inspect", &self.shown(rel), e)),
+            }
+        };
         let mut current: Option<OwnedFd> = None;
         for (i, part) in parents.iter().enumerate() {
             let at = current.as_ref().map_or(self.fd(), |fd| fd.as_fd());
             match nix::fcntl::openat(at, part.as_os_str(), DIR_FLAGS, Mode::empty()) {
-                Ok(fd) => current = Some(fd),
+                Ok(fd) => current = Some(same_dev(fd)?),
                 Err(e) => return Err(self.classify_at(at, rel, i, e)),
             }
         }
         let at = current.as_ref().map_or(self.fd(), |fd| fd.as_fd());
-        nix::fcntl::openat(at, last, flags, mode).map_err(|e| self.classify_at(at, rel, rel.parts.len() - 1, e))
+        let fd =
+            nix::fcntl::openat(at, last, flags, mode).map_err(|e| self.classify_at(at, rel, rel.parts.len() - 1, e))?;
+        same_dev(fd)
     }
 
     /// Why opening component `i` of `parts` (from this directory) failed.

@@ -291,3 +291,30 @@ fn chown_tree_gives_a_tree_its_own_hard_links_and_refuses_one_from_outside() {
     assert_eq!(err, Err(Errno::EMLINK));
     assert_eq!(std::fs::metadata(&victim).unwrap().uid(), me());
 }
+
+#[test]
+fn a_mount_inside_is_never_entered() {
+    require_root("mounting a tmpfs");
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    // What a FUSE mount of the instance's would be: another filesystem
+    // where the agent reads (here one that answers; FUSE's could hang).
+    let mounted =
+        std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&logs).status();
+    assert!(mounted.as_ref().is_ok_and(|s| s.success()), "mount a tmpfs (root, CAP_SYS_ADMIN): {mounted:?}");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&logs);
+    std::fs::write(logs.join("stdout.log"), "ON THE MOUNT\n").unwrap();
+    for resolver in BOTH {
+        let dir = Dir::open_with(tmp.path(), resolver).unwrap();
+        let err = dir.open_read(&rel("logs/stdout.log"), Expect::default()).unwrap_err();
+        assert!(matches!(err, BeneathError::Mount { .. }), "{resolver:?}: {err:?}");
+        assert!(err.is_refusal() && err.to_string().contains("mount point"), "{err}");
+    }
+}
