@@ -400,8 +400,11 @@ impl Dir {
 
     /// The fallback resolution: each parent opened as a directory with
     /// `O_NOFOLLOW` from the one before, the last name with `flags`.
-    /// Each opened component must be on this directory's filesystem (as
-    /// `RESOLVE_NO_XDEV`; unlike it, the open has entered the mount).
+    /// Each directory opened on the way must be on this directory's
+    /// filesystem (as `RESOLVE_NO_XDEV`; unlike it, the open has entered
+    /// the mount). Not the last component: overlayfs may give a file the
+    /// `st_dev` of its layer rather than the mount's, and a file mounted
+    /// over (FUSE on a file) on a kernel without `openat2` is not caught.
     fn walk(&self, rel: &RelPath, flags: OFlag, mode: Mode) -> Result<OwnedFd, BeneathError> {
         let (parents, last) = rel.split_last();
         let dev = nix::sys::stat::fstat(&self.fd).map_err(|e| BeneathError::io("inspect", &self.shown, e))?.st_dev;
@@ -421,9 +424,7 @@ impl Dir {
             }
         }
         let at = current.as_ref().map_or(self.fd(), |fd| fd.as_fd());
-        let fd =
-            nix::fcntl::openat(at, last, flags, mode).map_err(|e| self.classify_at(at, rel, rel.parts.len() - 1, e))?;
-        same_dev(fd)
+        nix::fcntl::openat(at, last, flags, mode).map_err(|e| self.classify_at(at, rel, rel.parts.len() - 1, e))
     }
 
     /// Why opening component `i` of `parts` (from this directory) failed.
