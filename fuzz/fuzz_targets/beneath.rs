@@ -62,7 +62,15 @@ fuzz_target!(|data: &[u8]| {
         let at = inst.join(input.path());
         match input.next() % 8 {
             0 => drop(std::fs::create_dir_all(&at)),
-            1 => drop(std::fs::write(&at, "INSIDE")),
+            // A new file only (O_EXCL): the harness itself must not open a
+            // FIFO made earlier at the same path, nor write through a link.
+            1 => drop(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&at)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, b"INSIDE")),
+            ),
             2 => drop(std::os::unix::fs::symlink(&outside, &at)),
             3 => drop(std::os::unix::fs::symlink(outside.join("secret"), &at)),
             4 => drop(std::os::unix::fs::symlink(input.path(), &at)),
