@@ -113,6 +113,9 @@ pub const BLOCKING_THREADS: usize = 8;
 /// (and its allocator heap) for tokio's default 10 s.
 pub const HTTP_BLOCKING_THREADS: usize = 2;
 
+/// How long the master waits at exit for its actor threads to end.
+const EXIT_JOIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long an API client has to send a request's head (line and
 /// headers); past it the request is answered `408` and its connection
 /// closed. actix-web's default, named here so it is a decision.
@@ -384,12 +387,16 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     for a in &threads_to_join {
         a.stop();
     }
-    let _ = tokio::task::spawn_blocking(move || {
+    let joined = tokio::task::spawn_blocking(move || {
         for a in threads_to_join {
             let _ = a.join();
         }
-    })
-    .await;
+    });
+    // An actor thread stuck in a blocking call (a hung disk) must not hold
+    // the exit for ever; the store's background work is stopped either way.
+    if tokio::time::timeout(EXIT_JOIN_TIMEOUT, joined).await.is_err() {
+        tracing::warn!("actor threads still running {EXIT_JOIN_TIMEOUT:?} after the stop; exiting anyway");
+    }
     quiesce.quiesce();
     served
 }

@@ -246,7 +246,7 @@ fn chown_tree_does_not_follow_links() {
     let inst = tmp.path().join("inst");
     let _sock = hostile_tree(&inst, outside.path());
     let (uid, gid) = (4242, 4343);
-    tree::chown_tree(&inst, uid, gid).unwrap();
+    tree::chown_tree(&inst, uid, gid, None).unwrap();
     for p in
         ["", "data", "data/a", "data/a/b", "data/a/b/f", "data/out", "data/a/victim", "run", "data/fifo", "data/sock"]
     {
@@ -256,7 +256,7 @@ fn chown_tree_does_not_follow_links() {
     for p in [outside.path().to_path_buf(), outside.path().join("victim"), "/".into()] {
         assert_eq!(std::fs::metadata(&p).unwrap().uid(), me(), "followed a link to {}", p.display());
     }
-    assert!(tree::chown_tree(&inst.join("run"), uid, gid).is_err(), "the root itself must not be a link");
+    assert!(tree::chown_tree(&inst.join("run"), uid, gid, None).is_err(), "the root itself must not be a link");
 }
 
 #[test]
@@ -273,7 +273,7 @@ fn chown_tree_gives_a_tree_its_own_hard_links_and_refuses_one_from_outside() {
     std::fs::write(inst.join("bin/run"), "#!/bin/sh\n").unwrap();
     std::fs::hard_link(inst.join("bin/run"), inst.join("bin/run2")).unwrap();
     let (uid, gid) = (4242, 4343);
-    tree::chown_tree(&inst, uid, gid).unwrap();
+    tree::chown_tree(&inst, uid, gid, None).unwrap();
     for p in ["bin/run", "bin/run2"] {
         let m = std::fs::symlink_metadata(inst.join(p)).unwrap();
         assert_eq!((m.uid(), m.gid()), (uid, gid), "{p}");
@@ -281,10 +281,18 @@ fn chown_tree_gives_a_tree_its_own_hard_links_and_refuses_one_from_outside() {
     // What an instance can leave where protected_hardlinks is 0: a hard
     // link to root's file. Refused, and root's file stays root's.
     std::fs::hard_link(&victim, inst.join("data/x")).unwrap();
-    let err = tree::chown_tree(&inst, 5151, 5151).unwrap_err();
+    let err = tree::chown_tree(&inst, 5151, 5151, None).unwrap_err();
     assert!(matches!(err, BeneathError::LinkedOutside { links: 2, inside: 1, .. }), "{err}");
     assert!(err.to_string().contains("data/x"), "{err}");
     assert_eq!(std::fs::metadata(&victim).unwrap().uid(), me(), "root's file was given away");
+    // Given on from the previous user (an upgrade's carried dirs): what
+    // that user owns moves on, the link to root's file stays root's.
+    std::fs::write(inst.join("data/mine"), "mine").unwrap();
+    std::os::unix::fs::chown(inst.join("data/mine"), Some(uid), Some(gid)).unwrap();
+    tree::chown_tree(&inst.join("data"), 5151, 5151, Some(uid)).unwrap();
+    assert_eq!(std::fs::metadata(inst.join("data/mine")).unwrap().uid(), 5151);
+    assert_eq!(std::fs::metadata(inst.join("data")).unwrap().uid(), 5151);
+    assert_eq!(std::fs::metadata(&victim).unwrap().uid(), me(), "root's file was given on");
     // One file alone is refused the same way.
     let root = Dir::open(&inst).unwrap();
     let err = chown_at(root.dir(&rel("data")).unwrap().fd(), OsStr::new("x"), 5151, 5151);

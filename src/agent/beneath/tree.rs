@@ -37,22 +37,26 @@ const MAX_LINKED: usize = 4096;
 type Inode = (u64, u64);
 
 /// Gives `dir` and everything under it to `uid:gid` without following any
-/// symlink (links themselves are chowned). Entries already owned right are
-/// left alone. Each entry is opened (`O_PATH`), inspected and chowned
-/// through that fd, so what was checked is what is chowned. A file with
-/// several hard links is given only when all of them are in the tree (a
-/// package's own hard links): one linked from outside (an instance may
-/// link a file it does not own where `fs.protected_hardlinks` is 0) is
-/// refused, never given away.
-pub fn chown_tree(dir: &Path, uid: u32, gid: u32) -> Result<(), BeneathError> {
+/// symlink (links themselves are chowned). Each entry is opened (`O_PATH`),
+/// inspected and chowned through that fd, so what was checked is what is
+/// chowned.
+///
+/// `from: None` gives everything not owned right: only for a tree no one
+/// else can reach (a staging dir of root's), since a file with several hard
+/// links is given only when all of them were seen in the tree (a package's
+/// own hard links), which a tree its user can rename in cannot prove.
+/// `from: Some(uid)` gives only what `uid` owns (the instance's previous
+/// user, in the `data/ logs/ run/` an upgrade carried over): whatever else
+/// is there, such as a hard link to a file of root's, stays as it is.
+pub fn chown_tree(dir: &Path, uid: u32, gid: u32, from: Option<u32>) -> Result<(), BeneathError> {
     let root = open_dir_fd(dir).map_err(|e| BeneathError::io("open", dir, e))?;
     let st = nix::sys::stat::fstat(&root).map_err(|e| BeneathError::io("inspect", dir, e))?;
-    if st.st_uid != uid || st.st_gid != gid {
+    if (st.st_uid != uid || st.st_gid != gid) && from.is_none_or(|f| st.st_uid == f) {
         nix::unistd::fchown(&root, Some(nix::unistd::Uid::from_raw(uid)), Some(nix::unistd::Gid::from_raw(gid)))
             .map_err(|e| BeneathError::io("chown", dir, e))?;
     }
     let give = |fd: &OwnedFd, st: &nix::sys::stat::FileStat, path: &Path| -> Result<(), BeneathError> {
-        if st.st_uid == uid && st.st_gid == gid {
+        if (st.st_uid == uid && st.st_gid == gid) || from.is_some_and(|f| st.st_uid != f) {
             return Ok(());
         }
         match chown_fd(fd.as_fd(), uid, gid) {
@@ -76,7 +80,7 @@ pub fn chown_tree(dir: &Path, uid: u32, gid: u32) -> Result<(), BeneathError> {
             };
             let st = nix::sys::stat::fstat(&entry).map_err(|e| BeneathError::io("inspect", &child, e))?;
             let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-            if !is_dir && st.st_nlink > 1 {
+            if !is_dir && st.st_nlink > 1 && from.is_none() && (st.st_uid != uid || st.st_gid != gid) {
                 linked_seen += 1;
                 if linked_seen > MAX_LINKED {
                     return Err(BeneathError::TooManyLinked { path: dir.to_path_buf(), max: MAX_LINKED });

@@ -209,7 +209,7 @@ fn place_instance_dir_carries_owned_dirs_over() {
         std::fs::write(s.join("bin/run"), n).unwrap();
         s
     };
-    place_instance_dir(&stage("v1"), &final_dir).unwrap();
+    place_instance_dir(&stage("v1"), &final_dir, None).unwrap();
     for d in RESERVED_DIRS {
         assert!(final_dir.join(d).is_dir(), "{d}/ missing after first install");
     }
@@ -218,7 +218,7 @@ fn place_instance_dir_carries_owned_dirs_over() {
     std::fs::remove_dir(final_dir.join("run")).unwrap();
     std::os::unix::fs::symlink("/etc", final_dir.join("run")).unwrap();
 
-    place_instance_dir(&stage("v2"), &final_dir).unwrap();
+    place_instance_dir(&stage("v2"), &final_dir, None).unwrap();
     assert_eq!(std::fs::read_to_string(final_dir.join("bin/run")).unwrap(), "v2");
     assert_eq!(std::fs::read_to_string(final_dir.join("data/db")).unwrap(), "precious");
     assert_eq!(std::fs::read_to_string(final_dir.join("logs/out.log")).unwrap(), "old log");

@@ -28,8 +28,11 @@ pub const INSTANCE_DIR_MODE: u32 = 0o750;
 /// Moves `staging` to `final_dir`. When `final_dir` exists (reinstall,
 /// upgrade), its `data/ logs/ run/` are moved into the new tree first, the
 /// two trees are swapped atomically, and the old one is removed. Afterwards
-/// `data/ logs/ run/` exist in `final_dir`, and it and they are mode 0o750.
-pub fn place_instance_dir(staging: &Path, final_dir: &Path) -> Result<(), InstallError> {
+/// `data/ logs/ run/` exist in `final_dir`, and it and they are mode 0o750;
+/// those it made are `owner`'s (the staging tree is given to its user by
+/// the caller before, while only root reaches it; what was carried over is
+/// the caller's to give, see `beneath::tree::chown_tree`).
+pub fn place_instance_dir(staging: &Path, final_dir: &Path, owner: Option<(u32, u32)>) -> Result<(), InstallError> {
     match fs::symlink_metadata(final_dir) {
         Ok(m) if m.is_dir() => replace(staging, final_dir)?,
         Ok(_) => {
@@ -49,7 +52,7 @@ pub fn place_instance_dir(staging: &Path, final_dir: &Path) -> Result<(), Instal
     }
     let dir = Dir::open(final_dir)?;
     for d in RESERVED_DIRS {
-        let sub = dir.ensure_dir(OsStr::new(d), INSTANCE_DIR_MODE, None)?;
+        let sub = dir.ensure_dir(OsStr::new(d), INSTANCE_DIR_MODE, owner)?;
         set_mode(&sub)?;
     }
     set_mode(&dir)?;

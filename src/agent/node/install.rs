@@ -202,12 +202,7 @@ impl Node {
         let placed = tokio::task::spawn_blocking({
             let dir = dir.clone();
             move || -> Result<u32, String> {
-                installer::place_instance_dir(&staging, &dir).map_err(|e| crate::error::ErrorChain(&e).to_string())?;
-                write_rendered_files(&dir, &files, None).map_err(|e| crate::error::ErrorChain(&e).to_string())?;
-                if nix::unistd::geteuid().is_root() {
-                    crate::agent::beneath::tree::chown_tree(&dir, owner.0, owner.1)
-                        .map_err(|e| crate::error::ErrorChain(&e).to_string())?;
-                }
+                give_tree(&staging, &dir, &files, owner).map_err(|e| crate::error::ErrorChain(&e).to_string())?;
                 Ok(files.len() as u32)
             }
         })
@@ -234,6 +229,36 @@ impl Node {
         *guard = Some(rec);
         AgentResponse::InstallResult { files_written }
     }
+}
+
+/// Places the extracted package in `staging` at `dir` and gives it to
+/// `owner` (as root): the package's files while only root reaches the
+/// staging dir; then what an upgrade carried over in `data/ logs/ run/`,
+/// only what the previous user owned, and only when the user changed;
+/// then the rendered files, written as `owner`'s.
+fn give_tree(
+    staging: &std::path::Path,
+    dir: &std::path::Path,
+    files: &[crate::protocol::messages::RenderedFile],
+    owner: (u32, u32),
+) -> Result<(), crate::agent::installer::InstallError> {
+    use crate::agent::beneath::tree::chown_tree;
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        installer::place_instance_dir(staging, dir, None)?;
+        return write_rendered_files(dir, files, None).map(drop);
+    }
+    let previous = std::fs::symlink_metadata(dir).ok().filter(|m| m.is_dir()).map(|m| m.uid());
+    chown_tree(staging, owner.0, owner.1, None)?;
+    installer::place_instance_dir(staging, dir, Some(owner))?;
+    // Never from root: what root owns in a carried dir (a hard link to a
+    // file of root's) is not the previous user's to pass on.
+    if let Some(prev) = previous.filter(|p| *p != owner.0 && *p != 0) {
+        for d in crate::package::RESERVED_DIRS {
+            chown_tree(&dir.join(d), owner.0, owner.1, Some(prev))?;
+        }
+    }
+    write_rendered_files(dir, files, Some(owner)).map(drop)
 }
 
 #[cfg(test)]

@@ -99,26 +99,43 @@ stop_grace = "2s"
 
 /// A hard link in `data/` to a file of root's outside: an instance can
 /// make one where `fs.protected_hardlinks` is 0 (the kernel's default; most
-/// distributions set 1), so the test makes it for it. The upgrade's chown
-/// of the carried tree refuses it, naming it, and root's file stays
-/// root's; the delete unlinks the link and leaves the file.
+/// distributions set 1), or to any file it may read and write, so the test
+/// makes it for it. Root's file is never given to the instance: not by the
+/// upgrade (it carries `data/` over, giving on only what the instance's
+/// previous user owned), nor by a reinstall under another user (the
+/// cluster's `run_as` changed by an upgrade); the delete unlinks the link
+/// and leaves the file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hard_link_to_a_file_outside_is_never_given_to_the_instance() {
     let env = TestEnv::start("iso-hardlink").await;
     env.upload(&intruder("1.0.0")).await;
     env.upload(&intruder("1.0.1")).await;
+    let as_nobody = PackageBuilder::new("intruder", "1.0.2")
+        .spec(&super::SPEC.replace("1.0.0", "1.0.2").replace("stop_grace", "run_as = \"nobody\"\nstop_grace"))
+        .script("bin/start.sh", super::START);
+    env.upload(&as_nobody).await;
     let target = victim(&env, "hl-victim");
     let i = attack(&env, "hl", "none", "").await;
     let dir = dir_of(&i);
     std::fs::hard_link(target.join("keep"), dir.join("data/hl")).unwrap();
+    let mine = dir.join("data/planted");
+    let uid = std::fs::metadata(&dir).unwrap().uid();
 
     let op = env.run_op("/clusters/hl/upgrade", Some(json!({"version": "1.0.1"}))).await;
-    assert_eq!(op["status"], "Failed", "{op:#}");
-    let text = op.to_string();
-    assert!(text.contains("data/hl") && text.contains("hard links"), "the failure does not name the link: {op:#}");
+    env.assert_succeeded(&op);
     intact(&target, "after the upgrade");
+    assert_eq!(std::fs::metadata(&mine).unwrap().uid(), uid, "the instance's own file");
 
-    let (status, body) = env.delete("/clusters/hl?force=true").await;
+    // Another user: what the previous one owned is given on, root's file not.
+    let op = env.run_op("/clusters/hl/upgrade", Some(json!({"version": "1.0.2"}))).await;
+    env.assert_succeeded(&op);
+    intact(&target, "after the upgrade to another user");
+    let nobody = std::fs::metadata(&dir).unwrap().uid();
+    assert_ne!(nobody, uid, "the upgrade did not change the user");
+    assert_eq!(std::fs::metadata(&mine).unwrap().uid(), nobody, "the previous user's file was not given on");
+    assert_eq!(std::fs::metadata(target.join("keep")).unwrap().nlink(), 2, "the link is gone");
+
+    let (status, body) = env.delete("/clusters/hl").await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body:#}");
     let gone = eventually(30, || !dir.exists()).await;
     assert!(gone, "the instance dir is left: {}", dir.display());
