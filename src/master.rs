@@ -220,12 +220,13 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     } else {
         cfg.actor_threads
     };
-    // Owned here to be joined at exit; the actors get handles.
-    let mut threads_to_join: Vec<Arbiter> = Vec::new();
+    // Owned by the guard, stopped and joined however `run` ends (an error
+    // below included); the actors get handles.
+    let mut exit = ExitGuard { threads: Vec::new(), store: store.clone() };
     let mut arbiter = || -> Result<ArbiterHandle, MasterError> {
         let a = Arbiter::try_with_tokio_rt(runtime).map_err(|source| MasterError::Runtime { source })?;
         let handle = a.handle();
-        threads_to_join.push(a);
+        exit.threads.push(a);
         Ok(handle)
     };
     let arbiters: Vec<ArbiterHandle> = (0..threads).map(|_| arbiter()).collect::<Result<_, _>>()?;
@@ -374,7 +375,6 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         write_endpoints(path, http_addr, agent_addr).map_err(io_err(path))?;
     }
     let handle = server.handle();
-    let quiesce = store.clone();
     actix::spawn(async move {
         crate::shutdown::signal().await;
         tracing::info!("shutting down: the store is frozen, running operations resume at the next start");
@@ -382,23 +382,41 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         handle.stop(true).await;
     });
     let served = server.await.map_err(|source| MasterError::Listen { addr: http_addr.to_string(), source });
-    // Nothing left running at exit: the actor threads stopped and joined
-    // (their actors hold the store), then the store's background work.
-    for a in &threads_to_join {
-        a.stop();
-    }
-    let joined = tokio::task::spawn_blocking(move || {
-        for a in threads_to_join {
-            let _ = a.join();
-        }
-    });
-    // An actor thread stuck in a blocking call (a hung disk) must not hold
-    // the exit for ever; the store's background work is stopped either way.
-    if tokio::time::timeout(EXIT_JOIN_TIMEOUT, joined).await.is_err() {
-        tracing::warn!("actor threads still running {EXIT_JOIN_TIMEOUT:?} after the stop; exiting anyway");
-    }
-    quiesce.quiesce();
+    drop(exit);
     served
+}
+
+/// Nothing left running when the master exits: its actor threads stopped
+/// and joined (their actors hold the store), then the store's background
+/// work stopped (RocksDB aborted with `pthread lock: Invalid argument` when
+/// the process exited around threads inside it). An actor thread stuck in
+/// a blocking call (a hung disk) holds the exit at most
+/// [`EXIT_JOIN_TIMEOUT`].
+struct ExitGuard {
+    threads: Vec<Arbiter>,
+    store: Arc<dyn MetaStore>,
+}
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        for a in &self.threads {
+            a.stop();
+        }
+        let threads = std::mem::take(&mut self.threads);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let joiner = std::thread::spawn(move || {
+            for a in threads {
+                let _ = a.join();
+            }
+            let _ = tx.send(());
+        });
+        if rx.recv_timeout(EXIT_JOIN_TIMEOUT).is_ok() {
+            let _ = joiner.join();
+        } else {
+            tracing::warn!("actor threads still running {EXIT_JOIN_TIMEOUT:?} after the stop; exiting anyway");
+        }
+        self.store.quiesce();
+    }
 }
 
 /// `kill -USR2 <master>`: every actor's state, mailbox depth, oldest

@@ -270,3 +270,14 @@ pub(super) fn resolve(
     }
     Ok(out)
 }
+
+/// Hides the values `params` declares `secret` that are still plain
+/// strings: an upgrade to a version that makes a parameter a secret keeps
+/// its value and shows it only as set from then on.
+pub fn hide_secrets(config: &mut BTreeMap<String, ConfigValue>, params: &BTreeMap<String, ConfigParam>) {
+    for (name, value) in config.iter_mut() {
+        if let (Some(ConfigParam { kind: ConfigType::Secret, .. }), ConfigValue::Str(s)) = (params.get(name), &*value) {
+            *value = ConfigValue::Secret(s.clone());
+        }
+    }
+}

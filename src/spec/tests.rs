@@ -482,6 +482,10 @@ fn a_secret_is_typed_hidden_and_survives_a_type_change() {
     let as_string = ComponentSpec::parse(&text.replace("\"secret\"", "\"string\"")).unwrap();
     let kept = as_string.resolve_config(&given(json!({})), Some(&typed)).unwrap();
     assert!(kept["pw"].is_secret(), "{kept:?}");
+    // An upgrade's new package hides what it declares secret.
+    let mut kept = plain.clone();
+    super::config::hide_secrets(&mut kept, &spec.config);
+    assert_eq!(kept["pw"], ConfigValue::Secret("old".into()));
     // An operation's parameters keep only that it was set.
     let shown = crate::storage::records::mask_secrets(&given(json!({"pw": "hunter2"})), &typed);
     assert_eq!(shown["pw"], json!({"secret": "set"}));

@@ -260,7 +260,12 @@ impl Ticket {
         loop {
             let held = adm.claimed.lock().unwrap_or_else(|p| p.into_inner()).contains(&fp);
             // Both acquires are cancel-safe: the loser leaves its queue.
+            // Biased: a free reserved slot is taken before a free general
+            // one (select! would otherwise pick at random between two
+            // ready branches, and a claim would hold a general slot half
+            // the time, with the whole handshake's deadline).
             let reserved = tokio::select! {
+                biased;
                 Ok(p) = adm.reserved.clone().acquire_owned(), if !held => p,
                 Ok(p) = adm.general.clone().acquire_owned() => {
                     self.slot = Some(Slot::General(p));

@@ -261,8 +261,17 @@ impl ClusterOps {
         {
             return Err(fail(format!("package {p} is not uploaded")));
         }
+        let params = match action {
+            Action::SetPackage(p) => self.shared.read_model.package(&p.name, &p.version).map(|v| v.spec.config.clone()),
+            _ => None,
+        };
         self.save_cluster(|r| match action {
-            Action::SetPackage(p) => r.package = p.clone(),
+            Action::SetPackage(p) => {
+                r.package = p.clone();
+                if let Some(params) = &params {
+                    crate::spec::config::hide_secrets(&mut r.config, params);
+                }
+            }
             Action::SetConfig(c) => r.config = c.clone(),
             Action::SetLimits { role, limits } => r.roles.entry(role.clone()).or_default().limits = *limits,
             _ => {}
