@@ -6,6 +6,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`records`], [`agent_records`], [`trust_records`] | the persisted record types |
+//! | [`config_value`] | typed config values, and a secret's public face (`{"secret": "set"}`) |
 //! | [`plan`] | an operation's plan (steps, actions, undo), journaled with it |
 //! | [`codec`] | bincode encoding, the only place it is used for storage |
 //! | [`keys`] | column family names, key layouts, the typed `WriteOp` builders |
@@ -25,6 +26,7 @@ pub mod agent_store;
 pub mod append_log;
 pub mod blobs;
 pub mod codec;
+pub mod config_value;
 pub mod db;
 pub mod error;
 pub mod events;
