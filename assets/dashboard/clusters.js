@@ -12,7 +12,7 @@ import { Pager, badge, coalescer, fill, h, sequencer, table, when } from './ui.j
 
 const PAGE = 100;
 const INSTANCE_PAGE = 100;
-const STATUSES = ['Pending', 'Installing', 'Installed', 'Starting', 'Running', 'Stopping', 'Stopped', 'Failed', 'Lost', 'Deleting'];
+const STATUSES = ['Pending', 'Installing', 'Installed', 'Starting', 'Running', 'Restarting', 'Stopping', 'Stopped', 'Failed', 'Lost', 'Deleting'];
 
 const counts = (byStatus) => h('span', { class: 'counts' },
   Object.entries(byStatus || {}).map(([s, n]) => badge(s, { label: `${n} ${s}` })));

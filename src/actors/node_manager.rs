@@ -295,15 +295,19 @@ impl NodeManagerActor {
                     a.send();
                 }
             }
-            AgentEvent::ProcessExited { instance, pid, exit_code, signal, stderr_tail, restart_in_ms } => {
-                let description = exit_description(
-                    &instance,
-                    &self.node,
-                    exit_code,
-                    signal,
-                    &stderr_tail,
-                    restart_in_ms.map(Duration::from_millis),
-                );
+            AgentEvent::ProcessExited {
+                instance,
+                pid,
+                exit_code,
+                signal,
+                stderr_tail,
+                restart_in_ms,
+                attempt,
+                max_attempts,
+            } => {
+                let restart =
+                    restart_in_ms.map(|ms| Restart { delay: Duration::from_millis(ms), attempt, max_attempts });
+                let description = exit_description(&instance, &self.node, exit_code, signal, &stderr_tail, restart);
                 let observation = Observation::Exited { pid, description, restarting: restart_in_ms.is_some() };
                 self.route(instance, observation, ack, ctx);
             }
@@ -311,6 +315,9 @@ impl NodeManagerActor {
                 let error =
                     error.map(|e| format!("instance {instance} on node {} could not be restarted: {e}", self.node));
                 self.route(instance, Observation::Restarted { pid, error }, ack, ctx);
+            }
+            AgentEvent::ProcessSpawned { instance, generation, pid } => {
+                self.route(instance, Observation::Spawned { generation, pid }, ack, ctx);
             }
         }
     }
@@ -323,7 +330,7 @@ pub fn exit_description(
     exit_code: Option<i32>,
     signal: Option<i32>,
     stderr_tail: &str,
-    restart_in: Option<Duration>,
+    restart: Option<Restart>,
 ) -> String {
     let how = match (exit_code, signal) {
         (Some(c), _) => format!("exit code {c}"),
@@ -334,11 +341,23 @@ pub fn exit_description(
     if !stderr_tail.trim().is_empty() {
         description.push_str(&format!("; stderr: {}", stderr_tail.trim()));
     }
-    match restart_in {
-        Some(d) => description.push_str(&format!("; its agent restarts it in {}", humantime::format_duration(d))),
+    match restart {
+        Some(Restart { delay, attempt, max_attempts }) => description.push_str(&format!(
+            "; its agent restarts it in {} (restart {attempt} of at most {max_attempts})",
+            humantime::format_duration(delay)
+        )),
         None => description.push_str("; its agent's restart policy gave up (or is off)"),
     }
     description
+}
+
+/// A restart the agent's policy announced with an exit.
+#[derive(Debug, Clone, Copy)]
+pub struct Restart {
+    pub delay: Duration,
+    /// Which restart in the policy's window, and the most it allows there.
+    pub attempt: u32,
+    pub max_attempts: u32,
 }
 
 /// Owns the socket's write half. A write that takes longer than the send

@@ -129,6 +129,8 @@ impl Node {
                 signal: info.signal,
                 stderr_tail: info.stderr_tail,
                 restart_in_ms: restart_in.map(|d| d.as_millis() as u64),
+                attempt: u32::try_from(recent.len()).unwrap_or(u32::MAX),
+                max_attempts: policy.max,
             });
             if let Some(delay) = restart_in {
                 tokio::time::sleep(delay).await;

@@ -247,7 +247,7 @@ impl ClusterDto {
 }
 
 /// Every instance status, in `InstanceStatus as usize` order.
-pub const INSTANCE_STATUSES: [InstanceStatus; 10] = [
+pub const INSTANCE_STATUSES: [InstanceStatus; 11] = [
     InstanceStatus::Pending,
     InstanceStatus::Installing,
     InstanceStatus::Installed,
@@ -258,6 +258,7 @@ pub const INSTANCE_STATUSES: [InstanceStatus; 10] = [
     InstanceStatus::Failed,
     InstanceStatus::Lost,
     InstanceStatus::Deleting,
+    InstanceStatus::Restarting,
 ];
 
 /// A cluster's instances by status (the statuses it has any of).

@@ -256,7 +256,10 @@ mod tests {
                 signal: Some(9),
                 stderr_tail: "killed".into(),
                 restart_in_ms: Some(1000),
+                attempt: 2,
+                max_attempts: 3,
             },
+            AgentEvent::ProcessSpawned { instance: inst(), generation: 4, pid: 99 },
         ]
     }
 

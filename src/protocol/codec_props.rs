@@ -98,16 +98,34 @@ fn report() -> impl Strategy<Value = InstanceReport> {
 fn event() -> impl Strategy<Value = AgentEvent> {
     prop_oneof![
         Just(AgentEvent::Heartbeat),
-        (instance(), any::<u32>(), any::<Option<i32>>(), any::<Option<i32>>(), text(), any::<Option<u64>>()).prop_map(
-            |(instance, pid, exit_code, signal, stderr_tail, restart_in_ms)| AgentEvent::ProcessExited {
-                instance,
-                pid,
-                exit_code,
-                signal,
-                stderr_tail,
-                restart_in_ms
-            }
-        ),
+        (
+            instance(),
+            any::<u32>(),
+            any::<Option<i32>>(),
+            any::<Option<i32>>(),
+            text(),
+            any::<Option<u64>>(),
+            any::<(u32, u32)>()
+        )
+            .prop_map(
+                |(instance, pid, exit_code, signal, stderr_tail, restart_in_ms, (attempt, max_attempts))| {
+                    AgentEvent::ProcessExited {
+                        instance,
+                        pid,
+                        exit_code,
+                        signal,
+                        stderr_tail,
+                        restart_in_ms,
+                        attempt,
+                        max_attempts,
+                    }
+                }
+            ),
+        (instance(), any::<u64>(), any::<u32>()).prop_map(|(instance, generation, pid)| AgentEvent::ProcessSpawned {
+            instance,
+            generation,
+            pid
+        }),
         (instance(), any::<Option<u32>>(), proptest::option::of(text()))
             .prop_map(|(instance, pid, error)| AgentEvent::ProcessRestarted { instance, pid, error }),
     ]

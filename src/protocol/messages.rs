@@ -32,7 +32,7 @@ use crate::ids::{ClusterId, InstanceId, NodeId};
 
 /// Bumped on any incompatible change to these types. Both sides refuse a
 /// peer with another version, with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// At most this many ids in `Hello::unrecorded` (the rest are reported at
 /// a later connection, once the first ones are removed).
@@ -457,6 +457,19 @@ pub enum AgentEvent {
         /// The agent restarts it after this delay (its restart policy); `None`:
         /// it stays down.
         restart_in_ms: Option<u64>,
+        /// Which restart in the policy's window this one is (1 for the first;
+        /// with `restart_in_ms`), and the most the policy allows there.
+        /// (Since protocol 8.)
+        attempt: u32,
+        max_attempts: u32,
+    },
+    /// A start with a settle window spawned its process: the master may show
+    /// it running with its pid; the start's answer comes once it has
+    /// settled (or its death fails it). (Since protocol 8.)
+    ProcessSpawned {
+        instance: InstanceId,
+        generation: u64,
+        pid: u32,
     },
     /// The outcome of a restart announced by `ProcessExited`: the new pid
     /// (healthy, when the spec has a check), or why it failed (it stays down).

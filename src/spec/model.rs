@@ -25,6 +25,7 @@ pub const MAX_PORTS: usize = 32;
 pub const DEFAULT_FILE_MODE: u32 = 0o644;
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_START_SETTLE: Duration = Duration::from_secs(1);
 pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A parsed and validated `component.toml`.
@@ -109,9 +110,10 @@ pub struct RoleSpec {
     pub stop: Option<Vec<String>>,
     pub stop_grace: Duration,
     pub start_timeout: Duration,
-    /// A foreground process that exits within this after its start is a
-    /// failed start; later, a crash (restart policy). Default zero: the
-    /// start answers at once.
+    /// A process that exits within this after its start is a failed start;
+    /// later, a crash (restart policy). Default [`DEFAULT_START_SETTLE`]
+    /// without a health check (at most `start_timeout`), zero with one (the
+    /// check decides); `"0s"`: the start answers as soon as it runs.
     pub start_settle: Duration,
     pub resources: Option<Resources>,
     pub health: Option<HealthCheck>,
@@ -258,7 +260,14 @@ fn role(r: RawRole) -> Result<RoleSpec, SpecError> {
     };
     let stop_grace = duration("stop_grace", &r.stop_grace, DEFAULT_STOP_GRACE)?;
     let start_timeout = duration("start_timeout", &r.start_timeout, DEFAULT_START_TIMEOUT)?;
-    let start_settle = duration("start_settle", &r.start_settle, Duration::ZERO)?;
+    // Without a health check, a start counts once its process has stayed
+    // up this long (Nomad's `min_healthy_time`); with one, once it passes.
+    let settle_default = if r.health.is_some() { Duration::ZERO } else { DEFAULT_START_SETTLE.min(start_timeout) };
+    let start_settle = match r.start_settle.as_deref().map(str::trim) {
+        // Zero is allowed here (only): the start counts as soon as it runs.
+        Some(s) if humantime::parse_duration(s).is_ok_and(|d| d.is_zero()) => Duration::ZERO,
+        _ => duration("start_settle", &r.start_settle, settle_default)?,
+    };
     if start_settle > start_timeout {
         return Err(SpecError::new(f("start_settle"), "must not be longer than start_timeout"));
     }

@@ -317,6 +317,20 @@ fn duration_rules() {
 }
 
 #[test]
+fn start_settle_defaults_to_a_second_without_a_health_check() {
+    let settle = |extra: &str| ComponentSpec::parse(&minimal(extra)).unwrap().roles[0].start_settle;
+    assert_eq!(settle(""), Duration::from_secs(1));
+    // A check decides when a start counts; no settle window on top.
+    assert_eq!(settle("ports = [\"http\"]\nhealth = { tcp = \"http\" }"), Duration::ZERO);
+    // Never longer than the start may take.
+    assert_eq!(settle("start_timeout = \"300ms\""), Duration::from_millis(300));
+    assert_eq!(settle("start_settle = \"0s\""), Duration::ZERO);
+    assert_eq!(settle("start_settle = \"2500ms\""), Duration::from_millis(2500));
+    role_rejects("start_settle = \"2m\"", "roles.web.start_settle", "longer than start_timeout");
+    role_rejects("start_settle = \"later\"", "roles.web.start_settle", "invalid duration");
+}
+
+#[test]
 fn health_rules() {
     role_rejects("ports = [\"http\"]\nhealth = { tcp = \"admin\" }", "roles.web.health.tcp", "not a declared port");
     role_rejects("health = { }", "roles.web.health", "exactly one");

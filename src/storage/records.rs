@@ -219,6 +219,10 @@ pub enum InstanceStatus {
     Failed,
     Lost,
     Deleting,
+    /// Its process crashed and its agent's restart policy starts it again
+    /// (`last_error` says which attempt, when, and how it last ended). Last
+    /// in the list: records store the variant's index.
+    Restarting,
 }
 
 /// What the operator wants an instance to be; the agent converges to it.

@@ -104,6 +104,15 @@ impl Handler<InstanceObserved> for ClusterActor {
             return Box::pin(fut::ready(()));
         };
         let description = match &observation {
+            Observation::Spawned { generation, pid } => {
+                // News for the start that waits for its answer: not queued
+                // behind it (it holds the instance's mailbox).
+                handle.spawned(*generation, *pid);
+                if let Some(a) = ack {
+                    a.send();
+                }
+                return Box::pin(fut::ready(()));
+            }
             Observation::Exited { description, .. } => description.clone(),
             Observation::Restarted { error, .. } => error.clone().unwrap_or_default(),
             Observation::NodeDown { silent_for } => format!(

@@ -115,6 +115,10 @@ pub enum Observation {
     Exited { pid: u32, description: String, restarting: bool },
     /// How the agent's restart went: the new pid, or why it failed.
     Restarted { pid: Option<u32>, error: Option<String> },
+    /// A start of `generation` with a settle window spawned `pid`: shown
+    /// `Running` with it while the start settles. Handed to the running
+    /// start directly ([`InstanceActor::spawned`]), not queued behind it.
+    Spawned { generation: u64, pid: u32 },
     /// The agent's inventory after it (re)connected: whether it holds the
     /// instance, at which `generation` (the last command it applied), and
     /// the connection whose `Hello` carried it (`connection`: the master's

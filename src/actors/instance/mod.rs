@@ -51,6 +51,10 @@ pub struct InstanceActor {
     /// `Hello` predates it (in memory: after a master restart every
     /// connection is new). Connection ids start at 1.
     sent_on: std::cell::Cell<Option<std::num::NonZeroU64>>,
+    /// What the agent said a settling start spawned (generation, pid),
+    /// for the start command waiting for its answer ([`Self::spawned`]).
+    spawned: std::cell::Cell<Option<(u64, u32)>>,
+    spawned_news: tokio::sync::Notify,
     /// The mailbox: one message at a time, in arrival order.
     mailbox: tokio::sync::Mutex<()>,
     stats: Arc<InstanceStats>,
@@ -116,6 +120,8 @@ impl InstanceActor {
             written: Default::default(),
             forgotten: Default::default(),
             sent_on: Default::default(),
+            spawned: Default::default(),
+            spawned_news: tokio::sync::Notify::new(),
             mailbox: tokio::sync::Mutex::new(()),
             stats: Arc::default(),
             env,
@@ -178,6 +184,26 @@ impl InstanceActor {
     pub async fn observe(self: &Rc<Self>, observation: Observation) -> Option<bool> {
         let me = self.clone();
         self.in_turn("observe", async move { me.apply(observation).await }).await.ok().flatten()
+    }
+
+    /// The agent spawned `pid` for the start of `generation`, which is
+    /// settling: the start command (which holds the mailbox) shows it
+    /// `Running` with the pid before its answer. A start that has already
+    /// answered, or an older generation, ignores it.
+    pub fn spawned(&self, generation: u64, pid: u32) {
+        self.spawned.set(Some((generation, pid)));
+        self.spawned_news.notify_one();
+    }
+
+    /// Waits for the news of a process spawned by the start of `generation`.
+    async fn spawned_by(&self, generation: u64) -> u32 {
+        loop {
+            self.spawned_news.notified().await;
+            match self.spawned.take() {
+                Some((g, pid)) if g == generation => return pid,
+                _ => {}
+            }
+        }
     }
 
     /// Queues `work` behind the instance's earlier messages, in its own task.
@@ -314,7 +340,9 @@ impl InstanceActor {
                     }
                     InstanceCmd::Start { wait, settle } => {
                         let settle_ms = settle.as_millis() as u64;
-                        link.call_within(AgentRequest::Start { instance, generation, settle_ms }, "Start", wait).await
+                        let req = AgentRequest::Start { instance, generation, settle_ms };
+                        let call = link.call_within(req, "Start", wait);
+                        if settle.is_zero() { call.await } else { self.settling(call, generation).await }
                     }
                     InstanceCmd::Stop => link.call(AgentRequest::Stop { instance, generation }, "Stop").await,
                     InstanceCmd::WriteFiles { files, env, rule: r } => {
@@ -345,6 +373,37 @@ impl InstanceActor {
             Ok(resp) => self.succeeded(&id, &node, verb, resp, applied, rule).await,
             Err(err) => self.failed_with(&id, &node, verb, err, probe).await,
         }
+    }
+
+    /// Waits for the answer of a start with a settle window; meanwhile, once
+    /// the agent says it spawned the process, records it `Running` with its
+    /// pid (durably, then shown): the operation waits for the settle, the
+    /// operator sees the process at once. A death in the window fails the
+    /// start ([`Self::failed_with`] clears that pid).
+    async fn settling(
+        &self,
+        call: impl Future<Output = Result<AgentResponse, NodeError>>,
+        generation: u64,
+    ) -> Result<AgentResponse, NodeError> {
+        // A notice from an earlier start is not this one's.
+        self.spawned.set(None);
+        let mut call = std::pin::pin!(call);
+        tokio::select! {
+            biased;
+            reply = &mut call => return reply,
+            pid = self.spawned_by(generation) => {
+                let shown = self
+                    .save(|r| {
+                        r.status = InstanceStatus::Running;
+                        r.pid = Some(pid);
+                    })
+                    .await;
+                if let Err(e) = shown {
+                    tracing::warn!(instance = %self.id(), error = %e, "cannot record the spawned process; shown when its start answers");
+                }
+            }
+        }
+        call.await
     }
 
     /// Records what a successful answer means for the instance.
@@ -480,10 +539,16 @@ impl InstanceActor {
         }
         let m = message.clone();
         let lost = matches!(err, NodeError::Disconnected(_));
+        // A start that failed on the agent left no process of it (the pid a
+        // settling start showed is gone).
+        let no_process = matches!(&err, NodeError::Failed(f) if f.kind == FailureKind::Start);
         let _ = self
             .save(|r| {
                 if !keeps_status {
                     r.status = if lost { InstanceStatus::Lost } else { InstanceStatus::Failed };
+                }
+                if no_process {
+                    r.pid = None;
                 }
                 r.last_error = Some(m);
             })

@@ -29,14 +29,16 @@ impl InstanceActor {
         // when the observation changes nothing.
         let change: Option<(InstanceStatus, Option<u32>, Option<String>)> = match observation {
             Observation::Exited { pid: exited, description, restarting } => {
-                let status = if restarting { InstanceStatus::Starting } else { InstanceStatus::Failed };
+                let status = if restarting { InstanceStatus::Restarting } else { InstanceStatus::Failed };
                 (pid == Some(exited) && desired == DesiredState::Running).then_some((status, None, Some(description)))
             }
             Observation::Restarted { pid: Some(new), .. } if desired == DesiredState::Running && pid.is_none() => {
                 Some((InstanceStatus::Running, Some(new), None))
             }
             Observation::Restarted { pid: None, error: Some(e) }
-                if desired == DesiredState::Running && status == InstanceStatus::Starting && pid.is_none() =>
+                if desired == DesiredState::Running
+                    && matches!(status, InstanceStatus::Restarting | InstanceStatus::Starting)
+                    && pid.is_none() =>
             {
                 Some((InstanceStatus::Failed, None, Some(e)))
             }
@@ -49,6 +51,7 @@ impl InstanceActor {
                         | InstanceStatus::Installed
                         | InstanceStatus::Starting
                         | InstanceStatus::Running
+                        | InstanceStatus::Restarting
                         | InstanceStatus::Stopping
                         | InstanceStatus::Stopped
                 ) =>
@@ -89,7 +92,10 @@ impl InstanceActor {
             // Running, or Starting with a restart the agent never reported
             // (it disconnected or restarted meanwhile).
             Observation::Inventory { present: true, running: false, .. }
-                if matches!(status, InstanceStatus::Running | InstanceStatus::Starting) =>
+                if matches!(
+                    status,
+                    InstanceStatus::Running | InstanceStatus::Starting | InstanceStatus::Restarting
+                ) =>
             {
                 Some((
                     InstanceStatus::Failed,

@@ -100,7 +100,7 @@ pub struct ClusterSnapshot {
 pub struct Counts {
     pub roles: std::collections::BTreeMap<std::sync::Arc<str>, u32>,
     /// Indexed by `InstanceStatus as usize`.
-    pub statuses: [u32; 10],
+    pub statuses: [u32; 11],
 }
 
 impl Counts {

@@ -475,7 +475,9 @@ impl Node {
             spec: &rec.process,
             run_as: &run_as,
             current: rec.pid.as_ref(),
-            settle,
+            // The settle window is waited below, once the pid is recorded
+            // and the master told of it.
+            settle: std::time::Duration::ZERO,
         };
         let started = self.processes.start(&req).await;
         let spawned = tokio::time::Instant::now();
@@ -493,7 +495,16 @@ impl Node {
                 if !already {
                     self.watch(id.clone(), s.identity);
                 }
-                if let Err(resp) = self.gate_start(id, rec, &run_as, begun, s.exit).await {
+                let settled = if already || settle.is_zero() {
+                    Ok(())
+                } else {
+                    self.settle(id, generation, pid, &rec.process, begun, settle, s.exit.clone()).await
+                };
+                let gated = match settled {
+                    Ok(()) => self.gate_start(id, rec, &run_as, begun, s.exit).await,
+                    Err(resp) => Err(resp),
+                };
+                if let Err(resp) = gated {
                     if starter == Starter::Master && !self.processes.is_alive(&identity) {
                         // It died before it was healthy: the answer says
                         // the start failed, and what happens next is the
@@ -519,6 +530,38 @@ impl Node {
                 let r = rec.clone();
                 let _ = self.persist(&r).await;
                 process_failure(FailureKind::Start, &e)
+            }
+        }
+    }
+
+    /// The settle window of a master's start: the master hears of the
+    /// spawned process at once (it shows it running), and the start
+    /// answers once the process has lived `settle` (at most until the start
+    /// timeout); a death in the window fails the start with its exit code
+    /// and stderr. The instance's lock is held meanwhile, so the exit
+    /// watcher does not take that death for a crash to restart.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle(
+        &self,
+        id: &InstanceId,
+        generation: u64,
+        pid: u32,
+        spec: &crate::protocol::messages::ProcessSpec,
+        begun: tokio::time::Instant,
+        settle: std::time::Duration,
+        exit: super::process::ExitWatch,
+    ) -> Result<(), AgentResponse> {
+        self.report(AgentEvent::ProcessSpawned { instance: id.clone(), generation, pid });
+        let until = (begun + std::time::Duration::from_millis(spec.start_timeout_ms.max(1))).min(begun + settle);
+        match tokio::time::timeout_at(until, exit.wait()).await {
+            Err(_) => Ok(()),
+            Ok(info) => {
+                let e = super::process::ProcessError::StartFailed {
+                    exit_code: info.exit_code,
+                    signal: info.signal,
+                    stderr_tail: info.stderr_tail,
+                };
+                Err(process_failure(FailureKind::Start, &e))
             }
         }
     }

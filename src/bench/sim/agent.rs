@@ -474,6 +474,8 @@ impl SimAgent {
             signal: Some(9),
             stderr_tail: "killed by the simulator".into(),
             restart_in_ms: restart.then_some(delay.as_millis() as u64),
+            attempt: 1,
+            max_attempts: 1,
         });
         if restart {
             let me = self.clone();
