@@ -38,7 +38,7 @@ use super::read_model::{ActorStats, NodeEntry, Reservation};
 use crate::ids::{InstanceId, NodeId};
 use crate::protocol::codec::{MasterCodec, ProtocolError};
 use crate::protocol::handshake::LinkWriter;
-use crate::protocol::messages::{AgentEvent, AgentFrame, MasterFrame};
+use crate::protocol::messages::{AgentEvent, AgentFrame, InstanceReport, MasterFrame};
 
 /// Frames waiting for the socket, per link.
 const LINK_QUEUE: usize = 64;
@@ -127,6 +127,7 @@ impl NodeManagerActor {
         writer: FramedWrite<LinkWriter, MasterCodec>,
         entry: Arc<NodeEntry>,
         shared: Shared,
+        inventory: Vec<InstanceReport>,
     ) -> NodeLink {
         let connection = CONNECTIONS.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel::<Outgoing>(LINK_QUEUE);
@@ -157,6 +158,11 @@ impl NodeManagerActor {
         }
         let l = link.clone();
         NodeManagerActor::start_in_arbiter(&arbiter, move |ctx| {
+            // The inventory reaches each cluster before any report of this
+            // connection (sent from here on, in order, to the same
+            // mailboxes): a report made after the inventory was taken is
+            // never overridden by it.
+            reconcile(&shared, &node, &entry, connection, &inventory);
             ctx.add_stream(reader);
             NodeManagerActor {
                 node,
@@ -319,6 +325,33 @@ impl NodeManagerActor {
             AgentEvent::ProcessSpawned { instance, generation, pid } => {
                 self.route(instance, Observation::Spawned { generation, pid }, ack, ctx);
             }
+        }
+    }
+}
+
+/// Reconciles what the master believes of a node with what its agent holds
+/// (its `Hello`'s inventory, on connection `connection`): a running process
+/// updates its instance; a missing or dead one marks it `Lost` or `Failed`
+/// (and its `Active` cluster `Error`). Not bounded by the mailboxes: one
+/// message per instance of a node that just connected, and they must all
+/// arrive. (What the agent holds that the master does not know is the
+/// supervisor's: `NodeInventory`.)
+pub fn reconcile(shared: &Shared, node: &NodeId, entry: &NodeEntry, connection: u64, inventory: &[InstanceReport]) {
+    let ours = entry.instances();
+    let reports: HashMap<&InstanceId, &InstanceReport> = inventory.iter().map(|r| (&r.instance, r)).collect();
+    tracing::debug!(%node, connection, instances = ours.len(), held = reports.len(), "reconciling an inventory");
+    for (id, cluster) in ours.iter() {
+        let report = reports.get(id);
+        let observation = Observation::Inventory {
+            present: report.is_some(),
+            running: report.is_some_and(|r| r.running),
+            pid: report.and_then(|r| r.pid),
+            generation: report.map(|r| r.generation),
+            connection: Some(connection),
+        };
+        if let Some(h) = shared.registry.get(cluster) {
+            let slot = Reservation::counted(&h.stats);
+            h.addr.do_send(InstanceObserved { instance: id.clone(), observation, ack: None, slot });
         }
     }
 }

@@ -228,7 +228,7 @@ fn an_inventory_older_than_a_command_on_its_connection_is_ignored() {
         members[0].desired = DesiredState::Stopped;
         members[0].pid = None;
         h.persist(&c, &members).await;
-        let sup = h.boot(vec![c.clone()], members.clone()).await;
+        let _sup = h.boot(vec![c.clone()], members.clone()).await;
         let mut agent = h.link("n1", 7);
         let id = members[0].id.clone();
         h.run("i", OpRequest::Instance { id: id.clone(), verb: InstanceVerb::Start }).await.expect("accepted");
@@ -245,17 +245,16 @@ fn an_inventory_older_than_a_command_on_its_connection_is_ignored() {
                 pid: running.then_some(99),
             }
         };
-        let inventory = |connection, reports| super::supervisor::NodeInventory {
-            node: crate::ids::NodeId::new("n1"),
-            connection,
-            reports,
-            unrecorded: vec![],
-            slot: super::read_model::Reservation::counted(&h.shared.supervisor),
+        // As the connection's node manager hands it over, before any report.
+        let inventory = |connection, reports: Vec<crate::protocol::messages::InstanceReport>| {
+            let node = crate::ids::NodeId::new("n1");
+            let entry = h.shared.read_model.node(&node).expect("the node is registered");
+            super::node_manager::reconcile(&h.shared, &node, &entry, connection, &reports);
         };
         // The Hello of connection 7, taken before that start: the first
         // member is not there yet (an agent that lost it would say the
         // same); the second is there and running.
-        sup.send(inventory(7, vec![report(&members[1], 0, true)])).await.unwrap();
+        inventory(7, vec![report(&members[1], 0, true)]);
         tokio::time::sleep(Duration::from_millis(200)).await;
         let snap = h.shared.read_model.cluster("i").unwrap();
         assert_eq!(snap.instances[&id].record.status, InstanceStatus::Running, "not Lost");
@@ -265,7 +264,7 @@ fn an_inventory_older_than_a_command_on_its_connection_is_ignored() {
         // Connection 8's, which the start (sent on 7, generation 1) does
         // not precede: the agent never got it, so it holds no process.
         let _agent = h.link("n1", 8);
-        sup.send(inventory(8, vec![report(&members[0], 0, false), report(&members[1], 0, true)])).await.unwrap();
+        inventory(8, vec![report(&members[0], 0, false), report(&members[1], 0, true)]);
         eventually("Failed: not running when its agent reconnected", || {
             let r = &h.shared.read_model.cluster("i").unwrap().instances[&id].record;
             r.status == InstanceStatus::Failed
@@ -276,7 +275,7 @@ fn an_inventory_older_than_a_command_on_its_connection_is_ignored() {
         .await;
         // And connection 9's, without it: Lost.
         let _agent = h.link("n1", 9);
-        sup.send(inventory(9, vec![report(&members[1], 0, true)])).await.unwrap();
+        inventory(9, vec![report(&members[1], 0, true)]);
         eventually("Lost", || {
             h.shared.read_model.cluster("i").unwrap().instances[&id].record.status == InstanceStatus::Lost
         })
@@ -325,3 +324,129 @@ fn a_member_crash_during_an_operation_on_others_is_escalated() {
 }
 
 use crate::storage::records::DesiredState;
+
+/// Whether `ops` puts the record of instance `id`.
+fn puts_instance(ops: &[crate::storage::WriteOp], id: &crate::ids::InstanceId) -> bool {
+    ops.iter().any(|o| {
+        matches!(o, crate::storage::WriteOp::Put { cf, key, .. }
+            if *cf == crate::storage::keys::master_cf::INSTANCES && key.ends_with(id.as_str().as_bytes()))
+    })
+}
+
+/// An exit the agent reports for `m` (its policy gave up).
+fn died(
+    h: &Harness,
+    name: &str,
+    m: &crate::storage::records::InstanceRecord,
+) -> impl std::future::Future<Output = ()> + use<> {
+    let handle = h.handle(name);
+    let observation = super::instance::Observation::Exited {
+        pid: m.pid.unwrap(),
+        description: "exited with code 137".into(),
+        restarting: false,
+    };
+    let slot = super::read_model::Reservation::counted(&handle.stats);
+    let msg = super::cluster::InstanceObserved { instance: m.id.clone(), observation, ack: None, slot };
+    async move { handle.addr.send(msg).await.unwrap() }
+}
+
+/// A member's failure and its cluster's `Error` are one batch: while it
+/// fails (tried again until it lands), readers see neither; once it lands,
+/// both, durably. (They were two writes, the member's first: a reader, or
+/// a crash, could see a failed member in an `Active` cluster.)
+#[test]
+fn a_member_failure_and_its_clusters_error_are_one_durable_batch() {
+    run(async {
+        let h = Harness::new();
+        let (c, members) = cluster("e", 2);
+        h.persist(&c, &members).await;
+        let _sup = h.boot(vec![c.clone()], members.clone()).await;
+        let _agent = h.link("n1", 1);
+        let a = members[0].clone();
+        let id = a.id.clone();
+        h.store.fail(3, move |ops| puts_instance(ops, &id) && super::test_support::is_cluster_write(ops));
+        let applied = actix::spawn(died(&h, "e", &a));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let snap = h.shared.read_model.cluster("e").unwrap();
+        assert_eq!(snap.instances[&a.id].record.status, InstanceStatus::Running, "shown before it is durable");
+        assert_eq!(snap.record.status, ClusterStatus::Active);
+        applied.await.unwrap();
+        assert_eq!(
+            h.store.refused.load(std::sync::atomic::Ordering::SeqCst),
+            3,
+            "the member and the cluster were not written in one batch"
+        );
+        let snap = h.shared.read_model.cluster("e").unwrap();
+        assert_eq!(snap.instances[&a.id].record.status, InstanceStatus::Failed);
+        assert_eq!(snap.record.status, ClusterStatus::Error);
+        let stored = h.stored_cluster(&c).unwrap();
+        assert_eq!(stored.status, ClusterStatus::Error, "durable");
+        assert!(
+            stored.status_description.contains(a.id.as_str()) && stored.status_description.contains("code 137"),
+            "{}",
+            stored.status_description
+        );
+
+        // A second member failing adds itself to the description: one
+        // Error, no second escalation.
+        died(&h, "e", &members[1]).await;
+        let stored = h.stored_cluster(&c).unwrap();
+        assert!(stored.status_description.contains(members[1].id.as_str()), "{}", stored.status_description);
+        let failed = h.events().iter().filter(|(kind, _)| kind == "actor.failed").count();
+        assert_eq!(failed, 2, "one actor.failed event per member, no more");
+    });
+}
+
+/// A scale-out accepted while a member's failure is being written keeps
+/// the ordinals it counted: the failure's write never puts back an older
+/// copy of the cluster record (it did: the next scale-out reused the ids
+/// of running members, and its undo deleted them).
+#[test]
+fn a_scale_out_accepted_during_an_escalation_keeps_its_ordinals() {
+    run(async {
+        let h = Harness::new();
+        let (c, members) = cluster("o", 2);
+        h.persist(&c, &members).await;
+        let _sup = h.boot(vec![c.clone()], members.clone()).await;
+        let _agent = h.link("n1", 1);
+        h.shared.read_model.node(&NodeId::new("n1")).unwrap().live.connect(1);
+        let a = members[0].clone();
+        let id = a.id.clone();
+        // Its first two tries fail: the scale-out is accepted in between.
+        h.store.fail(2, move |ops| puts_instance(ops, &id));
+        let applied = actix::spawn(died(&h, "o", &a));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let req = OpRequest::ScaleOut { role: "server".into(), add: 1, nodes: None };
+        h.run("o", req).await.expect("accepted");
+        applied.await.unwrap();
+        assert_eq!(h.store.refused.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let next = |r: &crate::storage::records::ClusterRecord| r.roles["server"].next_ordinal;
+        assert_eq!(next(&h.published("o")), 4, "published");
+        assert_eq!(next(&h.stored_cluster(&c).unwrap()), 4, "stored");
+        assert_eq!(h.shared.read_model.cluster("o").unwrap().instances[&a.id].record.status, InstanceStatus::Failed);
+    });
+}
+
+/// An `Active` cluster stored with a failed member (an older master
+/// crashed between the two writes) is put in `Error` at boot, naming it.
+#[test]
+fn boot_puts_an_active_cluster_with_a_failed_member_in_error() {
+    run(async {
+        let h = Harness::new();
+        let (c, mut members) = cluster("b", 2);
+        members[1].status = InstanceStatus::Lost;
+        members[1].pid = None;
+        members[1].last_error = Some("node n1 is down: no word from its agent for 30 s".into());
+        h.persist(&c, &members).await;
+        let _sup = h.boot(vec![c.clone()], members.clone()).await;
+        eventually("Error", || h.published("b").status == ClusterStatus::Error).await;
+        let stored = h.stored_cluster(&c).unwrap();
+        assert_eq!(stored.status, ClusterStatus::Error);
+        assert!(
+            stored.status_description.contains(members[1].id.as_str())
+                && stored.status_description.contains("node n1 is down"),
+            "{}",
+            stored.status_description
+        );
+    });
+}

@@ -302,7 +302,8 @@ async fn register(
     tracing::info!(%node, %peer, instances = hello.inventory.len(), simulated = hello.simulated, "agent registered");
     let (reader, write_half) = crate::protocol::handshake::split_after_handshake(framed);
     let writer = FramedWrite::new(write_half, MasterCodec::default());
-    let link = NodeManagerActor::start_for(node.clone(), reader, writer, entry, shared.clone());
+    let link =
+        NodeManagerActor::start_for(node.clone(), reader, writer, entry, shared.clone(), hello.inventory.clone());
     // A revocation that landed while this connection was being admitted
     // looked for the node's link before this one was registered: look at
     // the certificate again now that it is (the revocation swaps its table

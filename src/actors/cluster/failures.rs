@@ -1,12 +1,21 @@
-//! A cluster's members failing: what an agent observed about an instance
-//! (applied durably, then escalated if it failed), the `Error` status the
-//! supervisor sends back, and the failures kept while an operation runs.
+//! A cluster's members failing: what an agent observed about an instance,
+//! applied durably by its instance actor, and the cluster's `Error` that a
+//! member's failure causes, written in the same batch (never a failed
+//! member in an `Active` cluster for a reader to see, nor for a crash to
+//! leave behind). A failure while an operation runs is the operation's to
+//! judge: its end puts the cluster in `Error` if a member is still failed
+//! then (`ClusterOps::complete`). Boot and an actor restart check the same
+//! ([`ClusterActor::check_members`]).
+
+use std::rc::Weak;
 
 use super::*;
+use crate::actors::instance::MemberFailures;
 
-/// What an agent observed about one of our instances (a report, routed by
-/// its node manager; the inventory of a reconnect, by the supervisor).
-/// `ack` is sent once the observation is applied and durable.
+/// What an agent observed about one of our instances (a report or the
+/// inventory of a reconnect, routed by its node manager in the order the
+/// agent made them). `ack` is sent once the observation is applied and
+/// durable.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct InstanceObserved {
@@ -16,75 +25,153 @@ pub struct InstanceObserved {
     pub slot: Reservation,
 }
 
-/// From the supervisor, after an escalation: show `Error` with the reason.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct EnterError {
-    pub description: String,
-    pub operation: Option<OperationId>,
-    /// The member whose failure it is, if one.
-    pub instance: Option<InstanceId>,
-    pub slot: Reservation,
+/// At most this many failed members are named in a cluster's `Error`
+/// description; the others are counted.
+const NAMED_MAX: usize = 5;
+/// At most this many bytes of each member's reason in it.
+const REASON_MAX: usize = 400;
+
+/// The members that are `Failed` or `Lost`, named (at most [`NAMED_MAX`])
+/// with why; `None` when there are none.
+pub(super) fn failed_members(core: &Core) -> Option<String> {
+    let failed: Vec<Arc<InstanceRecord>> = core
+        .members()
+        .into_iter()
+        .filter(|m| matches!(m.status, InstanceStatus::Failed | InstanceStatus::Lost))
+        .collect();
+    if failed.is_empty() {
+        return None;
+    }
+    let mut named: Vec<String> = failed
+        .iter()
+        .take(NAMED_MAX)
+        .map(|m| member_failed(&m.id, m.last_error.as_deref().unwrap_or("no reason recorded")))
+        .collect();
+    if failed.len() > NAMED_MAX {
+        named.push(format!("and {} more members failed", failed.len() - NAMED_MAX));
+    }
+    Some(named.join("; "))
 }
 
-/// A member's failure that came while an operation ran: escalated when the
-/// operation has ended, if the cluster is `Active` then and the member
-/// still failed (the operation did not put it right).
-pub(super) struct Deferred {
-    instance: Option<InstanceId>,
-    description: String,
+/// "member X failed: why", the reason cut at [`REASON_MAX`] bytes.
+fn member_failed(id: &InstanceId, why: &str) -> String {
+    let mut why = why.trim();
+    if why.len() > REASON_MAX {
+        let mut end = REASON_MAX;
+        while !why.is_char_boundary(end) {
+            end -= 1;
+        }
+        why = &why[..end];
+    }
+    format!("member {id} failed: {why}")
+}
+
+/// The cluster's side of a member's failure: handed to its instance actors
+/// (through `ClusterEnv`), asked when a member's failure is about to be
+/// written. Holds the cluster weakly: the instances it serves are the
+/// cluster's own.
+pub(super) struct Escalation {
+    pub core: Weak<RefCell<Core>>,
+    pub env: Weak<ClusterEnv>,
+    pub stats: Arc<ActorStats>,
+}
+
+impl MemberFailures for Escalation {
+    fn escalate(&self, member: &InstanceRecord) -> Option<(Vec<WriteOp>, Box<dyn FnOnce()>)> {
+        let (core, env) = (self.core.upgrade()?, self.env.upgrade()?);
+        let why = member_failed(&member.id, member.last_error.as_deref().unwrap_or("no reason recorded"));
+        let change = {
+            let c = core.borrow();
+            if c.record.operation.is_some() {
+                // The running operation judges it when it ends.
+                return None;
+            }
+            match c.record.status {
+                ClusterStatus::Active => {
+                    let why = why.clone();
+                    Box::new(move |r: &mut ClusterRecord| {
+                        r.status = ClusterStatus::Error;
+                        r.status_description = why.clone();
+                    }) as Box<dyn Fn(&mut ClusterRecord)>
+                }
+                // In Error already: it only gains the member, while the
+                // description names fewer than the most it names.
+                ClusterStatus::Error
+                    if !c.record.status_description.contains(member.id.as_str())
+                        && c.record.status_description.matches("member ").count() < NAMED_MAX =>
+                {
+                    let why = why.clone();
+                    Box::new(move |r: &mut ClusterRecord| {
+                        r.status_description = format!("{}; {why}", r.status_description);
+                    })
+                }
+                _ => return None,
+            }
+        };
+        let (snapshot, mut ops) = ops::cluster_writes(&core.borrow().record, &change).ok()?;
+        let name = snapshot.name.clone();
+        let failed = events::actor("actor.failed", "cluster", &name, Some(&name), Some(&why));
+        ops.push(events::append(&failed).ok()?);
+        let stats = self.stats.clone();
+        let durable = move || {
+            {
+                let mut c = core.borrow_mut();
+                change(&mut c.record);
+                c.record.updated_at = snapshot.updated_at;
+            }
+            tracing::error!(cluster = %name, reason = %why, "cluster failed: a member failed");
+            stats.end(Some(why));
+            stats.set_state(format!("{:?}", snapshot.status));
+            env.cell.set_record(snapshot);
+        };
+        Some((ops, Box::new(durable)))
+    }
 }
 
 impl ClusterActor {
-    /// Escalates the member failures that came while `op` ran and that it
-    /// did not put right, now that the cluster is free (an `Active`
-    /// cluster only: one the operation left in `Error` or stopped says so
-    /// already).
-    pub(super) fn escalate_deferred(&mut self, op: &OperationRecord) {
-        let deferred = std::mem::take(&mut self.deferred);
-        let core = self.core.borrow();
-        if deferred.is_empty() || core.record.operation.is_some() || core.record.status != ClusterStatus::Active {
-            return;
-        }
-        let still: Vec<String> = deferred
-            .into_iter()
-            .filter(|d| match &d.instance {
-                Some(id) => core.instances.get(id).is_some_and(|h| {
-                    matches!(
-                        h.record().status,
-                        crate::storage::records::InstanceStatus::Failed | crate::storage::records::InstanceStatus::Lost
-                    )
-                }),
-                None => true,
-            })
-            .map(|d| d.description)
-            .collect();
-        if still.is_empty() {
-            return;
-        }
-        let name = core.record.name.clone();
-        let description = format!("while operation {} ({:?}) ran: {}", op.id, op.kind, still.join("; "));
-        tracing::warn!(cluster = %name, reason = %description, "member failures during an operation, escalated now that it ended");
-        let slot = Reservation::counted(&self.shared.supervisor);
-        self.supervisor.do_send(Escalate {
-            cluster: name,
-            operation: None,
-            instance: None,
-            description,
-            recorded: false,
-            slot,
-        });
+    /// An `Active` cluster, free, with a `Failed` or `Lost` member goes
+    /// `Error` naming it (at boot, at an actor restart: a crash between a
+    /// member's failure and its cluster's `Error` left by an older master
+    /// is put right). Tried until it lands.
+    pub(super) fn check_members(&mut self, ctx: &mut Context<Self>) {
+        let failed = {
+            let c = self.core.borrow();
+            if c.record.operation.is_some() || c.record.status != ClusterStatus::Active {
+                return;
+            }
+            failed_members(&c)
+        };
+        let Some(description) = failed else { return };
+        let ops = self.ops(None);
+        let name = self.core.borrow().record.name.clone();
+        let event = events::actor("actor.failed", "cluster", &name, Some(&name), Some(&description));
+        let change = move |r: &mut ClusterRecord| {
+            if r.status == ClusterStatus::Active && r.operation.is_none() {
+                r.status = ClusterStatus::Error;
+                r.status_description = description.clone();
+            }
+        };
+        let save = async move {
+            let extra = || Ok(vec![events::append(&event).map_err(|e| e.to_string())?]);
+            ops.save_cluster_until_landed(change, extra, "a cluster's Error").await
+        };
+        ctx.spawn(save.into_actor(self).map(|saved, act, _| match saved {
+            Ok(()) => {
+                let c = act.core.borrow();
+                act.stats.end(Some(c.record.status_description.clone()));
+                act.stats.set_state(format!("{:?}", c.record.status));
+            }
+            Err(e) => tracing::error!(error = %e, "cannot record a cluster's Error"),
+        }));
     }
 
-    /// Keeps a member's failure for when the running operation has ended.
-    pub(super) fn defer(&mut self, instance: Option<InstanceId>, description: String) {
-        let (name, running) = {
-            let c = self.core.borrow();
-            (c.record.name.clone(), c.record.operation)
-        };
-        tracing::warn!(cluster = %name, operation = ?running, reason = %description, "a member failed while an operation runs; escalated when it ends unless the operation puts it right");
-        self.stats.end(Some(description.clone()));
-        self.deferred.push(Deferred { instance, description });
+    /// What its instance actors ask when a member's failure is written.
+    pub(super) fn escalation(
+        core: &Rc<RefCell<Core>>,
+        env: &Rc<ClusterEnv>,
+        stats: &Arc<ActorStats>,
+    ) -> Rc<Escalation> {
+        Rc::new(Escalation { core: Rc::downgrade(core), env: Rc::downgrade(env), stats: stats.clone() })
     }
 }
 
@@ -103,108 +190,24 @@ impl Handler<InstanceObserved> for ClusterActor {
             }
             return Box::pin(fut::ready(()));
         };
-        let description = match &observation {
-            Observation::Spawned { generation, pid } => {
-                // News for the start that waits for its answer: not queued
-                // behind it (it holds the instance's mailbox).
-                handle.spawned(*generation, *pid);
-                if let Some(a) = ack {
-                    a.send();
-                }
-                return Box::pin(fut::ready(()));
-            }
-            Observation::Exited { description, .. } => description.clone(),
-            Observation::Restarted { error, .. } => error.clone().unwrap_or_default(),
-            Observation::NodeDown { silent_for } => format!(
-                "its node {} is down: no word from its agent for {} s",
-                handle.record().node,
-                silent_for.as_secs()
-            ),
-            Observation::Inventory { .. } => {
-                format!("instance {} is not running after its agent reconnected", instance)
-            }
-        };
-        Box::pin(async move { handle.observe(observation).await }.into_actor(self).map(move |applied, act, _| {
-            // Applied and durable (or nothing to change): the agent may
-            // forget it. Not applied: it sends it again.
-            let Some(failed) = applied else { return };
+        if let Observation::Spawned { generation, pid } = observation {
+            // News for the start that waits for its answer: not queued
+            // behind it (it holds the instance's mailbox).
+            handle.spawned(generation, pid);
             if let Some(a) = ack {
                 a.send();
             }
-            let (busy, status, name) = {
-                let c = act.core.borrow();
-                (c.record.operation.is_some(), c.record.status, c.record.name.clone())
-            };
-            if !failed {
-                return;
-            }
-            let description = format!("member {instance} failed: {description}");
-            if busy {
-                // The operation may not touch this member (a scale-out
-                // adds others): kept, and escalated once it has ended if
-                // the member is still failed then.
-                act.defer(Some(instance), description);
-            } else if status == ClusterStatus::Active {
-                // An Active cluster whose member died is in Error, saying
-                // which member, where and why.
-                let slot = Reservation::counted(&act.shared.supervisor);
-                act.supervisor.do_send(Escalate {
-                    cluster: name,
-                    operation: None,
-                    instance: Some(instance),
-                    description,
-                    recorded: false,
-                    slot,
-                });
-            }
-        }))
-    }
-}
-
-impl Handler<EnterError> for ClusterActor {
-    type Result = ResponseActFuture<Self, ()>;
-
-    fn handle(&mut self, msg: EnterError, _ctx: &mut Context<Self>) -> Self::Result {
-        let EnterError { description, instance, slot, .. } = msg;
-        slot.begin("enter error");
-        self.stats.end(None);
-        if self.core.borrow().record.operation.is_some() {
-            // An operation started meanwhile: kept for when it has ended.
-            self.defer(instance, description);
             return Box::pin(fut::ready(()));
         }
-        let ops = self.ops(None);
-        let name = self.core.borrow().record.name.clone();
-        // The failure's event is durable with the status it causes, and
-        // neither is shown before.
-        let failed = events::actor("actor.failed", "cluster", &name, Some(&name), Some(&description));
-        Box::pin(
-            async move {
-                let event = events::append(&failed).map_err(|e| e.to_string());
-                match event {
-                    Ok(event) => {
-                        ops.save_cluster_with(
-                            |r| {
-                                r.status = ClusterStatus::Error;
-                                r.status_description = description;
-                            },
-                            vec![event],
-                            &ops::END_RETRIES,
-                        )
-                        .await
-                    }
-                    Err(e) => Err(e),
-                }
+        // Applied and durable, with the cluster's Error it causes (or
+        // nothing to change): the agent may forget it. Not applied: it
+        // sends it again.
+        Box::pin(async move { handle.observe(observation).await }.into_actor(self).map(move |applied, _, _| {
+            if applied.is_some()
+                && let Some(a) = ack
+            {
+                a.send();
             }
-            .into_actor(self)
-            .map(|saved, act, _| match saved {
-                Ok(()) => act.stats.set_state("Error"),
-                Err(e) => {
-                    // Not shown: the cluster stays as the store has it.
-                    tracing::error!(error = %e, "cannot record the Error status of a cluster");
-                    act.stats.end(Some(format!("cannot record the Error status: {e}")));
-                }
-            }),
-        )
+        }))
     }
 }

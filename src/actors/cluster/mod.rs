@@ -44,21 +44,20 @@ use super::instance::{ClusterEnv, InstanceActor, InstanceHandle, Observation};
 use super::node_manager::Ack;
 use super::read_model::{ActorStats, ClusterCell, Reservation};
 use super::registry::ClusterHandle;
-use super::supervisor::{ClusterPanicked, Escalate, Supervisor};
+use super::supervisor::{ClusterPanicked, Supervisor};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId, OperationId};
 use crate::operations::Plan;
 use crate::operations::runner::{self, Outcome};
 use crate::spec::ComponentSpec;
 use crate::storage::records::{
-    ClusterRecord, ClusterStatus, InstanceRecord, OperationKind, OperationRecord, OperationStatus, PackageRecord,
-    RECORD_VERSION, Resumable,
+    ClusterRecord, ClusterStatus, InstanceRecord, InstanceStatus, OperationKind, OperationRecord, OperationStatus,
+    PackageRecord, RECORD_VERSION, Resumable,
 };
 use crate::storage::{WriteOp, events};
 
-use failures::Deferred;
-pub use failures::{EnterError, InstanceObserved};
-pub(crate) use ops::{END_RETRIES, commit_retrying};
+pub use failures::InstanceObserved;
+pub(crate) use ops::{END_RETRIES, commit_retrying, commit_until_landed};
 pub use prepare::{MAX_BATCH, group_by_order};
 pub use preview::{PlacedInstance, PlanPreview, Preview, PreviewCreate, PreviewStep};
 pub use request::{Accepted, OpRequest, RoleToPlace, RunOperation};
@@ -98,8 +97,6 @@ pub struct ClusterActor {
     /// no operation can be recorded for a cluster that does not exist.
     /// Until then nothing shows it (actors list, events).
     creating: bool,
-    /// Member failures to escalate once the running operation has ended.
-    deferred: Vec<Deferred>,
 }
 
 /// What a cluster actor starts from.
@@ -164,6 +161,7 @@ impl ClusterActor {
                     progress: Arc::default(),
                     answered: AtomicU64::new(0),
                     priority: gate,
+                    failures: Default::default(),
                 });
                 let handles: BTreeMap<InstanceId, InstanceHandle> =
                     start.instances.into_iter().map(|r| (r.id.clone(), InstanceActor::quiet(r, env.clone()))).collect();
@@ -173,16 +171,9 @@ impl ClusterActor {
                 }
                 let core =
                     Core { record: start.record, instances: handles, pending: BTreeMap::new(), history: start.history };
-                ClusterActor {
-                    core: Rc::new(RefCell::new(core)),
-                    env,
-                    shared,
-                    supervisor,
-                    stats: s,
-                    resume: start.resume,
-                    creating: !start.visible,
-                    deferred: Vec::new(),
-                }
+                let core = Rc::new(RefCell::new(core));
+                *env.failures.borrow_mut() = Some(ClusterActor::escalation(&core, &env, &s));
+                ClusterActor { core, env, shared, supervisor, stats: s, resume: start.resume, creating: !start.visible }
             },
             on_panic,
         );
@@ -272,14 +263,17 @@ impl ClusterActor {
                 ctx.stop();
                 return;
             }
-            Outcome::Succeeded => self.stats.set_state("idle"),
-            Outcome::Failed { error, .. } | Outcome::Halted { error, .. } => {
-                self.stats.end(Some(error));
-                let status = self.core.borrow().record.status;
-                self.stats.set_state(format!("{status:?}"));
-            }
+            Outcome::Succeeded => {}
+            Outcome::Failed { error, .. } | Outcome::Halted { error, .. } => self.stats.end(Some(error)),
         }
-        self.escalate_deferred(&op);
+        // An operation that succeeded may still leave the cluster in Error
+        // (a member it did not touch died while it ran).
+        let status = self.core.borrow().record.status;
+        if status == ClusterStatus::Active {
+            self.stats.set_state("idle");
+        } else {
+            self.stats.set_state(format!("{status:?}"));
+        }
     }
 }
 
@@ -304,7 +298,12 @@ impl Actor for ClusterActor {
         if !self.creating {
             crate::actors::announce::actor(&self.shared, "actor.started", "cluster", &name, Some(&name), None);
         }
-        let Some(op) = self.resume.take() else { return };
+        let Some(op) = self.resume.take() else {
+            // A free cluster: an older master (or this actor's dead
+            // predecessor) may have left a failed member in an Active one.
+            self.check_members(ctx);
+            return;
+        };
         let Some(r) = op.resume.clone() else { return };
         tracing::info!(operation = %op.id, kind = ?op.kind, cluster = %op.cluster, "resuming an operation interrupted by a master restart");
         {
@@ -422,7 +421,7 @@ impl Handler<RunOperation> for ClusterActor {
                     let ops = self.ops(None);
                     return AtomicResponse::new(Box::pin(
                         async move {
-                            if let Err(w) = ops.save_cluster(|r| r.status_description = description).await {
+                            if let Err(w) = ops.save_cluster(|r| r.status_description = description.clone()).await {
                                 tracing::warn!(error = %w, "cannot record why a request was refused");
                             }
                             Err(e)

@@ -55,9 +55,41 @@ pub(super) struct ClusterOps {
 /// trouble passes, a store that stays broken stops the operation soon.
 const JOURNAL_RETRIES: [Duration; 3] = [Duration::from_millis(100), Duration::from_millis(500), Duration::from_secs(2)];
 
-/// How long a failed end of an operation (or a cluster's `Error`) waits
-/// before each new try.
+/// How long a failed write of what the boot decided waits before each new try.
 pub(crate) const END_RETRIES: [Duration; 3] = [Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(4)];
+
+/// The longest wait between two tries of a write that must land.
+const LAND_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Commits the writes `build` makes, tried again with backoff (100 ms,
+/// doubling, at most [`LAND_BACKOFF_MAX`]) until they land: for what must
+/// never be only logged (a member's failure with its cluster's `Error`, an
+/// operation's end). Built again for each try, from the state then, so a
+/// try never writes a copy older than a write that landed meanwhile. Gives
+/// up only when the store is frozen (the master is shutting down: the next
+/// one resumes from the journal) or the writer is gone (the master exits).
+pub(crate) async fn commit_until_landed(
+    shared: &Shared,
+    what: &str,
+    mut build: impl FnMut() -> Result<Vec<WriteOp>, String>,
+) -> Result<(), String> {
+    let mut wait = Duration::from_millis(100);
+    loop {
+        let ops = build()?;
+        match shared.store.commit(ops).await {
+            Ok(()) => return Ok(()),
+            Err(e @ (crate::storage::StorageError::Frozen | crate::storage::StorageError::WriterGone)) => {
+                return Err(crate::error::ErrorChain(&e).to_string());
+            }
+            Err(e) => {
+                tracing::error!(error = %crate::error::ErrorChain(&e), "cannot record {what}; trying again in {wait:?}");
+                metrics::counter!("flotilla_write_retries_total").increment(1);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(LAND_BACKOFF_MAX);
+            }
+        }
+    }
+}
 
 /// Commits `ops`, trying again after each of `waits` while it fails; a
 /// frozen store (the master is shutting down) is not tried again.
@@ -81,6 +113,22 @@ pub(crate) async fn commit_retrying(
     written
 }
 
+/// The cluster record `current` changed by `change`, and the writes that
+/// store it (with its `cluster.changed` event when its status changed).
+pub(super) fn cluster_writes(
+    current: &ClusterRecord,
+    change: &impl Fn(&mut ClusterRecord),
+) -> Result<(ClusterRecord, Vec<WriteOp>), String> {
+    let mut snapshot = current.clone();
+    change(&mut snapshot);
+    snapshot.updated_at = OffsetDateTime::now_utc();
+    let mut ops = vec![WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?];
+    if let Some(e) = events::cluster_changed(current, &snapshot) {
+        ops.push(events::append(&e).map_err(|e| e.to_string())?);
+    }
+    Ok((snapshot, ops))
+}
+
 /// How often a running step's progress may become an event.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
@@ -93,6 +141,12 @@ pub(super) struct CurrentPackage {
 }
 
 impl ClusterOps {
+    /// The members that are `Failed` or `Lost`, named (at most a few) with
+    /// why, as a cluster's `Error` says it; `None` when there are none.
+    pub(super) fn failed_members(&self) -> Option<String> {
+        super::failures::failed_members(&self.core.borrow())
+    }
+
     pub(super) fn cluster_name(&self) -> String {
         self.core.borrow().record.name.clone()
     }
@@ -104,40 +158,49 @@ impl ClusterOps {
         Ok(CurrentPackage { record: p.record, spec: p.spec, blob })
     }
 
-    /// Changes a copy of the cluster record, persists it, then makes it
-    /// the record and publishes it: a write that fails changes nothing.
-    /// The busy mark (`operation`) is the actor's own and is kept as it is
-    /// then (a request may have taken the cluster meanwhile).
-    pub async fn save_cluster(&self, change: impl FnOnce(&mut ClusterRecord)) -> Result<(), String> {
-        self.save_cluster_with(change, Vec::new(), &[]).await
+    /// Changes a copy of the cluster record, persists it, then applies the
+    /// same change to the record and publishes what was written: a write
+    /// that fails changes nothing. The change is applied to the record as
+    /// it is then, never by putting the copy back: a request handled
+    /// meanwhile (a scale-out counting its ordinals, the busy mark) keeps
+    /// what it changed.
+    pub async fn save_cluster(&self, change: impl Fn(&mut ClusterRecord)) -> Result<(), String> {
+        let (snapshot, ops) = cluster_writes(&self.core.borrow().record, &change)?;
+        self.shared.store.commit(ops).await.map_err(|e| crate::error::ErrorChain(&e).to_string())?;
+        self.saved(change, Some(snapshot));
+        Ok(())
     }
 
     /// [`save_cluster`](Self::save_cluster) with `extra` writes in the same
-    /// batch, tried again after each of `retries` while it fails.
-    pub async fn save_cluster_with(
+    /// batch, tried until it lands ([`commit_until_landed`]).
+    pub async fn save_cluster_until_landed(
         &self,
-        change: impl FnOnce(&mut ClusterRecord),
-        extra: Vec<WriteOp>,
-        retries: &[Duration],
+        change: impl Fn(&mut ClusterRecord),
+        extra: impl Fn() -> Result<Vec<WriteOp>, String>,
+        what: &str,
     ) -> Result<(), String> {
-        let mut snapshot = self.core.borrow().record.clone();
-        change(&mut snapshot);
-        snapshot.updated_at = OffsetDateTime::now_utc();
-        let mut ops = vec![WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?];
-        if let Some(e) = events::cluster_changed(&self.core.borrow().record, &snapshot) {
-            ops.push(events::append(&e).map_err(|e| e.to_string())?);
-        }
-        ops.extend(extra);
-        commit_retrying(&self.shared, ops, retries, "a cluster record")
-            .await
-            .map_err(|e| crate::error::ErrorChain(&e).to_string())?;
+        let mut written = None;
+        commit_until_landed(&self.shared, what, || {
+            let (snapshot, mut ops) = cluster_writes(&self.core.borrow().record, &change)?;
+            ops.extend(extra()?);
+            written = Some(snapshot);
+            Ok(ops)
+        })
+        .await?;
+        self.saved(change, written);
+        Ok(())
+    }
+
+    /// A cluster write landed: `change` applied to the record as it is now,
+    /// and what was written published.
+    fn saved(&self, change: impl Fn(&mut ClusterRecord), written: Option<ClusterRecord>) {
+        let Some(written) = written else { return };
         {
             let mut core = self.core.borrow_mut();
-            snapshot.operation = core.record.operation;
-            core.record = snapshot.clone();
+            change(&mut core.record);
+            core.record.updated_at = written.updated_at;
         }
-        self.env.cell.set_record(snapshot);
-        Ok(())
+        self.env.cell.set_record(written);
     }
 
     async fn allocate(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
@@ -424,7 +487,7 @@ impl OperationContext for ClusterOps {
                 events::event("cluster.deleted", Some(&name), serde_json::json!({ "id": cluster_id.to_string() }));
             let mut ops = vec![WriteOp::delete_cluster(&cluster_id), events::append(&gone).map_err(|e| e.to_string())?];
             ops.append(&mut end);
-            commit_retrying(&self.shared, ops, &END_RETRIES, "the end of a delete")
+            commit_until_landed(&self.shared, "the end of a delete", || Ok(ops.clone()))
                 .await
                 .map_err(|e| format!("the end of the delete is not recorded ({e}); the cluster stays busy with it until the master restarts"))?;
             self.ended.set(true);
@@ -474,38 +537,52 @@ impl OperationContext for ClusterOps {
                 true,
             ),
         };
-        // The cluster as the operation leaves it, on a copy: the actor's
-        // record changes (and the cluster stops being busy) only once the
-        // end is durable.
-        let mut snapshot = self.core.borrow().record.clone();
-        if let Some(s) = status {
-            snapshot.status = s;
-        }
-        snapshot.status_description = description.clone();
-        snapshot.operation = None;
-        snapshot.updated_at = OffsetDateTime::now_utc();
+        // The cluster as the operation leaves it: the actor's record changes
+        // (and the cluster stops being busy) only once the end is durable.
+        // An operation that leaves an Active cluster with a failed member
+        // (one that died while it ran, on a member it did not touch) leaves
+        // it in Error, naming the member, in the same batch.
+        let failed = self.failed_members();
+        let leave = |r: &mut ClusterRecord| {
+            if let Some(s) = status {
+                r.status = s;
+            }
+            r.status_description = description.clone();
+            if r.status == ClusterStatus::Active
+                && let Some(members) = &failed
+            {
+                r.status = ClusterStatus::Error;
+                r.status_description = format!("{description}, but {members}");
+            }
+            r.operation = None;
+        };
         // One batch: the cluster's new status, the operation's end and the
         // history past retention, durable together and published cluster
         // first, so whoever sees the operation ended sees the cluster as it
         // left it.
         let (trim, history) = self.retention(&ended);
-        let mut ops = vec![WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?];
-        if let Some(e) = events::cluster_changed(&self.core.borrow().record, &snapshot) {
-            ops.push(events::append(&e).map_err(|e| e.to_string())?);
-        }
-        ops.append(&mut end);
-        ops.extend(trim);
-        // A failed write is tried again; one that still fails (or a store
-        // frozen by a shutdown) leaves the end unpublished and the cluster
-        // busy with the operation: clients never see an end the store does
-        // not hold, and the next master resumes the operation (or ends it)
-        // from its journal.
-        let written = commit_retrying(&self.shared, ops, &END_RETRIES, "the end of an operation").await;
-        if let Err(e) = written {
+        let mut written = None;
+        // Tried until it lands: a write that fails is never only logged. A
+        // store frozen by a shutdown leaves the end unpublished and the
+        // cluster busy with the operation: clients never see an end the
+        // store does not hold, and the next master resumes the operation
+        // (or ends it) from its journal.
+        let landed = commit_until_landed(&self.shared, "the end of an operation", || {
+            let (snapshot, mut ops) = cluster_writes(&self.core.borrow().record, &leave)?;
+            ops.extend(end.iter().cloned());
+            ops.extend(trim.iter().cloned());
+            written = Some(snapshot);
+            Ok(ops)
+        })
+        .await;
+        if let Err(e) = landed {
             return Err(format!(
                 "the end of the operation is not recorded ({e}); the cluster stays busy with it until the master restarts"
             ));
         }
+        let snapshot = written.expect("a landed write was built");
+        let escalate = escalate || (snapshot.status == ClusterStatus::Error && failed.is_some());
+        let description = snapshot.status_description.clone();
         {
             let mut core = self.core.borrow_mut();
             // Instances placed for this operation that it never created
@@ -513,7 +590,8 @@ impl OperationContext for ClusterOps {
             for p in std::mem::take(&mut core.pending).into_values() {
                 self.shared.ports.release(&p.node, p.ports.values().copied());
             }
-            core.record = snapshot.clone();
+            leave(&mut core.record);
+            core.record.updated_at = snapshot.updated_at;
             core.history = history;
         }
         self.ended.set(true);
@@ -521,14 +599,7 @@ impl OperationContext for ClusterOps {
         self.shared.read_model.put_operation(&ended);
         if escalate {
             let slot = Reservation::counted(&self.shared.supervisor);
-            self.supervisor.do_send(Escalate {
-                slot,
-                cluster: name,
-                operation: Some(record.id),
-                instance: None,
-                description,
-                recorded: true,
-            });
+            self.supervisor.do_send(Escalate { slot, cluster: name, operation: Some(record.id), description });
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use crate::actors::Shared;
 use crate::actors::read_model::ClusterCell;
 use crate::protocol::messages::{ENV_CHANGED, ProcessSpec, RenderedFile};
 use crate::spec::{ChangeMode, ComponentSpec};
-use crate::storage::records::{Applied, InstanceResult, PendingRestart};
+use crate::storage::records::{Applied, InstanceRecord, InstanceResult, PendingRestart};
 
 /// What one instance should do now.
 #[derive(Debug, Clone)]
@@ -145,4 +145,17 @@ pub struct ClusterEnv {
     /// The gate of the cluster's thread: instance commands wait while an
     /// API request to a cluster there is being answered.
     pub priority: Arc<crate::actors::priority::Priority>,
+    /// What a member's failure does to its cluster (set by the cluster
+    /// actor once it exists).
+    pub failures: std::cell::RefCell<Option<std::rc::Rc<dyn MemberFailures>>>,
+}
+
+/// The cluster's side of a member's failure, asked by the instance actor
+/// as it writes it: the writes that put the cluster in `Error` (in the
+/// same batch as the member's), and what to do once they are durable; or
+/// `None` (the cluster is busy with an operation, which judges it when it
+/// ends, or says so already).
+pub trait MemberFailures {
+    #[allow(clippy::type_complexity)]
+    fn escalate(&self, member: &InstanceRecord) -> Option<(Vec<crate::storage::WriteOp>, Box<dyn FnOnce()>)>;
 }

@@ -113,15 +113,14 @@ impl InstanceActor {
             // Its node no longer holds it: nothing of its files is known.
             self.written.set(None);
         }
-        let saved = self
-            .save(|r| {
-                r.status = status;
-                r.pid = pid;
-                if error.is_some() {
-                    r.last_error = error;
-                }
-            })
-            .await;
+        let change = |r: &mut InstanceRecord| {
+            r.status = status;
+            r.pid = pid;
+            if error.is_some() {
+                r.last_error = error.clone();
+            }
+        };
+        let saved = if failed { self.save_failure(change).await } else { self.save(change).await };
         match saved {
             Ok(()) => Some(failed),
             // Forgotten meanwhile: nothing to record, nothing owed.

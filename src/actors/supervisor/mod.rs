@@ -23,7 +23,7 @@ pub use create::{place_instances, place_new_cluster};
 pub use nodes::{NodeDown, NodeInventory};
 
 use super::Shared;
-use super::cluster::{ClusterActor, EnterError, InstanceObserved, OpRequest, RoleToPlace, RunOperation, Start};
+use super::cluster::{ClusterActor, InstanceObserved, OpRequest, RoleToPlace, RunOperation, Start};
 use super::gone_operations::GoneOperations;
 use super::instance::Observation;
 use super::placement::Candidate;
@@ -95,18 +95,15 @@ pub struct ClusterGone {
     pub slot: Reservation,
 }
 
-/// A failure a cluster could not handle itself.
+/// A cluster went `Error` at an operation's end (already durable: the
+/// end writes the cluster's status and the operation in one batch): the
+/// supervisor logs it and announces the failure.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Escalate {
     pub cluster: String,
     pub operation: Option<OperationId>,
     pub description: String,
-    /// The member whose failure it is, if one.
-    pub instance: Option<InstanceId>,
-    /// True when the cluster actor already recorded `Error` (an operation's
-    /// end writes the cluster's status and the operation in one batch).
-    pub recorded: bool,
     pub slot: Reservation,
 }
 
@@ -380,27 +377,19 @@ impl Handler<Escalate> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, msg: Escalate, _ctx: &mut Context<Self>) {
-        let Escalate { cluster, operation, instance, description, recorded, slot } = msg;
+        let Escalate { cluster, operation, description, slot } = msg;
         slot.begin("escalate");
         tracing::error!(%cluster, ?operation, reason = %description, "cluster failed");
         self.stats.end(Some(format!("{cluster}: {description}")));
-        if recorded {
-            // Its Error is durable already: the event may follow.
-            crate::actors::announce::actor(
-                &self.shared,
-                "actor.failed",
-                "cluster",
-                &cluster,
-                Some(&cluster),
-                Some(&description),
-            );
-            return;
-        }
-        // The cluster writes the event with its Error status.
-        if let Some(h) = self.shared.registry.get(&cluster) {
-            let slot = Reservation::counted(&h.stats);
-            h.addr.do_send(EnterError { description, operation, instance, slot });
-        }
+        // Its Error is durable already: the event may follow.
+        crate::actors::announce::actor(
+            &self.shared,
+            "actor.failed",
+            "cluster",
+            &cluster,
+            Some(&cluster),
+            Some(&description),
+        );
     }
 }
 

@@ -42,35 +42,18 @@ pub struct NodeInventory {
 impl Handler<NodeInventory> for Supervisor {
     type Result = ();
 
-    /// Reconciles what the master believes of a node with what its agent
-    /// holds: a running process updates its instance; a missing or dead one
-    /// marks it Lost or Failed (and its Active cluster Error). Instances the
-    /// agent holds but the master does not know are leaked (see
-    /// `actors::leaked`): reported, and removed after `leaked_grace`.
+    /// What the agent holds that the master does not know: instances of
+    /// no cluster are leaked (see `actors::leaked`): reported, and removed
+    /// after `leaked_grace`; a force delete's leftovers are removed. (Its
+    /// instances the master knows are reconciled by the connection's node
+    /// manager, in order with its reports: `node_manager::reconcile`.)
     fn handle(&mut self, msg: NodeInventory, _ctx: &mut Context<Self>) {
-        let NodeInventory { node, connection, reports, unrecorded, slot } = msg;
+        let NodeInventory { node, reports, unrecorded, slot, .. } = msg;
         slot.begin("inventory");
         let msg = (node, reports);
         let ours = self.shared.read_model.node(&msg.0).map(|n| n.instances()).unwrap_or_default();
         let reports: HashMap<&InstanceId, &crate::protocol::messages::InstanceReport> =
             msg.1.iter().map(|r| (&r.instance, r)).collect();
-        let connection = Some(connection);
-        for (id, cluster) in ours.iter() {
-            let report = reports.get(id);
-            let observation = Observation::Inventory {
-                present: report.is_some(),
-                running: report.is_some_and(|r| r.running),
-                pid: report.and_then(|r| r.pid),
-                generation: report.map(|r| r.generation),
-                connection,
-            };
-            if let Some(h) = self.shared.registry.get(cluster) {
-                // Not bounded by the mailbox: one message per instance of a
-                // node that just connected, and they must all arrive.
-                let slot = Reservation::counted(&h.stats);
-                h.addr.do_send(InstanceObserved { instance: id.clone(), observation, ack: None, slot });
-            }
-        }
         // Leftovers the agent no longer holds (it finished the delete itself,
         // e.g. from its tombstone after a restart): nothing left to remove.
         let leftovers = self.shared.read_model.leftovers();
