@@ -148,6 +148,13 @@ enum Command {
         #[command(flatten)]
         target: flotilla::cli::Target,
     },
+    /// The supervision tree: list actors, kill one, restart a failed one.
+    Actor {
+        #[command(subcommand)]
+        cmd: flotilla::cli::actor::ActorCmd,
+        #[command(flatten)]
+        target: flotilla::cli::Target,
+    },
     /// API tokens: create, list, revoke.
     Token {
         #[command(subcommand)]
@@ -294,6 +301,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Op { cmd, target } => client(flotilla::cli::inventory::op(cmd, &target))?,
         Command::Events { args, target } => client(flotilla::cli::events::run(args, &target))?,
         Command::Token { cmd, target } => client(flotilla::cli::token::run(cmd, &target))?,
+        Command::Actor { cmd, target } => client(flotilla::cli::actor::run(cmd, &target))?,
     }
     Ok(())
 }

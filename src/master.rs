@@ -49,6 +49,9 @@ pub enum MasterError {
     Token(#[source] crate::error::Error),
     #[error("cannot set up the agent link's TLS")]
     Trust(#[source] crate::actors::trust::TrustError),
+    /// A child whose death cannot be survived (`supervision::GiveUp::ExitMaster`).
+    #[error("the master cannot go on: {0}")]
+    Fatal(String),
 }
 
 /// What `flotilla master --init` asks for: when the store has no API token
@@ -275,11 +278,21 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         arbiters: Arc::new(arbiters.clone()),
         link_arbiters: Arc::new(link_arbiters.clone()),
         chunk_budget: Arc::new(tokio::sync::Semaphore::new(crate::actors::node_link::CHUNK_BUDGET)),
+        tasks: Arc::default(),
     };
     for l in &snapshot.leftovers {
         shared.ports.reserve(&l.node, l.ports.iter().copied());
     }
-    actix::spawn(crate::actors::leaked::sweep(shared.clone()));
+    {
+        let s = shared.clone();
+        crate::actors::supervised::task(&shared, "leaked_sweep", move || {
+            let s = s.clone();
+            async move {
+                crate::actors::leaked::sweep(s).await;
+                Err("the sweep stopped".into())
+            }
+        });
+    }
     actix::spawn(dump_on_sigusr2(read_model.clone()));
     let (started, booted) = tokio::sync::oneshot::channel();
     let boot = Boot {
@@ -291,7 +304,16 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         started: Some(started),
     };
     let supervisor = Supervisor::new(shared.clone(), boot).start();
-    actix::spawn(crate::actors::announce::watch_nodes(shared.clone(), supervisor.clone(), cfg.heartbeat_interval));
+    {
+        let (s, sup, every) = (shared.clone(), supervisor.clone(), cfg.heartbeat_interval);
+        crate::actors::supervised::task(&shared, "node_watcher", move || {
+            let (s, sup) = (s.clone(), sup.clone());
+            async move {
+                crate::actors::announce::watch_nodes(s, sup, every).await;
+                Err("the node watcher stopped".into())
+            }
+        });
+    }
     // Agents are admitted once every cluster actor runs (see `Boot::started`).
     let _ = booted.await;
 
@@ -317,13 +339,23 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
             per_subnet: cfg.max_agent_handshakes_per_subnet,
         },
     };
-    actix::spawn(crate::actors::agent_listener::run(
-        agent_listener,
-        shared.clone(),
-        supervisor.clone(),
-        trust.clone(),
-        listener_cfg,
-    ));
+    {
+        let listener = Arc::new(agent_listener);
+        let (s, sup, t) = (shared.clone(), supervisor.clone(), trust.clone());
+        crate::actors::supervised::task(&shared, "agent_listener", move || {
+            let run = crate::actors::agent_listener::run(
+                listener.clone(),
+                s.clone(),
+                sup.clone(),
+                t.clone(),
+                listener_cfg.clone(),
+            );
+            async move {
+                run.await;
+                Err("the agent listener stopped".into())
+            }
+        });
+    }
     let state = crate::http::AppState {
         supervisor,
         shared: shared.clone(),
@@ -375,14 +407,26 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         write_endpoints(path, http_addr, agent_addr).map_err(io_err(path))?;
     }
     let handle = server.handle();
+    let tasks = shared.tasks.clone();
     actix::spawn(async move {
-        crate::shutdown::signal().await;
-        tracing::info!("shutting down: the store is frozen, running operations resume at the next start");
+        tokio::select! {
+            () = crate::shutdown::signal() => {
+                tracing::info!("shutting down: the store is frozen, running operations resume at the next start");
+            }
+            cause = tasks.fatal_failure() => {
+                tracing::error!(%cause, "exiting: the store is frozen, running operations resume at the next start");
+            }
+        }
         store.freeze();
         handle.stop(true).await;
     });
     let served = server.await.map_err(|source| MasterError::Listen { addr: http_addr.to_string(), source });
     drop(exit);
+    // A child the master cannot go on without failed: exit non-zero with
+    // the cause, so a service manager starts it again.
+    if let Some(cause) = shared.tasks.fatal_cause() {
+        return Err(MasterError::Fatal(cause));
+    }
     served
 }
 

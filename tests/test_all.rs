@@ -11,6 +11,7 @@
 mod common;
 
 mod integration {
+    mod actors;
     mod agent_faults;
     mod agent_policy;
     mod agent_shutdown;
@@ -27,6 +28,7 @@ mod integration {
     mod delete;
     mod dev_mode;
     mod dry_run;
+    mod escalation;
     mod events;
     mod failing_start;
     mod faults_agent;

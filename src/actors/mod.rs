@@ -54,6 +54,7 @@ pub mod read_model;
 pub mod registry;
 pub mod render;
 pub mod supervised;
+pub mod supervision;
 #[cfg(test)]
 mod supervision_tests;
 pub mod supervisor;
@@ -92,6 +93,8 @@ pub struct Shared {
     pub priorities: Arc<Vec<Arc<priority::Priority>>>,
     /// Package chunks queued for all agents' sockets at once (`node_link`).
     pub chunk_budget: Arc<tokio::sync::Semaphore>,
+    /// The supervised tasks, and the master's fatal failure (`supervised`).
+    pub tasks: Arc<supervised::Tasks>,
 }
 
 impl Shared {

@@ -156,28 +156,46 @@ impl NodeManagerActor {
         if !arbiter.spawn(writes) {
             tracing::error!(%node, "the link's arbiter is gone; the link cannot write");
         }
-        let l = link.clone();
-        NodeManagerActor::start_in_arbiter(&arbiter, move |ctx| {
-            // The inventory reaches each cluster before any report of this
-            // connection (sent from here on, in order, to the same
-            // mailboxes): a report made after the inventory was taken is
-            // never overridden by it.
-            reconcile(&shared, &node, &entry, connection, &inventory);
-            ctx.add_stream(reader);
-            NodeManagerActor {
-                node,
-                link: l,
-                entry,
-                shared,
-                stats,
-                held: VecDeque::new(),
-                held_of: HashMap::new(),
-                held_seqs: HashSet::new(),
-                dropped: HashMap::new(),
-                retry_scheduled: false,
-                inflight: Arc::default(),
+        // A panic closes the link (its writer ends with it: one_for_all);
+        // the agent connects again and a new node manager serves it
+        // (`supervision::spec("node_manager")`).
+        let on_panic = {
+            let (link, stats, shared) = (link.clone(), stats.clone(), shared.clone());
+            move || -> super::supervised::OnPanic {
+                Box::new(move |reason| {
+                    tracing::error!(node = %link.node, %reason, "node manager failed; closing its link, the agent reconnects");
+                    stats.exited(format!("panicked: {reason}"), false);
+                    shared.read_model.unregister_actor(&stats);
+                    link.close();
+                })
             }
-        });
+        };
+        let l = link.clone();
+        super::supervised::start_in_arbiter(
+            &arbiter,
+            move |ctx| {
+                // The inventory reaches each cluster before any report of this
+                // connection (sent from here on, in order, to the same
+                // mailboxes): a report made after the inventory was taken is
+                // never overridden by it.
+                reconcile(&shared, &node, &entry, connection, &inventory);
+                ctx.add_stream(reader);
+                NodeManagerActor {
+                    node,
+                    link: l,
+                    entry,
+                    shared,
+                    stats,
+                    held: VecDeque::new(),
+                    held_of: HashMap::new(),
+                    held_seqs: HashSet::new(),
+                    dropped: HashMap::new(),
+                    retry_scheduled: false,
+                    inflight: Arc::default(),
+                }
+            },
+            on_panic,
+        );
         link
     }
 

@@ -76,3 +76,100 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".into())
 }
+
+/// The master's supervised tasks (`supervision::TREE`: the agent
+/// listener, the node watcher, the leaked-instance sweep), each with the
+/// switch its `kill` verb pulls, and the cause of a failure the master
+/// cannot survive (a child given up under `GiveUp::ExitMaster`): the
+/// master exits with it, never left half working.
+#[derive(Default)]
+pub struct Tasks {
+    kills: std::sync::Mutex<std::collections::HashMap<&'static str, std::sync::Arc<tokio::sync::Notify>>>,
+    fatal: std::sync::Mutex<Option<String>>,
+    fatal_news: tokio::sync::Notify,
+}
+
+impl Tasks {
+    pub fn contains(&self, kind: &str) -> bool {
+        self.kills.lock().unwrap_or_else(|p| p.into_inner()).contains_key(kind)
+    }
+
+    /// Stops task `kind` as if it failed ("killed by the operator").
+    pub fn kill(&self, kind: &str) {
+        if let Some(n) = self.kills.lock().unwrap_or_else(|p| p.into_inner()).get(kind) {
+            n.notify_one();
+        }
+    }
+
+    /// The master cannot go on: `cause` is why (the first one is kept).
+    pub fn fatal(&self, cause: String) {
+        tracing::error!(%cause, "the master cannot go on; it exits");
+        self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(cause);
+        self.fatal_news.notify_one();
+    }
+
+    /// Why the master cannot go on, if it cannot.
+    pub fn fatal_cause(&self) -> Option<String> {
+        self.fatal.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits until the master cannot go on; answers why.
+    pub async fn fatal_failure(&self) -> String {
+        loop {
+            if let Some(c) = self.fatal.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                return c;
+            }
+            self.fatal_news.notified().await;
+        }
+    }
+}
+
+/// Runs the long-lived task `kind` under its child spec
+/// (`supervision::spec(kind)`): `make` starts an incarnation; one that
+/// panics, ends, or is killed by the operator is started again after the
+/// spec's backoff while within its intensity, and past it the master exits
+/// with the cause ([`Tasks::fatal`]). Shown in `GET /actors` with its
+/// restarts and last exit.
+pub fn task<F, Fut>(shared: &super::Shared, kind: &'static str, make: F)
+where
+    F: Fn() -> Fut + 'static,
+    Fut: Future<Output = Result<(), String>> + 'static,
+{
+    use futures::FutureExt;
+    let spec = super::supervision::spec(kind);
+    let stats = super::read_model::ActorStats::new(kind, kind, Some("master".into()));
+    shared.read_model.register_actor(&stats);
+    let kill = std::sync::Arc::new(tokio::sync::Notify::new());
+    shared.tasks.kills.lock().unwrap_or_else(|p| p.into_inner()).insert(kind, kill.clone());
+    let tasks = shared.tasks.clone();
+    actix::spawn(async move {
+        let mut intensity = super::supervision::Intensity::default();
+        loop {
+            stats.set_state("running");
+            let run = AssertUnwindSafe(make()).catch_unwind();
+            let reason = tokio::select! {
+                ended = run => match ended {
+                    Ok(Ok(())) => "ended".to_string(),
+                    Ok(Err(e)) => e,
+                    Err(payload) => format!("panicked: {}", panic_message(payload.as_ref())),
+                },
+                () = kill.notified() => "killed by the operator".to_string(),
+            };
+            match intensity.failed(spec, std::time::Instant::now()) {
+                Ok(n) => {
+                    tracing::error!(task = kind, %reason, restart = n, "a supervised task failed; restarting it");
+                    stats.exited(reason.clone(), true);
+                    stats.end(Some(reason));
+                    stats.set_state("restarting");
+                    tokio::time::sleep(spec.backoff).await;
+                }
+                Err(n) => {
+                    stats.exited(reason.clone(), false);
+                    stats.set_state("failed");
+                    tasks.fatal(format!("{kind} failed {} times within {}s: {reason}", n + 1, spec.period.as_secs()));
+                    return;
+                }
+            }
+        }
+    });
+}

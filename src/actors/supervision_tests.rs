@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use actix::Addr;
 
-use super::cluster::{OpRequest, Panic};
+use super::cluster::{Kill, OpRequest};
 use super::supervisor::{CreateAnswer, CreateCluster, RoleRequest, Supervisor};
 use super::test_support::{Harness, cluster, eventually, is_cluster_write, is_journal, is_new_operation};
 use crate::error::Error;
@@ -195,7 +195,7 @@ fn a_panicking_cluster_actor_is_restarted_from_the_store_and_resumes() {
         let (_first, req) = agent.request().await;
         assert!(matches!(req, AgentRequest::Stop { .. }), "{req:?}");
         let dead = h.handle("p");
-        dead.addr.do_send(Panic);
+        dead.addr.do_send(Kill { reason: "injected panic".into() });
         eventually("a new cluster actor", || !std::sync::Arc::ptr_eq(&h.handle("p").stats, &dead.stats)).await;
         // The operation goes on: every member is stopped (again: stops are
         // idempotent), and it ends.

@@ -171,6 +171,7 @@ impl Harness {
         };
         read_model.put_package(PackageView { record: Arc::new(record), spec: Arc::new(spec) });
         let shared = Shared {
+            tasks: Arc::default(),
             store: meta,
             blobs: Arc::new(BlobStore::open(&dir.path().join("packages")).expect("blobs")),
             read_model,

@@ -10,6 +10,7 @@
 //! unreachable or the token is refused. Mutating verbs wait for their
 //! operation with a progress bar (`--no-wait`: print it and return).
 
+pub mod actor;
 pub mod cluster;
 pub mod events;
 pub mod inventory;

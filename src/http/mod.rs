@@ -10,6 +10,7 @@
 //! `GET /api/v1/openapi.json` (`openapi.rs`), generated from these
 //! handlers and their bodies (`dto.rs`).
 
+mod actors;
 pub(crate) mod auth;
 mod body_deadline;
 mod clusters;
@@ -98,7 +99,8 @@ macro_rules! api_routes {
 // Which scope each route needs, in one place (README "API tokens"):
 // `Read` every GET that shows state (not logs: they show what a component
 // prints, secrets included); `Operate` the verbs on clusters and instances,
-// and logs; `Admin` packages, API tokens, nodes, join tokens, trust. Health
+// and logs; `Admin` packages, API tokens, nodes, join tokens, trust, and
+// the verbs on actors. Health
 // and this document are open or need any token (`auth.rs`); `/metrics`
 // needs `read` (`auth::METRICS`).
 api_routes! {
@@ -108,6 +110,8 @@ api_routes! {
     "/tokens" => [post tokens::create => Admin, get tokens::list => Admin],
     "/tokens/{id}" => [delete tokens::revoke => Admin],
     "/actors" => [get status::actors => Read],
+    "/actors/{kind}/{id}/kill" => [post actors::kill => Admin],
+    "/actors/{kind}/{id}/restart" => [post actors::restart => Admin],
     "/events" => [get events::stream => Read],
     "/join-tokens" => [post trust::create => Admin, get trust::list => Admin],
     "/join-tokens/{id}" => [delete trust::delete => Admin],

@@ -52,6 +52,8 @@ use crate::scope::Scope;
         tokens::revoke,
         tokens::whoami,
         status::actors,
+        super::actors::kill,
+        super::actors::restart,
         events::stream,
         status::list_nodes,
         status::get_node,

@@ -79,8 +79,8 @@ pub async fn actors(state: web::Data<AppState>, q: web::Query<ActorsQuery>) -> H
             listed += 1;
             let (current, since, queued, oldest, handled) = e.stats.read();
             let age = |at: u64| (at > 0).then(|| now_ms.saturating_sub(at));
-            out.push(ActorDto {
-                kind: "instance".into(),
+            out.push(ActorDto::from(crate::actors::read_model::ActorInfo {
+                kind: "instance",
                 id: e.record.id.to_string(),
                 parent: Some(format!("cluster/{name}")),
                 state: format!("{:?}", e.record.status),
@@ -90,7 +90,11 @@ pub async fn actors(state: web::Data<AppState>, q: web::Query<ActorsQuery>) -> H
                 oldest_message_ms: age(oldest),
                 handled,
                 last_error: e.record.last_error.clone(),
-            });
+                last_error_age_ms: None,
+                refused: 0,
+                restarts: 0,
+                last_exit: None,
+            }));
         }
     }
     HttpResponse::Ok().json(ActorsDto { actors: out, instance_actors: instance_total })

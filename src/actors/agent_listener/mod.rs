@@ -103,7 +103,7 @@ pub struct ListenerConfig {
 
 /// Accepts agent connections until the process ends.
 pub async fn run(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     shared: Shared,
     supervisor: actix::Addr<Supervisor>,
     trust: Arc<Trust>,

@@ -263,7 +263,7 @@ impl ClusterActor {
                 ctx.stop();
                 return;
             }
-            Outcome::Succeeded => {}
+            Outcome::Succeeded => self.stats.succeeded(),
             Outcome::Failed { error, .. } | Outcome::Halted { error, .. } => self.stats.end(Some(error)),
         }
         // An operation that succeeded may still leave the cluster in Error
@@ -369,7 +369,7 @@ impl Handler<RunOperation> for ClusterActor {
         let is_create = matches!(req, OpRequest::Create { .. });
         if self.creating && !is_create {
             let name = self.core.borrow().record.name.clone();
-            self.stats.end(None);
+            self.stats.refused();
             return AtomicResponse::new(Box::pin(fut::ready(Err(Error::not_found("cluster", name)))));
         }
         let busy = self.core.borrow().record.operation;
@@ -382,7 +382,7 @@ impl Handler<RunOperation> for ClusterActor {
                 .map(|o| format!("{:?}", o.kind))
                 .unwrap_or_default();
             let name = self.core.borrow().record.name.clone();
-            self.stats.end(None);
+            self.stats.refused();
             return AtomicResponse::new(Box::pin(fut::ready(Err(Error::conflict(
                 "cluster_busy",
                 format!("cluster {name} is busy with operation {running} ({kind}); retry when it has ended"),
@@ -402,7 +402,8 @@ impl Handler<RunOperation> for ClusterActor {
             Err(e) => {
                 // Nothing placed is left behind: a placement that fails
                 // gives back the ports it took (`place_new_cluster`).
-                self.stats.end(Some(e.to_string()));
+                // A refused request: counted, not the actor failing.
+                self.stats.refused();
                 if is_create {
                     // Inside the answer's future: an actor stopped in the
                     // handler itself never sends it (the caller would see a
@@ -541,17 +542,21 @@ impl ClusterActor {
     }
 }
 
-/// Makes the actor panic (the supervision tests).
-#[cfg(test)]
+/// Stops the actor as if it failed (the operator's kill, and the
+/// supervision tests): it panics with `reason`, and its supervisor acts on
+/// that as on any failure (`supervisor::ClusterPanicked`).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Panic;
+pub struct Kill {
+    pub reason: String,
+}
 
-#[cfg(test)]
-impl Handler<Panic> for ClusterActor {
+impl Handler<Kill> for ClusterActor {
     type Result = ();
 
-    fn handle(&mut self, _msg: Panic, _ctx: &mut Context<Self>) {
-        panic!("injected panic in cluster {}", self.core.borrow().record.name);
+    fn handle(&mut self, msg: Kill, _ctx: &mut Context<Self>) {
+        let name = self.core.borrow().record.name.clone();
+        tracing::warn!(cluster = %name, reason = %msg.reason, "cluster actor killed");
+        std::panic::panic_any(format!("{} (cluster {name})", msg.reason));
     }
 }

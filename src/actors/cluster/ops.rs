@@ -78,8 +78,14 @@ pub(crate) async fn commit_until_landed(
         let ops = build()?;
         match shared.store.commit(ops).await {
             Ok(()) => return Ok(()),
-            Err(e @ (crate::storage::StorageError::Frozen | crate::storage::StorageError::WriterGone)) => {
-                return Err(crate::error::ErrorChain(&e).to_string());
+            Err(e @ crate::storage::StorageError::Frozen) => return Err(crate::error::ErrorChain(&e).to_string()),
+            Err(e @ crate::storage::StorageError::WriterGone) => {
+                // The store's writer thread died: nothing can be recorded
+                // any more. The master exits (its child spec says so).
+                let cause =
+                    format!("the store's writer is gone ({}) while recording {what}", crate::error::ErrorChain(&e));
+                shared.tasks.fatal(cause.clone());
+                return Err(cause);
             }
             Err(e) => {
                 tracing::error!(error = %crate::error::ErrorChain(&e), "cannot record {what}; trying again in {wait:?}");

@@ -98,7 +98,8 @@ impl Handler<Preview> for ClusterActor {
         let Preview(req, slot) = msg;
         slot.begin("preview");
         let answer = self.preview(req);
-        self.stats.end(answer.as_ref().err().map(|e| e.to_string()));
+        // A dry run that says no is an answer, not a failure of the actor.
+        self.stats.refused_if(answer.is_err());
         answer
     }
 }
@@ -333,7 +334,7 @@ impl Handler<PreviewCreate> for Supervisor {
             let params = req.params(&record.config);
             Ok(create_preview(&view.spec, pending, params))
         });
-        self.stats().end(answer.as_ref().err().map(|e| e.to_string()));
+        self.stats().refused_if(answer.is_err());
         answer
     }
 }

@@ -32,7 +32,14 @@ pub struct ActorStats {
     since_ms: AtomicU64,
     pub state: Mutex<String>,
     pub current: Mutex<Option<String>>,
-    pub last_error: Mutex<Option<String>>,
+    /// The last failure and when (unix ms), until the next success.
+    pub last_error: Mutex<Option<(String, u64)>>,
+    /// Requests it refused (a 404, a 409): counted, not a failure.
+    pub refused: AtomicU64,
+    /// Times its supervisor started it again after it failed.
+    pub restarts: AtomicU64,
+    /// How its last incarnation ended, and when (unix ms).
+    pub last_exit: Mutex<Option<(String, u64)>>,
 }
 
 fn now_ms() -> u64 {
@@ -87,11 +94,53 @@ impl ActorStats {
         set(&self.current, Some(what.into()));
     }
 
+    /// The current message is done; `error`: it failed (shown as the
+    /// actor's last failure until [`succeeded`](Self::succeeded)).
     pub fn end(&self, error: Option<String>) {
         set(&self.current, None);
         self.since_ms.store(0, Ordering::Relaxed);
-        if error.is_some() {
-            set(&self.last_error, error);
+        if let Some(e) = error {
+            set(&self.last_error, Some((e, now_ms())));
+        }
+    }
+
+    /// The current message was a request it refused (bad input, busy, not
+    /// found): counted, not painted as a failure.
+    pub fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        self.end(None);
+    }
+
+    /// [`refused`](Self::refused) when `refused`, else the message ended well.
+    pub fn refused_if(&self, refused: bool) {
+        if refused {
+            self.refused();
+        } else {
+            self.end(None);
+        }
+    }
+
+    /// Its work succeeded: the last failure is no longer current.
+    pub fn succeeded(&self) {
+        set(&self.last_error, None);
+    }
+
+    /// A new incarnation takes over the restarts and last exit of `dead`.
+    pub fn inherit(&self, dead: &ActorStats) {
+        self.restarts.store(dead.restarts.load(Ordering::Relaxed), Ordering::Relaxed);
+        set(&self.last_exit, get(&dead.last_exit));
+    }
+
+    pub fn state(&self) -> String {
+        get(&self.state)
+    }
+
+    /// Its incarnation ended (`reason`); `restarted`: its supervisor
+    /// started it again.
+    pub fn exited(&self, reason: impl Into<String>, restarted: bool) {
+        set(&self.last_exit, Some((reason.into(), now_ms())));
+        if restarted {
+            self.restarts.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -102,6 +151,10 @@ impl ActorStats {
     pub fn snapshot(&self) -> ActorInfo {
         let now = now_ms();
         let age = |at: u64| (at > 0).then(|| now.saturating_sub(at));
+        let (last_error, last_error_age_ms) = match get(&self.last_error) {
+            Some((e, at)) => (Some(e), Some(now.saturating_sub(at))),
+            None => (None, None),
+        };
         ActorInfo {
             kind: self.kind,
             id: self.id.clone(),
@@ -112,7 +165,11 @@ impl ActorStats {
             mailbox: self.queued.load(Ordering::Relaxed).max(0) as u64,
             oldest_message_ms: age(self.oldest_ms.load(Ordering::Relaxed)),
             handled: self.handled.load(Ordering::Relaxed),
-            last_error: get(&self.last_error),
+            last_error,
+            last_error_age_ms,
+            refused: self.refused.load(Ordering::Relaxed),
+            restarts: self.restarts.load(Ordering::Relaxed),
+            last_exit: get(&self.last_exit).map(|(reason, at)| (reason, now.saturating_sub(at))),
         }
     }
 }
@@ -210,6 +267,34 @@ pub struct ActorInfo {
     pub oldest_message_ms: Option<u64>,
     pub handled: u64,
     pub last_error: Option<String>,
+    pub last_error_age_ms: Option<u64>,
+    pub refused: u64,
+    pub restarts: u64,
+    /// How its last incarnation ended, and how long ago.
+    pub last_exit: Option<(String, u64)>,
+}
+
+/// A message waiting longer than this, or a handler busy longer than
+/// [`BUSY_AMBER`], shows the actor amber.
+pub const WAIT_AMBER_MS: u64 = 5_000;
+pub const BUSY_AMBER_MS: u64 = 30_000;
+
+impl ActorInfo {
+    /// `red` (failed: given up, or dead), `amber` (restarting, a message
+    /// waiting over 5 s, or a handler busy over 30 s) or `green`. A refused
+    /// request or a past failure paints nothing.
+    pub fn health(&self) -> &'static str {
+        if self.state == "failed" || self.state == "dead" {
+            "red"
+        } else if self.state == "restarting"
+            || self.oldest_message_ms.is_some_and(|ms| ms > WAIT_AMBER_MS)
+            || self.current_ms.is_some_and(|ms| ms > BUSY_AMBER_MS)
+        {
+            "amber"
+        } else {
+            "green"
+        }
+    }
 }
 
 #[cfg(test)]

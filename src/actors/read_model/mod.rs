@@ -182,6 +182,11 @@ impl ReadModel {
         self.clusters.load().get(name).map(|c| c.load())
     }
 
+    /// The cell a cluster's snapshot is published in.
+    pub fn cluster_cell(&self, name: &str) -> Option<Arc<ClusterCell>> {
+        self.clusters.load().get(name).cloned()
+    }
+
     /// Makes a cluster visible (its record is durable).
     pub fn add_cluster(&self, name: &str, cell: Arc<ClusterCell>) {
         rcu(&self.clusters, |m| {

@@ -16,9 +16,11 @@ use actix::prelude::*;
 use serde::Serialize;
 use time::OffsetDateTime;
 
+mod children;
 mod create;
 mod nodes;
 
+pub use children::{ActorVerb, ActorVerbAnswer, Verb};
 pub use create::{place_instances, place_new_cluster};
 pub use nodes::{NodeDown, NodeInventory};
 
@@ -28,6 +30,7 @@ use super::gone_operations::GoneOperations;
 use super::instance::Observation;
 use super::placement::Candidate;
 use super::read_model::{ActorStats, Reservation};
+use super::supervision::{Intensity, spec};
 use crate::error::Error;
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId, validate_name};
 use crate::spec::{ComponentSpec, RoleSpec};
@@ -120,19 +123,14 @@ pub struct ClusterPanicked {
     pub slot: Reservation,
 }
 
-/// Restarts of one cluster's actor allowed within [`RESTART_WINDOW`]; past
-/// them it stays down (answering `503`) until the master restarts, as
-/// Erlang's supervisors give up on a child that keeps crashing.
-const MAX_RESTARTS: usize = 3;
-const RESTART_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
-
 pub struct Supervisor {
     shared: Shared,
     boot: Option<Boot>,
     stats: Arc<ActorStats>,
     gone: GoneOperations,
-    /// When each cluster's actor was last restarted after a panic.
-    restarts: HashMap<String, VecDeque<std::time::Instant>>,
+    /// Each cluster actor's recent restarts, against its child spec
+    /// (`supervision::spec("cluster")`).
+    restarts: HashMap<String, Intensity>,
 }
 
 /// What the supervisor starts from.
@@ -390,96 +388,5 @@ impl Handler<Escalate> for Supervisor {
             Some(&cluster),
             Some(&description),
         );
-    }
-}
-
-impl Handler<ClusterPanicked> for Supervisor {
-    type Result = ();
-
-    /// Starts the cluster's actor again from its stored records (the dead
-    /// one's memory is not trusted), and resumes the operation it was
-    /// running from its journal, as a master restart would.
-    fn handle(&mut self, msg: ClusterPanicked, ctx: &mut Context<Self>) {
-        let ClusterPanicked { name, cluster, stats, reason, slot } = msg;
-        slot.begin("restart cluster actor");
-        self.stats.end(Some(format!("cluster actor {name} panicked: {reason}")));
-        self.shared.read_model.unregister_actor(&stats);
-        // A later incarnation (or none: deleted) is not this one's to replace.
-        if !self.shared.registry.get(&name).is_some_and(|h| Arc::ptr_eq(&h.stats, &stats)) {
-            return;
-        }
-        let now = std::time::Instant::now();
-        let recent = self.restarts.entry(name.clone()).or_default();
-        recent.retain(|t| now.duration_since(*t) < RESTART_WINDOW);
-        if recent.len() >= MAX_RESTARTS {
-            tracing::error!(cluster = %name, %reason, restarts = recent.len(), "cluster actor panicked again; it keeps crashing, so it stays down until the master restarts");
-            let why = format!("panicked: {reason}; {} restarts within {RESTART_WINDOW:?}, not restarted", recent.len());
-            crate::actors::announce::actor(&self.shared, "actor.failed", "cluster", &name, Some(&name), Some(&why));
-            return;
-        }
-        recent.push_back(now);
-        tracing::error!(cluster = %name, %reason, "cluster actor panicked; restarting it from its stored records");
-        let shared = self.shared.clone();
-        let why = format!("panicked: {reason}; restarted from its stored records");
-        let failed = events::actor("actor.failed", "cluster", &name, Some(&name), Some(&why));
-        let load = async move {
-            // The event's write also lets every write queued before it (the
-            // dead actor's last ones) land before the records are read.
-            let event = events::append(&failed)?;
-            match shared.store.commit(vec![event]).await {
-                Ok(()) | Err(crate::storage::StorageError::Frozen) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot record an event"),
-            }
-            let store = shared.store.clone();
-            tokio::task::spawn_blocking(move || crate::storage::meta::load_cluster(&*store, &cluster))
-                .await
-                .map_err(|e| crate::storage::StorageError::Codec(e.to_string()))?
-        };
-        ctx.spawn(load.into_actor(self).map(move |loaded, act, ctx| act.restart_cluster(ctx, &name, &stats, loaded)));
-    }
-}
-
-impl Supervisor {
-    fn restart_cluster(
-        &mut self,
-        ctx: &mut Context<Self>,
-        name: &str,
-        dead: &Arc<ActorStats>,
-        loaded: Result<Option<crate::storage::meta::StoredCluster>, crate::storage::StorageError>,
-    ) {
-        if !self.shared.registry.get(name).is_some_and(|h| Arc::ptr_eq(&h.stats, dead)) {
-            return;
-        }
-        let stored = match loaded {
-            Ok(Some(s)) => s,
-            Ok(None) => {
-                // Its create never became durable: there is nothing to run.
-                tracing::warn!(cluster = %name, "the panicked cluster actor's cluster is not stored; its name is free");
-                self.shared.registry.remove(name);
-                self.shared.read_model.remove_cluster(name);
-                return;
-            }
-            Err(e) => {
-                tracing::error!(cluster = %name, error = %crate::error::ErrorChain(&e), "cannot read the cluster to restart its actor; it stays down until the master restarts");
-                return;
-            }
-        };
-        // Its running operation goes on from its journal; one that cannot
-        // (ended meanwhile, or no plan) is not resumed, and the cluster
-        // stays busy with it until a master restart ends it.
-        let resume = stored.operation.filter(|o| !o.status.is_terminal() && o.resume.is_some());
-        if let Some(op) = &resume {
-            tracing::info!(cluster = %name, operation = %op.id, "the restarted cluster actor resumes its operation");
-            self.shared.read_model.put_operation(op);
-        }
-        let start = Start {
-            record: stored.record,
-            instances: stored.instances,
-            resume,
-            history: stored.history,
-            visible: true,
-        };
-        let handle = ClusterActor::start(start, self.shared.clone(), ctx.address());
-        self.shared.registry.insert(name, handle);
     }
 }

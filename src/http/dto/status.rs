@@ -20,15 +20,29 @@ pub struct HealthDto {
     pub store: StoreStats,
 }
 
-/// One actor of the supervision tree.
+/// One actor (or supervised task) of the supervision tree.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ActorDto {
-    /// `supervisor`, `cluster`, `node_manager` or `instance`.
+    /// `master`, `store_writer`, `supervisor`, `cluster`, `instance`,
+    /// `node_manager`, `agent_listener`, `node_watcher` or `leaked_sweep`
+    /// (`actors::supervision::TREE`).
     pub kind: String,
     pub id: String,
-    /// `kind/id` of its supervisor; none for the root.
+    /// `kind/id` of its supervisor; none for the root (`master`).
     pub parent: Option<String>,
+    /// How its supervisor restarts it, e.g. `one_for_one, 3 in 60s, then
+    /// the master exits`.
+    pub strategy: String,
+    /// `running`, `idle`, a cluster's status, `restarting`, or `failed`
+    /// (given up: restart it with `POST /actors/{kind}/{id}/restart`).
     pub state: String,
+    /// `red` (failed), `amber` (restarting, a message waiting over 5 s, or
+    /// a handler busy over 30 s) or `green`.
+    pub health: String,
+    /// Times its supervisor restarted it.
+    pub restarts: u64,
+    /// How its last incarnation ended, and how long ago.
+    pub last_exit: Option<LastExit>,
     /// What it handles now.
     pub current: Option<String>,
     /// For how long it has handled `current`.
@@ -39,22 +53,41 @@ pub struct ActorDto {
     pub oldest_message_ms: Option<u64>,
     /// Messages handled since it started.
     pub handled: u64,
+    /// Its last failure, until its next success.
     pub last_error: Option<String>,
+    /// How long ago `last_error` happened.
+    pub last_error_age_ms: Option<u64>,
+    /// Requests it refused (not found, busy, invalid): counted, not failures.
+    pub refused: u64,
+}
+
+/// How an actor's incarnation ended.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LastExit {
+    pub reason: String,
+    pub age_ms: u64,
 }
 
 impl From<ActorInfo> for ActorDto {
     fn from(a: ActorInfo) -> Self {
+        let health = a.health().to_string();
         ActorDto {
             kind: a.kind.to_string(),
+            strategy: crate::actors::supervision::describe(a.kind),
             id: a.id,
             parent: a.parent,
             state: a.state,
+            health,
+            restarts: a.restarts,
+            last_exit: a.last_exit.map(|(reason, age_ms)| LastExit { reason, age_ms }),
             current: a.current,
             current_ms: a.current_ms,
             mailbox: a.mailbox,
             oldest_message_ms: a.oldest_message_ms,
             handled: a.handled,
             last_error: a.last_error,
+            last_error_age_ms: a.last_error_age_ms,
+            refused: a.refused,
         }
     }
 }

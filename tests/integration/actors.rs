@@ -1,0 +1,143 @@
+//! The supervision tree under the operator's verbs: a cluster actor killed
+//! during a scale-out is restarted by its supervisor and the operation
+//! completes, no process started twice; past its intensity it is given
+//! up, its cluster `Error` saying so, until an operator restarts it; the
+//! supervised tasks and node managers come back; the root refuses.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::{PackageBuilder, TestEnv, id_of, instance_pids, pid_of, role_instances};
+
+async fn actor(env: &TestEnv, kind: &str, id: &str) -> Value {
+    let (_, v) = env.get("/actors").await;
+    v["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == kind && a["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no actor {kind}/{id} in {v:#}"))
+}
+
+async fn kill(env: &TestEnv, kind: &str, id: &str) -> (u16, Value) {
+    let (status, v) = env.post_empty(&format!("/actors/{kind}/{id}/kill")).await;
+    (status.as_u16(), v)
+}
+
+/// Until `check` holds for actor `kind/id` (at most 20 s).
+async fn actor_until(env: &TestEnv, kind: &str, id: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let a = actor(env, kind, id).await;
+        if check(&a) {
+            return a;
+        }
+        assert!(Instant::now() < deadline, "{kind}/{id} never {what}: {a:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_actor_killed_during_a_scale_out_is_restarted_and_the_operation_completes() {
+    let env = TestEnv::start("actors-kill").await;
+    env.upload(&PackageBuilder::sleeper("ak")).await;
+    let spec_max = json!({"name": "k", "package": {"name": "ak", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}});
+    let c = env.create_active(spec_max).await;
+    let before: Vec<(String, u32)> = role_instances(&c, "svc").iter().map(|i| (id_of(i), pid_of(i))).collect();
+    let a = actor(&env, "cluster", "k").await;
+    assert_eq!((a["restarts"].as_u64(), a["health"].as_str()), (Some(0), Some("green")), "{a:#}");
+    assert!(a["strategy"].as_str().unwrap().contains("3 in 60s"), "{a:#}");
+
+    let op = env.run_op("/clusters/k/scale", Some(json!({"role": "svc", "add": 3}))).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, v) = kill(&env, "cluster", "k").await;
+    assert_eq!(status, 200, "{v:#}");
+    let a = actor_until(&env, "cluster", "k", "restarted", |a| a["restarts"] == 1 && a["state"] != "restarting").await;
+    assert_eq!(a["last_exit"]["reason"].as_str().map(|r| r.contains("killed by the operator")), Some(true), "{a:#}");
+    let op = env.wait_op(op["id"].as_str().unwrap()).await;
+    assert_eq!(op["status"], "Succeeded", "{op:#}");
+    let c = env.cluster("k").await;
+    assert_eq!(c["status"], "Active", "{c:#}");
+    let members = role_instances(&c, "svc");
+    assert_eq!(members.len(), 5, "{c:#}");
+    for (id, pid) in &before {
+        let m = members.iter().find(|m| &id_of(m) == id).expect("an old member is gone");
+        assert_eq!(pid_of(m), *pid, "an old member was restarted: {m:#}");
+    }
+    for m in &members {
+        assert_eq!(m["status"], "Running", "{m:#}");
+        assert_eq!(instance_pids(&id_of(m)), vec![pid_of(m)], "started twice, or not the pid shown: {m:#}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_intensity_a_cluster_actor_is_given_up_until_an_operator_restarts_it() {
+    let env = TestEnv::start("actors-give-up").await;
+    env.upload(&PackageBuilder::sleeper("ag")).await;
+    env.create_active(json!({"name": "g", "package": {"name": "ag", "version": "1.0.0"}})).await;
+    // Three restarts in 60 s are allowed; the fourth failure gives it up.
+    for n in 1..=3u64 {
+        let (status, v) = kill(&env, "cluster", "g").await;
+        assert_eq!(status, 200, "{v:#}");
+        actor_until(&env, "cluster", "g", "restarted", |a| a["restarts"] == n && a["state"] != "restarting").await;
+    }
+    kill(&env, "cluster", "g").await;
+    let a = actor_until(&env, "cluster", "g", "given up", |a| a["state"] == "failed").await;
+    assert_eq!(a["health"], "red", "{a:#}");
+    let c = loop {
+        let c = env.cluster("g").await;
+        if c["status"] == "Error" {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let why = c["status_description"].as_str().unwrap();
+    assert!(why.contains("gave up after 4 failures") && why.contains("killed by the operator"), "{why}");
+    // Mutations are refused, saying how to bring it back; reads work.
+    let (status, v) = env.post_empty("/clusters/g/start").await;
+    assert_eq!(status.as_u16(), 503, "{v:#}");
+    assert!(v.to_string().contains("/actors/cluster/g/restart"), "{v:#}");
+    // A kill of a failed actor, a restart of a live one: refused.
+    assert_eq!(kill(&env, "cluster", "g").await.0, 409);
+
+    let (status, v) = env.post_empty("/actors/cluster/g/restart").await;
+    assert_eq!(status.as_u16(), 200, "{v:#}");
+    let a = actor_until(&env, "cluster", "g", "back", |a| a["state"] != "failed" && a["state"] != "restarting").await;
+    assert_eq!(a["health"], "green", "{a:#}");
+    let (status, _) = env.post_empty("/actors/cluster/g/restart").await;
+    assert_eq!(status.as_u16(), 409, "a live actor restarted");
+    env.run_ok("/clusters/g/start", None).await;
+    assert_eq!(env.cluster("g").await["status"], "Active");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_tasks_and_node_managers_come_back_and_the_root_refuses() {
+    let mut env = TestEnv::start("actors-tasks").await;
+    for task in ["agent_listener", "node_watcher", "leaked_sweep"] {
+        let a = actor(&env, task, task).await;
+        assert_eq!(a["parent"], "master", "{a:#}");
+        let (status, v) = kill(&env, task, task).await;
+        assert_eq!(status, 200, "{v:#}");
+        actor_until(&env, task, task, "restarted", |a| a["restarts"] == 1 && a["state"] == "running").await;
+    }
+    // The restarted listener takes agents: one restarted connects again.
+    env.restart_agent(1).await;
+    // A killed node manager: its agent reconnects, a new one serves it.
+    let (status, v) = kill(&env, "node_manager", "node-2").await;
+    assert_eq!(status, 200, "{v:#}");
+    env.wait_ready().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while actor(&env, "node_manager", "node-2").await["handled"].as_u64().is_none() {
+        assert!(Instant::now() < deadline);
+    }
+    for (kind, id) in [("supervisor", "supervisor"), ("instance", "x"), ("store_writer", "store_writer")] {
+        let (status, v) = kill(&env, kind, id).await;
+        assert_eq!(status, 409, "{kind}: {v:#}");
+    }
+    assert_eq!(kill(&env, "cluster", "nope").await.0, 404);
+    // The master still serves.
+    let (status, _) = env.get("/health").await;
+    assert_eq!(status.as_u16(), 200);
+}
