@@ -222,6 +222,6 @@ mod tests {
         assert_eq!(i.failed(s, t0 + Duration::from_millis(60_500)), Ok(3));
         i.reset();
         assert_eq!(i.failed(s, t0 + Duration::from_secs(62)), Ok(1));
-        assert_eq!(i.failed(spec("store_writer"), t0), Err(0));
+        assert_eq!(Intensity::default().failed(spec("store_writer"), t0), Err(0));
     }
 }
