@@ -19,6 +19,7 @@ mod integration {
     mod bench_cli;
     mod big_scale;
     mod busy;
+    mod cgroups;
     mod change_modes;
     mod cli;
     mod crash;
