@@ -65,6 +65,21 @@ def main(out):
             member(t, "conf", kind=tarfile.SYMTYPE, link="/etc"),
             member(t, "conf", kind=tarfile.DIRTYPE, mode=0o777),
         ),
+        # Aimed at the target's canaries: /tmp/flotilla-fuzz-canary, and
+        # canary/ two levels above the staging dir.
+        "canary-absolute-link-write": lambda t: (
+            member(t, "out", kind=tarfile.SYMTYPE, link="/tmp/flotilla-fuzz-canary/sub"),
+            member(t, "out/escape", b"x"),
+        ),
+        "canary-relative-link-write": lambda t: (
+            member(t, "out", kind=tarfile.SYMTYPE, link="../../canary/sub"),
+            member(t, "out/escape", b"x"),
+        ),
+        "canary-hardlink": lambda t: (
+            member(t, "hard", kind=tarfile.LNKTYPE, link="/tmp/flotilla-fuzz-canary/keep"),
+            member(t, "hard", b"overwritten"),
+        ),
+        "canary-dotdot": lambda t: member(t, "../../canary/escape", b"x"),
         "device": lambda t: member(t, "dev", kind=tarfile.CHRTYPE),
         "setuid": lambda t: member(t, "bin/suid", b"x", mode=0o4755),
     }

@@ -20,6 +20,7 @@ mod integration {
     mod bench_cli;
     mod big_scale;
     mod busy;
+    mod cgroups;
     mod change_modes;
     mod cli;
     mod crash;

@@ -71,6 +71,14 @@ impl<In, Out> FrameCodec<In, Out> {
     pub fn set_max_frame(&mut self, bytes: usize) {
         self.inner.set_max_frame_length(bytes.min(MAX_FRAME_BYTES));
     }
+
+    /// The largest frame payload this codec reads now: while
+    /// [`decode`](Decoder::decode) answers "more", the caller's buffer
+    /// holds less than this plus the 4-byte prefix (the fuzz target
+    /// `frame_decoder` checks it).
+    pub fn max_frame(&self) -> usize {
+        self.inner.max_frame_length()
+    }
 }
 
 impl<In, Out> Default for FrameCodec<In, Out> {

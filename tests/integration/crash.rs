@@ -11,7 +11,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
-use crate::common::scripts::RECORD_AND_SLEEP;
+use crate::common::scripts::{RECORD_AND_SLEEP, started_at};
 use crate::common::{PackageBuilder, TestEnv, id_of, pid_alive, pid_of, role_instances};
 
 const SPEC: &str = r#"
@@ -29,16 +29,28 @@ async fn instance(env: &TestEnv) -> Value {
     role_instances(&env.cluster("cr").await, "svc").remove(0)
 }
 
-/// Kills the instance's process and waits until its agent has restarted it.
-async fn crash_and_wait_for_restart(env: &TestEnv, within: Duration) -> Value {
+/// Now on the wall clock, in ns (the unit of `data/started_at`).
+fn now_ns() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+/// Kills the instance's process and waits until its agent has restarted it;
+/// answers the instance and how long after the kill its start script ran
+/// again (by the time it recorded).
+async fn crash_and_wait_for_restart(env: &TestEnv, within: Duration) -> (Value, Duration) {
     let before = instance(env).await;
     let old = pid_of(&before);
+    let starts = started_at(&before).len();
+    let killed_at = now_ns();
     kill(Pid::from_raw(old as i32), Signal::SIGKILL).unwrap();
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let now = instance(env).await;
         if now["status"] == "Running" && now["pid"].as_u64().is_some_and(|p| p as u32 != old) {
-            return now;
+            let times = started_at(&now);
+            assert_eq!(times.len(), starts + 1, "one start per restart: {times:?}");
+            let after = Duration::from_nanos((times[starts].saturating_sub(killed_at)) as u64);
+            return (now, after);
         }
         assert!(tokio::time::Instant::now() < deadline, "not restarted within {within:?}: {now:#}");
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -52,9 +64,12 @@ async fn a_crashed_instance_is_restarted_until_the_policy_gives_up() {
     let body = json!({"name": "cr", "package": {"name": "crashy", "version": "1.0.0"}, "roles": {"svc": {"count": 1}}});
     env.create_active(body).await;
 
-    // Three restarts, 1 s, 2 s and 4 s after each crash.
-    for within in [3, 4, 6] {
-        let i = crash_and_wait_for_restart(&env, Duration::from_secs(within)).await;
+    // Three restarts, 1 s, 2 s and 4 s after each crash: never sooner (by
+    // the time the start script recorded), and within 2 s more.
+    for (delay, within) in [(1, 3), (2, 4), (4, 6)] {
+        let (i, after) = crash_and_wait_for_restart(&env, Duration::from_secs(within)).await;
+        let delay = Duration::from_secs(delay);
+        assert!(after >= delay, "restarted {after:?} after the crash, before its backoff of {delay:?}");
         assert!(pid_alive(pid_of(&i)));
         let why = i["last_error"].as_str().unwrap_or_default();
         assert!(why.contains("signal 9") && why.contains("restarts it in"), "{i:#}");

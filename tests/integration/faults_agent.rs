@@ -519,10 +519,22 @@ async fn agent_killed_mid_install_leaves_no_staging() {
     env.kill_agent(1);
     let left = install_leftovers(&env, 1);
     env.restart_agent(1).await;
+    assert!(!left.is_empty(), "the agent was killed after its install had ended: nothing was in staging");
     let op = env.wait_op(op["id"].as_str().unwrap()).await;
     eprintln!("faults-agent-midinstall: killed with {left:?} in place; the create ended {}", op["status"]);
+    // The install was cut by the lost link: the create fails at it, saying
+    // so, and the cluster is in error.
+    assert_eq!(op["status"], "Failed", "{op:#}");
+    let error = op["error"].as_str().unwrap_or_default();
+    assert!(error.contains("install") && error.contains("not connected"), "{op:#}");
+    let c = env.cluster("mi").await;
+    assert_eq!(c["status"], "Error", "{c:#}");
     let swept = eventually(5, || install_leftovers(&env, 1).is_empty()).await;
     let now = install_leftovers(&env, 1);
+    // Nor is there a directory of the instance: it was never placed.
+    let placed: Vec<_> =
+        env.agent_instance_dirs().into_iter().filter(|d| !d.to_string_lossy().contains("/.")).collect();
+    assert_eq!(placed, Vec::<std::path::PathBuf>::new(), "an instance dir after the cut install");
     let (status, resp) = env.delete("/clusters/mi?force=true").await;
     assert_eq!(status, 202, "{resp:#}");
     env.wait_op(resp["operation"]["id"].as_str().unwrap()).await;

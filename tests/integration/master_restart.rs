@@ -108,7 +108,21 @@ const SLOW_HEALTH: &str =
 
 #[tokio::test]
 async fn an_operation_interrupted_by_a_master_restart_is_resumed() {
-    let mut env = TestEnv::start("op-resume").await;
+    operation_interrupted_by_the_master_is_resumed("op-resume", false).await;
+}
+
+/// The same with the master SIGKILLed (no shutdown at all).
+#[tokio::test]
+async fn an_operation_interrupted_by_a_master_kill_9_is_resumed() {
+    operation_interrupted_by_the_master_is_resumed("op-resume-kill9", true).await;
+}
+
+/// A scale-out held in its start step (the new members wait for health)
+/// when the master stops (SIGTERM) or dies (`kill_9`): the next master
+/// resumes it, names it in its log, and it ends `Succeeded` with every
+/// member started exactly as often as an uninterrupted run starts it.
+async fn operation_interrupted_by_the_master_is_resumed(name: &str, kill_9: bool) {
+    let mut env = TestEnv::start(name).await;
     let pkg = PackageBuilder::new("slow", "1.0.0")
         .spec(SLOW_SPEC)
         .script("bin/start.sh", RECORD_AND_SLEEP)
@@ -126,11 +140,21 @@ async fn an_operation_interrupted_by_a_master_restart_is_resumed() {
     })
     .await;
     assert!(reached, "the new members never started");
-    env.restart_master().await;
+    if kill_9 {
+        env.kill_master();
+        env.start_master_again().await;
+    } else {
+        env.restart_master().await;
+    }
 
     let op = env.wait_op(&op_id).await;
     env.assert_succeeded(&op);
-    assert!(env.master_log().contains("resuming an operation"), "the operation was not resumed by the new master");
+    let resumed = super::faults_master::resumed_operations(&env.master_log());
+    assert_eq!(
+        resumed,
+        std::collections::BTreeSet::from([op_id.clone()]),
+        "the scale-out was not resumed by the new master"
+    );
     let c = env.cluster("rs").await;
     assert_eq!(c["status"], "Active", "{c:#}");
     let members = all_instances(&c);

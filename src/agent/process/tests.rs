@@ -35,13 +35,26 @@ impl Fixture {
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let dir = tmp.path().join("inst");
         std::fs::create_dir(&dir).unwrap();
+        // The cgroup mode needs root and a cgroup2 mount: without either it
+        // fails here, saying which, rather than quietly testing the
+        // process-group mode twice.
+        if cgroups {
+            assert!(
+                nix::unistd::geteuid().is_root(),
+                "the cgroup mode of this test needs root (run it as root, as .ci/run does)"
+            );
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            assert!(
+                cgroup::cgroup2_mount(&mountinfo).is_some(),
+                "the cgroup mode of this test needs a cgroup2 mount (none in /proc/self/mountinfo)"
+            );
+        }
         let ctl = ProcessController::new(&format!("test-{pid}-{n}"), cgroups);
-        if cgroups && nix::unistd::geteuid().is_root() {
-            assert!(ctl.cgroups_enabled(), "root on a machine with cgroup2 must get cgroups");
-        }
-        if !cgroups {
-            assert!(!ctl.cgroups_enabled());
-        }
+        assert_eq!(
+            ctl.cgroups_enabled(),
+            cgroups,
+            "asked for cgroups: {cgroups}; root with a cgroup2 mount must get them (is the mount writable?)"
+        );
         let id = InstanceId::new(format!("t-{name}-{pid}-{n}"));
         Fixture { _tmp: tmp, dir, id, ctl, me: users::current() }
     }

@@ -29,7 +29,12 @@ async fn leaked(env: &TestEnv, node: &str) -> BTreeSet<String> {
 /// the operator's start the cluster reads `Active` while that member's
 /// files still carry the change undone (the forgotten member, the old
 /// config value), since a start rewrites no file. A defect, reported in
-/// RELIABILITY.md; the files of these are not checked.
+/// RELIABILITY.md; the files of these are not checked. Confirmed again
+/// (issue 23) with the skip lifted: `ScaleOut configure`: a-2's
+/// `conf/members` reads "1 2 3 tick=1", the cluster's "1 2 tick=1". Not
+/// leftover files (the leaked-instance sweep already removes the undone
+/// member's directory, checked above) but stale rendered content; the fix
+/// belongs in the start step, see RELIABILITY.md. Remove this list with it.
 const STALE_FILES: [(Kind, &str); 3] =
     [(Kind::ScaleOut, "configure"), (Kind::ScaleOut, "scale-out-hook"), (Kind::Config, "reconfigure")];
 
