@@ -6,11 +6,25 @@
 # once fails every later run until it is fixed. A new crash is copied
 # there by this script, so it is kept as a regression test.
 #
-# The fuzz build has its own target dir (coverage flags on every crate);
-# its first build compiles RocksDB's C++ again (~25 minutes on 2 cores).
+# The fuzz build has its own target dir (coverage flags on every crate).
+# RocksDB's C++ (~35 minutes on 2 cores) is not compiled a second time: the
+# fuzz build links the static library the test build made (`librocksdb-sys`
+# honours ROCKSDB_LIB_DIR with ROCKSDB_STATIC; same Cargo.lock, so the same
+# RocksDB and headers). No fuzz target reaches RocksDB; only the link needs
+# it. Without a test build (run scripts/test.sh first) it compiles its own.
 set -euo pipefail
+tests_target="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
 cd "$(dirname "$0")/../fuzz"
 export CARGO_TARGET_DIR="${FLOTILLA_FUZZ_TARGET_DIR:-$HOME/.cache/flotilla-fuzz-target}"
+if [ -z "${ROCKSDB_LIB_DIR:-}" ]; then
+  lib="$(ls -t "$tests_target"/debug/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -n 1 || true)"
+  if [ -n "$lib" ]; then
+    export ROCKSDB_LIB_DIR="$(dirname "$lib")" ROCKSDB_STATIC=1
+    echo "fuzz: linking the test build's RocksDB ($lib)"
+  else
+    echo "fuzz: no test build of RocksDB under $tests_target; compiling it (~35 min)"
+  fi
+fi
 # cargo-fuzz builds with nightly-only flags (-Z sanitizer options).
 rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --version 0.13.2

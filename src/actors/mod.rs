@@ -2,14 +2,19 @@
 //!
 //! ```text
 //! HTTP handler ──(registry)──> ClusterActor ──> InstanceActor ──> NodeLink ──TCP──> agent
-//!      │                        ^      │                            ^
-//!      └─(create)─> Supervisor ─┘      └── Escalate ──> Supervisor  NodeManagerActor (reads replies,
+//!      │                        ^                                   ^
+//!      └─(create)─> Supervisor ─┘ (restarts it)                     NodeManagerActor (reads replies,
 //!                                                                   routes reports to the cluster)
 //! ```
 //!
+//! - [`supervision`]: the supervision tree, declared in one place (each
+//!   kind's supervisor, strategy, restart intensity, what giving up does);
+//!   [`supervised`] runs actors and tasks under it (a panic reported, a
+//!   task restarted, the master's fatal exit).
 //! - [`supervisor::Supervisor`] starts one `ClusterActor` per cluster,
-//!   creates and removes them (it alone writes the [`registry`]), reconciles
-//!   an agent's inventory, and turns escalated failures into a cluster `Error`.
+//!   creates and removes them (it alone writes the [`registry`]), restarts
+//!   a failed one from the store (or gives it up: its cluster `Error`), and
+//!   takes the operator's kill and restart verbs.
 //! - [`cluster::ClusterActor`] runs the cluster's operations one at a time
 //!   and owns its instance actors; clusters are spread over several arbiters
 //!   (threads), so independent clusters progress in parallel.

@@ -84,7 +84,7 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// master exits with it, never left half working.
 #[derive(Default)]
 pub struct Tasks {
-    kills: std::sync::Mutex<std::collections::HashMap<&'static str, std::sync::Arc<tokio::sync::Notify>>>,
+    kills: std::sync::Mutex<std::collections::HashMap<&'static str, TaskHandle>>,
     fatal: std::sync::Mutex<Option<String>>,
     fatal_news: tokio::sync::Notify,
 }
@@ -94,11 +94,24 @@ impl Tasks {
         self.kills.lock().unwrap_or_else(|p| p.into_inner()).contains_key(kind)
     }
 
-    /// Stops task `kind` as if it failed ("killed by the operator").
-    pub fn kill(&self, kind: &str) {
-        if let Some(n) = self.kills.lock().unwrap_or_else(|p| p.into_inner()).get(kind) {
-            n.notify_one();
+    /// Stops task `kind` as if it failed ("killed by the operator"). A
+    /// kill that would take it past its intensity (and so end the master)
+    /// is refused, saying so: the operator's verb never stops the master.
+    pub fn kill(&self, kind: &str) -> Result<(), String> {
+        let kills = self.kills.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(t) = kills.get(kind) else { return Err(format!("no task {kind}")) };
+        let spec = super::supervision::spec(kind);
+        let room = t.intensity.lock().unwrap_or_else(|p| p.into_inner()).room(spec, std::time::Instant::now());
+        if room == 0 {
+            return Err(format!(
+                "{kind} was restarted {} times within {}s: one more failure would end the master ({}); try again later",
+                spec.intensity,
+                spec.period.as_secs(),
+                spec.describe()
+            ));
         }
+        t.kill.notify_one();
+        Ok(())
     }
 
     /// The master cannot go on: `cause` is why (the first one is kept).
@@ -124,6 +137,12 @@ impl Tasks {
     }
 }
 
+/// A supervised task's kill switch and restart count.
+struct TaskHandle {
+    kill: std::sync::Arc<tokio::sync::Notify>,
+    intensity: std::sync::Arc<std::sync::Mutex<super::supervision::Intensity>>,
+}
+
 /// Runs the long-lived task `kind` under its child spec
 /// (`supervision::spec(kind)`): `make` starts an incarnation; one that
 /// panics, ends, or is killed by the operator is started again after the
@@ -139,11 +158,12 @@ where
     let spec = super::supervision::spec(kind);
     let stats = super::read_model::ActorStats::new(kind, kind, Some("master".into()));
     shared.read_model.register_actor(&stats);
-    let kill = std::sync::Arc::new(tokio::sync::Notify::new());
-    shared.tasks.kills.lock().unwrap_or_else(|p| p.into_inner()).insert(kind, kill.clone());
+    let handle = TaskHandle { kill: Default::default(), intensity: Default::default() };
+    let (kill, intensity) = (handle.kill.clone(), handle.intensity.clone());
+    shared.tasks.kills.lock().unwrap_or_else(|p| p.into_inner()).insert(kind, handle);
     let tasks = shared.tasks.clone();
     actix::spawn(async move {
-        let mut intensity = super::supervision::Intensity::default();
+        let _live = super::instance::LiveTask::new("supervised_task");
         loop {
             stats.set_state("running");
             let run = AssertUnwindSafe(make()).catch_unwind();
@@ -155,7 +175,8 @@ where
                 },
                 () = kill.notified() => "killed by the operator".to_string(),
             };
-            match intensity.failed(spec, std::time::Instant::now()) {
+            let failed = intensity.lock().unwrap_or_else(|p| p.into_inner()).failed(spec, std::time::Instant::now());
+            match failed {
                 Ok(n) => {
                     tracing::error!(task = kind, %reason, restart = n, "a supervised task failed; restarting it");
                     stats.exited(reason.clone(), true);

@@ -189,6 +189,12 @@ impl Intensity {
         Ok(self.recent.len())
     }
 
+    /// How many more failures at `now` would still be restarted.
+    pub fn room(&mut self, spec: &ChildSpec, now: Instant) -> usize {
+        self.recent.retain(|t| now.duration_since(*t) < spec.period);
+        spec.intensity.saturating_sub(self.recent.len())
+    }
+
     /// Forgets the restarts (an operator restarted a given-up child).
     pub fn reset(&mut self) {
         self.recent.clear();

@@ -82,6 +82,22 @@ try {
   await page.waitForFunction(() => document.querySelectorAll('#actor-tree tr[data-kind="instance"]').length === 2);
   await shot('2-actor-tree-expanded');
   step('actor tree: supervisor, 3 node managers, cluster demo with 2 instance actors');
+  // The tree as the master declares it: the root, its supervised tasks and
+  // the supervisor; each with its strategy. Kill demo's actor from its row
+  // (behind a confirm): its supervisor restarts it, the row says so.
+  await page.locator('#actor-tree tr[data-kind="master"]').waitFor();
+  for (const task of ['agent_listener', 'node_watcher', 'leaked_sweep']) {
+    await page.locator(`#actor-tree tr[data-kind="${task}"]`).waitFor();
+  }
+  const strategy = await page.locator('#actor-tree tr[data-kind="cluster"][data-id="demo"] td.name').getAttribute('title');
+  expect(strategy.includes('one_for_all, 3 in 60s'), `the cluster actor's strategy, not ${strategy}`);
+  await page.locator('#actor-tree tr[data-kind="cluster"][data-id="demo"] button[data-verb="kill"]').click();
+  await page.locator('#dialog-ok').click();
+  await page.waitForFunction(() => {
+    const r = document.querySelector('#actor-tree tr[data-kind="cluster"][data-id="demo"]');
+    return r && r.children[6].textContent.trim() === '1' && r.children[7].textContent.includes('killed by the operator');
+  });
+  step('killed the cluster actor from its row: restarted once, its last exit shown');
 
   // The cluster's page, from the clusters list.
   await page.locator('#nav a[data-view="clusters"]').click();

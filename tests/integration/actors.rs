@@ -122,6 +122,20 @@ async fn killed_tasks_and_node_managers_come_back_and_the_root_refuses() {
         assert_eq!(status, 200, "{v:#}");
         actor_until(&env, task, task, "restarted", |a| a["restarts"] == 1 && a["state"] == "running").await;
     }
+    // A task's id is its kind.
+    assert_eq!(kill(&env, "agent_listener", "0").await.0, 404);
+    // The operator's verb never ends the master: a kill past the listener's
+    // intensity (5 in 60 s; 1 spent above) is refused.
+    for n in 2..=5u64 {
+        assert_eq!(kill(&env, "agent_listener", "agent_listener").await.0, 200);
+        actor_until(&env, "agent_listener", "agent_listener", "restarted", |a| {
+            a["restarts"] == n && a["state"] == "running"
+        })
+        .await;
+    }
+    let (status, v) = kill(&env, "agent_listener", "agent_listener").await;
+    assert_eq!(status, 409, "{v:#}");
+    assert!(v.to_string().contains("would end the master"), "{v:#}");
     // The restarted listener takes agents: one restarted connects again.
     env.restart_agent(1).await;
     // A killed node manager: its agent reconnects, a new one serves it.

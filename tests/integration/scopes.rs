@@ -31,6 +31,8 @@ const POLICY: &[(&str, &str, Scope)] = &[
     ("GET", "/metrics", Read),
     ("GET", "/api/v1/whoami", Read),
     ("GET", "/api/v1/actors", Read),
+    ("POST", "/api/v1/actors/{kind}/{id}/kill", Admin),
+    ("POST", "/api/v1/actors/{kind}/{id}/restart", Admin),
     ("GET", "/api/v1/events", Read),
     ("GET", "/api/v1/nodes", Read),
     ("GET", "/api/v1/nodes/{id}", Read),
@@ -148,6 +150,7 @@ async fn every_route_with_every_scope_is_let_through_or_refused_as_its_scope_say
         path.replace("{name}", "no-such-thing")
             .replace("{version}", "9.9.9")
             .replace("{role}", "server")
+            .replace("{kind}", "no-such-kind")
             .replace("{id}", "000000000000")
     };
     let mut asked = 0;

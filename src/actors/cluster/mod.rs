@@ -161,6 +161,7 @@ impl ClusterActor {
                     progress: Arc::default(),
                     answered: AtomicU64::new(0),
                     priority: gate,
+                    stats: s.clone(),
                     failures: Default::default(),
                 });
                 let handles: BTreeMap<InstanceId, InstanceHandle> =
@@ -221,9 +222,11 @@ impl ClusterActor {
         self.stats.set_state(format!("running {kind:?}"));
         // One span per operation: every log line of its steps carries it.
         let span = tracing::info_span!("operation", id = %op.id, kind = ?kind, cluster = %op.cluster);
+        let live = super::instance::LiveTask::new("operation");
         ctx.spawn(
             tracing::Instrument::instrument(
                 async move {
+                    let _live = live;
                     // Its commands take turns with other tasks on this
                     // thread, and all of it waits while a request does.
                     let gate = ops.env.priority.clone();

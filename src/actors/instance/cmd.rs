@@ -145,6 +145,9 @@ pub struct ClusterEnv {
     /// The gate of the cluster's thread: instance commands wait while an
     /// API request to a cluster there is being answered.
     pub priority: Arc<crate::actors::priority::Priority>,
+    /// The cluster actor's counters: its instance actors' queued work is
+    /// counted in its mailbox depth (`ActorStats::inner`).
+    pub stats: Arc<crate::actors::read_model::ActorStats>,
     /// What a member's failure does to its cluster (set by the cluster
     /// actor once it exists).
     pub failures: std::cell::RefCell<Option<std::rc::Rc<dyn MemberFailures>>>,

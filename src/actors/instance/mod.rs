@@ -96,6 +96,24 @@ enum Owed {
     Add(PendingRestart),
 }
 
+/// A live task of `kind`, counted in `flotilla_live_tasks{kind}` while it
+/// lives (a soak checks the count returns to its idle value: no task of a
+/// dead actor left behind).
+pub struct LiveTask(&'static str);
+
+impl LiveTask {
+    pub fn new(kind: &'static str) -> LiveTask {
+        metrics::gauge!("flotilla_live_tasks", "kind" => kind).increment(1.0);
+        LiveTask(kind)
+    }
+}
+
+impl Drop for LiveTask {
+    fn drop(&mut self) {
+        metrics::gauge!("flotilla_live_tasks", "kind" => self.0).decrement(1.0);
+    }
+}
+
 /// A cluster's handle on one of its instance actors.
 pub type InstanceHandle = Rc<InstanceActor>;
 
@@ -213,9 +231,14 @@ impl InstanceActor {
         work: impl Future<Output = T> + 'static,
     ) -> Result<T, String> {
         self.stats.enqueue();
+        let cluster = self.env.stats.clone();
+        cluster.inner.fetch_add(1, Ordering::Relaxed);
         let me = self.clone();
+        let live = LiveTask::new("instance_turn");
         let task = actix::spawn(async move {
+            let _live = live;
             let _turn = me.mailbox.lock().await;
+            cluster.inner.fetch_sub(1, Ordering::Relaxed);
             me.stats.begin(verb);
             let out = work.await;
             me.stats.end();
@@ -588,17 +611,20 @@ impl InstanceActor {
         // A start that failed on the agent left no process of it (the pid a
         // settling start showed is gone).
         let no_process = matches!(&err, NodeError::Failed(f) if f.kind == FailureKind::Start);
-        let _ = self
-            .save(|r| {
-                if !keeps_status {
-                    r.status = if lost { InstanceStatus::Lost } else { InstanceStatus::Failed };
-                }
-                if no_process {
-                    r.pid = None;
-                }
-                r.last_error = Some(m);
-            })
-            .await;
+        let change = |r: &mut InstanceRecord| {
+            if !keeps_status {
+                r.status = if lost { InstanceStatus::Lost } else { InstanceStatus::Failed };
+            }
+            if no_process {
+                r.pid = None;
+            }
+            r.last_error = Some(m.clone());
+        };
+        // A member that fails: with what it does to its cluster (nothing
+        // while an operation runs, which judges it at its end; an `Error`
+        // when the command outlived its operation, abandoned by the step
+        // watchdog).
+        let _ = if keeps_status { self.save(change).await } else { self.save_failure(change).await };
         let not_held = matches!(&err, NodeError::Failed(f) if f.kind == FailureKind::UnknownInstance);
         let result = InstanceResult { exit_code, stderr_tail, stdout_tail, ..InstanceResult::failed(id, message) };
         InstanceOutcome { not_held, ..result.into() }

@@ -25,6 +25,10 @@ pub struct ActorStats {
     pub parent: Option<String>,
     /// Messages sent through a handle and not yet taken by the actor.
     pub queued: AtomicI64,
+    /// Work queued inside it and not yet begun (a cluster actor: its
+    /// instance actors' waiting commands and observations): part of its
+    /// mailbox depth, not of its bound.
+    pub inner: AtomicI64,
     pub handled: AtomicU64,
     /// Unix ms when the oldest waiting message was queued (0: none).
     oldest_ms: AtomicU64,
@@ -162,7 +166,7 @@ impl ActorStats {
             state: get(&self.state),
             current: get(&self.current),
             current_ms: age(self.since_ms.load(Ordering::Relaxed)),
-            mailbox: self.queued.load(Ordering::Relaxed).max(0) as u64,
+            mailbox: (self.queued.load(Ordering::Relaxed).max(0) + self.inner.load(Ordering::Relaxed).max(0)) as u64,
             oldest_message_ms: age(self.oldest_ms.load(Ordering::Relaxed)),
             handled: self.handled.load(Ordering::Relaxed),
             last_error,

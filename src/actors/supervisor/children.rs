@@ -270,6 +270,10 @@ impl Supervisor {
                 "a node manager is never given up: its agent reconnects (kill it to force that)".to_string(),
             )),
             (kind, verb) if self.shared.tasks.contains(kind) => {
+                if id != kind {
+                    // A task is one of its kind: its id is its kind.
+                    return Err(known());
+                }
                 if verb == Verb::Restart {
                     return Err(Error::conflict(
                         "actor_not_failed",
@@ -279,7 +283,7 @@ impl Supervisor {
                         ),
                     ));
                 }
-                self.shared.tasks.kill(kind);
+                self.shared.tasks.kill(kind).map_err(|e| Error::conflict("actor_restart_intensity", e))?;
                 Ok(format!("{kind} is killed; its supervisor restarts it ({})", spec(kind).describe()))
             }
             ("instance", _) => Err(Error::conflict(
