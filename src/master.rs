@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use actix::{Actor, Arbiter, ArbiterHandle};
+use actix::{Arbiter, ArbiterHandle};
 use actix_web::{App, HttpServer};
 use tokio::net::TcpListener;
 
@@ -294,6 +294,21 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         });
     }
     actix::spawn(dump_on_sigusr2(read_model.clone()));
+    // The store's writer thread is not restarted: its death ends the master
+    // (`supervision::spec("store_writer")`), noticed within a second.
+    {
+        let (store, tasks) = (store.clone(), shared.tasks.clone());
+        actix::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                if !store.writer_alive() {
+                    tasks.fatal("the store's writer thread died: nothing can be recorded".into());
+                    return;
+                }
+            }
+        });
+    }
     let (started, booted) = tokio::sync::oneshot::channel();
     let boot = Boot {
         clusters: snapshot.clusters,
@@ -303,7 +318,17 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         gone,
         started: Some(started),
     };
-    let supervisor = Supervisor::new(shared.clone(), boot).start();
+    // The root's child: its panic ends the master (`supervision::spec("supervisor")`).
+    let supervisor = {
+        let (s, tasks) = (shared.clone(), shared.tasks.clone());
+        crate::actors::supervised::start_in_arbiter(
+            &Arbiter::current(),
+            move |_| Supervisor::new(s, boot),
+            move || -> crate::actors::supervised::OnPanic {
+                Box::new(move |reason| tasks.fatal(format!("the supervisor failed: {reason}")))
+            },
+        )
+    };
     {
         let (s, sup, every) = (shared.clone(), supervisor.clone(), cfg.heartbeat_interval);
         crate::actors::supervised::task(&shared, "node_watcher", move || {

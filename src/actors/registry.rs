@@ -31,7 +31,7 @@ impl ClusterHandle {
     /// request, marked urgent on the actor's thread, or answers
     /// `overloaded` (the API's 503): the message must then not be sent.
     pub fn reserve(&self, capacity: usize) -> Result<Reservation, Error> {
-        if self.stats.state() == "failed" {
+        if matches!(self.stats.state().as_str(), "failed" | "giving up") {
             let name = &self.stats.id;
             return Err(Error::unavailable(format!(
                 "the actor of cluster {name} failed too often and was given up (GET /api/v1/actors says why); restart it: POST /api/v1/actors/cluster/{name}/restart (flotilla actor restart cluster {name})"

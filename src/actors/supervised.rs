@@ -100,9 +100,15 @@ impl Tasks {
     pub fn kill(&self, kind: &str) -> Result<(), String> {
         let kills = self.kills.lock().unwrap_or_else(|p| p.into_inner());
         let Some(t) = kills.get(kind) else { return Err(format!("no task {kind}")) };
+        if t.killed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            // One kill per incarnation: a second one (a double click, a
+            // retry) would wait and kill the next incarnation as it starts.
+            return Err(format!("{kind} is being killed or restarted already; try again once it runs"));
+        }
         let spec = super::supervision::spec(kind);
         let room = t.intensity.lock().unwrap_or_else(|p| p.into_inner()).room(spec, std::time::Instant::now());
         if room == 0 {
+            t.killed.store(false, std::sync::atomic::Ordering::SeqCst);
             return Err(format!(
                 "{kind} was restarted {} times within {}s: one more failure would end the master ({}); try again later",
                 spec.intensity,
@@ -140,6 +146,8 @@ impl Tasks {
 /// A supervised task's kill switch and restart count.
 struct TaskHandle {
     kill: std::sync::Arc<tokio::sync::Notify>,
+    /// Set by a kill, cleared when the next incarnation runs.
+    killed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     intensity: std::sync::Arc<std::sync::Mutex<super::supervision::Intensity>>,
 }
 
@@ -158,14 +166,15 @@ where
     let spec = super::supervision::spec(kind);
     let stats = super::read_model::ActorStats::new(kind, kind, Some("master".into()));
     shared.read_model.register_actor(&stats);
-    let handle = TaskHandle { kill: Default::default(), intensity: Default::default() };
-    let (kill, intensity) = (handle.kill.clone(), handle.intensity.clone());
+    let handle = TaskHandle { kill: Default::default(), killed: Default::default(), intensity: Default::default() };
+    let (kill, killed, intensity) = (handle.kill.clone(), handle.killed.clone(), handle.intensity.clone());
     shared.tasks.kills.lock().unwrap_or_else(|p| p.into_inner()).insert(kind, handle);
     let tasks = shared.tasks.clone();
     actix::spawn(async move {
         let _live = super::instance::LiveTask::new("supervised_task");
         loop {
             stats.set_state("running");
+            killed.store(false, std::sync::atomic::Ordering::SeqCst);
             let run = AssertUnwindSafe(make()).catch_unwind();
             let reason = tokio::select! {
                 ended = run => match ended {

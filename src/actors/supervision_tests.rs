@@ -450,3 +450,33 @@ fn boot_puts_an_active_cluster_with_a_failed_member_in_error() {
         );
     });
 }
+
+/// Members failing at the same moment give one `Error`, naming each: the
+/// second waits for the first's write and adds itself (they were each
+/// written from the `Active` record, the last one's reason winning).
+#[test]
+fn members_failing_together_give_one_error_naming_each() {
+    run(async {
+        let h = Harness::new();
+        let (c, members) = cluster("t", 3);
+        h.persist(&c, &members).await;
+        let _sup = h.boot(vec![c.clone()], members.clone()).await;
+        let _agent = h.link("n1", 1);
+        let all: Vec<_> = members.iter().map(|m| actix::spawn(died(&h, "t", m))).collect();
+        for a in all {
+            a.await.unwrap();
+        }
+        let stored = h.stored_cluster(&c).unwrap();
+        assert_eq!(stored.status, ClusterStatus::Error);
+        for m in &members {
+            assert!(stored.status_description.contains(&format!("member {} failed", m.id)), "{}", stored.status_description);
+        }
+        let to_error = h
+            .events()
+            .iter()
+            .filter(|(kind, d)| kind == "cluster.status" && d["status"] == "Error")
+            .count();
+        assert_eq!(to_error, 3, "one status change per member named (Active -> Error, then two descriptions)");
+        assert_eq!(h.published("t").status_description, stored.status_description, "published as stored");
+    });
+}

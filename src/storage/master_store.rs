@@ -169,6 +169,10 @@ impl MetaStore for MasterStore {
         Ok(out)
     }
 
+    fn writer_alive(&self) -> bool {
+        self.writer.alive()
+    }
+
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<Committed>> {
         self.writer.subscribe()
     }

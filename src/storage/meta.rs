@@ -60,6 +60,11 @@ pub trait MetaStore: Send + Sync + 'static {
     /// aborts with `pthread lock: Invalid argument` when its statics go
     /// first). The store stays readable.
     fn quiesce(&self) {}
+    /// Whether its writer still takes writes (a master whose writer died
+    /// exits: `supervision::spec("store_writer")`).
+    fn writer_alive(&self) -> bool {
+        true
+    }
     /// What the engine has written, and what waits.
     fn stats(&self) -> StoreStats;
 }

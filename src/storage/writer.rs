@@ -228,6 +228,12 @@ impl StoreWriter {
         self.inner.appends.subscribe()
     }
 
+    /// Whether the writer thread still takes requests (false once it has
+    /// died: every commit fails from then on).
+    pub fn alive(&self) -> bool {
+        self.inner.tx.as_ref().is_some_and(|t| !t.is_closed())
+    }
+
     /// Requests queued and not yet taken by the writer thread.
     pub fn queued(&self) -> usize {
         self.inner.tx.as_ref().map(|t| t.max_capacity() - t.capacity()).unwrap_or(0)

@@ -53,6 +53,25 @@ pub(super) fn failed_members(core: &Core) -> Option<String> {
     Some(named.join("; "))
 }
 
+/// The member a "member X failed: why" names.
+fn member_of(why: &str) -> InstanceId {
+    InstanceId::new(why.trim_start_matches("member ").split(' ').next().unwrap_or_default())
+}
+
+/// A member failed since the cluster last checked (its failure landed while
+/// the cluster was busy): an `Active` cluster goes `Error` if one still is.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CheckMembers;
+
+impl Handler<CheckMembers> for ClusterActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: CheckMembers, ctx: &mut Context<Self>) {
+        self.check_members(ctx);
+    }
+}
+
 /// "member X failed: why", the reason cut at [`REASON_MAX`] bytes.
 fn member_failed(id: &InstanceId, why: &str) -> String {
     let mut why = why.trim();
@@ -74,38 +93,71 @@ pub(super) struct Escalation {
     pub core: Weak<RefCell<Core>>,
     pub env: Weak<ClusterEnv>,
     pub stats: Arc<ActorStats>,
+    pub actor: Addr<ClusterActor>,
+}
+
+/// Whether a cluster record's `Error` names `member` already, and how many
+/// members it names.
+fn named(description: &str, member: &InstanceId) -> (bool, usize) {
+    (description.contains(&format!("member {member} failed")), description.matches(" failed: ").count())
+}
+
+/// What `member`'s failure changes in `record` (as it is now), if anything.
+fn change_for(record: &ClusterRecord, member: &InstanceId) -> Option<bool> {
+    if record.operation.is_some() {
+        // The running operation judges it when it ends.
+        return None;
+    }
+    match record.status {
+        ClusterStatus::Active => Some(true),
+        // In Error already: it only gains the member, while the
+        // description names fewer than the most it names.
+        ClusterStatus::Error => {
+            let (already, count) = named(&record.status_description, member);
+            (!already && count < NAMED_MAX).then_some(false)
+        }
+        _ => None,
+    }
 }
 
 impl MemberFailures for Escalation {
+    fn may_escalate(&self, member: &InstanceRecord) -> bool {
+        self.core.upgrade().is_some_and(|c| change_for(&c.borrow().record, &member.id).is_some())
+    }
+
+    fn landed(&self) {
+        if self.core.upgrade().is_some_and(|c| c.borrow().record.operation.is_none()) {
+            self.actor.do_send(CheckMembers);
+        }
+    }
+
     fn escalate(&self, member: &InstanceRecord) -> Option<(Vec<WriteOp>, Box<dyn FnOnce()>)> {
         let (core, env) = (self.core.upgrade()?, self.env.upgrade()?);
         let why = member_failed(&member.id, member.last_error.as_deref().unwrap_or("no reason recorded"));
         let change = {
             let c = core.borrow();
-            if c.record.operation.is_some() {
-                // The running operation judges it when it ends.
-                return None;
-            }
-            match c.record.status {
-                ClusterStatus::Active => {
+            match change_for(&c.record, &member.id)? {
+                true => {
                     let why = why.clone();
+                    // Applied to the live record once durable only if it is
+                    // still free and Active: a request taken meanwhile (which
+                    // does not wait for this write) runs an operation whose
+                    // end judges the member.
                     Box::new(move |r: &mut ClusterRecord| {
-                        r.status = ClusterStatus::Error;
-                        r.status_description = why.clone();
+                        if r.status == ClusterStatus::Active && r.operation.is_none() {
+                            r.status = ClusterStatus::Error;
+                            r.status_description = why.clone();
+                        }
                     }) as Box<dyn Fn(&mut ClusterRecord)>
                 }
-                // In Error already: it only gains the member, while the
-                // description names fewer than the most it names.
-                ClusterStatus::Error
-                    if !c.record.status_description.contains(member.id.as_str())
-                        && c.record.status_description.matches("member ").count() < NAMED_MAX =>
-                {
+                false => {
                     let why = why.clone();
                     Box::new(move |r: &mut ClusterRecord| {
-                        r.status_description = format!("{}; {why}", r.status_description);
+                        if r.status == ClusterStatus::Error && !named(&r.status_description, &member_of(&why)).0 {
+                            r.status_description = format!("{}; {why}", r.status_description);
+                        }
                     })
                 }
-                _ => return None,
             }
         };
         let (snapshot, mut ops) = ops::cluster_writes(&core.borrow().record, &change).ok()?;
@@ -170,8 +222,9 @@ impl ClusterActor {
         core: &Rc<RefCell<Core>>,
         env: &Rc<ClusterEnv>,
         stats: &Arc<ActorStats>,
+        actor: Addr<ClusterActor>,
     ) -> Rc<Escalation> {
-        Rc::new(Escalation { core: Rc::downgrade(core), env: Rc::downgrade(env), stats: stats.clone() })
+        Rc::new(Escalation { core: Rc::downgrade(core), env: Rc::downgrade(env), stats: stats.clone(), actor })
     }
 }
 
@@ -202,7 +255,10 @@ impl Handler<InstanceObserved> for ClusterActor {
         // Applied and durable, with the cluster's Error it causes (or
         // nothing to change): the agent may forget it. Not applied: it
         // sends it again.
-        Box::pin(async move { handle.observe(observation).await }.into_actor(self).map(move |applied, _, _| {
+        // Its turn taken now, in the order of this mailbox (actix does not
+        // poll the futures of a context's handlers in their order).
+        let applied = handle.observe(observation);
+        Box::pin(applied.into_actor(self).map(move |applied, _, _| {
             if applied.is_some()
                 && let Some(a) = ack
             {

@@ -154,7 +154,7 @@ impl ClusterActor {
         };
         let addr = super::supervised::start_in_arbiter(
             &arbiter,
-            move |_ctx| {
+            move |ctx| {
                 let env = Rc::new(ClusterEnv {
                     shared: shared.clone(),
                     cell: cell.clone(),
@@ -163,6 +163,7 @@ impl ClusterActor {
                     priority: gate,
                     stats: s.clone(),
                     failures: Default::default(),
+                    record_writes: Default::default(),
                 });
                 let handles: BTreeMap<InstanceId, InstanceHandle> =
                     start.instances.into_iter().map(|r| (r.id.clone(), InstanceActor::quiet(r, env.clone()))).collect();
@@ -173,7 +174,7 @@ impl ClusterActor {
                 let core =
                     Core { record: start.record, instances: handles, pending: BTreeMap::new(), history: start.history };
                 let core = Rc::new(RefCell::new(core));
-                *env.failures.borrow_mut() = Some(ClusterActor::escalation(&core, &env, &s));
+                *env.failures.borrow_mut() = Some(ClusterActor::escalation(&core, &env, &s, ctx.address()));
                 ClusterActor { core, env, shared, supervisor, stats: s, resume: start.resume, creating: !start.visible }
             },
             on_panic,
@@ -274,6 +275,8 @@ impl ClusterActor {
         let status = self.core.borrow().record.status;
         if status == ClusterStatus::Active {
             self.stats.set_state("idle");
+            // A member whose failure landed after the end was decided.
+            self.check_members(ctx);
         } else {
             self.stats.set_state(format!("{status:?}"));
         }
@@ -526,6 +529,10 @@ impl Handler<RunOperation> for ClusterActor {
                     drop(core);
                     if is_create {
                         act.forget_refused_create(ctx);
+                    } else {
+                        // A member that failed while this request held the
+                        // busy mark was left to an operation that never ran.
+                        act.check_members(ctx);
                     }
                     Err(e)
                 }

@@ -171,6 +171,7 @@ impl ClusterOps {
     /// meanwhile (a scale-out counting its ordinals, the busy mark) keeps
     /// what it changed.
     pub async fn save_cluster(&self, change: impl Fn(&mut ClusterRecord)) -> Result<(), String> {
+        let _turn = self.env.record_writes.lock().await;
         let (snapshot, ops) = cluster_writes(&self.core.borrow().record, &change)?;
         self.shared.store.commit(ops).await.map_err(|e| crate::error::ErrorChain(&e).to_string())?;
         self.saved(change, Some(snapshot));
@@ -185,6 +186,7 @@ impl ClusterOps {
         extra: impl Fn() -> Result<Vec<WriteOp>, String>,
         what: &str,
     ) -> Result<(), String> {
+        let _turn = self.env.record_writes.lock().await;
         let mut written = None;
         commit_until_landed(&self.shared, what, || {
             let (snapshot, mut ops) = cluster_writes(&self.core.borrow().record, &change)?;
@@ -548,20 +550,24 @@ impl OperationContext for ClusterOps {
         // An operation that leaves an Active cluster with a failed member
         // (one that died while it ran, on a member it did not touch) leaves
         // it in Error, naming the member, in the same batch.
-        let failed = self.failed_members();
-        let leave = |r: &mut ClusterRecord| {
+        let leave = |failed: &Option<String>, r: &mut ClusterRecord| {
             if let Some(s) = status {
                 r.status = s;
             }
             r.status_description = description.clone();
             if r.status == ClusterStatus::Active
-                && let Some(members) = &failed
+                && let Some(members) = failed
             {
                 r.status = ClusterStatus::Error;
                 r.status_description = format!("{description}, but {members}");
             }
             r.operation = None;
         };
+        // In turn with the other writes of the cluster record (a member's
+        // failure waits, and then finds the cluster free and as this end
+        // leaves it).
+        let _turn = self.env.record_writes.lock().await;
+        let mut failed = None;
         // One batch: the cluster's new status, the operation's end and the
         // history past retention, durable together and published cluster
         // first, so whoever sees the operation ended sees the cluster as it
@@ -574,7 +580,9 @@ impl OperationContext for ClusterOps {
         // store does not hold, and the next master resumes the operation
         // (or ends it) from its journal.
         let landed = commit_until_landed(&self.shared, "the end of an operation", || {
-            let (snapshot, mut ops) = cluster_writes(&self.core.borrow().record, &leave)?;
+            // Decided at each try, from the members as they are then.
+            failed = self.failed_members();
+            let (snapshot, mut ops) = cluster_writes(&self.core.borrow().record, &|r| leave(&failed, r))?;
             ops.extend(end.iter().cloned());
             ops.extend(trim.iter().cloned());
             written = Some(snapshot);
@@ -596,7 +604,7 @@ impl OperationContext for ClusterOps {
             for p in std::mem::take(&mut core.pending).into_values() {
                 self.shared.ports.release(&p.node, p.ports.values().copied());
             }
-            leave(&mut core.record);
+            leave(&failed, &mut core.record);
             core.record.updated_at = snapshot.updated_at;
             core.history = history;
         }

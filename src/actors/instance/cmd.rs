@@ -151,6 +151,11 @@ pub struct ClusterEnv {
     /// What a member's failure does to its cluster (set by the cluster
     /// actor once it exists).
     pub failures: std::cell::RefCell<Option<std::rc::Rc<dyn MemberFailures>>>,
+    /// Held by whoever writes the cluster record (its operations' ends and
+    /// changes, a refusal's note, a member failure that changes it), from
+    /// reading the record to applying what landed: two such writes never
+    /// cross, so none is built from a record another is about to change.
+    pub record_writes: tokio::sync::Mutex<()>,
 }
 
 /// The cluster's side of a member's failure, asked by the instance actor
@@ -159,6 +164,15 @@ pub struct ClusterEnv {
 /// `None` (the cluster is busy with an operation, which judges it when it
 /// ends, or says so already).
 pub trait MemberFailures {
+    /// Whether the failure of `member` may change the cluster record (then
+    /// it is written holding `ClusterEnv::record_writes`): not while an
+    /// operation runs (its end judges), nor once the `Error` names as many
+    /// members as it names.
+    fn may_escalate(&self, member: &InstanceRecord) -> bool;
     #[allow(clippy::type_complexity)]
     fn escalate(&self, member: &InstanceRecord) -> Option<(Vec<crate::storage::WriteOp>, Box<dyn FnOnce()>)>;
+    /// A failure landed without changing the cluster (it was busy): if the
+    /// cluster is free now, it checks its members (the operation's end may
+    /// have been written before this failure was).
+    fn landed(&self);
 }

@@ -199,9 +199,14 @@ impl InstanceActor {
     /// Applies an observation; answers whether the instance newly failed,
     /// or `None` when it could not be applied (its record could not be
     /// written): then it must not be acknowledged to the agent.
-    pub async fn observe(self: &Rc<Self>, observation: Observation) -> Option<bool> {
+    ///
+    /// Its turn is taken when this is called, not when the answer is first
+    /// awaited: observations take their turns in the order they are handed
+    /// over (an inventory before the reports that follow it).
+    pub fn observe(self: &Rc<Self>, observation: Observation) -> impl Future<Output = Option<bool>> + 'static {
         let me = self.clone();
-        self.in_turn("observe", async move { me.apply(observation).await }).await.ok().flatten()
+        let turn = self.in_turn("observe", async move { me.apply(observation).await });
+        async move { turn.await.ok().flatten() }
     }
 
     /// The agent spawned `pid` for the start of `generation`, which is
@@ -225,11 +230,12 @@ impl InstanceActor {
     }
 
     /// Queues `work` behind the instance's earlier messages, in its own task.
-    async fn in_turn<T: 'static>(
+    /// Its place in the queue is taken now (the task is spawned at once).
+    fn in_turn<T: 'static>(
         self: &Rc<Self>,
         verb: &'static str,
         work: impl Future<Output = T> + 'static,
-    ) -> Result<T, String> {
+    ) -> impl Future<Output = Result<T, String>> + 'static {
         self.stats.enqueue();
         let cluster = self.env.stats.clone();
         cluster.inner.fetch_add(1, Ordering::Relaxed);
@@ -244,7 +250,7 @@ impl InstanceActor {
             me.stats.end();
             out
         });
-        task.await.map_err(|e| format!("instance command task failed: {e}"))
+        async move { task.await.map_err(|e| format!("instance command task failed: {e}")) }
     }
 
     /// Applies `change` to a copy of the record, persists it, then makes it
@@ -293,13 +299,21 @@ impl InstanceActor {
     /// part is decided again at each try, from the cluster as it is then.
     async fn save_failure(&self, change: impl Fn(&mut InstanceRecord)) -> Result<(), String> {
         let failures = self.env.failures.borrow().clone();
+        // The cluster record may change with it: in turn with its other writes.
+        let probe = self.writes(&change)?.map(|(r, _)| r);
+        let turn = match (&failures, &probe) {
+            (Some(f), Some(r)) if f.may_escalate(r) => Some(self.env.record_writes.lock().await),
+            _ => None,
+        };
         let mut after: Option<Box<dyn FnOnce()>> = None;
         let mut next = None;
         crate::actors::cluster::commit_until_landed(&self.env.shared, "a member's failure", || {
             after = None;
             next = None;
             let Some((record, mut ops)) = self.writes(&change)? else { return Ok(Vec::new()) };
-            if let Some((extra, then)) = failures.as_ref().and_then(|f| f.escalate(&record)) {
+            if turn.is_some()
+                && let Some((extra, then)) = failures.as_ref().and_then(|f| f.escalate(&record))
+            {
                 ops.extend(extra);
                 after = Some(then);
             }
@@ -310,9 +324,15 @@ impl InstanceActor {
         if let Some(record) = next {
             self.adopt(record);
         }
-        if let Some(then) = after {
-            then();
+        match after {
+            Some(then) => then(),
+            None => {
+                if let Some(f) = &failures {
+                    f.landed();
+                }
+            }
         }
+        drop(turn);
         Ok(())
     }
 

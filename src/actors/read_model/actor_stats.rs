@@ -288,7 +288,7 @@ impl ActorInfo {
     /// waiting over 5 s, or a handler busy over 30 s) or `green`. A refused
     /// request or a past failure paints nothing.
     pub fn health(&self) -> &'static str {
-        if self.state == "failed" || self.state == "dead" {
+        if matches!(self.state.as_str(), "failed" | "giving up" | "dead") {
             "red"
         } else if self.state == "restarting"
             || self.oldest_message_ms.is_some_and(|ms| ms > WAIT_AMBER_MS)

@@ -128,12 +128,29 @@ impl Supervisor {
         );
         tracing::error!(cluster = %name, %reason, restarts, "cluster actor failed past its restart intensity; given up");
         stats.exited(reason, false);
-        stats.set_state("failed");
+        // Not `failed` (which lets an operator restart it) until its
+        // cluster's Error is durable: a restart must not race that write.
+        stats.set_state("giving up");
         stats.end(Some(why.clone()));
         let shared = self.shared.clone();
         let event = events::actor("actor.failed", "cluster", &name, Some(&name), Some(&why));
         let n = name.clone();
         let write = async move {
+            // A write of its own first: every write the dead incarnation
+            // queued lands before the record is read (its end of a delete,
+            // of an operation), so no older copy is written back.
+            let flushed = events::append(&events::actor(
+                "actor.giving_up",
+                "cluster",
+                &n,
+                Some(&n),
+                Some("past its restart intensity"),
+            ))
+            .map_err(|e| e.to_string())?;
+            super::super::cluster::commit_until_landed(&shared, "a given-up cluster's event", || {
+                Ok(vec![flushed.clone()])
+            })
+            .await?;
             let store = shared.store.clone();
             let loaded = tokio::task::spawn_blocking(move || crate::storage::meta::load_cluster(&*store, &cluster))
                 .await
@@ -154,15 +171,20 @@ impl Supervisor {
             tracing::info!(cluster = %n, "the given-up cluster actor's cluster is in Error");
             Ok::<_, String>(Some(record))
         };
-        ctx.spawn(write.into_actor(self).map(move |written, act, _| match written {
-            Ok(Some(record)) => {
-                if let Some(cell) = act.shared.read_model.cluster_cell(&name) {
-                    cell.set_record(record);
+        ctx.spawn(write.into_actor(self).map(move |written, act, _| {
+            // Still this incarnation's name (not deleted, not replaced).
+            let ours = act.shared.registry.get(&name).is_some_and(|h| Arc::ptr_eq(&h.stats, &stats));
+            stats.set_state("failed");
+            match written {
+                Ok(Some(record)) if ours => {
+                    if let Some(cell) = act.shared.read_model.cluster_cell(&name) {
+                        cell.set_record(record);
+                    }
                 }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::error!(cluster = %name, error = %e, "cannot record the Error of a given-up cluster actor")
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(cluster = %name, error = %e, "cannot record the Error of a given-up cluster actor")
+                }
             }
         }));
     }
@@ -215,11 +237,20 @@ impl Supervisor {
         match (kind, verb) {
             ("cluster", Verb::Kill) => {
                 let h = self.shared.registry.get(id).ok_or_else(known)?;
-                if h.stats.state() == "failed" {
-                    return Err(Error::conflict(
-                        "actor_failed",
-                        format!("the actor of cluster {id} is down already (failed); restart it"),
-                    ));
+                match h.stats.state().as_str() {
+                    "failed" | "giving up" => {
+                        return Err(Error::conflict(
+                            "actor_failed",
+                            format!("the actor of cluster {id} is down already (failed); restart it"),
+                        ));
+                    }
+                    "restarting" => {
+                        return Err(Error::conflict(
+                            "actor_restarting",
+                            format!("the actor of cluster {id} is being restarted; try again once it runs"),
+                        ));
+                    }
+                    _ => {}
                 }
                 h.addr.do_send(super::super::cluster::Kill { reason: "killed by the operator".into() });
                 Ok(format!(

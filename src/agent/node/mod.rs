@@ -498,7 +498,7 @@ impl Node {
                 let settled = if already || settle.is_zero() {
                     Ok(())
                 } else {
-                    self.settle(id, generation, pid, &rec.process, begun, settle, s.exit.clone()).await
+                    self.settle(id, generation, pid, &rec.process, (begun, spawned), settle, s.exit.clone()).await
                 };
                 let gated = match settled {
                     Ok(()) => self.gate_start(id, rec, &run_as, begun, s.exit).await,
@@ -547,12 +547,14 @@ impl Node {
         generation: u64,
         pid: u32,
         spec: &crate::protocol::messages::ProcessSpec,
-        begun: tokio::time::Instant,
+        (begun, spawned): (tokio::time::Instant, tokio::time::Instant),
         settle: std::time::Duration,
         exit: super::process::ExitWatch,
     ) -> Result<(), AgentResponse> {
         self.report(AgentEvent::ProcessSpawned { instance: id.clone(), generation, pid });
-        let until = (begun + std::time::Duration::from_millis(spec.start_timeout_ms.max(1))).min(begun + settle);
+        // The process's own time alive (from its spawn, not from the lock),
+        // within what the start may take in all.
+        let until = (begun + std::time::Duration::from_millis(spec.start_timeout_ms.max(1))).min(spawned + settle);
         match tokio::time::timeout_at(until, exit.wait()).await {
             Err(_) => Ok(()),
             Ok(info) => {
