@@ -469,13 +469,13 @@ fn members_failing_together_give_one_error_naming_each() {
         let stored = h.stored_cluster(&c).unwrap();
         assert_eq!(stored.status, ClusterStatus::Error);
         for m in &members {
-            assert!(stored.status_description.contains(&format!("member {} failed", m.id)), "{}", stored.status_description);
+            assert!(
+                stored.status_description.contains(&format!("member {} failed", m.id)),
+                "{}",
+                stored.status_description
+            );
         }
-        let to_error = h
-            .events()
-            .iter()
-            .filter(|(kind, d)| kind == "cluster.status" && d["status"] == "Error")
-            .count();
+        let to_error = h.events().iter().filter(|(kind, d)| kind == "cluster.status" && d["status"] == "Error").count();
         assert_eq!(to_error, 3, "one status change per member named (Active -> Error, then two descriptions)");
         assert_eq!(h.published("t").status_description, stored.status_description, "published as stored");
     });
