@@ -160,7 +160,7 @@ impl MemberFailures for Escalation {
                 }
             }
         };
-        let (snapshot, mut ops) = ops::cluster_writes(&core.borrow().record, &change).ok()?;
+        let (snapshot, mut ops) = writes::cluster_writes(&core.borrow().record, &change).ok()?;
         let name = snapshot.name.clone();
         let failed = events::actor("actor.failed", "cluster", &name, Some(&name), Some(&why));
         ops.push(events::append(&failed).ok()?);

@@ -27,6 +27,7 @@ mod prepare;
 mod preview;
 mod request;
 mod steps;
+mod writes;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -57,10 +58,10 @@ use crate::storage::records::{
 use crate::storage::{WriteOp, events};
 
 pub use failures::InstanceObserved;
-pub(crate) use ops::{END_RETRIES, commit_retrying, commit_until_landed};
 pub use prepare::{MAX_BATCH, group_by_order};
 pub use preview::{PlacedInstance, PlanPreview, Preview, PreviewCreate, PreviewStep};
 pub use request::{Accepted, OpRequest, RoleToPlace, RunOperation};
+pub(crate) use writes::{END_RETRIES, commit_retrying, commit_until_landed};
 
 /// What the actor owns, shared with the running operation's context (both
 /// live on the actor's arbiter thread; borrows never cross an `.await`).

@@ -1,0 +1,96 @@
+//! How a cluster's writes reach the store: tried again while they fail
+//! (a few times for the journal, until they land for what must never be
+//! only logged), and the cluster record built from the record as it is.
+
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use crate::actors::Shared;
+use crate::storage::records::ClusterRecord;
+use crate::storage::{WriteOp, events};
+
+/// How long a failed journal write waits before each new try: a moment's
+/// trouble passes, a store that stays broken stops the operation soon.
+pub(super) const JOURNAL_RETRIES: [Duration; 3] =
+    [Duration::from_millis(100), Duration::from_millis(500), Duration::from_secs(2)];
+
+/// How long a failed write of what the boot decided waits before each new try.
+pub(crate) const END_RETRIES: [Duration; 3] = [Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(4)];
+
+/// The longest wait between two tries of a write that must land.
+const LAND_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Commits the writes `build` makes, tried again with backoff (100 ms,
+/// doubling, at most [`LAND_BACKOFF_MAX`]) until they land: for what must
+/// never be only logged (a member's failure with its cluster's `Error`, an
+/// operation's end). Built again for each try, from the state then, so a
+/// try never writes a copy older than a write that landed meanwhile. Gives
+/// up only when the store is frozen (the master is shutting down: the next
+/// one resumes from the journal) or the writer is gone (the master exits).
+pub(crate) async fn commit_until_landed(
+    shared: &Shared,
+    what: &str,
+    mut build: impl FnMut() -> Result<Vec<WriteOp>, String>,
+) -> Result<(), String> {
+    let mut wait = Duration::from_millis(100);
+    loop {
+        let ops = build()?;
+        match shared.store.commit(ops).await {
+            Ok(()) => return Ok(()),
+            Err(e @ crate::storage::StorageError::Frozen) => return Err(crate::error::ErrorChain(&e).to_string()),
+            Err(e @ crate::storage::StorageError::WriterGone) => {
+                // The store's writer thread died: nothing can be recorded
+                // any more. The master exits (its child spec says so).
+                let cause =
+                    format!("the store's writer is gone ({}) while recording {what}", crate::error::ErrorChain(&e));
+                shared.tasks.fatal(cause.clone());
+                return Err(cause);
+            }
+            Err(e) => {
+                tracing::error!(error = %crate::error::ErrorChain(&e), "cannot record {what}; trying again in {wait:?}");
+                metrics::counter!("flotilla_write_retries_total").increment(1);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(LAND_BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+/// Commits `ops`, trying again after each of `waits` while it fails; a
+/// frozen store (the master is shutting down) is not tried again.
+pub(crate) async fn commit_retrying(
+    shared: &Shared,
+    ops: Vec<WriteOp>,
+    waits: &[Duration],
+    what: &str,
+) -> Result<(), crate::storage::StorageError> {
+    let mut written = shared.store.commit(ops.clone()).await;
+    for wait in waits {
+        match &written {
+            Ok(()) | Err(crate::storage::StorageError::Frozen) => break,
+            Err(e) => {
+                tracing::error!(error = %crate::error::ErrorChain(e), "cannot record {what}; trying again in {wait:?}");
+                tokio::time::sleep(*wait).await;
+                written = shared.store.commit(ops.clone()).await;
+            }
+        }
+    }
+    written
+}
+
+/// The cluster record `current` changed by `change`, and the writes that
+/// store it (with its `cluster.changed` event when its status changed).
+pub(super) fn cluster_writes(
+    current: &ClusterRecord,
+    change: &impl Fn(&mut ClusterRecord),
+) -> Result<(ClusterRecord, Vec<WriteOp>), String> {
+    let mut snapshot = current.clone();
+    change(&mut snapshot);
+    snapshot.updated_at = OffsetDateTime::now_utc();
+    let mut ops = vec![WriteOp::put_cluster(&snapshot).map_err(|e| e.to_string())?];
+    if let Some(e) = events::cluster_changed(current, &snapshot) {
+        ops.push(events::append(&e).map_err(|e| e.to_string())?);
+    }
+    Ok((snapshot, ops))
+}
