@@ -141,11 +141,18 @@ async fn killed_tasks_and_node_managers_come_back_and_the_root_refuses() {
     // A killed node manager: its agent reconnects, a new one serves it.
     let (status, v) = kill(&env, "node_manager", "node-2").await;
     assert_eq!(status, 200, "{v:#}");
-    env.wait_ready().await;
+    // A new node manager serves it: listed again, its agent's node Ready.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while actor(&env, "node_manager", "node-2").await["handled"].as_u64().is_none() {
-        assert!(Instant::now() < deadline);
+    loop {
+        let (_, v) = env.get("/actors").await;
+        let listed = v["actors"].as_array().unwrap().iter().any(|a| a["kind"] == "node_manager" && a["id"] == "node-2");
+        if listed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no node manager for node-2 20 s after its kill: {v:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    env.wait_ready().await;
     for (kind, id) in [("supervisor", "supervisor"), ("instance", "x"), ("store_writer", "store_writer")] {
         let (status, v) = kill(&env, kind, id).await;
         assert_eq!(status, 409, "{kind}: {v:#}");
