@@ -53,11 +53,6 @@ pub(super) fn failed_members(core: &Core) -> Option<String> {
     Some(named.join("; "))
 }
 
-/// The member a "member X failed: why" names.
-fn member_of(why: &str) -> InstanceId {
-    InstanceId::new(why.trim_start_matches("member ").split(' ').next().unwrap_or_default())
-}
-
 /// A member failed since the cluster last checked (its failure landed while
 /// the cluster was busy): an `Active` cluster goes `Error` if one still is.
 #[derive(Message)]
@@ -151,9 +146,9 @@ impl MemberFailures for Escalation {
                     }) as Box<dyn Fn(&mut ClusterRecord)>
                 }
                 false => {
-                    let why = why.clone();
+                    let (why, id) = (why.clone(), member.id.clone());
                     Box::new(move |r: &mut ClusterRecord| {
-                        if r.status == ClusterStatus::Error && !named(&r.status_description, &member_of(&why)).0 {
+                        if r.status == ClusterStatus::Error && !named(&r.status_description, &id).0 {
                             r.status_description = format!("{}; {why}", r.status_description);
                         }
                     })
