@@ -316,7 +316,7 @@ impl NodeLink {
     /// and the agent's `InstallResult`. Chunks are read and sent one at a
     /// time, so memory stays at one chunk whatever the package size, and the
     /// bounded frame queue applies TCP backpressure to the reader. Each chunk
-    /// sent adds one to `progress`.
+    /// sent, and each the agent says it took in, adds one to `progress`.
     pub async fn install(
         &self,
         begin: InstallBegin,
@@ -340,7 +340,16 @@ impl NodeLink {
                 });
             }
         }
-        self.reply_within(&mut rx, "InstallEnd", self.reply_timeout).await
+        // The deadline counts from the agent's last proof of progress: it
+        // may still be reading megabytes out of the socket buffers.
+        loop {
+            match self.reply_within(&mut rx, "InstallEnd", self.reply_timeout).await? {
+                AgentResponse::InstallReceived { .. } => {
+                    progress.fetch_add(1, Ordering::Relaxed);
+                }
+                other => return Ok(other),
+            }
+        }
     }
 
     async fn stream_package(
@@ -364,6 +373,7 @@ impl NodeLink {
             // every remaining chunk for it to refuse.
             match rx.try_recv() {
                 Ok(AgentResponse::Failed(f)) => return Err(NodeError::Failed(f)),
+                Ok(AgentResponse::InstallReceived { .. }) => continue,
                 Ok(other) => {
                     return Err(NodeError::Unexpected {
                         node: self.node.clone(),

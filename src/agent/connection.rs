@@ -55,6 +55,8 @@ struct PendingInstall {
     staging: PathBuf,
     tee: PathBuf,
     extractor: StreamingExtractor,
+    /// Package bytes taken in so far (told to the master after each chunk).
+    received: u64,
 }
 
 /// Dials the master until `shutdown` fires; serves each connection until
@@ -398,7 +400,7 @@ async fn handle(
                 Some(tee.clone()),
             ) {
                 Ok(extractor) => {
-                    installs.insert(request_id, PendingInstall { begin, run_as, staging, tee, extractor });
+                    installs.insert(request_id, PendingInstall { begin, run_as, staging, tee, extractor, received: 0 });
                     reply(tx, request_id, AgentResponse::InstallReady { need_bytes: true }).await;
                 }
                 Err(e) => {
@@ -412,12 +414,20 @@ async fn handle(
                 return reply(tx, request_id, failure(FailureKind::BadRequest, "InstallData without InstallBegin"))
                     .await;
             };
-            if let Err(e) = p.extractor.push(bytes).await {
-                if let Some(p) = installs.remove(&request_id) {
-                    p.extractor.abort().await;
+            let len = bytes.len() as u64;
+            match p.extractor.push(bytes).await {
+                Ok(()) => {
+                    p.received += len;
+                    let received = AgentResponse::InstallReceived { bytes: p.received };
+                    reply(tx, request_id, received).await;
                 }
-                let m = crate::error::ErrorChain(&e).to_string();
-                reply(tx, request_id, failure(FailureKind::Install, m)).await;
+                Err(e) => {
+                    if let Some(p) = installs.remove(&request_id) {
+                        p.extractor.abort().await;
+                    }
+                    let m = crate::error::ErrorChain(&e).to_string();
+                    reply(tx, request_id, failure(FailureKind::Install, m)).await;
+                }
             }
         }
         AgentRequest::InstallEnd { .. } => {

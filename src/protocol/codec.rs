@@ -249,6 +249,7 @@ mod tests {
             AgentResponse::Signalled { delivered: true },
             AgentResponse::Pong,
             AgentResponse::Failed(failure()),
+            AgentResponse::InstallReceived { bytes: 1 << 20 },
         ]
     }
 

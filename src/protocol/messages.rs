@@ -19,7 +19,8 @@
 //! A package install is one logical request spread over several frames that
 //! share one `request_id`: `InstallBegin` (the agent answers `InstallReady`,
 //! saying whether it needs the bytes), then, if it does, `InstallData` chunks
-//! and `InstallEnd`, after which the agent answers `InstallResult`.
+//! (each answered `InstallReceived` with the bytes taken in so far) and
+//! `InstallEnd`, after which the agent answers `InstallResult`.
 //!
 //! Every instance command carries the instance's desired-state `generation`;
 //! the agent refuses a command older than the newest one it has applied.
@@ -32,7 +33,7 @@ use crate::ids::{ClusterId, InstanceId, NodeId};
 
 /// Bumped on any incompatible change to these types. Both sides refuse a
 /// peer with another version, with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// At most this many ids in `Hello::unrecorded` (the rest are reported at
 /// a later connection, once the first ones are removed).
@@ -406,6 +407,15 @@ pub enum AgentResponse {
         next_offset: u64,
     },
     Failed(CommandFailure),
+    /// Sent after each `InstallData` chunk the agent has taken in: `bytes`
+    /// received so far. It is the install's proof of progress: the
+    /// master's deadline for `InstallResult` counts from the last one, so
+    /// an install to an agent that reads slowly never fails while its
+    /// bytes still move (the socket buffers hold megabytes the master has
+    /// long "sent").
+    InstallReceived {
+        bytes: u64,
+    },
 }
 
 /// Why a command failed on the agent, with what an operator needs to fix it.

@@ -237,7 +237,11 @@ async fn the_master_closes_a_link_that_goes_silent() {
 
 /// An install has no fixed deadline: to an agent that reads in bursts
 /// (stalls shorter than the send deadline), an install that outlasts the
-/// reply deadline twice over succeeds, because its bytes keep moving.
+/// reply deadline twice over succeeds, because its bytes keep moving. That
+/// includes the megabytes still in the socket buffers when the master has
+/// queued `InstallEnd`: the deadline for the result counts from the
+/// agent's last `InstallReceived` (without it this failed under load with
+/// "did not answer InstallEnd within 1s").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_install_slower_than_the_reply_deadline_succeeds_while_its_bytes_move() {
     const REPLY_TIMEOUT: Duration = Duration::from_secs(1);

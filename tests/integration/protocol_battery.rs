@@ -270,7 +270,10 @@ fn begin(instance: &InstanceId, generation: u64, files: Vec<RenderedFile>, sha25
 const CHUNK: usize = 256;
 
 /// `InstallBegin` (which must answer `InstallReady { need_bytes: true }`),
-/// every chunk of `bytes`, `InstallEnd`; returns the final answer.
+/// every chunk of `bytes`, `InstallEnd`; returns the final answer. Each
+/// chunk must be answered `InstallReceived` with the bytes taken in so far,
+/// in order and before the final answer: the master's install deadline
+/// counts from the last of them.
 async fn install_with_bytes(m: &mut FakeMaster, b: InstallBegin, bytes: &[u8]) -> AgentResponse {
     let instance = b.instance.clone();
     let rid = m.request(AgentRequest::InstallBegin(Box::new(b))).await;
@@ -285,7 +288,21 @@ async fn install_with_bytes(m: &mut FakeMaster, b: InstallBegin, bytes: &[u8]) -
         m.send(rid, data).await;
     }
     m.send(rid, AgentRequest::InstallEnd { instance }).await;
-    m.reply(rid).await
+    let mut received = Vec::new();
+    loop {
+        match m.reply(rid).await {
+            AgentResponse::InstallReceived { bytes } => received.push(bytes),
+            last => {
+                let want: Vec<u64> = (1..=bytes.len().div_ceil(CHUNK))
+                    .map(|n| (n * CHUNK).min(bytes.len()) as u64)
+                    .collect();
+                if received != want {
+                    m.fail(format!("InstallReceived after each chunk: expected {want:?}, got {received:?}"));
+                }
+                return last;
+            }
+        }
+    }
 }
 
 #[track_caller]

@@ -399,6 +399,9 @@ impl SimAgent {
                     incoming.remove(&request_id);
                     Self::reply(tx, request_id, failure(FailureKind::Install, "more package bytes than announced"))
                         .await;
+                } else {
+                    let received = AgentResponse::InstallReceived { bytes: inc.size };
+                    Self::reply(tx, request_id, received).await;
                 }
             }
             AgentRequest::InstallEnd { .. } => {
