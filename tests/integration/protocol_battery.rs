@@ -293,9 +293,8 @@ async fn install_with_bytes(m: &mut FakeMaster, b: InstallBegin, bytes: &[u8]) -
         match m.reply(rid).await {
             AgentResponse::InstallReceived { bytes } => received.push(bytes),
             last => {
-                let want: Vec<u64> = (1..=bytes.len().div_ceil(CHUNK))
-                    .map(|n| (n * CHUNK).min(bytes.len()) as u64)
-                    .collect();
+                let want: Vec<u64> =
+                    (1..=bytes.len().div_ceil(CHUNK)).map(|n| (n * CHUNK).min(bytes.len()) as u64).collect();
                 if received != want {
                     m.fail(format!("InstallReceived after each chunk: expected {want:?}, got {received:?}"));
                 }
