@@ -111,6 +111,19 @@ pub struct MasterConfig {
     /// long after the master first saw it; 0: never, report only.
     #[serde(with = "humantime_serde_compat")]
     pub leaked_grace: Duration,
+    /// A store write (one synced batch) still unanswered after this ends
+    /// the master with that cause: a disk that no longer answers must not
+    /// leave a master that accepts requests it can never record.
+    #[serde(with = "humantime_serde_compat")]
+    pub store_stall_limit: Duration,
+    /// An API request its actor (a cluster's, the supervisor) has not
+    /// taken within this is answered `503` and never runs.
+    #[serde(with = "humantime_serde_compat")]
+    pub request_take_limit: Duration,
+    /// Serves `/test-hooks/...` (admin token): faults injected into actors
+    /// and tasks for the supervision tests (a panic, a stall). Never for
+    /// production: the master warns at start when it is on.
+    pub test_hooks: bool,
 }
 
 impl Default for MasterConfig {
@@ -149,6 +162,9 @@ impl Default for MasterConfig {
             open_metrics: false,
             events_retained: 100_000,
             leaked_grace: Duration::from_secs(600),
+            store_stall_limit: Duration::from_secs(60),
+            request_take_limit: Duration::from_secs(30),
+            test_hooks: false,
         }
     }
 }
@@ -348,6 +364,8 @@ impl MasterConfig {
         }
         check_nonzero("agent_reply_timeout", self.agent_reply_timeout)?;
         check_nonzero("agent_send_timeout", self.agent_send_timeout)?;
+        check_nonzero("store_stall_limit", self.store_stall_limit)?;
+        check_nonzero("request_take_limit", self.request_take_limit)?;
         if self.bulk_nice > 19 {
             return Err(ConfigError::Invalid {
                 key: "bulk_nice",

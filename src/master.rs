@@ -216,6 +216,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         cluster_mailbox: cfg.mailbox_capacity,
         operations_retained: cfg.operations_retained,
         leaked_grace: cfg.leaked_grace,
+        request_take_limit: cfg.request_take_limit,
     };
     // Cluster actors are spread over these threads.
     let threads = if cfg.actor_threads == 0 {
@@ -294,21 +295,11 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         });
     }
     actix::spawn(dump_on_sigusr2(read_model.clone()));
-    // The store's writer thread is not restarted: its death ends the master
-    // (`supervision::spec("store_writer")`), noticed within a second.
-    {
-        let (store, tasks) = (store.clone(), shared.tasks.clone());
-        actix::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                if !store.writer_alive() {
-                    tasks.fatal("the store's writer thread died: nothing can be recorded".into());
-                    return;
-                }
-            }
-        });
-    }
+    actix::spawn(crate::actors::supervised::watch_store_writer(
+        store.clone(),
+        shared.tasks.clone(),
+        cfg.store_stall_limit,
+    ));
     let (started, booted) = tokio::sync::oneshot::channel();
     let boot = Boot {
         clusters: snapshot.clusters,
@@ -381,6 +372,11 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
             }
         });
     }
+    if cfg.test_hooks {
+        tracing::warn!(
+            "test hooks are on (test_hooks): /test-hooks/... injects faults into actors; never in production"
+        );
+    }
     let state = crate::http::AppState {
         supervisor,
         shared: shared.clone(),
@@ -398,6 +394,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         open_health: cfg.open_health,
         open_metrics: cfg.open_metrics,
         log_readers: Default::default(),
+        test_hooks: cfg.test_hooks,
         request_body_timeout: cfg.request_body_timeout,
         metrics: match crate::http::metrics::install() {
             Ok(h) => Some(h),
@@ -440,6 +437,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
             }
             cause = tasks.fatal_failure() => {
                 tracing::error!(%cause, "exiting: the store is frozen, running operations resume at the next start");
+                exit_within(FATAL_EXIT_DEADLINE, cause);
             }
         }
         store.freeze();
@@ -453,6 +451,31 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         return Err(MasterError::Fatal(cause));
     }
     served
+}
+
+/// How long a master that cannot go on has to stop in order; past it the
+/// process ends at once. What made it fatal may hold the orderly stop for
+/// good (a writer thread stuck in a write of a hung disk, which the store's
+/// drop would join): a master that cannot go on must not linger half working.
+const FATAL_EXIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Ends the process with status 1 if it is still running `after` from now.
+fn exit_within(after: std::time::Duration, cause: String) {
+    let spawned = std::thread::Builder::new().name("flotilla-exit-deadline".into()).spawn(move || {
+        std::thread::sleep(after);
+        tracing::error!(%cause, "the orderly stop did not end within {after:?}; exiting now");
+        eprintln!("flotilla: the master cannot go on: {cause}");
+        // `_exit`, not `exit`: exit handlers and static destructors (the
+        // C++ of RocksDB's) could wait on the very thread that is stuck.
+        #[allow(unsafe_code)]
+        // SAFETY: `_exit` has no precondition; it ends the process at once.
+        unsafe {
+            libc::_exit(1)
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the exit deadline's thread");
+    }
 }
 
 /// Nothing left running when the master exits: its actor threads stopped

@@ -38,6 +38,7 @@ mod integration {
     mod faults_steps;
     mod grandchild;
     mod hooks;
+    mod injected;
     mod instance_logs;
     mod isolation;
     mod leaked;
@@ -60,6 +61,7 @@ mod integration {
     mod run_as_gone;
     mod scale;
     mod scopes;
+    mod store_stall;
     mod template_budget;
     mod threads;
     mod tokens;

@@ -163,10 +163,18 @@ pub struct Limits {
     /// A leaked instance is removed this long after it was first seen
     /// (zero: never; see [`leaked`]).
     pub leaked_grace: Duration,
+    /// An API request its actor has not taken within this is answered
+    /// `503` and never runs (`http::ask`).
+    pub request_take_limit: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { cluster_mailbox: 256, operations_retained: 1000, leaked_grace: Duration::from_secs(600) }
+        Limits {
+            cluster_mailbox: 256,
+            operations_retained: 1000,
+            leaked_grace: Duration::from_secs(600),
+            request_take_limit: Duration::from_secs(30),
+        }
     }
 }

@@ -150,6 +150,8 @@ pub struct NodeLink {
     /// every request the close fails says so (and names the node) instead
     /// of a bare "not connected", which hid why an install failed.
     stalled: Arc<AtomicBool>,
+    /// Test hooks: the node manager panics at its next frame.
+    panic_injected: Arc<AtomicBool>,
 }
 
 /// Removes a pending entry when the caller stops waiting, whatever the reason.
@@ -187,7 +189,18 @@ impl NodeLink {
             send_timeout,
             closed: CancellationToken::new(),
             stalled: Arc::default(),
+            panic_injected: Arc::default(),
         }
+    }
+
+    /// Test hooks: makes this link's node manager panic at its next frame.
+    pub fn inject_panic(&self) {
+        self.panic_injected.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a panic was injected (once).
+    pub(super) fn take_injected_panic(&self) -> bool {
+        self.panic_injected.swap(false, Ordering::SeqCst)
     }
 
     /// Closes the link: the connection ends and every waiting request fails.

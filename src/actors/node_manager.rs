@@ -516,6 +516,9 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
         // runs for every frame of every agent.
         self.stats.handled.fetch_add(1, Ordering::Relaxed);
         self.entry.live.heard();
+        if self.link.take_injected_panic() {
+            panic!("a panic injected by a test hook (node manager of {})", self.node);
+        }
         match item {
             Ok(AgentFrame::Response { request_id, body }) => {
                 let tx = lock(&self.link.pending).get(&request_id).cloned();

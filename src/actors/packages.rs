@@ -222,7 +222,9 @@ impl Handler<DeletePackage> for Supervisor {
     fn handle(&mut self, msg: DeletePackage, _ctx: &mut Context<Self>) -> Self::Result {
         let shared = self.shared().clone();
         let DeletePackage { name, version, slot, dry_run } = msg;
-        slot.begin("delete package");
+        if let Err(e) = slot.take("delete package") {
+            return Box::pin(async move { Err(e) });
+        }
         self.stats().end(None);
         let msg = (name, version);
         // A cluster uses its package; a running upgrade of a cluster of

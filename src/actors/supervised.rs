@@ -15,6 +15,7 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
 
 use actix::dev::{ContextFut, channel};
 use actix::prelude::*;
@@ -120,6 +121,15 @@ impl Tasks {
         Ok(())
     }
 
+    /// Test hooks: task `kind`'s running incarnation panics. Unlike a
+    /// kill it is never refused: past the intensity the master exits.
+    pub fn inject_panic(&self, kind: &str) -> Result<(), String> {
+        let tasks = self.kills.lock().unwrap_or_else(|p| p.into_inner());
+        let t = tasks.get(kind).ok_or_else(|| format!("no task {kind}"))?;
+        t.panic.notify_one();
+        Ok(())
+    }
+
     /// The master cannot go on: `cause` is why (the first one is kept).
     pub fn fatal(&self, cause: String) {
         tracing::error!(%cause, "the master cannot go on; it exits");
@@ -146,6 +156,8 @@ impl Tasks {
 /// A supervised task's kill switch and restart count.
 struct TaskHandle {
     kill: std::sync::Arc<tokio::sync::Notify>,
+    /// Test hooks: the running incarnation panics.
+    panic: std::sync::Arc<tokio::sync::Notify>,
     /// Set by a kill, cleared when the next incarnation runs.
     killed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     intensity: std::sync::Arc<std::sync::Mutex<super::supervision::Intensity>>,
@@ -166,8 +178,14 @@ where
     let spec = super::supervision::spec(kind);
     let stats = super::read_model::ActorStats::new(kind, kind, Some("master".into()));
     shared.read_model.register_actor(&stats);
-    let handle = TaskHandle { kill: Default::default(), killed: Default::default(), intensity: Default::default() };
+    let handle = TaskHandle {
+        kill: Default::default(),
+        panic: Default::default(),
+        killed: Default::default(),
+        intensity: Default::default(),
+    };
     let (kill, killed, intensity) = (handle.kill.clone(), handle.killed.clone(), handle.intensity.clone());
+    let injected = handle.panic.clone();
     shared.tasks.kills.lock().unwrap_or_else(|p| p.into_inner()).insert(kind, handle);
     let tasks = shared.tasks.clone();
     actix::spawn(async move {
@@ -175,7 +193,15 @@ where
         loop {
             stats.set_state("running");
             killed.store(false, std::sync::atomic::Ordering::SeqCst);
-            let run = AssertUnwindSafe(make()).catch_unwind();
+            let incarnation = make();
+            let injected = injected.clone();
+            let run = AssertUnwindSafe(async move {
+                tokio::select! {
+                    ended = incarnation => ended,
+                    () = injected.notified() => panic!("a panic injected by a test hook ({kind})"),
+                }
+            })
+            .catch_unwind();
             let reason = tokio::select! {
                 ended = run => match ended {
                     Ok(Ok(())) => "ended".to_string(),
@@ -202,4 +228,33 @@ where
             }
         }
     });
+}
+
+/// The store's writer thread is not restarted: its death, or one write
+/// that the disk has not answered within `stall_limit`, ends the master
+/// (`supervision::spec("store_writer")`), noticed within a second. Every
+/// commit waits behind that write, so this is the deadline of them all: a
+/// caller never times out on a write that may still land.
+pub async fn watch_store_writer(
+    store: std::sync::Arc<dyn crate::storage::meta::MetaStore>,
+    tasks: std::sync::Arc<Tasks>,
+    stall_limit: Duration,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if !store.writer_alive() {
+            tasks.fatal("the store's writer thread died: nothing can be recorded".into());
+            return;
+        }
+        if let Some(stuck) = store.writer_stuck_for().filter(|s| *s >= stall_limit) {
+            tasks.fatal(format!(
+                "the store's writer has waited {}s for one write (the limit, store_stall_limit, is {}s): \
+                 the disk does not answer, nothing can be recorded",
+                stuck.as_secs(),
+                stall_limit.as_secs()
+            ));
+            return;
+        }
+    }
 }

@@ -5,7 +5,7 @@
 //! ([`crate::actors::supervised::task`]) restart by it.
 //!
 //! ```text
-//! master ─┬─ store_writer      (thread; its death exits the master)
+//! master ─┬─ store_writer      (thread; its death, or one write past store_stall_limit, exits the master)
 //!         ├─ supervisor        (actor; one_for_one over the rest)
 //!         │   ├─ cluster/*     (actor; its instance actors live and die with it)
 //!         │   │   └─ instance/*

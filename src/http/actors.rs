@@ -7,17 +7,15 @@
 use actix_web::{HttpResponse, web};
 
 use super::AppState;
+use super::ask::ask;
 use super::error::ApiError;
 use crate::actors::supervisor::{ActorVerb, ActorVerbAnswer, Verb};
-use crate::error::Error;
 
 async fn verb(state: &AppState, kind: String, id: String, verb: Verb) -> Result<HttpResponse, ApiError> {
     let slot = state.reserve_supervisor()?;
-    let answer: ActorVerbAnswer = state
-        .supervisor
-        .send(ActorVerb { kind, id, verb, slot })
-        .await
-        .map_err(|e| ApiError(Error::unavailable(format!("the supervisor: {e}"))))??;
+    let limit = state.shared.limits.request_take_limit;
+    let answer: ActorVerbAnswer =
+        ask(&state.supervisor, slot, limit, |slot| ActorVerb { kind, id, verb, slot }).await??;
     Ok(HttpResponse::Ok().json(answer))
 }
 

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::AppState;
+use super::ask::{ask, mailbox, not_taken};
 use super::dto::{
     ClusterDto, ClusterPage, ClusterSummaryDto, ConfigBody, CreateClusterBody, OperationDto, OperationEnvelope,
     ResizeBody, ScaleBody, UpgradeBody,
@@ -24,10 +25,6 @@ use crate::storage::records::{Limits, OperationRecord, PackageRef};
 
 fn accepted(op: &OperationRecord) -> HttpResponse {
     HttpResponse::Accepted().json(OperationEnvelope { operation: OperationDto::from(op) })
-}
-
-fn mailbox(e: actix::MailboxError) -> ApiError {
-    ApiError(Error::unavailable(format!("actor unavailable: {e}")))
 }
 
 /// The cluster's actor, with a place reserved in its mailbox.
@@ -73,23 +70,38 @@ pub enum Mutation {
 
 async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: bool) -> Result<HttpResponse, ApiError> {
     let (handle, slot) = cluster_actor(state, name)?;
+    let limit = state.shared.limits.request_take_limit;
     if dry_run {
-        let preview = handle.addr.send(Preview(req, slot)).await.map_err(mailbox)??;
+        let preview = ask(&handle.addr, slot, limit, |slot| Preview(req, slot)).await??;
         return Ok(HttpResponse::Ok().json(preview));
     }
     // Answered once the operation is durable, from the store's answer
     // (the actor's thread may be busy with other clusters' work long
     // after), unless the actor keeps the answer until it has published.
-    let (early, handed) = tokio::sync::oneshot::channel();
+    let (early, mut handed) = tokio::sync::oneshot::channel();
+    let (slot, claim) = slot.claimable();
     let answer = handle.addr.send(RunOperation(req, slot, Some(early)));
     tokio::pin!(answer);
-    let handed = tokio::select! {
-        // First when both are ready: an actor that stopped after sending
-        // the writes answers a mailbox error, yet the operation is durable.
-        biased;
-        handed = handed => handed,
-        // Refused before it was built (busy, invalid, ...): the answer says why.
-        answered = &mut answer => return Ok(accepted(&answered.map_err(mailbox)??)),
+    let expired = tokio::time::sleep(limit);
+    tokio::pin!(expired);
+    let mut taken = false;
+    let handed = loop {
+        tokio::select! {
+            // First when both are ready: an actor that stopped after sending
+            // the writes answers a mailbox error, yet the operation is durable.
+            biased;
+            handed = &mut handed => break handed,
+            // Refused before it was built (busy, invalid, ...): the answer says why.
+            answered = &mut answer => return Ok(accepted(&answered.map_err(mailbox)??)),
+            // Not taken in time: nothing was done (the actor drops it);
+            // taken: its answer is awaited.
+            () = &mut expired, if !taken => {
+                if claim.abandon() {
+                    return Err(not_taken(limit));
+                }
+                taken = true;
+            }
+        }
     };
     match handed {
         Ok(Accepted { op, durable }) => {
@@ -127,11 +139,12 @@ pub async fn create(
         config: b.config,
     };
     let slot = state.reserve_supervisor()?;
+    let limit = state.shared.limits.request_take_limit;
     if q.dry_run {
-        let preview = state.supervisor.send(PreviewCreate(req, slot)).await.map_err(mailbox)??;
+        let preview = ask(&state.supervisor, slot, limit, |slot| PreviewCreate(req, slot)).await??;
         return Ok(HttpResponse::Ok().json(preview));
     }
-    let op = state.supervisor.send(Create(req, slot)).await.map_err(mailbox)??.answer().await?;
+    let op = ask(&state.supervisor, slot, limit, |slot| Create(req, slot)).await??.answer().await?;
     Ok(accepted(&op))
 }
 

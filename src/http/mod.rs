@@ -11,6 +11,7 @@
 //! handlers and their bodies (`dto.rs`).
 
 mod actors;
+mod ask;
 pub(crate) mod auth;
 mod body_deadline;
 mod clusters;
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod openapi;
 mod packages;
 mod status;
+mod test_hooks;
 mod tokens;
 mod trust;
 
@@ -60,6 +62,8 @@ pub struct AppState {
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Instance log reads under way (bounded per node and per instance).
     pub log_readers: Arc<logs::LogReaders>,
+    /// `/test-hooks/...` is served (`test_hooks.rs`).
+    pub test_hooks: bool,
 }
 
 impl AppState {
@@ -149,6 +153,7 @@ fn resource(path: &str, methods: &'static [&'static str]) -> actix_web::Resource
 /// Registers every route: the API under `/api/v1` (behind the token
 /// check), `/metrics`, and the dashboard.
 pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: usize) {
+    let hooks = state.test_hooks;
     cfg.app_data(web::Data::new(state))
         .app_data(web::JsonConfig::default().limit(max_json_bytes).error_handler(error::json_error))
         .app_data(web::QueryConfig::default().error_handler(error::query_error))
@@ -160,6 +165,15 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: 
         )
         .service(resource("/metrics", &["get"]).route(web::get().to(metrics::scrape)))
         .route("/", web::get().to(dashboard::index))
-        .route("/ui/{file}", web::get().to(dashboard::asset))
-        .default_service(web::to(status::not_found));
+        .route("/ui/{file}", web::get().to(dashboard::asset));
+    if hooks {
+        // Test-only (`test_hooks`); an admin token, as any route the API
+        // table does not list.
+        cfg.service(
+            web::scope("/test-hooks")
+                .route("/actors/{kind}/{id}/{fault}", web::post().to(test_hooks::inject))
+                .wrap(actix_web::middleware::from_fn(auth::require_token)),
+        );
+    }
+    cfg.default_service(web::to(status::not_found));
 }

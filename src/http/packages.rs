@@ -128,11 +128,9 @@ pub async fn delete(
     let (name, version) = path.into_inner();
     let slot = state.reserve_supervisor()?;
     let dry_run = q.dry_run;
-    state
-        .supervisor
-        .send(DeletePackage { name: name.clone(), version: version.clone(), slot, dry_run })
-        .await
-        .map_err(|e| Error::unavailable(format!("supervisor: {e}")))??;
+    let (n, v, limit) = (name.clone(), version.clone(), state.shared.limits.request_take_limit);
+    super::ask::ask(&state.supervisor, slot, limit, |slot| DeletePackage { name: n, version: v, slot, dry_run })
+        .await??;
     if dry_run {
         let would = format!("delete {name}/{version}");
         return Ok(HttpResponse::Ok().json(PackagePreview { dry_run: true, valid: true, would, package: None }));

@@ -173,6 +173,10 @@ impl MetaStore for MasterStore {
         self.writer.alive()
     }
 
+    fn writer_stuck_for(&self) -> Option<std::time::Duration> {
+        self.writer.stuck_for()
+    }
+
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<Committed>> {
         self.writer.subscribe()
     }

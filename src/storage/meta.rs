@@ -65,6 +65,10 @@ pub trait MetaStore: Send + Sync + 'static {
     fn writer_alive(&self) -> bool {
         true
     }
+    /// How long its writer has been in one write (`None`: not writing).
+    fn writer_stuck_for(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// What the engine has written, and what waits.
     fn stats(&self) -> StoreStats;
 }

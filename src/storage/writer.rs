@@ -110,10 +110,40 @@ struct Request {
     reply: oneshot::Sender<Result<(), StorageError>>,
 }
 
-#[derive(Default)]
 struct Stats {
     batches: AtomicU64,
     commits: AtomicU64,
+    /// Since when the batch in flight has been written, in milliseconds
+    /// after `epoch` plus one; 0 while no batch is being written.
+    busy_since: AtomicU64,
+    /// Since when a queued request has waited for the thread to take it
+    /// (same unit; 0: none known to wait). Set by the first caller to
+    /// queue one, cleared when the thread takes the queue.
+    waiting_since: AtomicU64,
+    epoch: std::time::Instant,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            batches: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            busy_since: AtomicU64::new(0),
+            waiting_since: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Stats {
+    fn millis(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    /// A request was queued: the wait starts now unless one already waits.
+    fn queued(&self) {
+        let _ = self.waiting_since.compare_exchange(0, self.millis(), Ordering::SeqCst, Ordering::SeqCst);
+    }
 }
 
 struct Inner {
@@ -202,6 +232,9 @@ impl StoreWriter {
         self.check_frozen()?;
         let (reply, rx) = oneshot::channel();
         let tx = self.inner.tx.as_ref().ok_or(StorageError::WriterGone)?;
+        // Marked before it is queued: the thread clears the mark when it
+        // takes the queue, so a mark never outlives its request.
+        self.inner.stats.queued();
         tx.send(Request { ops, reply }).await.map_err(|_| StorageError::WriterGone)?;
         rx.await.map_err(|_| StorageError::WriterGone)?
     }
@@ -234,6 +267,20 @@ impl StoreWriter {
         self.inner.tx.as_ref().is_some_and(|t| !t.is_closed())
     }
 
+    /// How long the batch being written now has been in the disk's hands,
+    /// or a queued request has waited for the thread to take it (`None`
+    /// while the writer waits for work). The master ends itself
+    /// when this passes `store_stall_limit`: every commit waits behind it.
+    pub fn stuck_for(&self) -> Option<std::time::Duration> {
+        let stats = &self.inner.stats;
+        let now = stats.millis();
+        let since = [stats.busy_since.load(Ordering::SeqCst), stats.waiting_since.load(Ordering::SeqCst)]
+            .into_iter()
+            .filter(|s| *s != 0)
+            .min()?;
+        Some(std::time::Duration::from_millis(now.saturating_sub(since)))
+    }
+
     /// Requests queued and not yet taken by the writer thread.
     pub fn queued(&self) -> usize {
         self.inner.tx.as_ref().map(|t| t.max_capacity() - t.capacity()).unwrap_or(0)
@@ -249,6 +296,7 @@ impl StoreWriter {
         self.check_frozen()?;
         let (reply, rx) = oneshot::channel();
         let tx = self.inner.tx.as_ref().ok_or(StorageError::WriterGone)?;
+        self.inner.stats.queued();
         tx.blocking_send(Request { ops, reply }).map_err(|_| StorageError::WriterGone)?;
         rx.blocking_recv().map_err(|_| StorageError::WriterGone)?
     }
@@ -274,6 +322,7 @@ impl StoreWriter {
         self.check_frozen()?;
         let (reply, rx) = oneshot::channel();
         let tx = self.inner.tx.as_ref().ok_or(StorageError::WriterGone)?;
+        self.inner.stats.queued();
         tx.try_send(Request { ops, reply }).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => StorageError::Overloaded,
             mpsc::error::TrySendError::Closed(_) => StorageError::WriterGone,
@@ -324,6 +373,10 @@ fn run(
                 Err(_) => break,
             }
         }
+        // Taken: what waits now is this batch (`busy_since`), and whatever
+        // is queued from here on, which sets its own start (a request the
+        // cap left queued starts its wait now).
+        stats.waiting_since.store(if rx.is_empty() { 0 } else { stats.millis() }, Ordering::SeqCst);
         let listening = feed.receiver_count() > 0;
         let mut announced = Vec::new();
         // Kept whether or not anyone listens now: a reader that subscribes
@@ -364,7 +417,9 @@ fn run(
             batch.delete_range_cf(handle, from, to);
         }
         let started = std::time::Instant::now();
+        stats.busy_since.store(stats.millis(), Ordering::SeqCst);
         let written = db.write_opt(batch, &sync);
+        stats.busy_since.store(0, Ordering::SeqCst);
         // No-ops unless a process installed a recorder (the master does).
         metrics::histogram!("flotilla_store_commit_seconds").record(started.elapsed().as_secs_f64());
         metrics::histogram!("flotilla_store_batch_requests").record(waiting.len() as f64);

@@ -243,6 +243,22 @@ impl TestEnv {
         }
     }
 
+    /// Waits (at most `within`) for the master to exit on its own; answers
+    /// its exit status, or `None` if it still runs.
+    pub async fn wait_master_exit(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(Ok(Some(status))) = self.master.as_mut().map(|m| m.try_wait()) {
+                self.master = None;
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Starts agent `i` again on its data dir, after [`TestEnv::kill_agent`].
     pub async fn restart_agent(&mut self, i: usize) {
         self.agents[i - 1] = self.spawn_agent(i);

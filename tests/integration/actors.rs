@@ -50,10 +50,15 @@ async fn a_cluster_actor_killed_during_a_scale_out_is_restarted_and_the_operatio
     assert_eq!((a["restarts"].as_u64(), a["health"].as_str()), (Some(0), Some("green")), "{a:#}");
     assert!(a["strategy"].as_str().unwrap().contains("3 in 60s"), "{a:#}");
 
-    let op = env.run_op("/clusters/k/scale", Some(json!({"role": "svc", "add": 3}))).await;
+    let (status, op) = env.post("/clusters/k/scale", json!({"role": "svc", "add": 3})).await;
+    assert_eq!(status.as_u16(), 202, "{op:#}");
+    let op = op["operation"].clone();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (status, v) = kill(&env, "cluster", "k").await;
     assert_eq!(status, 200, "{v:#}");
+    // The new members' starts settle for a second: the kill lands inside.
+    let (_, during) = env.get(&format!("/operations/{}", op["id"].as_str().unwrap())).await;
+    assert_eq!(during["operation"]["status"], "Running", "the scale-out ended before the kill: {during:#}");
     let a = actor_until(&env, "cluster", "k", "restarted", |a| a["restarts"] == 1 && a["state"] != "restarting").await;
     assert_eq!(a["last_exit"]["reason"].as_str().map(|r| r.contains("killed by the operator")), Some(true), "{a:#}");
     let op = env.wait_op(op["id"].as_str().unwrap()).await;

@@ -372,7 +372,9 @@ impl Handler<RunOperation> for ClusterActor {
         // An API request stays ahead of bulk work on this thread until it
         // is answered (durable), not only until it is taken.
         let urgent = slot.urgent();
-        slot.begin(req.name());
+        if let Err(e) = slot.take(req.name()) {
+            return AtomicResponse::new(Box::pin(fut::ready(Err(e))));
+        }
         let is_create = matches!(req, OpRequest::Create { .. });
         if self.creating && !is_create {
             let name = self.core.borrow().record.name.clone();
@@ -569,5 +571,19 @@ impl Handler<Kill> for ClusterActor {
         let name = self.core.borrow().record.name.clone();
         tracing::warn!(cluster = %name, reason = %msg.reason, "cluster actor killed");
         std::panic::panic_any(format!("{} (cluster {name})", msg.reason));
+    }
+}
+
+/// Test hooks: the actor takes no message for this long (its thread
+/// stays free for other actors).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stall(pub std::time::Duration);
+
+impl Handler<Stall> for ClusterActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Stall, ctx: &mut Context<Self>) {
+        ctx.wait(actix::fut::wrap_future(tokio::time::sleep(msg.0)));
     }
 }

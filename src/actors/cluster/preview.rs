@@ -96,7 +96,7 @@ impl Handler<Preview> for ClusterActor {
 
     fn handle(&mut self, msg: Preview, _ctx: &mut Context<Self>) -> Self::Result {
         let Preview(req, slot) = msg;
-        slot.begin("preview");
+        slot.take("preview")?;
         let answer = self.preview(req);
         // A dry run that says no is an answer, not a failure of the actor.
         self.stats.refused_if(answer.is_err());
@@ -320,7 +320,7 @@ impl Handler<PreviewCreate> for Supervisor {
 
     fn handle(&mut self, msg: PreviewCreate, _ctx: &mut Context<Self>) -> Self::Result {
         let PreviewCreate(req, slot) = msg;
-        slot.begin("preview create");
+        slot.take("preview create")?;
         let answer = self.validate_create(&req).and_then(|(record, roles)| {
             let view = self
                 .shared()

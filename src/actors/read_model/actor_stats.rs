@@ -11,7 +11,7 @@
 //! overloaded`, an agent's report waits in its node manager (past that
 //! one's bound, it stays unacknowledged and the agent sends it again).
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -202,6 +202,31 @@ pub struct Reservation {
     stats: Option<Arc<ActorStats>>,
     queued_at: Instant,
     urgent: Option<Urgent>,
+    /// An API request's: taken by the actor or abandoned by the caller at
+    /// its deadline, never both.
+    claim: Option<Claim>,
+}
+
+/// Who has an API request: the actor that takes it, or the caller that
+/// gives up waiting for that (`request_take_limit`). Exactly one wins, so
+/// a request answered "not taken" never runs, and one taken is awaited.
+#[derive(Debug, Clone, Default)]
+pub struct Claim(Arc<AtomicU8>);
+
+const WAITING: u8 = 0;
+const TAKEN: u8 = 1;
+const ABANDONED: u8 = 2;
+
+impl Claim {
+    fn take(&self) -> bool {
+        self.0.compare_exchange(WAITING, TAKEN, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
+
+    /// The caller stops waiting; `false` when the actor took the request
+    /// first (then its answer must be awaited).
+    pub fn abandon(&self) -> bool {
+        self.0.compare_exchange(WAITING, ABANDONED, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
 }
 
 impl Reservation {
@@ -220,7 +245,7 @@ impl Reservation {
 
     /// A place already counted in `stats`.
     fn taken(stats: &Arc<ActorStats>) -> Reservation {
-        Reservation { stats: Some(stats.clone()), queued_at: Instant::now(), urgent: None }
+        Reservation { stats: Some(stats.clone()), queued_at: Instant::now(), urgent: None, claim: None }
     }
 
     /// The message goes ahead of bulk work on the actor's thread while it
@@ -236,10 +261,33 @@ impl Reservation {
         self.urgent.take()
     }
 
+    /// An API request's place: its caller may give up waiting for the
+    /// actor to take it, through the [`Claim`] (see [`take`](Self::take)).
+    pub fn claimable(mut self) -> (Reservation, Claim) {
+        let claim = Claim::default();
+        self.claim = Some(claim.clone());
+        (self, claim)
+    }
+
+    /// [`begin`](Self::begin) for an API request: `Err` when its caller
+    /// gave up waiting (it was answered that nothing was done, so nothing
+    /// may be). The place is given back either way.
+    pub fn take(mut self, what: impl Into<String>) -> Result<(), crate::error::Error> {
+        if let Some(claim) = self.claim.take()
+            && !claim.take()
+        {
+            return Err(crate::error::Error::unavailable("the request's caller stopped waiting before it was taken"));
+        }
+        self.begin(what);
+        Ok(())
+    }
+
     /// The actor took the message: the place is free, the message counted
     /// as handled, `what` shown as its current work, and the time it
-    /// waited recorded (`flotilla_actor_mailbox_wait_seconds`).
+    /// waited recorded (`flotilla_actor_mailbox_wait_seconds`). An API
+    /// request is taken with [`take`](Self::take) instead.
     pub fn begin(mut self, what: impl Into<String>) {
+        debug_assert!(self.claim.is_none(), "an API request is taken with Reservation::take");
         if let Some(s) = self.stats.take() {
             metrics::histogram!("flotilla_actor_mailbox_wait_seconds", "kind" => s.kind)
                 .record(self.queued_at.elapsed().as_secs_f64());

@@ -32,7 +32,7 @@ use arc_swap::ArcSwap;
 use imbl::OrdMap;
 use tokio::sync::Notify;
 
-pub use actor_stats::{ActorInfo, ActorStats, Reservation};
+pub use actor_stats::{ActorInfo, ActorStats, Claim, Reservation};
 pub use cluster_view::{ClusterCell, ClusterSnapshot, InstanceEntry, InstanceStats};
 pub use nodes::{NodeEntry, NodeLive};
 

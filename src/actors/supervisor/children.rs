@@ -197,6 +197,17 @@ impl Supervisor {
 pub enum Verb {
     Kill,
     Restart,
+    /// Test hooks only (`http::test_hooks`).
+    Inject(Fault),
+}
+
+/// A fault a test injects into an actor or task (`supervisor/inject.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// It panics where it runs.
+    Panic,
+    /// It takes no message for this long.
+    Stall(std::time::Duration),
 }
 
 pub struct ActorVerb {
@@ -224,7 +235,7 @@ impl Handler<ActorVerb> for Supervisor {
 
     fn handle(&mut self, msg: ActorVerb, ctx: &mut Context<Self>) -> Self::Result {
         let ActorVerb { kind, id, verb, slot } = msg;
-        slot.begin(format!("{verb:?} {kind}/{id}").to_lowercase());
+        slot.take(format!("{verb:?} {kind}/{id}").to_lowercase())?;
         let answer = self.actor_verb(ctx, &kind, &id, verb);
         self.stats.refused_if(answer.is_err());
         answer.map(|done| ActorVerbAnswer { kind, id, done })
@@ -235,6 +246,7 @@ impl Supervisor {
     fn actor_verb(&mut self, ctx: &mut Context<Self>, kind: &str, id: &str, verb: Verb) -> Result<String, Error> {
         let known = || Error::not_found("actor", format!("{kind}/{id}"));
         match (kind, verb) {
+            (_, Verb::Inject(fault)) => self.inject(ctx, kind, id, fault),
             ("cluster", Verb::Kill) => {
                 let h = self.shared.registry.get(id).ok_or_else(known)?;
                 match h.stats.state().as_str() {

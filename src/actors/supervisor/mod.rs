@@ -18,9 +18,10 @@ use time::OffsetDateTime;
 
 mod children;
 mod create;
+mod inject;
 mod nodes;
 
-pub use children::{ActorVerb, ActorVerbAnswer, Verb};
+pub use children::{ActorVerb, ActorVerbAnswer, Fault, Verb};
 pub use create::{place_instances, place_new_cluster};
 pub use nodes::{NodeDown, NodeInventory};
 
@@ -311,7 +312,7 @@ impl Handler<Create> for Supervisor {
 
     fn handle(&mut self, msg: Create, ctx: &mut Context<Self>) -> Self::Result {
         let Create(req, slot) = msg;
-        slot.begin("create cluster");
+        slot.take("create cluster")?;
         let (record, roles) = match self.validate_create(&req) {
             Ok(v) => v,
             Err(e) => {

@@ -130,6 +130,8 @@ pub struct SimAgent {
     pub outbox: Arc<Outbox>,
     pub faults: Faults,
     pub connected: AtomicBool,
+    /// Sessions served (connections whose handshake succeeded).
+    sessions: std::sync::atomic::AtomicU64,
     /// Its certificate, once enrolled (in memory only).
     tls: std::sync::OnceLock<Arc<rustls::ClientConfig>>,
     /// Requests being worked on, over every connection: as the real
@@ -157,6 +159,7 @@ impl SimAgent {
             requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT)),
             runtime: std::sync::OnceLock::new(),
             connected: AtomicBool::new(false),
+            sessions: Default::default(),
             tls: std::sync::OnceLock::new(),
         })
     }
@@ -262,6 +265,7 @@ impl SimAgent {
         let (tx, rx) = mpsc::channel::<AgentFrame>(REPLY_QUEUE);
         let beat = Duration::from_millis(welcome.heartbeat_interval_ms.max(100));
         let writer = FramedWrite::new(Gate { inner: write_half, agent: self.clone() }, AgentCodec::default());
+        self.sessions.fetch_add(1, Ordering::SeqCst);
         let mut write_task = tokio::spawn(write_frames(writer, rx, self.outbox.clone(), next_connection(), beat));
         let slots = self.requests.clone();
         let mut incoming: HashMap<u64, Incoming> = HashMap::new();
@@ -501,6 +505,11 @@ impl SimAgent {
     }
 
     /// Flips a fault switch and wakes the session.
+    /// How many sessions it has served (one per successful connection).
+    pub fn connections(&self) -> u64 {
+        self.sessions.load(Ordering::SeqCst)
+    }
+
     pub fn set_stalled(&self, yes: bool) {
         self.faults.stalled.store(yes, Ordering::SeqCst);
         self.faults.resumed.notify_waiters();

@@ -23,6 +23,9 @@ pub struct SimInstance {
     /// (the 0o777 bits the real agent applies); either changing is a change.
     pub files: BTreeMap<String, ([u8; 32], u32)>,
     pub env: Vec<(String, String)>,
+    /// How many times a process of it was started (not counting a start
+    /// that found it running): a test checks nothing started twice.
+    pub starts: u32,
 }
 
 /// Everything one simulated agent holds.
@@ -89,6 +92,7 @@ impl SimState {
                 pid: None,
                 files,
                 env: b.process.env.clone(),
+                starts: 0,
             },
         );
         AgentResponse::InstallResult { files_written: b.files.len() as u32 }
@@ -135,6 +139,7 @@ impl SimState {
             Some(p) => AgentResponse::Started { pid: p, already_running: true },
             None => {
                 i.pid = Some(pid);
+                i.starts += 1;
                 AgentResponse::Started { pid, already_running: false }
             }
         }

@@ -1,0 +1,57 @@
+//! Test hooks (`http::test_hooks`): a fault injected into an actor or a
+//! supervised task, so the supervision tests fail each kind of child for
+//! real, where it runs, and watch its supervisor act.
+
+use actix::prelude::*;
+
+use super::Supervisor;
+use super::children::Fault;
+use crate::error::Error;
+use crate::ids::NodeId;
+
+impl Supervisor {
+    pub(super) fn inject(
+        &mut self,
+        ctx: &mut Context<Self>,
+        kind: &str,
+        id: &str,
+        fault: Fault,
+    ) -> Result<String, Error> {
+        let known = || Error::not_found("actor", format!("{kind}/{id}"));
+        match (kind, fault) {
+            ("cluster", Fault::Panic) => {
+                let h = self.shared.registry.get(id).ok_or_else(known)?;
+                h.addr.do_send(crate::actors::cluster::Kill { reason: "a panic injected by a test hook".into() });
+                Ok(format!("the actor of cluster {id} panics"))
+            }
+            ("cluster", Fault::Stall(d)) => {
+                let h = self.shared.registry.get(id).ok_or_else(known)?;
+                h.addr.do_send(crate::actors::cluster::Stall(d));
+                Ok(format!("the actor of cluster {id} takes no message for {d:?}"))
+            }
+            ("supervisor", Fault::Panic) => {
+                // After this answer: the caller hears what happens.
+                ctx.run_later(std::time::Duration::from_millis(100), |_, _| {
+                    panic!("a panic injected by a test hook (supervisor)")
+                });
+                Ok("the supervisor panics: the master exits".into())
+            }
+            ("supervisor", Fault::Stall(d)) => {
+                ctx.wait(actix::fut::wrap_future(tokio::time::sleep(d)));
+                Ok(format!("the supervisor takes no message for {d:?}"))
+            }
+            ("node_manager", Fault::Panic) => {
+                let link = self.shared.links.get(&NodeId::new(id)).ok_or_else(known)?;
+                link.inject_panic();
+                Ok(format!("the node manager of {id} panics at its agent's next frame"))
+            }
+            (task, Fault::Panic) if self.shared.tasks.contains(task) && id == task => {
+                self.shared.tasks.inject_panic(task).map_err(|e| Error::conflict("no_task", e))?;
+                Ok(format!("{task} panics"))
+            }
+            (kind, fault) => {
+                Err(Error::conflict("no_such_fault", format!("no hook injects {fault:?} into {kind}/{id}")))
+            }
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! Test-only fault injection (`test_hooks` in the master's config, off by
+//! default; an admin token): `POST /test-hooks/actors/{kind}/{id}/panic`
+//! makes the actor or task panic where it runs (a cluster actor in a
+//! handler, a node manager at its agent's next frame, a supervised task
+//! inside its incarnation, the supervisor in its handler: the master
+//! exits), and `.../stall?ms=N` holds a cluster actor or the supervisor
+//! for N ms without taking a message (its thread stays free). The
+//! supervision tests use them to fail each kind of child for real.
+
+use std::time::Duration;
+
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+
+use super::AppState;
+use super::ask::ask;
+use super::error::ApiError;
+use crate::actors::supervisor::{ActorVerb, ActorVerbAnswer, Fault, Verb};
+use crate::error::Error;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stall {
+    #[serde(default)]
+    ms: u64,
+}
+
+pub async fn inject(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String, String)>,
+    q: web::Query<Stall>,
+) -> Result<HttpResponse, ApiError> {
+    let (kind, id, fault) = path.into_inner();
+    let fault = match fault.as_str() {
+        "panic" => Fault::Panic,
+        "stall" => Fault::Stall(Duration::from_millis(q.ms)),
+        other => return Err(ApiError(Error::invalid("bad_fault", format!("no fault {other:?}: panic or stall")))),
+    };
+    let slot = state.reserve_supervisor()?;
+    let limit = state.shared.limits.request_take_limit;
+    let verb = Verb::Inject(fault);
+    let answer: ActorVerbAnswer =
+        ask(&state.supervisor, slot, limit, |slot| ActorVerb { kind, id, verb, slot }).await??;
+    Ok(HttpResponse::Ok().json(answer))
+}
