@@ -217,6 +217,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         operations_retained: cfg.operations_retained,
         leaked_grace: cfg.leaked_grace,
         request_take_limit: cfg.request_take_limit,
+        store_stall_limit: cfg.store_stall_limit,
     };
     // Cluster actors are spread over these threads.
     let threads = if cfg.actor_threads == 0 {

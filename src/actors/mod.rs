@@ -166,6 +166,9 @@ pub struct Limits {
     /// An API request its actor has not taken within this is answered
     /// `503` and never runs (`http::ask`).
     pub request_take_limit: Duration,
+    /// A write that must land and has not, after this long of tries (the
+    /// store fails each one), ends the master (`cluster::commit_until_landed`).
+    pub store_stall_limit: Duration,
 }
 
 impl Default for Limits {
@@ -175,6 +178,7 @@ impl Default for Limits {
             operations_retained: 1000,
             leaked_grace: Duration::from_secs(600),
             request_take_limit: Duration::from_secs(30),
+            store_stall_limit: Duration::from_secs(60),
         }
     }
 }

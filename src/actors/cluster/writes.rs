@@ -27,13 +27,16 @@ const LAND_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// operation's end). Built again for each try, from the state then, so a
 /// try never writes a copy older than a write that landed meanwhile. Gives
 /// up only when the store is frozen (the master is shutting down: the next
-/// one resumes from the journal) or the writer is gone (the master exits).
+/// one resumes from the journal), or the writer is gone, or the store has
+/// failed every try for `store_stall_limit`: then the master exits with
+/// that cause, instead of piling up work it can never record.
 pub(crate) async fn commit_until_landed(
     shared: &Shared,
     what: &str,
     mut build: impl FnMut() -> Result<Vec<WriteOp>, String>,
 ) -> Result<(), String> {
     let mut wait = Duration::from_millis(100);
+    let began = std::time::Instant::now();
     loop {
         let ops = build()?;
         match shared.store.commit(ops).await {
@@ -44,6 +47,15 @@ pub(crate) async fn commit_until_landed(
                 // any more. The master exits (its child spec says so).
                 let cause =
                     format!("the store's writer is gone ({}) while recording {what}", crate::error::ErrorChain(&e));
+                shared.tasks.fatal(cause.clone());
+                return Err(cause);
+            }
+            Err(e) if began.elapsed() >= shared.limits.store_stall_limit => {
+                let cause = format!(
+                    "the store has refused {what} for {}s (store_stall_limit): {}",
+                    began.elapsed().as_secs(),
+                    crate::error::ErrorChain(&e)
+                );
                 shared.tasks.fatal(cause.clone());
                 return Err(cause);
             }
@@ -93,4 +105,30 @@ pub(super) fn cluster_writes(
         ops.push(events::append(&e).map_err(|e| e.to_string())?);
     }
     Ok((snapshot, ops))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::commit_until_landed;
+    use crate::actors::test_support::Harness;
+
+    /// A store that refuses every write does not hold a write that must
+    /// land forever: past `store_stall_limit` the master is told to exit,
+    /// with the cause.
+    #[tokio::test]
+    async fn a_write_the_store_keeps_refusing_ends_the_master_past_the_limit() {
+        let h = Harness::new();
+        let mut shared = h.shared.clone();
+        shared.limits.store_stall_limit = Duration::from_millis(500);
+        h.store.fail(usize::MAX, |_| true);
+        let began = Instant::now();
+        let ops = || Ok(vec![crate::storage::WriteOp::Delete { cf: "clusters", key: b"x".to_vec() }]);
+        let err = commit_until_landed(&shared, "a member's failure", ops).await.expect_err("it never landed");
+        assert!(began.elapsed() >= Duration::from_millis(500), "gave up after {:?}", began.elapsed());
+        assert!(err.contains("refused a member's failure") && err.contains("store_stall_limit"), "{err}");
+        assert_eq!(shared.tasks.fatal_cause().as_deref(), Some(err.as_str()), "the master was not told to exit");
+        assert!(h.store.refused.load(std::sync::atomic::Ordering::SeqCst) >= 3, "it was not tried again");
+    }
 }
