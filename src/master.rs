@@ -435,6 +435,10 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         tokio::select! {
             () = crate::shutdown::signal() => {
                 tracing::info!("shutting down: the store is frozen, running operations resume at the next start");
+                // A fatal failure during the stop (the disk hangs) gets
+                // its deadline too.
+                let tasks = tasks.clone();
+                actix::spawn(async move { exit_within(FATAL_EXIT_DEADLINE, tasks.fatal_failure().await) });
             }
             cause = tasks.fatal_failure() => {
                 tracing::error!(%cause, "exiting: the store is frozen, running operations resume at the next start");

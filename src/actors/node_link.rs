@@ -198,6 +198,11 @@ impl NodeLink {
         self.panic_injected.store(true, Ordering::SeqCst);
     }
 
+    /// Whether a panic is injected (a plain load: checked at every frame).
+    pub(super) fn panic_injected(&self) -> bool {
+        self.panic_injected.load(Ordering::Relaxed)
+    }
+
     /// Whether a panic was injected (once).
     pub(super) fn take_injected_panic(&self) -> bool {
         self.panic_injected.swap(false, Ordering::SeqCst)
@@ -386,7 +391,10 @@ impl NodeLink {
             // every remaining chunk for it to refuse.
             match rx.try_recv() {
                 Ok(AgentResponse::Failed(f)) => return Err(NodeError::Failed(f)),
-                Ok(AgentResponse::InstallReceived { .. }) => continue,
+                Ok(AgentResponse::InstallReceived { .. }) => {
+                    progress.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 Ok(other) => {
                     return Err(NodeError::Unexpected {
                         node: self.node.clone(),

@@ -516,7 +516,7 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
         // runs for every frame of every agent.
         self.stats.handled.fetch_add(1, Ordering::Relaxed);
         self.entry.live.heard();
-        if self.link.take_injected_panic() {
+        if self.link.panic_injected() && self.link.take_injected_panic() {
             panic!("a panic injected by a test hook (node manager of {})", self.node);
         }
         match item {

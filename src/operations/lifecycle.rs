@@ -5,7 +5,7 @@
 //! failure leaves the cluster `Error` with the reason, which is the honest
 //! state to show (undoing a half-done stop by starting again could hide why).
 
-use super::{Action, Plan, Step};
+use super::{Action, Plan, Rolling, Step};
 use crate::ids::InstanceId;
 use crate::storage::records::ClusterStatus;
 
@@ -35,9 +35,16 @@ pub fn push_stops(p: &mut Plan, groups: &[(i32, Vec<InstanceId>)], status: Optio
     }
 }
 
-pub fn start(groups: &[(i32, Vec<InstanceId>)]) -> Plan {
+/// The operator's start: every member's files put in line first (an undo
+/// that could not reach a node may have left them stale; `running` are the
+/// members running now, reloaded or restarted if theirs changed), then the
+/// starts in role order.
+pub fn start(groups: &[(i32, Vec<InstanceId>)], running: Vec<InstanceId>) -> Plan {
     let mut p = Plan::default();
-    push_starts(&mut p, groups, Some(ClusterStatus::Starting), false);
+    let ids: Vec<InstanceId> = groups.iter().flat_map(|(_, ids)| ids.iter().cloned()).collect();
+    let refresh = Action::RefreshFiles(Rolling { ids, batch: 0, running });
+    p.push(Step::new("refresh-files", Some(ClusterStatus::Starting), refresh, vec![]));
+    push_starts(&mut p, groups, None, false);
     p
 }
 
@@ -86,6 +93,17 @@ mod tests {
     fn restart_stops_in_reverse_then_starts_in_order() {
         let names: Vec<_> = restart(&groups()).steps.into_iter().map(|s| s.name).collect();
         assert_eq!(names, ["stop-order-5", "stop-order-0", "start-order-0", "start-order-5"]);
+    }
+
+    #[test]
+    fn a_start_puts_files_in_line_first_then_starts_in_order() {
+        let running = vec![InstanceId::new("w1")];
+        let p = start(&groups(), running.clone());
+        let names: Vec<_> = p.steps.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["refresh-files", "start-order-0", "start-order-5"]);
+        let all = vec![InstanceId::new("coord"), InstanceId::new("w1"), InstanceId::new("w2")];
+        assert_eq!(p.steps[0].action, Action::RefreshFiles(Rolling { ids: all, batch: 0, running }));
+        assert_eq!(p.steps[0].status, Some(ClusterStatus::Starting));
     }
 
     #[test]

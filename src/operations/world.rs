@@ -91,7 +91,7 @@ impl World {
     fn apply(&self, action: &Action, ids: &[InstanceId]) -> Result<(), String> {
         let mut s = self.state.borrow_mut();
         let should_run = |id: &InstanceId| match action {
-            Action::Reconfigure(r) | Action::Roll(r) => r.running.contains(id),
+            Action::Reconfigure(r) | Action::RefreshFiles(r) | Action::Roll(r) => r.running.contains(id),
             _ => false,
         };
         for id in ids {
@@ -126,7 +126,7 @@ impl World {
                 }
                 Action::Start(_) | Action::Hook { .. } => {}
                 Action::Stop(_) => a.running = false,
-                Action::Reconfigure(_) => {
+                Action::Reconfigure(_) | Action::RefreshFiles(_) => {
                     a.files = render;
                     if should_run(id) && (!a.running || a.loaded != a.files) {
                         a.running = true;
@@ -158,11 +158,11 @@ impl World {
     /// Half of `action` on `id`: a rolling action stopped it and went no further.
     fn half(&self, action: &Action, id: &InstanceId) -> Result<(), String> {
         match action {
-            Action::Reconfigure(_) | Action::Roll(_) => {
+            Action::Reconfigure(_) | Action::RefreshFiles(_) | Action::Roll(_) => {
                 let render = self.state.borrow().render();
                 let mut s = self.state.borrow_mut();
                 let a = s.agents.get_mut(id).ok_or(format!("{id} not installed"))?;
-                if matches!(action, Action::Reconfigure(_)) {
+                if matches!(action, Action::Reconfigure(_) | Action::RefreshFiles(_)) {
                     a.files = render;
                 }
                 a.running = false;
@@ -345,7 +345,7 @@ mod tests {
         let mut stopped = State::running(&three);
         stopped.agents.values_mut().for_each(|a| a.running = false);
         let cases = [
-            ("start", stopped, lifecycle::start(&groups)),
+            ("start", stopped, lifecycle::start(&groups, Vec::new())),
             ("stop", State::running(&three), lifecycle::stop(&groups)),
             ("restart", State::running(&three), lifecycle::restart(&groups)),
         ];

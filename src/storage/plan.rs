@@ -85,6 +85,15 @@ pub enum Action {
         role: String,
         limits: Option<Limits>,
     },
+    /// The operator's start, before its starts: [`Reconfigure`](Self::Reconfigure)
+    /// for a cluster that may be out of line (an undo could not reach a
+    /// member's node and left its files rendering a cluster that is no
+    /// more). Every member's files are written again; those of `running`
+    /// whose files changed are reloaded or restarted. One its node does not
+    /// hold is left to the start after it, which installs it again. A
+    /// member in line is not touched. (Appended last: stored plans name
+    /// actions by position.)
+    RefreshFiles(Rolling),
 }
 
 impl Action {
@@ -104,6 +113,7 @@ impl Action {
             Action::SetPackage(_) => "set_package",
             Action::SetConfig(_) => "set_config",
             Action::SetLimits { .. } => "set_limits",
+            Action::RefreshFiles(_) => "refresh_files",
         }
     }
 
@@ -118,6 +128,7 @@ impl Action {
             | Action::Allocate(v)
             | Action::Forget(v)
             | Action::Reconfigure(Rolling { ids: v, .. })
+            | Action::RefreshFiles(Rolling { ids: v, .. })
             | Action::Roll(Rolling { ids: v, .. })
             | Action::Hook { ids: v, .. } => v,
             Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => &[],

@@ -58,7 +58,10 @@ fn hold_thread(tid: Pid) -> mpsc::Sender<()> {
         }
     });
     if let Err(e) = stopped.recv().expect("the tracer's report") {
-        panic!("cannot stop the store's writer thread {tid} with ptrace (root is needed): {e}");
+        panic!(
+            "cannot stop the store's writer thread {tid} with ptrace (it needs CAP_SYS_PTRACE, and Yama's \
+             ptrace_scope and any seccomp filter must allow it): {e}"
+        );
     }
     release
 }

@@ -145,9 +145,13 @@ impl ClusterActor {
         // again from the store (`supervisor::ClusterPanicked`).
         let on_panic = {
             let (supervisor, stats, name, id) = (supervisor.clone(), stats.clone(), name.clone(), start.record.id);
-            let counter = shared.supervisor.clone();
+            let (counter, read_model) = (shared.supervisor.clone(), shared.read_model.clone());
             move || -> super::supervised::OnPanic {
                 Box::new(move |reason| {
+                    // Listed all along: its context's drop unregistered it,
+                    // and the supervisor acts only when it gets to this.
+                    stats.set_state("restarting");
+                    read_model.register_actor(&stats);
                     let slot = Reservation::counted(&counter);
                     supervisor.do_send(ClusterPanicked { name, cluster: id, stats, reason, slot });
                 })

@@ -350,7 +350,8 @@ impl ClusterOps {
             Action::Stop(ids) => self.stop_each(ids).await,
             Action::DeleteOnAgent(ids) => self.delete_on_agents(ids).await,
             Action::Hook { hook, ids } => self.hook(*hook, ids).await,
-            Action::Reconfigure(r) => self.reconfigure(r).await,
+            Action::Reconfigure(r) => self.reconfigure(r, false).await,
+            Action::RefreshFiles(r) => self.reconfigure(r, true).await,
             Action::Roll(r) => self.roll(r).await,
             Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => self.define(action).await,
         }
@@ -561,7 +562,7 @@ impl OperationContext for ClusterOps {
             Action::Start(_) => base + start,
             Action::Hook { .. } => base + hook,
             // A reload (hook + health) or a restart (stop + start).
-            Action::Reconfigure(_) => base + stop + start + hook,
+            Action::Reconfigure(_) | Action::RefreshFiles(_) => base + stop + start + hook,
             // Stop, install, start.
             Action::Roll(_) => base * 2 + stop + start,
             _ => base,

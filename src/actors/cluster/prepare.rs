@@ -45,11 +45,21 @@ impl ClusterActor {
                     ..simple(OperationKind::Create, operations::create::plan(&groups), Some(ClusterStatus::Active))
                 }
             }
-            OpRequest::Start => simple(
-                OperationKind::Start,
-                operations::lifecycle::start(&self.groups(spec, None)),
-                Some(ClusterStatus::Active),
-            ),
+            OpRequest::Start => {
+                let running = self
+                    .core
+                    .borrow()
+                    .members()
+                    .iter()
+                    .filter(|m| m.status == InstanceStatus::Running)
+                    .map(|m| m.id.clone())
+                    .collect();
+                simple(
+                    OperationKind::Start,
+                    operations::lifecycle::start(&self.groups(spec, None), running),
+                    Some(ClusterStatus::Active),
+                )
+            }
             OpRequest::Stop => simple(
                 OperationKind::Stop,
                 operations::lifecycle::stop(&self.groups(spec, None)),

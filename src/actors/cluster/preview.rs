@@ -158,7 +158,7 @@ impl ClusterActor {
         let mut out = BTreeMap::new();
         for step in &prepared.plan.steps {
             let per_member: BTreeMap<String, String> = match &step.action {
-                Action::Reconfigure(r) => r
+                Action::Reconfigure(r) | Action::RefreshFiles(r) => r
                     .ids
                     .iter()
                     .filter_map(|id| by_id.get(id))

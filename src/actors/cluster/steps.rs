@@ -318,17 +318,35 @@ impl ClusterOps {
     /// now or in an attempt a master restart interrupted: `pending_restart`
     /// is durable) or is found stopped (a restart interrupted half-way)
     /// is signalled, reloaded or restarted as its files' change modes say,
-    /// a batch at a time. The rest are not touched.
-    pub(super) async fn reconfigure(&self, r: &Rolling) -> Result<Vec<InstanceResult>, StepFailure> {
+    /// a batch at a time. The rest are not touched. With `not_held_ok` (a
+    /// start's `RefreshFiles`), an instance its node does not hold is no
+    /// failure: the start after it installs it again, files and all.
+    pub(super) async fn reconfigure(&self, r: &Rolling, not_held_ok: bool) -> Result<Vec<InstanceResult>, StepFailure> {
         let pass = self.pass().map_err(fail)?;
         let written = {
             let base = RenderBase::new(&pass.current.spec, &pass.cluster, &pass.members, &self.shared.read_model);
             self.on_each(&r.ids, |id| self.files_cmd(&base, &pass, id)).await
         };
-        let results = checked(written.into_iter().map(|o| o.result).collect())?;
+        let mut not_held = Vec::new();
+        let written = written
+            .into_iter()
+            .map(|o| {
+                if not_held_ok && o.not_held {
+                    not_held.push(o.result.instance.clone());
+                    InstanceResult::ok(&o.result.instance, "not held by its node: the start installs it again")
+                } else {
+                    o.result
+                }
+            })
+            .collect();
+        let results = checked(written)?;
         let owes = |i: &InstanceRecord| i.pending_restart != PendingRestart::No || i.status != InstanceStatus::Running;
-        let todo: Vec<InstanceId> =
-            r.running.iter().filter(|id| self.record_of(id).is_ok_and(|i| owes(&i))).cloned().collect();
+        let todo: Vec<InstanceId> = r
+            .running
+            .iter()
+            .filter(|id| !not_held.contains(id) && self.record_of(id).is_ok_and(|i| owes(&i)))
+            .cloned()
+            .collect();
         let mut applied = Vec::new();
         for chunk in self.batches(&pass.current.spec, todo, r.batch) {
             let gate = &self.env.priority;

@@ -397,4 +397,27 @@ mod tests {
         assert!(!gate.is_held());
         assert_eq!(s.snapshot().mailbox, 0);
     }
+
+    /// An API request is either taken by its actor or abandoned by its
+    /// caller at the deadline, never both, and its place comes back once.
+    #[test]
+    fn a_request_is_taken_or_abandoned_never_both() {
+        let s = ActorStats::new("cluster", "c", None);
+        let (abandoned, claim) = Reservation::within(&s, 4).unwrap().claimable();
+        assert!(claim.abandon(), "a request nobody took can be abandoned");
+        assert!(abandoned.take("stop").is_err(), "an abandoned request was taken");
+        assert_eq!((s.snapshot().mailbox, s.snapshot().handled), (0, 0), "its place came back, nothing handled");
+
+        let (taken, claim) = Reservation::within(&s, 4).unwrap().claimable();
+        taken.take("stop").expect("a request nobody abandoned is taken");
+        assert!(!claim.abandon(), "a taken request was abandoned: its answer must be awaited");
+        assert_eq!((s.snapshot().mailbox, s.snapshot().handled), (0, 1));
+
+        // Abandoning twice (a retry of the deadline) changes nothing.
+        let (late, claim) = Reservation::within(&s, 4).unwrap().claimable();
+        assert!(claim.abandon());
+        assert!(!claim.abandon());
+        assert!(late.take("stop").is_err());
+        assert_eq!(s.snapshot().mailbox, 0);
+    }
 }

@@ -504,12 +504,12 @@ impl SimAgent {
         true
     }
 
-    /// Flips a fault switch and wakes the session.
     /// How many sessions it has served (one per successful connection).
     pub fn connections(&self) -> u64 {
         self.sessions.load(Ordering::SeqCst)
     }
 
+    /// Flips a fault switch and wakes the session.
     pub fn set_stalled(&self, yes: bool) {
         self.faults.stalled.store(yes, Ordering::SeqCst);
         self.faults.resumed.notify_waiters();

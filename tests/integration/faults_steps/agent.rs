@@ -24,20 +24,6 @@ async fn leaked(env: &TestEnv, node: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Scenarios whose undo could not rewrite the files of the member on the
-/// dead node (its `write files` failed; the description says so): after
-/// the operator's start the cluster reads `Active` while that member's
-/// files still carry the change undone (the forgotten member, the old
-/// config value), since a start rewrites no file. A defect, reported in
-/// RELIABILITY.md; the files of these are not checked. Confirmed again
-/// (issue 23) with the skip lifted: `ScaleOut configure`: a-2's
-/// `conf/members` reads "1 2 3 tick=1", the cluster's "1 2 tick=1". Not
-/// leftover files (the leaked-instance sweep already removes the undone
-/// member's directory, checked above) but stale rendered content; the fix
-/// belongs in the start step, see RELIABILITY.md. Remove this list with it.
-const STALE_FILES: [(Kind, &str); 3] =
-    [(Kind::ScaleOut, "configure"), (Kind::ScaleOut, "scale-out-hook"), (Kind::Config, "reconfigure")];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_killed_inside_each_step_of_each_operation() {
     let env = TestEnv::start_with("faults-steps-agent", &[("FLOTILLA_MASTER_LEAKED_GRACE", "1s")]).await;
@@ -97,16 +83,14 @@ async fn the_agent_killed_inside_each_step_of_each_operation() {
                 let s = settled(&b.env, &name, 20).await;
                 assert_eq!(s.status, "Active", "{at}: after a start: {s:#?}");
                 assert!(s.instances.values().all(|i| i.status == "Running"), "{at}: after a start: {s:#?}");
-                // Every member's files render the cluster as it is, except
-                // where an undo could not rewrite them (a known defect, see
-                // STALE_FILES).
-                if !STALE_FILES.contains(&(kind, step)) {
-                    let ordinals: Vec<&str> = s.instances.keys().filter_map(|t| t.strip_prefix("a-")).collect();
-                    let want = format!("{} tick=1", ordinals.join(" "));
-                    for i in crate::common::all_instances(&b.env.cluster(&name).await) {
-                        let conf = crate::common::scripts::rendered(&i, "conf/members");
-                        assert_eq!(conf.lines().next(), Some(want.as_str()), "{at}: {}", i["id"]);
-                    }
+                // Every member's files render the cluster as it is, also
+                // where an undo could not rewrite them (its agent was dead):
+                // the start puts them in line first (`refresh-files`).
+                let ordinals: Vec<&str> = s.instances.keys().filter_map(|t| t.strip_prefix("a-")).collect();
+                let want = format!("{} tick=1", ordinals.join(" "));
+                for i in crate::common::all_instances(&b.env.cluster(&name).await) {
+                    let conf = crate::common::scripts::rendered(&i, "conf/members");
+                    assert_eq!(conf.lines().next(), Some(want.as_str()), "{at}: {}", i["id"]);
                 }
             }
             b.clean(&name, &all).await;

@@ -88,7 +88,7 @@ impl Kind {
     pub fn steps(self) -> &'static [&'static str] {
         match self {
             Kind::Create => &["allocate", "install", "configure", "init", "start-order-0", "start-order-1"],
-            Kind::Start => &["start-order-0", "start-order-1"],
+            Kind::Start => &["refresh-files", "start-order-0", "start-order-1"],
             Kind::Stop => &["stop-order-1", "stop-order-0"],
             Kind::Restart => &["stop-order-1", "stop-order-0", "start-order-0", "start-order-1"],
             Kind::ScaleOut => &["allocate", "install", "init", "start-order-0", "configure", "scale-out-hook"],

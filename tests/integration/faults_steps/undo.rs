@@ -80,7 +80,9 @@ async fn an_upgrade_whose_undo_fails_says_what_was_not_put_back() {
     }
     // a-1 holds the old version (its undo installed it, then its start
     // failed): only started; a-2 is installed again first.
-    let results = start["steps"][0]["results"].as_array().expect("results").clone();
+    let steps = start["steps"].as_array().expect("steps");
+    let step = steps.iter().find(|s| s["name"] == "start-order-0").unwrap_or_else(|| panic!("{start:#}"));
+    let results = step["results"].as_array().expect("results").clone();
     let message = |id: &str| {
         let r = results.iter().find(|r| r["instance"] == id).unwrap_or_else(|| panic!("no result for {id}: {start:#}"));
         r["message"].as_str().unwrap_or_default().to_string()
