@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ids::{InstanceId, NodeId};
 use crate::protocol::messages::{
-    AgentRequest, AgentResponse, CommandFailure, INSTALL_CHUNK_BYTES, InstallBegin, MasterFrame,
+    AgentRequest, AgentResponse, CommandFailure, INSTALL_CHUNK_BYTES, INSTALL_WINDOW_CHUNKS, InstallBegin, MasterFrame,
 };
 
 /// Why a command to an agent did not get a good answer.
@@ -385,24 +385,39 @@ impl NodeLink {
         let mut file = tokio::fs::File::open(blob).await.map_err(pkg_err)?;
         let mut left = file.metadata().await.map_err(pkg_err)?.len();
         let mut seq = 0u32;
+        // Bytes sent, and bytes the agent says it took in: at most
+        // `INSTALL_WINDOW_CHUNKS` chunks apart.
+        let (mut sent, mut taken) = (0u64, 0u64);
+        let window = INSTALL_WINDOW_CHUNKS * INSTALL_CHUNK_BYTES as u64;
         while left > 0 {
-            // The agent answers mid-stream only to fail the install (a
-            // broken package, a full disk): stop there, instead of sending
-            // every remaining chunk for it to refuse.
-            match rx.try_recv() {
-                Ok(AgentResponse::Failed(f)) => return Err(NodeError::Failed(f)),
-                Ok(AgentResponse::InstallReceived { .. }) => {
+            // The agent answers mid-stream with its receipts, or to fail
+            // the install (a broken package, a full disk): stop there,
+            // instead of sending every remaining chunk for it to refuse.
+            let answer = if sent.saturating_sub(taken) >= window {
+                // The window is full: wait for the agent's next receipt
+                // (it may be slow to extract; each receipt is progress).
+                Some(self.reply_within(rx, "InstallReceived", self.reply_timeout).await?)
+            } else {
+                match rx.try_recv() {
+                    Ok(r) => Some(r),
+                    Err(mpsc::error::TryRecvError::Disconnected) => return Err(self.closed_error()),
+                    Err(mpsc::error::TryRecvError::Empty) => None,
+                }
+            };
+            match answer {
+                Some(AgentResponse::Failed(f)) => return Err(NodeError::Failed(f)),
+                Some(AgentResponse::InstallReceived { bytes }) => {
+                    taken = taken.max(bytes);
                     progress.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                Ok(other) => {
+                Some(other) => {
                     return Err(NodeError::Unexpected {
                         node: self.node.clone(),
                         detail: format!("{other:?} while the package was streaming"),
                     });
                 }
-                Err(mpsc::error::TryRecvError::Disconnected) => return Err(self.closed_error()),
-                Err(mpsc::error::TryRecvError::Empty) => {}
+                None => {}
             }
             // The budget first, then the buffer: memory is held only for
             // chunks that may be queued.
@@ -422,6 +437,7 @@ impl NodeLink {
             }
             buf.truncate(filled);
             left = left.saturating_sub(filled as u64);
+            sent += filled as u64;
             let body = AgentRequest::InstallData { instance: instance.clone(), seq, bytes: buf };
             self.send_with(MasterFrame::Request { request_id, body }, Some(permit)).await?;
             progress.fetch_add(1, Ordering::Relaxed);

@@ -3,9 +3,10 @@
 //!
 //! Requests run concurrently as tasks (the instance locks in `node.rs`
 //! serialize what must be serialized), at most `MAX_REQUESTS_IN_FLIGHT` at
-//! once. Install frames are the exception: `InstallData` chunks are pushed
-//! into the extractor in arrival order on the read loop itself, which also
-//! gives TCP backpressure when the disk is slower than the network.
+//! once. Install frames go to their install's own task
+//! ([`install_feed`](super::install_feed)), in arrival order: the read
+//! loop never waits for an extraction, and the master's window of
+//! `InstallReceived` receipts bounds what waits.
 //! Nothing on the read loop waits for an instance's lock (a start waiting
 //! for health or a hook holds it for long): a loop that stops reading gets
 //! its link closed by the master's write deadline.
@@ -18,7 +19,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,14 +27,14 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::codec::{Framed, FramedWrite};
 
+use super::install_feed::{InstallFeed, PendingInstall};
 use super::installer::{self, StreamingExtractor};
 use super::node::{Node, failure};
 use super::outbox::Outbox;
 use crate::protocol::codec::{AgentCodec, ProtocolError};
 use crate::protocol::handshake::{LinkStream, LinkWriter, agent_handshake};
 use crate::protocol::messages::{
-    AgentEvent, AgentFrame, AgentRequest, AgentResponse, FailureKind, Hello, InstallBegin, MasterFrame,
-    PROTOCOL_VERSION, idle_limit,
+    AgentEvent, AgentFrame, AgentRequest, AgentResponse, FailureKind, Hello, MasterFrame, PROTOCOL_VERSION, idle_limit,
 };
 
 /// Who this agent is, for the handshake.
@@ -47,16 +47,6 @@ pub struct Identity {
     pub cgroups: bool,
     /// Whether this agent can enforce `ProcessSpec::limits`.
     pub resource_limits: bool,
-}
-
-struct PendingInstall {
-    begin: InstallBegin,
-    run_as: super::node::InstallUser,
-    staging: PathBuf,
-    tee: PathBuf,
-    extractor: StreamingExtractor,
-    /// Package bytes taken in so far (told to the master after each chunk).
-    received: u64,
 }
 
 /// Dials the master until `shutdown` fires; serves each connection until
@@ -229,7 +219,7 @@ async fn session(
     let mut write_task = tokio::spawn(write_frames(writer, rx, node.outbox.clone(), connection, beat));
 
     let slots = node.requests.clone();
-    let mut installs: HashMap<u64, PendingInstall> = HashMap::new();
+    let mut installs: HashMap<u64, InstallFeed> = HashMap::new();
     let idle = idle_limit(beat);
     let result = loop {
         let frame = tokio::select! {
@@ -266,8 +256,8 @@ async fn session(
         }
     };
     write_task.abort();
-    for (_, p) in installs.drain() {
-        p.extractor.abort().await;
+    for (_, feed) in installs.drain() {
+        feed.abort().await;
     }
     result
 }
@@ -353,7 +343,7 @@ async fn handle(
     node: &Arc<Node>,
     tx: &mpsc::Sender<AgentFrame>,
     slots: &Arc<tokio::sync::Semaphore>,
-    installs: &mut HashMap<u64, PendingInstall>,
+    installs: &mut HashMap<u64, InstallFeed>,
     request_id: u64,
     body: AgentRequest,
 ) {
@@ -400,8 +390,12 @@ async fn handle(
                 Some(tee.clone()),
             ) {
                 Ok(extractor) => {
-                    installs.insert(request_id, PendingInstall { begin, run_as, staging, tee, extractor, received: 0 });
+                    // Ready is queued before the feed's task exists: it
+                    // precedes every answer the task gives.
                     reply(tx, request_id, AgentResponse::InstallReady { need_bytes: true }).await;
+                    let pending = PendingInstall { begin, run_as, staging, tee, extractor };
+                    let feed = InstallFeed::start(node.clone(), tx.clone(), slots.clone(), request_id, pending);
+                    installs.insert(request_id, feed);
                 }
                 Err(e) => {
                     let m = crate::error::ErrorChain(&e).to_string();
@@ -410,54 +404,22 @@ async fn handle(
             }
         }
         AgentRequest::InstallData { bytes, .. } => {
-            let Some(p) = installs.get_mut(&request_id) else {
+            let Some(feed) = installs.get(&request_id) else {
                 return reply(tx, request_id, failure(FailureKind::BadRequest, "InstallData without InstallBegin"))
                     .await;
             };
-            let len = bytes.len() as u64;
-            match p.extractor.push(bytes).await {
-                Ok(()) => {
-                    p.received += len;
-                    let received = AgentResponse::InstallReceived { bytes: p.received };
-                    reply(tx, request_id, received).await;
+            if let Err(m) = feed.chunk(bytes) {
+                if let Some(feed) = installs.remove(&request_id) {
+                    feed.abort().await;
                 }
-                Err(e) => {
-                    if let Some(p) = installs.remove(&request_id) {
-                        p.extractor.abort().await;
-                    }
-                    let m = crate::error::ErrorChain(&e).to_string();
-                    reply(tx, request_id, failure(FailureKind::Install, m)).await;
-                }
+                reply(tx, request_id, failure(FailureKind::BadRequest, m)).await;
             }
         }
         AgentRequest::InstallEnd { .. } => {
-            let Some(p) = installs.remove(&request_id) else {
-                // Already failed (and answered) during InstallData.
-                return;
-            };
-            let Ok(slot) = slots.clone().acquire_owned().await else { return };
-            let node = node.clone();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let _slot = slot;
-                let sha = p.begin.package_sha256.clone();
-                let resp = match p.extractor.finish(&sha, p.begin.package_size).await {
-                    Ok(_) => {
-                        // Keep the package so later instances skip the transfer.
-                        if let Err(e) =
-                            tokio::fs::rename(&p.tee, node.package_cache.join(format!("{sha}.tar.gz"))).await
-                        {
-                            tracing::warn!(error = %e, "cannot cache package");
-                        }
-                        node.complete_install(p.begin, p.staging, p.run_as).await
-                    }
-                    Err(e) => failure(
-                        FailureKind::Install,
-                        format!("install of {}: {}", p.begin.instance, crate::error::ErrorChain(&e)),
-                    ),
-                };
-                reply(&tx, request_id, resp).await;
-            });
+            // None: it failed already (and was answered), or never began.
+            if let Some(feed) = installs.remove(&request_id) {
+                feed.end();
+            }
         }
         other => {
             let Ok(slot) = slots.clone().acquire_owned().await else { return };

@@ -20,6 +20,7 @@ pub mod enroll;
 pub mod files;
 pub mod health;
 pub mod hooks;
+mod install_feed;
 pub mod installer;
 pub mod node;
 pub mod outbox;

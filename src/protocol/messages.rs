@@ -42,6 +42,12 @@ pub const MAX_UNRECORDED: usize = 10_000;
 /// Size of one `InstallData` chunk sent by the master.
 pub const INSTALL_CHUNK_BYTES: usize = 1024 * 1024;
 
+/// Chunks of one install the master sends ahead of the agent's
+/// `InstallReceived`: the agent holds at most this many waiting for its
+/// extractor (it refuses an install sent further ahead), so its link's
+/// reader never waits for a slow extraction and memory stays bounded.
+pub const INSTALL_WINDOW_CHUNKS: u64 = 8;
+
 /// Largest frame either side accepts: one chunk plus generous room for headers
 /// (rendered files travel in `InstallBegin`/`WriteFiles`).
 pub const MAX_FRAME_BYTES: usize = 8 * 1024 * 1024;

@@ -273,7 +273,8 @@ const CHUNK: usize = 256;
 /// every chunk of `bytes`, `InstallEnd`; returns the final answer. Each
 /// chunk must be answered `InstallReceived` with the bytes taken in so far,
 /// in order and before the final answer: the master's install deadline
-/// counts from the last of them.
+/// counts from the last of them. Like the master, at most
+/// `INSTALL_WINDOW_CHUNKS` chunks go ahead of the receipts.
 async fn install_with_bytes(m: &mut FakeMaster, b: InstallBegin, bytes: &[u8]) -> AgentResponse {
     let instance = b.instance.clone();
     let rid = m.request(AgentRequest::InstallBegin(Box::new(b))).await;
@@ -283,14 +284,26 @@ async fn install_with_bytes(m: &mut FakeMaster, b: InstallBegin, bytes: &[u8]) -
             "InstallBegin of new package for {instance}: expected InstallReady {{ need_bytes: true }}, got {ready:?}"
         ));
     }
+    let mut received = Vec::new();
+    let mut early = None;
     for (seq, chunk) in bytes.chunks(CHUNK).enumerate() {
+        if early.is_none() && seq as u64 >= received.len() as u64 + flotilla::protocol::messages::INSTALL_WINDOW_CHUNKS
+        {
+            match m.reply(rid).await {
+                AgentResponse::InstallReceived { bytes } => received.push(bytes),
+                other => early = Some(other),
+            }
+        }
         let data = AgentRequest::InstallData { instance: instance.clone(), seq: seq as u32, bytes: chunk.to_vec() };
         m.send(rid, data).await;
     }
     m.send(rid, AgentRequest::InstallEnd { instance }).await;
-    let mut received = Vec::new();
     loop {
-        match m.reply(rid).await {
+        let next = match early.take() {
+            Some(e) => e,
+            None => m.reply(rid).await,
+        };
+        match next {
             AgentResponse::InstallReceived { bytes } => received.push(bytes),
             last => {
                 let want: Vec<u64> =
