@@ -58,8 +58,13 @@ impl<A: Actor<Context = Context<A>>> Future for Guarded<A> {
             Err(payload) => {
                 // The actor and what it spawned go; a panic in their drop
                 // (state the first one left half-changed) is caught too.
+                // Its `stopped` runs inside this drop: it can tell
+                // ([`dropped_after_panic`]) and leave to `on_panic` what a
+                // deliberate stop would undo (its listing, say).
                 let fut = this.fut.take();
+                AFTER_PANIC.with(|p| p.set(true));
                 let _ = catch_unwind(AssertUnwindSafe(move || drop(fut)));
+                AFTER_PANIC.with(|p| p.set(false));
                 if let Some(report) = this.on_panic.take() {
                     report(panic_message(payload.as_ref()));
                 }
@@ -67,6 +72,16 @@ impl<A: Actor<Context = Context<A>>> Future for Guarded<A> {
             }
         }
     }
+}
+
+thread_local! {
+    static AFTER_PANIC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the actor being stopped on this thread is being dropped after
+/// a panic (its supervisor will act on it), not stopped deliberately.
+pub fn dropped_after_panic() -> bool {
+    AFTER_PANIC.with(|p| p.get())
 }
 
 /// The message of a panic payload (`panic!` with a string, or formatted).

@@ -355,6 +355,11 @@ impl Actor for ClusterActor {
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        if super::supervised::dropped_after_panic() {
+            // Its supervisor acts on it (`on_panic`): it stays listed,
+            // restarting, with no moment unlisted in between.
+            return;
+        }
         self.shared.read_model.unregister_actor(&self.stats);
         if self.creating {
             // Never shown: a create that did not become durable.
