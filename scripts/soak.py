@@ -109,7 +109,7 @@ def main():
         t = threading.Thread(target=killer, args=(api, args.kill_every, stop, kills, rng), daemon=True)
         t.start()
         deadline = time.time() + args.minutes * 60
-        rounds, exits = 0, Counter()
+        rounds, exits, failed_rounds = 0, Counter(), []
         while time.time() < deadline:
             rounds += 1
             r = subprocess.run(
@@ -119,7 +119,24 @@ def main():
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             exits[r.returncode] += 1
             if r.returncode != 0:
+                failed_rounds.append(r.stderr.strip()[-400:])
                 print(f"soak: round {rounds} exited {r.returncode}: {r.stderr.strip()[-400:]}", file=sys.stderr)
+            # A round whose operations failed (a link killed under a step)
+            # leaves its clusters: deleted here (force), so the next round
+            # starts clean; a delete that does not finish is a failure.
+            left = [c["name"] for c in api.json("/api/v1/clusters?limit=1000")["clusters"]]
+            for name in left:
+                api.call("DELETE", f"/api/v1/clusters/{name}?force=true")
+            gone_by = time.time() + 180
+            while left and time.time() < gone_by:
+                time.sleep(1)
+                left = [c["name"] for c in api.json("/api/v1/clusters?limit=1000")["clusters"]]
+                for c in api.json("/api/v1/clusters?limit=1000")["clusters"]:
+                    if not c.get("operation"):
+                        api.call("DELETE", f"/api/v1/clusters/{c['name']}?force=true")
+            if left:
+                failures.append(f"round {rounds}: clusters {left} not deleted within 180 s")
+                break
         stop.set()
         t.join()
         # Quiet now: every operation must end and the live tasks go back.
@@ -139,6 +156,8 @@ def main():
             time.sleep(1)
         statuses = Counter(o["status"] for o in ops)
         print(f"soak: {args.minutes} min, {rounds} bench rounds (exit codes {dict(exits)})")
+        for f in failed_rounds:
+            print(f"soak: a failed round said: {f}")
         print(f"soak: kills {sorted((f'{k[0]} {k[1]}' if isinstance(k, tuple) else k, n) for k, n in kills.items())}")
         print(f"soak: operations kept {dict(statuses)}; live tasks at the end {live} (idle {idle})")
         if master.poll() is not None:

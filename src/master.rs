@@ -151,6 +151,15 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     // itself is 0700 whatever made it before.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     crate::private_file::private_dir(&cfg.data_dir).map_err(io_err(&cfg.data_dir))?;
+    // Installed before anything records: a gauge moved before it (a
+    // supervised task counted live as it starts) would be lost for good.
+    let metrics = match crate::http::metrics::install() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics are not recorded");
+            None
+        }
+    };
     let store = MasterStore::open_opts(&cfg.data_dir.join("db"), cfg.writer_queue, cfg.events_retained as u64)
         .map_err(MasterError::Storage)?;
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
@@ -397,13 +406,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         log_readers: Default::default(),
         test_hooks: cfg.test_hooks,
         request_body_timeout: cfg.request_body_timeout,
-        metrics: match crate::http::metrics::install() {
-            Ok(h) => Some(h),
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics are not recorded");
-                None
-            }
-        },
+        metrics,
     };
     let max_json = cfg.max_json_bytes;
     let server = HttpServer::new(move || {
