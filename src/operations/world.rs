@@ -91,7 +91,7 @@ impl World {
     fn apply(&self, action: &Action, ids: &[InstanceId]) -> Result<(), String> {
         let mut s = self.state.borrow_mut();
         let should_run = |id: &InstanceId| match action {
-            Action::Reconfigure(r) | Action::RefreshFiles(r) | Action::Roll(r) => r.running.contains(id),
+            Action::Reconfigure(r) | Action::Roll(r) => r.running.contains(id),
             _ => false,
         };
         for id in ids {
@@ -115,18 +115,27 @@ impl World {
                     s.agents.remove(id);
                     continue;
                 }
+                // A member its node does not hold is left to the start after.
+                Action::RefreshFiles(_) => {
+                    if let Some(a) = s.agents.get_mut(id) {
+                        a.files = render;
+                    }
+                    continue;
+                }
                 _ => {}
             }
             let a = s.agents.get_mut(id).ok_or(format!("{id} not installed"))?;
             match action {
                 Action::WriteFiles(_) => a.files = render,
-                Action::Start(_) if !a.running => {
+                // A running member whose files changed under it is
+                // restarted (or reloaded) by its start.
+                Action::Start(_) => {
                     a.running = true;
                     a.loaded = a.files.clone();
                 }
-                Action::Start(_) | Action::Hook { .. } => {}
+                Action::Hook { .. } => {}
                 Action::Stop(_) => a.running = false,
-                Action::Reconfigure(_) | Action::RefreshFiles(_) => {
+                Action::Reconfigure(_) => {
                     a.files = render;
                     if should_run(id) && (!a.running || a.loaded != a.files) {
                         a.running = true;
@@ -158,11 +167,11 @@ impl World {
     /// Half of `action` on `id`: a rolling action stopped it and went no further.
     fn half(&self, action: &Action, id: &InstanceId) -> Result<(), String> {
         match action {
-            Action::Reconfigure(_) | Action::RefreshFiles(_) | Action::Roll(_) => {
+            Action::Reconfigure(_) | Action::Roll(_) => {
                 let render = self.state.borrow().render();
                 let mut s = self.state.borrow_mut();
                 let a = s.agents.get_mut(id).ok_or(format!("{id} not installed"))?;
-                if matches!(action, Action::Reconfigure(_) | Action::RefreshFiles(_)) {
+                if matches!(action, Action::Reconfigure(_)) {
                     a.files = render;
                 }
                 a.running = false;

@@ -4,10 +4,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::common::scripts::{RECORD_AND_SLEEP, member_lines, rendered, started_at};
-use crate::common::{PackageBuilder, TestEnv, dynamic_uid, instance_pids, pid_of, proc_uid, role_instances};
+use crate::common::{PackageBuilder, TestEnv, dir_of, dynamic_uid, instance_pids, pid_of, proc_uid, role_instances};
 
 const SPEC: &str = r#"
 [component]
@@ -122,4 +122,63 @@ async fn lower_order_runs_first_and_files_list_every_member() {
         let unique: BTreeSet<_> = ports.iter().collect();
         assert_eq!(unique.len(), ports.len(), "ports repeat on {node}: {ports:?}");
     }
+}
+
+/// A start puts every member's files in line first, but restarts a member
+/// whose files were stale only in its role's turn: a front (order 1) still
+/// running with a stale file is restarted after the stores (order 0) it
+/// depends on have started, not before.
+#[tokio::test]
+async fn a_start_restarts_a_stale_member_in_its_role_order() {
+    let mut env = TestEnv::start("order-stale").await;
+    let pkg = PackageBuilder::new("kv", "1.0.0")
+        .spec(SPEC)
+        .script("bin/store.sh", RECORD_AND_SLEEP)
+        .script("bin/front.sh", RECORD_AND_SLEEP);
+    env.upload(&pkg).await;
+    let cluster = env
+        .create_active(json!({
+            "name": "ords",
+            "package": {"name": "kv", "version": "1.0.0"},
+            "roles": {"store": {"count": 1}, "front": {"count": 1}},
+        }))
+        .await;
+    let store = role_instances(&cluster, "store").remove(0);
+    let front = role_instances(&cluster, "front").remove(0);
+    let store_id = store["id"].as_str().unwrap();
+    env.run_ok(&format!("/clusters/ords/instances/{store_id}/stop"), None).await;
+    // The front keeps running with a file that no longer matches what the
+    // master renders (as an undo that could not reach its node leaves it);
+    // a restarted master knows nothing of what its nodes hold, so the
+    // start's refresh sends every file.
+    let front_pid = pid_of(&front);
+    let members = dir_of(&front).join("conf/members.txt");
+    std::fs::write(&members, "stale\n").unwrap();
+    env.restart_master().await;
+
+    let op = env.run_ok("/clusters/ords/start", None).await;
+    let after = env.cluster("ords").await;
+    let (store, front) = (role_instances(&after, "store").remove(0), role_instances(&after, "front").remove(0));
+    assert_eq!(
+        rendered(&front, "conf/members.txt"),
+        member_lines(std::slice::from_ref(&store), "main"),
+        "front file: {op:#}"
+    );
+    assert_ne!(pid_of(&front), front_pid, "the stale front was not restarted: {op:#}");
+    let store_started = *started_at(&store).last().expect("store start time");
+    let front_restarted = *started_at(&front).last().expect("front start time");
+    assert_eq!(started_at(&front).len(), 2, "front started once by the create, once by the start");
+    assert!(
+        store_started < front_restarted,
+        "the front was restarted ({front_restarted}) before the store it depends on started ({store_started}): {op:#}"
+    );
+    // Which step did what, as the operator reads it.
+    let result = |step: &str| -> Value {
+        let s = op["steps"].as_array().unwrap().iter().find(|s| s["name"] == step).unwrap_or_else(|| panic!("{op:#}"));
+        s["results"].as_array().unwrap().iter().find(|r| r["instance"] == front["id"]).cloned().unwrap_or_default()
+    };
+    let refreshed = result("refresh-files");
+    assert!(refreshed["message"].as_str().is_some_and(|m| m.contains("changed: conf/members.txt")), "{op:#}");
+    let started = result("start-order-1");
+    assert!(started["message"].as_str().is_some_and(|m| m.contains("restarted with its new files")), "{op:#}");
 }

@@ -350,8 +350,8 @@ impl ClusterOps {
             Action::Stop(ids) => self.stop_each(ids).await,
             Action::DeleteOnAgent(ids) => self.delete_on_agents(ids).await,
             Action::Hook { hook, ids } => self.hook(*hook, ids).await,
-            Action::Reconfigure(r) => self.reconfigure(r, false).await,
-            Action::RefreshFiles(r) => self.reconfigure(r, true).await,
+            Action::Reconfigure(r) => self.reconfigure(r).await,
+            Action::RefreshFiles(r) => self.refresh_files(r).await,
             Action::Roll(r) => self.roll(r).await,
             Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => self.define(action).await,
         }

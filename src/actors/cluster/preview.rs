@@ -158,7 +158,10 @@ impl ClusterActor {
         let mut out = BTreeMap::new();
         for step in &prepared.plan.steps {
             let per_member: BTreeMap<String, String> = match &step.action {
-                Action::Reconfigure(r) | Action::RefreshFiles(r) => r
+                Action::RefreshFiles(r) => {
+                    r.ids.iter().filter_map(|id| by_id.get(id)).map(|m| (m.id.to_string(), refresh(m))).collect()
+                }
+                Action::Reconfigure(r) => r
                     .ids
                     .iter()
                     .filter_map(|id| by_id.get(id))
@@ -240,6 +243,19 @@ fn change(
             _ => format!("restart ({why})"),
         }
     })
+}
+
+/// What member `m` would do in a start's refresh: its files are written
+/// again (the master cannot know whether its node's copy is stale); what
+/// that or an earlier change owes is applied at its start step.
+fn refresh(m: &InstanceRecord) -> String {
+    let owed = match m.pending_restart {
+        PendingRestart::No => "a reload or restart if its node's copy was stale".to_string(),
+        PendingRestart::Reload => "the reload it owes".into(),
+        PendingRestart::Signal(s) => format!("the signal {s} it owes"),
+        PendingRestart::Restart => "the restart it owes".into(),
+    };
+    format!("files written again; its start applies {owed}")
 }
 
 /// What member `m` would do in a roll (upgrade, resize), as `steps.rs`

@@ -211,13 +211,32 @@ impl ClusterOps {
                 }
             }
         }
-        // One result per instance: a reinstall shows in its start's.
+        // A member that ran already and owes a reload or a restart (its
+        // files changed: the refresh before this start, or an earlier
+        // change) gets it now, in its role's start order, a batch at a time.
+        let started_ok = |id: &InstanceId| outcomes.iter().any(|o| o.result.instance == *id && o.result.ok);
+        let owing: Vec<InstanceId> = ids
+            .iter()
+            .filter(|id| {
+                started_ok(id)
+                    && self
+                        .record_of(id)
+                        .is_ok_and(|i| i.status == InstanceStatus::Running && i.pending_restart != PendingRestart::No)
+            })
+            .cloned()
+            .collect();
+        let applied = self.apply_owed(&current.spec, owing, 0).await;
+        // One result per instance: a reinstall or an owed restart shows in
+        // its start's.
         let results = outcomes
             .into_iter()
             .map(|o| {
                 let mut r = o.result;
                 if let Some(i) = reinstalled.iter().find(|i| i.instance == r.instance) {
                     r.message = format!("{}; then {}", i.message, r.message);
+                }
+                if let Some(a) = applied.iter().find(|a| a.instance == r.instance) {
+                    r = InstanceResult { message: format!("{}; then {}", r.message, a.message), ..a.clone() };
                 }
                 r
             })
@@ -318,37 +337,59 @@ impl ClusterOps {
     /// now or in an attempt a master restart interrupted: `pending_restart`
     /// is durable) or is found stopped (a restart interrupted half-way)
     /// is signalled, reloaded or restarted as its files' change modes say,
-    /// a batch at a time. The rest are not touched. With `not_held_ok` (a
-    /// start's `RefreshFiles`), an instance its node does not hold is no
-    /// failure: the start after it installs it again, files and all.
-    pub(super) async fn reconfigure(&self, r: &Rolling, not_held_ok: bool) -> Result<Vec<InstanceResult>, StepFailure> {
+    /// a batch at a time. The rest are not touched.
+    pub(super) async fn reconfigure(&self, r: &Rolling) -> Result<Vec<InstanceResult>, StepFailure> {
+        let results = self.write_every(&r.ids, false).await?;
+        let owes = |i: &InstanceRecord| i.pending_restart != PendingRestart::No || i.status != InstanceStatus::Running;
+        let todo: Vec<InstanceId> =
+            r.running.iter().filter(|id| self.record_of(id).is_ok_and(|i| owes(&i))).cloned().collect();
+        let spec = self.current().map_err(fail)?.spec;
+        let mut all = results;
+        all.extend(self.apply_owed(&spec, todo, r.batch).await);
+        checked(all)
+    }
+
+    /// The operator's start, before its starts: every member's files written
+    /// again, and nothing else. What a member owes for them (recorded by
+    /// the write) is applied by its start step, in role order; a member
+    /// its node does not hold is no failure: its start installs it again,
+    /// files and all.
+    pub(super) async fn refresh_files(&self, r: &Rolling) -> Result<Vec<InstanceResult>, StepFailure> {
+        self.write_every(&r.ids, true).await
+    }
+
+    /// Writes the re-rendered files of `ids`; with `not_held_ok`, one its
+    /// node does not hold is a success.
+    async fn write_every(&self, ids: &[InstanceId], not_held_ok: bool) -> Result<Vec<InstanceResult>, StepFailure> {
         let pass = self.pass().map_err(fail)?;
         let written = {
             let base = RenderBase::new(&pass.current.spec, &pass.cluster, &pass.members, &self.shared.read_model);
-            self.on_each(&r.ids, |id| self.files_cmd(&base, &pass, id)).await
+            self.on_each(ids, |id| self.files_cmd(&base, &pass, id)).await
         };
-        let mut not_held = Vec::new();
         let written = written
             .into_iter()
             .map(|o| {
                 if not_held_ok && o.not_held {
-                    not_held.push(o.result.instance.clone());
-                    InstanceResult::ok(&o.result.instance, "not held by its node: the start installs it again")
+                    InstanceResult::ok(&o.result.instance, "not held by its node: its start installs it again")
                 } else {
                     o.result
                 }
             })
             .collect();
-        let results = checked(written)?;
-        let owes = |i: &InstanceRecord| i.pending_restart != PendingRestart::No || i.status != InstanceStatus::Running;
-        let todo: Vec<InstanceId> = r
-            .running
-            .iter()
-            .filter(|id| !not_held.contains(id) && self.record_of(id).is_ok_and(|i| owes(&i)))
-            .cloned()
-            .collect();
+        checked(written)
+    }
+
+    /// Applies what each of `todo` owes ([`apply_change`](Self::apply_change)),
+    /// a batch at a time (see [`batches`](Self::batches)), stopping after a
+    /// batch with a failure.
+    async fn apply_owed(
+        &self,
+        spec: &crate::spec::ComponentSpec,
+        todo: Vec<InstanceId>,
+        batch: usize,
+    ) -> Vec<InstanceResult> {
         let mut applied = Vec::new();
-        for chunk in self.batches(&pass.current.spec, todo, r.batch) {
+        for chunk in self.batches(spec, todo, batch) {
             let gate = &self.env.priority;
             let outcomes = join_all(chunk.iter().map(|id| gate.gated(self.apply_change(id)))).await;
             applied.extend(outcomes);
@@ -356,9 +397,7 @@ impl ClusterOps {
                 break;
             }
         }
-        let mut all = results;
-        all.extend(applied);
-        checked(all)
+        applied
     }
 
     /// What the instance owes for its new files: a signal or a reload (with
