@@ -13,9 +13,13 @@
 //! - a reply waits at most `reply_timeout` (plus the work the request may
 //!   legitimately take on the agent: a start's health wait, a hook's
 //!   timeout);
-//! - an install has no fixed deadline: each chunk must leave within the
-//!   send deadline, so it lasts as long as bytes keep moving (and reports
-//!   each chunk as progress to the step's watchdog).
+//! - an install has no fixed deadline: it lasts as long as the agent keeps
+//!   taking bytes in. At most [`INSTALL_WINDOW_CHUNKS`] chunks go ahead of
+//!   the agent's `InstallReceived` receipts, each awaited at most
+//!   `reply_timeout`, and the result is awaited `reply_timeout` from the
+//!   last receipt. Each chunk sent and each receipt is progress for the
+//!   step's watchdog. An install given up before its end (a failure, a
+//!   deadline, a dropped step) is aborted on the agent (`InstallAbort`).
 //!
 //! Package chunks (1 MiB each) hold a permit of a budget shared by every
 //! link until the socket took them, so a thousand agents installing at once
@@ -160,6 +164,34 @@ struct PendingGuard<'a>(&'a Pending, u64);
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
         lock(self.0).remove(&self.1);
+    }
+}
+
+/// An install whose bytes are streaming: unless its `InstallEnd` went out,
+/// dropping it (a failure, a deadline, a cancelled step) tells the agent
+/// to drop the install (`InstallAbort`), so it does not hold the extraction
+/// and a request slot until the link ends. Sent by a task of its own
+/// behind the chunks already queued, within the link's send deadline; if
+/// even that fails, the link is closed and the agent drops every install
+/// with it.
+struct StreamGuard {
+    link: NodeLink,
+    request_id: u64,
+    instance: InstanceId,
+    ended: bool,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if self.ended || self.link.is_closed() {
+            return;
+        }
+        let body = AgentRequest::InstallAbort { instance: self.instance.clone() };
+        let frame = MasterFrame::Request { request_id: self.request_id, body };
+        let link = self.link.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { link.send(frame).await });
+        }
     }
 }
 
@@ -349,7 +381,10 @@ impl NodeLink {
         match self.reply_within(&mut rx, "InstallBegin", self.reply_timeout).await? {
             AgentResponse::InstallReady { need_bytes: false } => {}
             AgentResponse::InstallReady { need_bytes: true } => {
+                let mut guard =
+                    StreamGuard { link: self.clone(), request_id, instance: instance.clone(), ended: false };
                 self.stream_package(request_id, &instance, &blob, progress, &mut rx).await?;
+                guard.ended = true;
             }
             other => {
                 return Err(NodeError::Unexpected {

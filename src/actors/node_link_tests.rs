@@ -97,4 +97,21 @@ async fn an_install_the_agent_failed_mid_stream_sends_no_more_chunks() {
     }
     // The failed chunk, and at most the one already queued behind it.
     assert!(data <= 2, "{data} of {CHUNKS} chunks sent after the agent failed the install");
+    // Then the abort, so the agent lets go of the install at once.
+    let next = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match frames.recv().await.map(|(f, _)| f) {
+                Some(MasterFrame::Request { body: AgentRequest::InstallData { .. }, .. }) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("a frame after the failure");
+    match next {
+        Some(MasterFrame::Request { body: AgentRequest::InstallAbort { instance }, .. }) => {
+            assert_eq!(instance.as_str(), "i1")
+        }
+        other => panic!("expected InstallAbort after the failed install, got {other:?}"),
+    }
 }

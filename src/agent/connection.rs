@@ -256,9 +256,7 @@ async fn session(
         }
     };
     write_task.abort();
-    for (_, feed) in installs.drain() {
-        feed.abort().await;
-    }
+    futures::future::join_all(installs.drain().map(|(_, feed)| feed.abort())).await;
     result
 }
 
@@ -384,6 +382,9 @@ async fn handle(
                 return;
             }
             let tee = node.package_cache.join(format!(".incoming-{tag}"));
+            // Held from here to the install's end: an inventory taken for
+            // the next connection waits for it like for any request.
+            let Ok(slot) = slots.clone().acquire_owned().await else { return };
             match StreamingExtractor::start(
                 staging.clone(),
                 crate::package::ExtractLimits::default(),
@@ -394,7 +395,7 @@ async fn handle(
                     // precedes every answer the task gives.
                     reply(tx, request_id, AgentResponse::InstallReady { need_bytes: true }).await;
                     let pending = PendingInstall { begin, run_as, staging, tee, extractor };
-                    let feed = InstallFeed::start(node.clone(), tx.clone(), slots.clone(), request_id, pending);
+                    let feed = InstallFeed::start(node.clone(), tx.clone(), slot, request_id, pending);
                     installs.insert(request_id, feed);
                 }
                 Err(e) => {
@@ -408,17 +409,28 @@ async fn handle(
                 return reply(tx, request_id, failure(FailureKind::BadRequest, "InstallData without InstallBegin"))
                     .await;
             };
-            if let Err(m) = feed.chunk(bytes) {
-                if let Some(feed) = installs.remove(&request_id) {
-                    feed.abort().await;
-                }
-                reply(tx, request_id, failure(FailureKind::BadRequest, m)).await;
+            if let Err(m) = feed.chunk(bytes)
+                && let Some(feed) = installs.remove(&request_id)
+            {
+                // Off the read loop: removing an extraction takes a while.
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    if feed.abort().await {
+                        reply(&tx, request_id, failure(FailureKind::BadRequest, m)).await;
+                    }
+                });
             }
         }
         AgentRequest::InstallEnd { .. } => {
             // None: it failed already (and was answered), or never began.
             if let Some(feed) = installs.remove(&request_id) {
                 feed.end();
+            }
+        }
+        AgentRequest::InstallAbort { .. } => {
+            // None: it ended or failed already; the master expects nothing.
+            if let Some(feed) = installs.remove(&request_id) {
+                tokio::spawn(feed.abort());
             }
         }
         other => {
@@ -467,6 +479,7 @@ fn request_kind(r: &AgentRequest) -> &'static str {
         AgentRequest::InstallBegin(_) => "install-begin",
         AgentRequest::InstallData { .. } => "install-data",
         AgentRequest::InstallEnd { .. } => "install-end",
+        AgentRequest::InstallAbort { .. } => "install-abort",
         AgentRequest::WriteFiles { .. } => "write-files",
         AgentRequest::Start { .. } => "start",
         AgentRequest::Stop { .. } => "stop",

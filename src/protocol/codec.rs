@@ -233,6 +233,7 @@ mod tests {
             AgentRequest::CheckHealth { instance: inst(), timeout_ms: 5000 },
             AgentRequest::Signal { instance: inst(), generation: 13, signal: 1 },
             AgentRequest::Ping,
+            AgentRequest::InstallAbort { instance: inst() },
         ]
     }
 

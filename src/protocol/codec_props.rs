@@ -66,6 +66,7 @@ fn request() -> impl Strategy<Value = AgentRequest> {
             signal
         }),
         Just(AgentRequest::Ping),
+        instance().prop_map(|instance| AgentRequest::InstallAbort { instance }),
     ]
 }
 

@@ -20,7 +20,11 @@
 //! share one `request_id`: `InstallBegin` (the agent answers `InstallReady`,
 //! saying whether it needs the bytes), then, if it does, `InstallData` chunks
 //! (each answered `InstallReceived` with the bytes taken in so far) and
-//! `InstallEnd`, after which the agent answers `InstallResult`.
+//! `InstallEnd`, after which the agent answers `InstallResult`. A master
+//! that gives up on an install before its `InstallEnd` (a deadline, a
+//! cancelled step) sends `InstallAbort`: the agent drops what it took in,
+//! and answers nothing. (Receipts and the window: protocol 9; the abort:
+//! protocol 10.)
 //!
 //! Every instance command carries the instance's desired-state `generation`;
 //! the agent refuses a command older than the newest one it has applied.
@@ -33,7 +37,7 @@ use crate::ids::{ClusterId, InstanceId, NodeId};
 
 /// Bumped on any incompatible change to these types. Both sides refuse a
 /// peer with another version, with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// At most this many ids in `Hello::unrecorded` (the rest are reported at
 /// a later connection, once the first ones are removed).
@@ -286,6 +290,13 @@ pub enum AgentRequest {
         max_bytes: u32,
     },
     Ping,
+    /// The master gave up on the install of this `request_id` before its
+    /// `InstallEnd`: the agent stops feeding it, removes what it extracted
+    /// and answers nothing. Ignored for an install that has ended or
+    /// failed already. (Last: since protocol 10.)
+    InstallAbort {
+        instance: InstanceId,
+    },
 }
 
 /// Which of an instance's logs.

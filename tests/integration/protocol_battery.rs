@@ -132,6 +132,30 @@ impl Subject {
         matches!(self, Subject::Sim { .. })
     }
 
+    /// What an install left behind in the real agent's data directory (a
+    /// staging directory, a partial download), if it is still there after
+    /// 5 s; `None` once it is gone (and always for the simulated agent).
+    async fn await_no_leftovers(&self) -> Option<Vec<std::path::PathBuf>> {
+        let Subject::Real { dir, .. } = self else { return None };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left: Vec<std::path::PathBuf> = walk(dir.path())
+                .into_iter()
+                .filter(|p| {
+                    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                    name.starts_with(".staging-") || name.starts_with(".incoming-")
+                })
+                .collect();
+            if left.is_empty() {
+                return None;
+            }
+            if Instant::now() > deadline {
+                return Some(left);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Kills `instance`'s process (`pid`, as `Started` said) behind the
     /// agent's back.
     fn crash(&self, instance: &InstanceId, pid: u32) {
@@ -426,6 +450,35 @@ async fn battery(kind: Kind) {
     let got = install_with_bytes(&mut m, begin(&b, 1, vec![], &pkg2.sha256, size2), &pkg2.bytes).await;
     assert_eq!(got, AgentResponse::InstallResult { files_written: 0 }, "install of {b} after the failed ones");
 
+    // 4b. An install the master aborts mid-stream is answered nothing more
+    // than the receipts of what was sent, leaves nothing behind (no
+    // staging directory, no partial download), and the instance installs
+    // afterwards.
+    let pkg3 = package("3.0.0");
+    let size3 = pkg3.bytes.len() as u64;
+    let ab = id("battery-abort");
+    let rid = m.request(AgentRequest::InstallBegin(Box::new(begin(&ab, 1, vec![], &pkg3.sha256, size3)))).await;
+    assert_eq!(m.reply(rid).await, AgentResponse::InstallReady { need_bytes: true }, "InstallBegin of {ab}");
+    let sent: Vec<&[u8]> = pkg3.bytes.chunks(CHUNK).take(2).collect();
+    assert_eq!(sent.len(), 2, "the package spans several chunks");
+    for (seq, chunk) in sent.iter().enumerate() {
+        m.send(rid, AgentRequest::InstallData { instance: ab.clone(), seq: seq as u32, bytes: chunk.to_vec() }).await;
+    }
+    m.send(rid, AgentRequest::InstallAbort { instance: ab.clone() }).await;
+    let ping = m.request(AgentRequest::Ping).await;
+    loop {
+        match m.next_response(Instant::now() + WAIT).await {
+            (r, AgentResponse::Pong) if r == ping => break,
+            (r, AgentResponse::InstallReceived { .. }) if r == rid => {}
+            (r, other) => m.fail(format!("after aborting the install of {ab} (request {rid}): {other:?} to {r}")),
+        }
+    }
+    if let Some(left) = subject.await_no_leftovers().await {
+        m.fail(format!("an aborted install left {left:?}"));
+    }
+    let got = install_with_bytes(&mut m, begin(&ab, 2, vec![], &pkg3.sha256, size3), &pkg3.bytes).await;
+    assert_eq!(got, AgentResponse::InstallResult { files_written: 0 }, "install of {ab} after its abort");
+
     // 5. Stale generations: after a command at 5, every command at 3 is refused.
     let got = m.call(AgentRequest::WriteFiles { instance: a.clone(), generation: 5, files: vec![], env: None }).await;
     assert_eq!(got, AgentResponse::FilesWritten { changed: vec![] }, "empty WriteFiles at generation 5");
@@ -561,7 +614,7 @@ async fn battery(kind: Kind) {
     let mut held: Vec<&str> = hello.inventory.iter().map(|r| r.instance.as_str()).collect();
     held.sort_unstable();
     let mut want: BTreeSet<String> = cached.iter().map(|c| c.to_string()).collect();
-    want.extend([a.to_string(), b.to_string()]);
+    want.extend([a.to_string(), b.to_string(), ab.to_string()]);
     assert_eq!(held, want.iter().map(String::as_str).collect::<Vec<_>>(), "inventory after the reconnect");
     let report = hello.inventory.iter().find(|r| r.instance == a).expect("a is in the inventory");
     assert!(
@@ -582,4 +635,18 @@ async fn battery(kind: Kind) {
 
     subject.stop().await;
     eprintln!("protocol battery against the {kind:?} agent passed in {:.1?}", began.elapsed());
+}
+
+/// Every path under `dir` (not following links).
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    for e in entries.flatten() {
+        let p = e.path();
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
 }

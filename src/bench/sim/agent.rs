@@ -465,6 +465,9 @@ impl SimAgent {
                 Self::reply(tx, request_id, AgentResponse::LogChunk { data: Vec::new(), next_offset: 0 }).await
             }
             AgentRequest::Ping => Self::reply(tx, request_id, AgentResponse::Pong).await,
+            AgentRequest::InstallAbort { .. } => {
+                incoming.remove(&request_id);
+            }
         }
     }
 
