@@ -48,6 +48,7 @@ pub mod cluster;
 pub mod gone_operations;
 pub mod instance;
 pub mod leaked;
+pub mod live_tasks;
 pub mod node_link;
 #[cfg(test)]
 mod node_link_tests;

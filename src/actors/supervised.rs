@@ -204,7 +204,7 @@ where
     shared.tasks.kills.lock().unwrap_or_else(|p| p.into_inner()).insert(kind, handle);
     let tasks = shared.tasks.clone();
     actix::spawn(async move {
-        let _live = super::instance::LiveTask::new("supervised_task");
+        let _live = super::live_tasks::LiveTask::new("supervised_task");
         loop {
             stats.set_state("running");
             killed.store(false, std::sync::atomic::Ordering::SeqCst);

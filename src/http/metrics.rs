@@ -49,6 +49,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .spawn(move || {
             loop {
                 std::thread::sleep(Duration::from_secs(5));
+                crate::actors::live_tasks::refresh();
                 upkeep.run_upkeep();
             }
         })

@@ -228,7 +228,7 @@ impl ClusterActor {
         self.stats.set_state(format!("running {kind:?}"));
         // One span per operation: every log line of its steps carries it.
         let span = tracing::info_span!("operation", id = %op.id, kind = ?kind, cluster = %op.cluster);
-        let live = super::instance::LiveTask::new("operation");
+        let live = super::live_tasks::LiveTask::new("operation");
         ctx.spawn(
             tracing::Instrument::instrument(
                 async move {

@@ -97,24 +97,6 @@ enum Owed {
     Add(PendingRestart),
 }
 
-/// A live task of `kind`, counted in `flotilla_live_tasks{kind}` while it
-/// lives (a soak checks the count returns to its idle value: no task of a
-/// dead actor left behind).
-pub struct LiveTask(&'static str);
-
-impl LiveTask {
-    pub fn new(kind: &'static str) -> LiveTask {
-        metrics::gauge!("flotilla_live_tasks", "kind" => kind).increment(1.0);
-        LiveTask(kind)
-    }
-}
-
-impl Drop for LiveTask {
-    fn drop(&mut self) {
-        metrics::gauge!("flotilla_live_tasks", "kind" => self.0).decrement(1.0);
-    }
-}
-
 /// A cluster's handle on one of its instance actors.
 pub type InstanceHandle = Rc<InstanceActor>;
 
@@ -241,7 +223,7 @@ impl InstanceActor {
         let cluster = self.env.stats.clone();
         cluster.inner.fetch_add(1, Ordering::Relaxed);
         let me = self.clone();
-        let live = LiveTask::new("instance_turn");
+        let live = crate::actors::live_tasks::LiveTask::new("instance_turn");
         let task = actix::spawn(async move {
             let _live = live;
             let _turn = me.mailbox.lock().await;
