@@ -77,6 +77,44 @@ async fn a_cluster_actor_killed_during_a_scale_out_is_restarted_and_the_operatio
     }
 }
 
+/// A node manager killed while its commands are out (the new members'
+/// starts settle for a second): its agent dials again at once, and each cut
+/// command is sent again on the new connection, so the scale-out succeeds
+/// and no member starts twice (it failed "node is not connected").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_managers_killed_during_a_scale_out_cost_it_nothing() {
+    let env = TestEnv::start("actors-kill-nm").await;
+    env.upload(&PackageBuilder::sleeper("an")).await;
+    let body = json!({"name": "n", "package": {"name": "an", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}});
+    let c = env.create_active(body).await;
+    let before: Vec<(String, u32)> = role_instances(&c, "svc").iter().map(|i| (id_of(i), pid_of(i))).collect();
+
+    let (status, op) = env.post("/clusters/n/scale", json!({"role": "svc", "add": 3})).await;
+    assert_eq!(status.as_u16(), 202, "{op:#}");
+    let op = op["operation"].clone();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for node in ["node-1", "node-2", "node-3"] {
+        let (status, v) = kill(&env, "node_manager", node).await;
+        assert_eq!(status, 200, "{v:#}");
+    }
+    let (_, during) = env.get(&format!("/operations/{}", op["id"].as_str().unwrap())).await;
+    assert_eq!(during["operation"]["status"], "Running", "the scale-out ended before the kills: {during:#}");
+    let op = env.wait_op(op["id"].as_str().unwrap()).await;
+    assert_eq!(op["status"], "Succeeded", "{op:#}");
+    let c = env.cluster("n").await;
+    assert_eq!(c["status"], "Active", "{c:#}");
+    let members = role_instances(&c, "svc");
+    assert_eq!(members.len(), 5, "{c:#}");
+    for (id, pid) in &before {
+        let m = members.iter().find(|m| &id_of(m) == id).expect("an old member is gone");
+        assert_eq!(pid_of(m), *pid, "an old member was restarted: {m:#}");
+    }
+    for m in &members {
+        assert_eq!(m["status"], "Running", "{m:#}");
+        assert_eq!(instance_pids(&id_of(m)), vec![pid_of(m)], "started twice, or not the pid shown: {m:#}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_its_intensity_a_cluster_actor_is_given_up_until_an_operator_restarts_it() {
     let env = TestEnv::start("actors-give-up").await;

@@ -31,8 +31,10 @@ use crate::storage::records::{Applied, DesiredState, InstanceRecord, InstanceRes
 mod cmd;
 mod observe;
 mod save;
+mod send;
 
 pub use cmd::{ChangeRule, ClusterEnv, InstallPayload, InstanceCmd, InstanceOutcome, MemberFailures, Observation};
+use send::Sent;
 
 pub struct InstanceActor {
     /// The durable record; replaced (never mutated) after each write.
@@ -302,59 +304,34 @@ impl InstanceActor {
             InstanceCmd::Install(_) | InstanceCmd::Start { .. } | InstanceCmd::Stop | InstanceCmd::Delete
         );
         let probe = matches!(cmd, InstanceCmd::RunHook { .. } | InstanceCmd::CheckHealth { .. });
-        let mut applied = None;
-        let mut rule = None;
+        // A command cut off by its link's end (the node manager killed, a
+        // reconnect) is sent once more when the agent is back within
+        // `RESEND_WAIT` and sending it twice does what sending it once
+        // does (the generation is the same; the agent answered the first,
+        // if it got it, before it reconnected).
+        let again = matches!(
+            cmd,
+            InstanceCmd::Install(_)
+                | InstanceCmd::Start { .. }
+                | InstanceCmd::Stop
+                | InstanceCmd::WriteFiles { .. }
+                | InstanceCmd::Delete
+                | InstanceCmd::CheckHealth { .. }
+        )
+        .then(|| cmd.clone());
         let link = self.env.shared.links.get(&node);
-        let reply = match link {
-            None => Err(NodeError::Disconnected(node.clone())),
-            Some(link) => {
-                if changes_state {
-                    self.sent_on.set(std::num::NonZeroU64::new(link.connection));
-                }
-                let instance = id.clone();
-                match cmd {
-                    InstanceCmd::Install(p) => {
-                        applied = Some(p.applied.clone());
-                        let begin = InstallBegin {
-                            instance,
-                            cluster: self.record.borrow().cluster_id,
-                            generation,
-                            run_as: p.run_as,
-                            process: p.process,
-                            files: p.files,
-                            package_sha256: p.package_sha256,
-                            package_size: p.package_size,
-                        };
-                        link.install(begin, p.blob, &self.env.progress).await
-                    }
-                    InstanceCmd::Start { wait, settle } => {
-                        let settle_ms = settle.as_millis() as u64;
-                        let req = AgentRequest::Start { instance, generation, settle_ms };
-                        let call = link.call_within(req, "Start", wait);
-                        if settle.is_zero() { call.await } else { self.settling(call, generation).await }
-                    }
-                    InstanceCmd::Stop => link.call(AgentRequest::Stop { instance, generation }, "Stop").await,
-                    InstanceCmd::WriteFiles { files, env, rule: r } => {
-                        rule = Some(r);
-                        let req = AgentRequest::WriteFiles { instance, generation, files, env: Some(env) };
-                        link.call(req, "WriteFiles").await
-                    }
-                    InstanceCmd::Delete => link.call(AgentRequest::Delete { instance, generation }, "Delete").await,
-                    InstanceCmd::RunHook { hook, argv, timeout } => {
-                        let timeout_ms = timeout.as_millis() as u64;
-                        let req = AgentRequest::RunHook { instance, generation, hook: hook.into(), argv, timeout_ms };
-                        link.call_within(req, "RunHook", timeout).await
-                    }
-                    InstanceCmd::CheckHealth { timeout } => {
-                        let req = AgentRequest::CheckHealth { instance, timeout_ms: timeout.as_millis() as u64 };
-                        link.call_within(req, "CheckHealth", timeout).await
-                    }
-                    InstanceCmd::Signal { signal } => {
-                        link.call(AgentRequest::Signal { instance, generation, signal }, "Signal").await
-                    }
-                }
-            }
+        let cut_from = link.as_ref().map(|l| l.connection).unwrap_or(0);
+        let mut sent = match link {
+            None => Sent::not_connected(&node),
+            Some(link) => self.send(&link, cmd, generation, changes_state).await,
         };
+        if let (Err(NodeError::Disconnected(_)), Some(cmd)) = (&sent.reply, again)
+            && let Some(link) = self.reconnected(&node, cut_from).await
+        {
+            tracing::info!(instance = %id, %node, verb, "sent again on the node's new connection");
+            sent = self.send(&link, cmd, generation, changes_state).await;
+        }
+        let Sent { reply, applied, rule } = sent;
         if reply.is_ok() && digest.is_some() {
             self.written.set(digest);
         }
