@@ -25,6 +25,7 @@ pub mod agent_records;
 pub mod agent_store;
 pub mod append_log;
 pub mod blobs;
+mod cluster_types;
 pub mod codec;
 pub mod config_value;
 pub mod db;
@@ -41,6 +42,7 @@ pub mod serde_time;
 pub mod shared_strings;
 pub mod trust_records;
 pub mod writer;
+mod writer_stats;
 
 #[cfg(test)]
 pub(crate) mod testdata;

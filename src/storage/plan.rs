@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::cluster_types::{ClusterStatus, Limits, PackageRef};
+use super::config_value::ConfigValue;
 use crate::ids::InstanceId;
-use crate::storage::records::{ClusterStatus, ConfigValue, Limits, PackageRef};
 
 /// A lifecycle hook of the component spec (the AppCenter lifecycle).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

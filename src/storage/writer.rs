@@ -37,7 +37,7 @@
 //! the same directory can be opened again at once.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 
 use rocksdb::{DB, WriteBatch, WriteOptions};
@@ -45,6 +45,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::StorageError;
 use super::append_log::AppendLog;
+use super::writer_stats::Stats;
 
 /// One change to apply. Build them with the typed builders
 /// (`WriteOp::put_cluster`, `AgentStore::put_instance`, ...), not by hand.
@@ -108,42 +109,6 @@ pub struct Committed {
 struct Request {
     ops: Vec<WriteOp>,
     reply: oneshot::Sender<Result<(), StorageError>>,
-}
-
-struct Stats {
-    batches: AtomicU64,
-    commits: AtomicU64,
-    /// Since when the batch in flight has been written, in milliseconds
-    /// after `epoch` plus one; 0 while no batch is being written.
-    busy_since: AtomicU64,
-    /// Since when a queued request has waited for the thread to take it
-    /// (same unit; 0: none known to wait). Set by the first caller to
-    /// queue one, cleared when the thread takes the queue.
-    waiting_since: AtomicU64,
-    epoch: std::time::Instant,
-}
-
-impl Default for Stats {
-    fn default() -> Self {
-        Stats {
-            batches: AtomicU64::new(0),
-            commits: AtomicU64::new(0),
-            busy_since: AtomicU64::new(0),
-            waiting_since: AtomicU64::new(0),
-            epoch: std::time::Instant::now(),
-        }
-    }
-}
-
-impl Stats {
-    fn millis(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
-    }
-
-    /// A request was queued: the wait starts now unless one already waits.
-    fn queued(&self) {
-        let _ = self.waiting_since.compare_exchange(0, self.millis(), Ordering::SeqCst, Ordering::SeqCst);
-    }
 }
 
 struct Inner {
@@ -272,13 +237,7 @@ impl StoreWriter {
     /// while the writer waits for work). The master ends itself
     /// when this passes `store_stall_limit`: every commit waits behind it.
     pub fn stuck_for(&self) -> Option<std::time::Duration> {
-        let stats = &self.inner.stats;
-        let now = stats.millis();
-        let since = [stats.busy_since.load(Ordering::SeqCst), stats.waiting_since.load(Ordering::SeqCst)]
-            .into_iter()
-            .filter(|s| *s != 0)
-            .min()?;
-        Some(std::time::Duration::from_millis(now.saturating_sub(since)))
+        self.inner.stats.stuck_for()
     }
 
     /// Requests queued and not yet taken by the writer thread.
@@ -376,7 +335,7 @@ fn run(
         // Taken: what waits now is this batch (`busy_since`), and whatever
         // is queued from here on, which sets its own start (a request the
         // cap left queued starts its wait now).
-        stats.waiting_since.store(if rx.is_empty() { 0 } else { stats.millis() }, Ordering::SeqCst);
+        stats.taken(!rx.is_empty());
         let listening = feed.receiver_count() > 0;
         let mut announced = Vec::new();
         // Kept whether or not anyone listens now: a reader that subscribes
@@ -417,9 +376,9 @@ fn run(
             batch.delete_range_cf(handle, from, to);
         }
         let started = std::time::Instant::now();
-        stats.busy_since.store(stats.millis(), Ordering::SeqCst);
+        stats.writing(true);
         let written = db.write_opt(batch, &sync);
-        stats.busy_since.store(0, Ordering::SeqCst);
+        stats.writing(false);
         // No-ops unless a process installed a recorder (the master does).
         metrics::histogram!("flotilla_store_commit_seconds").record(started.elapsed().as_secs_f64());
         metrics::histogram!("flotilla_store_batch_requests").record(waiting.len() as f64);
