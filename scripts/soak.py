@@ -5,8 +5,11 @@ for --minutes while a killer takes down a random actor or task every
 /api/v1/actors/{kind}/{id}/kill: cluster actors, node managers, the agent
 listener, the node watcher, the leaked sweep). At the end: every operation
 ended, no cluster busy, and `flotilla_live_tasks{kind}` back to its idle
-value. Prints the figures RELIABILITY.md quotes; exits non-zero when a
-check fails. Run it through scripts/soak.sh (it builds the binary)."""
+value. A cluster actor killed past its restart intensity is given up (its
+cluster `Error`, its operation waiting); the soak then does what the
+operator would, `POST /api/v1/actors/cluster/{id}/restart`, at the next
+cleanup (and counts it). Prints the figures RELIABILITY.md quotes; exits
+non-zero when a check fails. Run it through scripts/soak.sh (it builds the binary)."""
 
 import argparse
 import json
@@ -60,6 +63,15 @@ class Api:
         return out
 
 
+def restart_given_up(api, restarted):
+    """Restarts every given-up (`failed`) cluster actor, as an operator
+    would; its operation resumes from its journal."""
+    for a in api.json("/api/v1/actors")["actors"]:
+        if a["kind"] == "cluster" and a.get("state") == "failed":
+            status, _ = api.call("POST", f"/api/v1/actors/cluster/{a['id']}/restart")
+            restarted[status] += 1
+
+
 def killer(api, every, stop, kills, rng):
     while not stop.wait(every):
         try:
@@ -109,7 +121,7 @@ def main():
         t = threading.Thread(target=killer, args=(api, args.kill_every, stop, kills, rng), daemon=True)
         t.start()
         deadline = time.time() + args.minutes * 60
-        rounds, exits, failed_rounds = 0, Counter(), []
+        rounds, exits, failed_rounds, restarted = 0, Counter(), [], Counter()
         while time.time() < deadline:
             rounds += 1
             r = subprocess.run(
@@ -130,6 +142,7 @@ def main():
             gone_by = time.time() + 180
             while left and time.time() < gone_by:
                 time.sleep(1)
+                restart_given_up(api, restarted)
                 left = [c["name"] for c in api.json("/api/v1/clusters?limit=1000")["clusters"]]
                 for c in api.json("/api/v1/clusters?limit=1000")["clusters"]:
                     if not c.get("operation"):
@@ -142,6 +155,7 @@ def main():
         # Quiet now: every operation must end and the live tasks go back.
         settle = time.time() + 120
         while True:
+            restart_given_up(api, restarted)
             ops = api.json("/api/v1/operations?limit=1000")["operations"]
             running = [o["id"] for o in ops if o["status"] in ("Running", "Pending")]
             busy = [c["name"] for c in api.json("/api/v1/clusters?limit=1000")["clusters"] if c.get("operation")]
@@ -159,6 +173,7 @@ def main():
         for f in failed_rounds:
             print(f"soak: a failed round said: {f}")
         print(f"soak: kills {sorted((f'{k[0]} {k[1]}' if isinstance(k, tuple) else k, n) for k, n in kills.items())}")
+        print(f"soak: given-up cluster actors restarted by the soak (status: count) {dict(restarted)}")
         print(f"soak: operations kept {dict(statuses)}; live tasks at the end {live} (idle {idle})")
         if master.poll() is not None:
             failures.append(f"the master exited ({master.returncode}); see {log}")

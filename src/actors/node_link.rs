@@ -378,11 +378,12 @@ impl NodeLink {
         let (request_id, mut rx) = self.register();
         let _guard = PendingGuard(&self.pending, request_id);
         self.send(MasterFrame::Request { request_id, body: AgentRequest::InstallBegin(Box::new(begin)) }).await?;
+        // From here: the agent may be about to take the bytes (its answer
+        // late because it waits for a request slot).
+        let mut guard = StreamGuard { link: self.clone(), request_id, instance: instance.clone(), ended: false };
         match self.reply_within(&mut rx, "InstallBegin", self.reply_timeout).await? {
-            AgentResponse::InstallReady { need_bytes: false } => {}
+            AgentResponse::InstallReady { need_bytes: false } => guard.ended = true,
             AgentResponse::InstallReady { need_bytes: true } => {
-                let mut guard =
-                    StreamGuard { link: self.clone(), request_id, instance: instance.clone(), ended: false };
                 self.stream_package(request_id, &instance, &blob, progress, &mut rx).await?;
                 guard.ended = true;
             }

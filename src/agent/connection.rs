@@ -441,6 +441,14 @@ async fn handle(
             let work = tracing::Instrument::instrument(
                 async move {
                     let _slot = slot;
+                    // A command sent again after its link closed: see `Node::replay`.
+                    let again = resent_key(&other);
+                    if let Some((id, generation, kind)) = &again
+                        && let Some(resp) = node.replay(id, *generation, kind)
+                    {
+                        tracing::info!(instance = %id, generation, "a command sent again: its first answer is given again");
+                        return reply(&tx, request_id, resp).await;
+                    }
                     let resp = match other {
                         AgentRequest::WriteFiles { instance, generation, files, env } => {
                             node.write_files(&instance, generation, files, env).await
@@ -465,12 +473,28 @@ async fn handle(
                         AgentRequest::Ping => AgentResponse::Pong,
                         _ => failure(FailureKind::BadRequest, "unexpected request"),
                     };
+                    if let Some((id, generation, kind)) = &again {
+                        node.answered(id, *generation, kind, &resp);
+                    }
                     reply(&tx, request_id, resp).await;
                 },
                 span,
             );
             tokio::spawn(work);
         }
+    }
+}
+
+/// The instance and generation of a command the master may send again
+/// after its link closed (see `Node::replay`): those that change the
+/// instance and carry a generation of their own.
+fn resent_key(r: &AgentRequest) -> Option<(crate::ids::InstanceId, u64, &'static str)> {
+    match r {
+        AgentRequest::WriteFiles { instance, generation, .. }
+        | AgentRequest::Start { instance, generation, .. }
+        | AgentRequest::Stop { instance, generation }
+        | AgentRequest::Delete { instance, generation } => Some((instance.clone(), *generation, request_kind(r))),
+        _ => None,
     }
 }
 

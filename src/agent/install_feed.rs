@@ -97,10 +97,12 @@ impl InstallFeed {
     /// The master gave up on it, or the link is gone: the task drops what
     /// is queued, removes what it extracted, and answers nothing. True when
     /// nothing had answered it yet (no failure was sent).
-    pub async fn abort(self) -> bool {
+    pub fn abort(self) -> impl Future<Output = bool> + Send + 'static {
+        // At once, not when the returned future first runs (it may be
+        // spawned): no queued chunk is extracted after this.
         self.aborted.store(true, Ordering::SeqCst);
         drop(self.tx);
-        self.task.await.unwrap_or(false)
+        async move { self.task.await.unwrap_or(false) }
     }
 }
 

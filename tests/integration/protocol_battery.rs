@@ -525,27 +525,32 @@ async fn battery(kind: Kind) {
     let v2 = || vec![file("conf/app.conf", "v2\n"), file("conf/other.conf", "same\n")];
     let got = m.call(write(10, v2(), None)).await;
     assert_eq!(got, AgentResponse::FilesWritten { changed: vec!["conf/app.conf".into()] }, "WriteFiles v2");
+    // The same command sent again (its link closed before the answer, the
+    // master cannot know it arrived): the first answer again, so the
+    // master learns what it changed.
+    let got = m.call(write(10, v2(), None)).await;
+    assert_eq!(got, AgentResponse::FilesWritten { changed: vec!["conf/app.conf".into()] }, "WriteFiles v2 again");
     let got = m.call(write(11, v2(), None)).await;
     assert_eq!(got, AgentResponse::FilesWritten { changed: vec![] }, "the same WriteFiles again");
     let private = RenderedFile { mode: 0o600, ..file("conf/other.conf", "same\n") };
-    let got = m.call(write(11, vec![private], None)).await;
+    let got = m.call(write(12, vec![private], None)).await;
     let changed = vec!["conf/other.conf".to_string()];
     assert_eq!(got, AgentResponse::FilesWritten { changed }, "WriteFiles changing only a file's mode");
     let env = || Some(vec![("BATTERY_MODE".to_string(), "on".to_string())]);
-    let got = m.call(write(12, vec![], env())).await;
-    assert_eq!(got, AgentResponse::FilesWritten { changed: vec![ENV_CHANGED.into()] }, "WriteFiles with a new env");
     let got = m.call(write(13, vec![], env())).await;
+    assert_eq!(got, AgentResponse::FilesWritten { changed: vec![ENV_CHANGED.into()] }, "WriteFiles with a new env");
+    let got = m.call(write(14, vec![], env())).await;
     assert_eq!(got, AgentResponse::FilesWritten { changed: vec![] }, "WriteFiles with the same env again");
 
     // 8 and 9. Signal reaches a running process (which ignores SIGHUP and so
     // stays healthy), hooks run, and a stopped process gets no signal.
     let signal = |generation| AgentRequest::Signal { instance: a.clone(), generation, signal: 1 };
-    let pid = match m.call(start(14)).await {
+    let pid = match m.call(start(15)).await {
         AgentResponse::Started { pid, already_running: false } => pid,
         other => m.fail(format!("Start of {a} for the signal: expected a fresh Started, got {other:?}")),
     };
     subject.await_hup_ignored(pid).await;
-    assert_eq!(m.call(signal(15)).await, AgentResponse::Signalled { delivered: true }, "SIGHUP to running {a}");
+    assert_eq!(m.call(signal(16)).await, AgentResponse::Signalled { delivered: true }, "SIGHUP to running {a}");
     let got = m.call(AgentRequest::CheckHealth { instance: a.clone(), timeout_ms: 5000 }).await;
     assert_eq!(got, AgentResponse::Healthy, "CheckHealth of {a} (pid {pid}) after SIGHUP");
     let hook = |instance: &InstanceId, generation| AgentRequest::RunHook {
@@ -561,7 +566,7 @@ async fn battery(kind: Kind) {
     }
     let odd_hook = |name: &str, argv: Vec<String>| AgentRequest::RunHook {
         instance: a.clone(),
-        generation: 16,
+        generation: 17,
         hook: name.into(),
         argv,
         timeout_ms: 10_000,
@@ -570,8 +575,8 @@ async fn battery(kind: Kind) {
     assert_failed(&m, &got, FailureKind::BadRequest, "RunHook of an unknown hook");
     let got = m.call(odd_hook("reload", vec![])).await;
     assert_failed(&m, &got, FailureKind::BadRequest, "RunHook with an empty command");
-    assert_eq!(m.call(stop(17)).await, AgentResponse::Stopped { was_running: true }, "Stop of {a} after the hook");
-    assert_eq!(m.call(signal(18)).await, AgentResponse::Signalled { delivered: false }, "SIGHUP to stopped {a}");
+    assert_eq!(m.call(stop(18)).await, AgentResponse::Stopped { was_running: true }, "Stop of {a} after the hook");
+    assert_eq!(m.call(signal(19)).await, AgentResponse::Signalled { delivered: false }, "SIGHUP to stopped {a}");
     let got = m.call(AgentRequest::CheckHealth { instance: a.clone(), timeout_ms: 1000 }).await;
     assert_failed(&m, &got, FailureKind::Health, "CheckHealth of a stopped instance");
 
@@ -598,7 +603,7 @@ async fn battery(kind: Kind) {
 
     // 11. A crash is a report, kept and sent again after a reconnect until
     // acknowledged, and not after.
-    let pid = match m.call(start(19)).await {
+    let pid = match m.call(start(20)).await {
         AgentResponse::Started { pid, already_running: false } => pid,
         other => m.fail(format!("Start of {a} before the crash: expected a fresh Started, got {other:?}")),
     };
@@ -618,8 +623,8 @@ async fn battery(kind: Kind) {
     assert_eq!(held, want.iter().map(String::as_str).collect::<Vec<_>>(), "inventory after the reconnect");
     let report = hello.inventory.iter().find(|r| r.instance == a).expect("a is in the inventory");
     assert!(
-        !report.running && report.pid.is_none() && report.desired_running && report.generation == 19,
-        "after the crash the inventory must show {a} wanted running, not running, generation 19: {report:?}"
+        !report.running && report.pid.is_none() && report.desired_running && report.generation == 20,
+        "after the crash the inventory must show {a} wanted running, not running, generation 20: {report:?}"
     );
     let (again, resent) = m.report("the same report again", |s, _| s == seq).await;
     assert_eq!((again, &resent), (seq, &event), "the unacknowledged report, sent again after the reconnect");
@@ -629,8 +634,8 @@ async fn battery(kind: Kind) {
 
     // 12. Delete is idempotent; Ping answers Pong.
     let delete = |generation| AgentRequest::Delete { instance: a.clone(), generation };
-    assert_eq!(m.call(delete(20)).await, AgentResponse::Deleted { existed: true }, "first Delete of {a}");
-    assert_eq!(m.call(delete(21)).await, AgentResponse::Deleted { existed: false }, "second Delete of {a}");
+    assert_eq!(m.call(delete(21)).await, AgentResponse::Deleted { existed: true }, "first Delete of {a}");
+    assert_eq!(m.call(delete(22)).await, AgentResponse::Deleted { existed: false }, "second Delete of {a}");
     assert_eq!(m.call(AgentRequest::Ping).await, AgentResponse::Pong, "Ping");
 
     subject.stop().await;

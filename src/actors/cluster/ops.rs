@@ -559,10 +559,10 @@ impl OperationContext for ClusterOps {
         let hook = max(|r| r.hook_timeout);
         match action {
             Action::Stop(_) | Action::DeleteOnAgent(_) => base + stop,
-            Action::Start(_) => base + start,
             Action::Hook { .. } => base + hook,
-            // A reload (hook + health) or a restart (stop + start).
-            Action::Reconfigure(_) | Action::RefreshFiles(_) => base + stop + start + hook,
+            // A reload (hook + health) or a restart (stop + start); a start
+            // applies what a running member owes for its files too.
+            Action::Reconfigure(_) | Action::Start(_) => base + stop + start + hook,
             // Stop, install, start.
             Action::Roll(_) => base * 2 + stop + start,
             _ => base,

@@ -554,5 +554,20 @@ fn hook_argv(role: &RoleSpec, hook: Hook) -> Option<&Vec<String>> {
 /// Ok with every result, or a step failure naming every failed instance.
 fn checked(results: Vec<InstanceResult>) -> Result<Vec<InstanceResult>, StepFailure> {
     let failures: Vec<&str> = results.iter().filter(|r| !r.ok).map(|r| r.message.as_str()).collect();
-    if failures.is_empty() { Ok(results) } else { Err(StepFailure { message: failures.join("; "), results }) }
+    if failures.is_empty() {
+        return Ok(results);
+    }
+    // Bounded: 250 members on a lost node would repeat one cause 250
+    // times; each instance's own result keeps its message.
+    let mut message = failures.iter().take(SHOWN_FAILURES).copied().collect::<Vec<_>>().join("; ");
+    if failures.len() > SHOWN_FAILURES {
+        message.push_str(&format!(
+            "; and {} more failed (each instance's result in the step says why)",
+            failures.len() - SHOWN_FAILURES
+        ));
+    }
+    Err(StepFailure { message, results })
 }
+
+/// How many instances' failures a step's error names.
+const SHOWN_FAILURES: usize = 5;

@@ -40,6 +40,9 @@ pub use policy::RunAsPolicy;
 pub struct Slot {
     pub record: tokio::sync::Mutex<Option<AgentInstanceRecord>>,
     holder: Mutex<Option<(&'static str, std::time::Instant)>>,
+    /// The answer to the last command (by generation) that changed the
+    /// instance: see [`Node::replay`].
+    answered: Mutex<Option<(u64, &'static str, AgentResponse)>>,
 }
 
 /// The slot's lock, held for `what`; the holder is cleared on drop.
@@ -227,6 +230,30 @@ impl Node {
 
     pub fn slot(&self, id: &InstanceId) -> Arc<Slot> {
         lock(&self.slots).entry(id.clone()).or_default().clone()
+    }
+
+    /// The answer already given to the command (`kind`) at `generation` of
+    /// `id`, if that was the last one it got. The master sends a command again, at
+    /// the same generation (each command has its own), only when the link
+    /// that carried it closed before its answer came; by then the first
+    /// has finished (the agent reconnects only once its requests have:
+    /// `settle_requests`). Answering it again, instead of running it again,
+    /// tells the master what the first did: the files it changed, the
+    /// start that died in its settle window.
+    pub fn replay(&self, id: &InstanceId, generation: u64, kind: &'static str) -> Option<AgentResponse> {
+        let slot = lock(&self.slots).get(id).cloned()?;
+        let answered = lock(&slot.answered);
+        answered.as_ref().filter(|(g, k, _)| *g == generation && *k == kind).map(|(_, _, r)| r.clone())
+    }
+
+    /// Keeps `answer` as the answer to the command (`kind`) at `generation`
+    /// of `id` (not one to an older command, refused as stale).
+    pub fn answered(&self, id: &InstanceId, generation: u64, kind: &'static str, answer: &AgentResponse) {
+        let slot = self.slot(id);
+        let mut answered = lock(&slot.answered);
+        if answered.as_ref().is_none_or(|(g, _, _)| *g <= generation) {
+            *answered = Some((generation, kind, answer.clone()));
+        }
     }
 
     /// Every instance slot, one line each, for a `SIGUSR2` dump: its

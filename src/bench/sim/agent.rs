@@ -422,17 +422,28 @@ impl SimAgent {
                 self.later(tx, slots, request_id, l.install, move |s| s.install_complete(&begin)).await;
             }
             AgentRequest::WriteFiles { instance, generation, files, env } => {
-                self.later(tx, slots, request_id, l.other, move |s| s.write_files(&instance, generation, &files, env))
-                    .await
+                let work = move |s: &mut SimState| {
+                    s.once(&instance.clone(), generation, "write-files", |s| {
+                        s.write_files(&instance, generation, &files, env)
+                    })
+                };
+                self.later(tx, slots, request_id, l.other, work).await
             }
             AgentRequest::Start { instance, generation, .. } => {
-                self.later(tx, slots, request_id, l.start, move |s| s.start(&instance, generation)).await
+                let work =
+                    move |s: &mut SimState| s.once(&instance, generation, "start", |s| s.start(&instance, generation));
+                self.later(tx, slots, request_id, l.start, work).await
             }
             AgentRequest::Stop { instance, generation } => {
-                self.later(tx, slots, request_id, l.stop, move |s| s.stop(&instance, generation)).await
+                let work =
+                    move |s: &mut SimState| s.once(&instance, generation, "stop", |s| s.stop(&instance, generation));
+                self.later(tx, slots, request_id, l.stop, work).await
             }
             AgentRequest::Delete { instance, generation } => {
-                self.later(tx, slots, request_id, l.other, move |s| s.delete(&instance, generation)).await
+                let work = move |s: &mut SimState| {
+                    s.once(&instance, generation, "delete", |s| s.delete(&instance, generation))
+                };
+                self.later(tx, slots, request_id, l.other, work).await
             }
             AgentRequest::RunHook { instance, generation, hook, argv, .. } => {
                 match crate::agent::hooks::check_hook_request(&instance, &hook, &argv) {

@@ -35,6 +35,10 @@ pub struct SimState {
     /// Packages received (by sha256): later installs skip the bytes.
     pub packages: HashSet<String>,
     next_pid: u32,
+    /// The answer to each instance's last command that changed it, by
+    /// generation: a command sent again is answered it again, as the real
+    /// agent does (`agent::node::Node::replay`).
+    answered: HashMap<InstanceId, (u64, &'static str, AgentResponse)>,
 }
 
 /// What the real agent compares to decide whether a file changed.
@@ -43,6 +47,29 @@ fn written(f: &RenderedFile) -> ([u8; 32], u32) {
 }
 
 impl SimState {
+    /// `work`, unless it is the command (`kind`) at `generation` answered
+    /// already.
+    pub fn once(
+        &mut self,
+        id: &InstanceId,
+        generation: u64,
+        kind: &'static str,
+        work: impl FnOnce(&mut SimState) -> AgentResponse,
+    ) -> AgentResponse {
+        if let Some((g, k, answer)) = self.answered.get(id)
+            && *g == generation
+            && *k == kind
+        {
+            return answer.clone();
+        }
+        let answer = work(self);
+        // Not the answer to an older command (refused as stale).
+        if self.answered.get(id).is_none_or(|(g, _, _)| *g <= generation) {
+            self.answered.insert(id.clone(), (generation, kind, answer.clone()));
+        }
+        answer
+    }
+
     fn pid(&mut self) -> u32 {
         self.next_pid = self.next_pid.wrapping_add(1).max(100);
         self.next_pid
