@@ -305,10 +305,11 @@ impl InstanceActor {
         );
         let probe = matches!(cmd, InstanceCmd::RunHook { .. } | InstanceCmd::CheckHealth { .. });
         // A command cut off by its link's end (the node manager killed, a
-        // reconnect) is sent once more when the agent is back within
-        // `RESEND_WAIT` and sending it twice does what sending it once
-        // does (the generation is the same; the agent answered the first,
-        // if it got it, before it reconnected).
+        // reconnect) is sent once more, at the same generation, when the
+        // agent is back within `RESEND_WAIT`: the first, if it arrived, has
+        // finished by then, and the agent answers the repeat with the
+        // first's answer (`agent::node::Node::replay`; an install or a
+        // health check is simply done again).
         let again = matches!(
             cmd,
             InstanceCmd::Install(_)
