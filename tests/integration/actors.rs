@@ -63,18 +63,7 @@ async fn a_cluster_actor_killed_during_a_scale_out_is_restarted_and_the_operatio
     assert_eq!(a["last_exit"]["reason"].as_str().map(|r| r.contains("killed by the operator")), Some(true), "{a:#}");
     let op = env.wait_op(op["id"].as_str().unwrap()).await;
     assert_eq!(op["status"], "Succeeded", "{op:#}");
-    let c = env.cluster("k").await;
-    assert_eq!(c["status"], "Active", "{c:#}");
-    let members = role_instances(&c, "svc");
-    assert_eq!(members.len(), 5, "{c:#}");
-    for (id, pid) in &before {
-        let m = members.iter().find(|m| &id_of(m) == id).expect("an old member is gone");
-        assert_eq!(pid_of(m), *pid, "an old member was restarted: {m:#}");
-    }
-    for m in &members {
-        assert_eq!(m["status"], "Running", "{m:#}");
-        assert_eq!(instance_pids(&id_of(m)), vec![pid_of(m)], "started twice, or not the pid shown: {m:#}");
-    }
+    assert_scaled_out_cleanly(&env.cluster("k").await, &before, 5);
 }
 
 /// A node manager killed while its commands are out (the new members'
@@ -101,11 +90,17 @@ async fn node_managers_killed_during_a_scale_out_cost_it_nothing() {
     assert_eq!(during["operation"]["status"], "Running", "the scale-out ended before the kills: {during:#}");
     let op = env.wait_op(op["id"].as_str().unwrap()).await;
     assert_eq!(op["status"], "Succeeded", "{op:#}");
-    let c = env.cluster("n").await;
+    assert_scaled_out_cleanly(&env.cluster("n").await, &before, 5);
+}
+
+/// After a scale-out through a fault: the cluster `Active` with `count`
+/// members of role `svc`, the old ones (`before`: id, pid) never
+/// restarted, each running exactly the one process shown.
+fn assert_scaled_out_cleanly(c: &Value, before: &[(String, u32)], count: usize) {
     assert_eq!(c["status"], "Active", "{c:#}");
-    let members = role_instances(&c, "svc");
-    assert_eq!(members.len(), 5, "{c:#}");
-    for (id, pid) in &before {
+    let members = role_instances(c, "svc");
+    assert_eq!(members.len(), count, "{c:#}");
+    for (id, pid) in before {
         let m = members.iter().find(|m| &id_of(m) == id).expect("an old member is gone");
         assert_eq!(pid_of(m), *pid, "an old member was restarted: {m:#}");
     }

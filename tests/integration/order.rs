@@ -49,14 +49,18 @@ template = """{% for m in cluster.roles.store.members %}{{ m.host }}:{{ m.ports.
 {% endfor %}"""
 "#;
 
+/// `kv` 1.0.0: both roles record each start and sleep.
+fn package() -> PackageBuilder {
+    PackageBuilder::new("kv", "1.0.0")
+        .spec(SPEC)
+        .script("bin/store.sh", RECORD_AND_SLEEP)
+        .script("bin/front.sh", RECORD_AND_SLEEP)
+}
+
 #[tokio::test]
 async fn lower_order_runs_first_and_files_list_every_member() {
     let env = TestEnv::start("order").await;
-    let pkg = PackageBuilder::new("kv", "1.0.0")
-        .spec(SPEC)
-        .script("bin/store.sh", RECORD_AND_SLEEP)
-        .script("bin/front.sh", RECORD_AND_SLEEP);
-    env.upload(&pkg).await;
+    env.upload(&package()).await;
     let cluster = env
         .create_active(json!({
             "name": "ord",
@@ -131,11 +135,7 @@ async fn lower_order_runs_first_and_files_list_every_member() {
 #[tokio::test]
 async fn a_start_restarts_a_stale_member_in_its_role_order() {
     let mut env = TestEnv::start("order-stale").await;
-    let pkg = PackageBuilder::new("kv", "1.0.0")
-        .spec(SPEC)
-        .script("bin/store.sh", RECORD_AND_SLEEP)
-        .script("bin/front.sh", RECORD_AND_SLEEP);
-    env.upload(&pkg).await;
+    env.upload(&package()).await;
     let cluster = env
         .create_active(json!({
             "name": "ords",
