@@ -154,6 +154,10 @@ pub struct NodeLink {
     /// every request the close fails says so (and names the node) instead
     /// of a bare "not connected", which hid why an install failed.
     stalled: Arc<AtomicBool>,
+    /// Set when the agent's side ended the link (it hung up, stalled or
+    /// broke the protocol): what the link cut off is not sent again on a
+    /// later connection (see `NodeLive::agent_ended`).
+    agent_ended: Arc<AtomicBool>,
     /// Test hooks: the node manager panics at its next frame.
     panic_injected: Arc<AtomicBool>,
 }
@@ -221,6 +225,7 @@ impl NodeLink {
             send_timeout,
             closed: CancellationToken::new(),
             stalled: Arc::default(),
+            agent_ended: Arc::default(),
             panic_injected: Arc::default(),
         }
     }
@@ -249,7 +254,18 @@ impl NodeLink {
     /// Closes the link because the agent stopped reading it.
     pub(super) fn close_stalled(&self) {
         self.stalled.store(true, Ordering::SeqCst);
+        self.agent_ended();
         self.close();
+    }
+
+    /// Notes that the agent's side ended the link (before it is closed).
+    pub(super) fn agent_ended(&self) {
+        self.agent_ended.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the agent's side ended the link.
+    pub(super) fn ended_by_agent(&self) -> bool {
+        self.agent_ended.load(Ordering::SeqCst)
     }
 
     /// The error of a request the link's close failed.

@@ -474,6 +474,7 @@ async fn write_frames(
             }
             Ok(Err(e)) => {
                 tracing::warn!(node = %link.node, error = %e, "agent connection write failed");
+                link.agent_ended();
                 break;
             }
             Err(_) => {
@@ -499,11 +500,14 @@ impl Actor for NodeManagerActor {
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        // Fail every waiting request at once (their senders drop), instead of
-        // letting them run into the reply deadline.
+        // How the link ended is noted before anything waiting on it fails,
+        // so a command it cut off knows whether to wait for the node
+        // (`InstanceActor::reconnected`). Then every waiting request fails
+        // at once (their senders drop), instead of running into the reply
+        // deadline.
+        self.entry.live.disconnect(self.link.connection, self.link.ended_by_agent());
         self.link.close();
         self.shared.links.remove_if(&self.node, self.link.connection);
-        self.entry.live.disconnect(self.link.connection);
         self.shared.read_model.unregister_actor(&self.stats);
         tracing::warn!(node = %self.node, "agent disconnected");
         crate::actors::announce::actor(&self.shared, "actor.stopped", "node_manager", self.node.as_str(), None, None);
@@ -541,25 +545,32 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
             }
             Ok(AgentFrame::Refused { reason }) => {
                 tracing::error!(node = %self.node, %reason, "agent refused the connection");
+                self.link.agent_ended();
                 ctx.stop();
             }
             Ok(AgentFrame::Hello(_) | AgentFrame::Enroll(_)) => {
                 tracing::warn!(node = %self.node, "unexpected Hello or Enroll after the handshake; closing");
+                self.link.agent_ended();
                 ctx.stop();
             }
             // The agent went away without TLS's goodbye (it exited, or its
             // host did): a disconnect, not a bad frame.
-            Err(ProtocolError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => ctx.stop(),
+            Err(ProtocolError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                self.link.agent_ended();
+                ctx.stop();
+            }
             Err(e) => {
                 let msg = crate::error::ErrorChain(&e).to_string();
                 tracing::warn!(node = %self.node, error = %msg, "bad frame from agent; closing");
                 self.stats.end(Some(msg));
+                self.link.agent_ended();
                 ctx.stop();
             }
         }
     }
 
     fn finished(&mut self, ctx: &mut Context<Self>) {
+        self.link.agent_ended();
         ctx.stop();
     }
 }

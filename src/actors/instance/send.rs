@@ -82,12 +82,14 @@ impl InstanceActor {
 
     /// The node's link once it connects again after connection `cut_from`
     /// (0: it had none), within [`RESEND_WAIT`]; `None` at once for a node
-    /// not heard from lately (away, not reconnecting), or when the wait
-    /// ends.
+    /// whose agent ended its last link (it went away: a crash, a stall, a
+    /// shutdown) or not heard from lately, or when the wait ends. Only a
+    /// link this master ended (its node manager killed) is waited for.
     pub(super) async fn reconnected(&self, node: &NodeId, cut_from: u64) -> Option<NodeLink> {
         let shared = &self.env.shared;
-        let heard = shared.read_model.node(node).and_then(|n| n.live.silence(Instant::now()));
-        if heard.is_none_or(|silent| silent > RECENTLY_HEARD) {
+        let entry = shared.read_model.node(node)?;
+        let heard = entry.live.silence(Instant::now());
+        if entry.live.agent_ended() || heard.is_none_or(|silent| silent > RECENTLY_HEARD) {
             return None;
         }
         let deadline = tokio::time::Instant::now() + RESEND_WAIT;
@@ -98,7 +100,9 @@ impl InstanceActor {
             {
                 return Some(link);
             }
-            if tokio::time::Instant::now() >= deadline {
+            // A link whose writer hit a dead socket fails its requests
+            // before its node manager notes the end: looked at again.
+            if entry.live.agent_ended() || tokio::time::Instant::now() >= deadline {
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -5,7 +5,7 @@
 //! every instance.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -31,6 +31,11 @@ pub struct NodeLive {
     /// from here, not as silent forever: the reconnect grace after a
     /// master restart (see [`NodeLive::status_at`]).
     listening_since_ms: i64,
+    /// The last connection to close was ended by the agent's side (it hung
+    /// up, crashed, stalled or broke the protocol), not by this master (a
+    /// killed node manager). Commands that close cut off are sent again
+    /// only for a master-side end: an agent that went away is not waited for.
+    agent_ended: AtomicBool,
 }
 
 impl Default for NodeLive {
@@ -39,6 +44,7 @@ impl Default for NodeLive {
             connection: AtomicU64::new(0),
             last_heard_ms: AtomicI64::new(i64::MIN),
             listening_since_ms: mono_ms(Instant::now()),
+            agent_ended: AtomicBool::new(false),
         }
     }
 }
@@ -57,14 +63,23 @@ impl NodeLive {
 
     /// Connection `connection` is live now.
     pub fn connect(&self, connection: u64) {
+        self.agent_ended.store(false, Ordering::SeqCst);
         self.connection.store(connection, Ordering::SeqCst);
         self.heard();
     }
 
-    /// Connection `connection` closed: the node is disconnected unless a
-    /// newer connection took its place meanwhile.
-    pub fn disconnect(&self, connection: u64) {
-        let _ = self.connection.compare_exchange(connection, 0, Ordering::SeqCst, Ordering::SeqCst);
+    /// Connection `connection` closed (`by_agent`: the agent's side ended
+    /// it): the node is disconnected unless a newer connection took its
+    /// place meanwhile.
+    pub fn disconnect(&self, connection: u64, by_agent: bool) {
+        if self.connection.compare_exchange(connection, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            self.agent_ended.store(by_agent, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether the last connection to close was ended by the agent.
+    pub fn agent_ended(&self) -> bool {
+        self.agent_ended.load(Ordering::SeqCst)
     }
 
     pub fn connected(&self) -> bool {
@@ -175,11 +190,19 @@ mod tests {
         assert_eq!(live.status_at(now + Duration::from_secs(10), u, d), NodeStatus::Unknown);
         assert_eq!(live.status_at(now + Duration::from_secs(40), u, d), NodeStatus::Down);
         // A newer connection is not marked down by the old one closing.
+        // Nor does an old connection's end say how the live one ended.
         live.connect(2);
-        live.disconnect(1);
+        live.disconnect(1, true);
         assert!(live.connected());
-        live.disconnect(2);
+        assert!(!live.agent_ended());
+        live.disconnect(2, false);
         assert_eq!(live.status_at(now, u, d), NodeStatus::Unknown, "just disconnected");
+        assert!(!live.agent_ended(), "ended by the master");
+        live.connect(3);
+        live.disconnect(3, true);
+        assert!(live.agent_ended(), "ended by the agent");
+        live.connect(4);
+        assert!(!live.agent_ended(), "a new connection forgets how the last one ended");
     }
 
     #[test]
