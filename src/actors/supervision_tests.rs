@@ -249,7 +249,11 @@ fn an_inventory_older_than_a_command_on_its_connection_is_ignored() {
         let inventory = |connection, reports: Vec<crate::protocol::messages::InstanceReport>| {
             let node = crate::ids::NodeId::new("n1");
             let entry = h.shared.read_model.node(&node).expect("the node is registered");
-            super::node_manager::reconcile(&h.shared, &node, &entry, connection, &reports);
+            let handle = h.shared.registry.get("i").expect("the cluster's actor");
+            for (instance, observation) in super::node_manager::inventory_lines(&entry, connection, &reports) {
+                let slot = crate::actors::read_model::Reservation::counted(&handle.stats);
+                handle.addr.do_send(super::cluster::InstanceObserved { instance, observation, ack: None, slot });
+            }
         };
         // The Hello of connection 7, taken before that start: the first
         // member is not there yet (an agent that lost it would say the

@@ -1,14 +1,15 @@
 //! The supervision tree under the operator's verbs: a cluster actor killed
 //! during a scale-out is restarted by its supervisor and the operation
 //! completes, no process started twice; past its intensity it is given
-//! up, its cluster `Error` saying so, until an operator restarts it; the
+//! up, its cluster `Error` saying so, until an operator restarts it; an
+//! inventory that reached it dead is applied by its successor; the
 //! supervised tasks and node managers come back; the root refuses.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::{PackageBuilder, TestEnv, id_of, instance_pids, pid_of, role_instances};
+use crate::common::{PackageBuilder, TestEnv, eventually, id_of, instance_pids, pid_of, role_instances};
 
 async fn actor(env: &TestEnv, kind: &str, id: &str) -> Value {
     let (_, v) = env.get("/actors").await;
@@ -110,19 +111,24 @@ fn assert_scaled_out_cleanly(c: &Value, before: &[(String, u32)], count: usize) 
     }
 }
 
+/// Kills cluster `name`'s actor past its intensity (three restarts in 60 s
+/// are allowed; the fourth failure gives it up); its view once given up.
+async fn give_up(env: &TestEnv, name: &str) -> Value {
+    for n in 1..=3u64 {
+        let (status, v) = kill(env, "cluster", name).await;
+        assert_eq!(status, 200, "{v:#}");
+        actor_until(env, "cluster", name, "restarted", |a| a["restarts"] == n && a["state"] != "restarting").await;
+    }
+    kill(env, "cluster", name).await;
+    actor_until(env, "cluster", name, "given up", |a| a["state"] == "failed").await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_its_intensity_a_cluster_actor_is_given_up_until_an_operator_restarts_it() {
     let env = TestEnv::start("actors-give-up").await;
     env.upload(&PackageBuilder::sleeper("ag")).await;
     env.create_active(json!({"name": "g", "package": {"name": "ag", "version": "1.0.0"}})).await;
-    // Three restarts in 60 s are allowed; the fourth failure gives it up.
-    for n in 1..=3u64 {
-        let (status, v) = kill(&env, "cluster", "g").await;
-        assert_eq!(status, 200, "{v:#}");
-        actor_until(&env, "cluster", "g", "restarted", |a| a["restarts"] == n && a["state"] != "restarting").await;
-    }
-    kill(&env, "cluster", "g").await;
-    let a = actor_until(&env, "cluster", "g", "given up", |a| a["state"] == "failed").await;
+    let a = give_up(&env, "g").await;
     assert_eq!(a["health"], "red", "{a:#}");
     let c = loop {
         let c = env.cluster("g").await;
@@ -148,6 +154,53 @@ async fn past_its_intensity_a_cluster_actor_is_given_up_until_an_operator_restar
     assert_eq!(status.as_u16(), 409, "a live actor restarted");
     env.run_ok("/clusters/g/start", None).await;
     assert_eq!(env.cluster("g").await["status"], "Active");
+}
+
+/// An agent's inventory that reaches a cluster whose actor is dead (given
+/// up here; one restarting, for its backoff, is the same) is held by the
+/// node manager and applied by the actor that takes its place: a process
+/// that died while its agent was away ends `Failed`, not `Running` with its
+/// dead pid. (The inventory was dropped with the dead actor's mailbox, and
+/// the restarted actor's records kept the dead process running.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inventory_reaching_a_dead_cluster_actor_is_applied_by_its_successor() {
+    let mut env = TestEnv::start("actors-inventory").await;
+    env.upload(&PackageBuilder::sleeper("ai")).await;
+    let body = json!({"name": "v", "package": {"name": "ai", "version": "1.0.0"},
+        "roles": {"svc": {"count": 1, "nodes": ["node-1"]}}});
+    let c = env.create_active(body).await;
+    let i = role_instances(&c, "svc").remove(0);
+    let (id, pid) = (id_of(&i), pid_of(&i));
+    assert_eq!(instance_pids(&id), vec![pid], "{i:#}");
+    // The process dies while its agent is away: nothing reports the exit,
+    // only the agent's inventory when it is back.
+    env.kill_agent(1);
+    let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    assert!(killed.success(), "kill -9 {pid}");
+    assert!(eventually(5, || instance_pids(&id).is_empty()).await, "{id} still runs: {:?}", instance_pids(&id));
+    let a = give_up(&env, "v").await;
+    assert_eq!(a["state"], "failed", "{a:#}");
+    env.restart_agent(1).await;
+    // The inventory has reached the node manager; the records still say
+    // what the dead actor last wrote.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let i = &env.cluster("v").await["instances"][0];
+    assert_eq!((i["status"].as_str(), i["pid"].as_u64()), (Some("Running"), Some(u64::from(pid))), "{i:#}");
+
+    let (status, v) = env.post_empty("/actors/cluster/v/restart").await;
+    assert_eq!(status.as_u16(), 200, "{v:#}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let i = loop {
+        let i = env.cluster("v").await["instances"][0].clone();
+        if i["status"] != "Running" || Instant::now() > deadline {
+            break i;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(i["status"], "Failed", "the dead process is still shown running: {i:#}");
+    assert_eq!(i["pid"], Value::Null, "{i:#}");
+    let error = i["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("not running on node node-1 when its agent reconnected"), "{i:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

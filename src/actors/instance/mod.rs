@@ -49,11 +49,6 @@ pub struct InstanceActor {
     /// its mailbox (a command the watchdog abandoned, an observation) must
     /// not write the record back.
     forgotten: std::cell::Cell<bool>,
-    /// The link (connection id) the last command that may change what the
-    /// agent holds was sent on: an inventory from that connection's
-    /// `Hello` predates it (in memory: after a master restart every
-    /// connection is new). Connection ids start at 1.
-    sent_on: std::cell::Cell<Option<std::num::NonZeroU64>>,
     /// What the agent said a settling start spawned (generation, pid),
     /// for the start command waiting for its answer ([`Self::spawned`]).
     spawned: std::cell::Cell<Option<(u64, u32)>>,
@@ -122,7 +117,6 @@ impl InstanceActor {
             record: RefCell::new(Arc::new(record)),
             written: Default::default(),
             forgotten: Default::default(),
-            sent_on: Default::default(),
             spawned: Default::default(),
             spawned_news: tokio::sync::Notify::new(),
             mailbox: tokio::sync::Mutex::new(()),

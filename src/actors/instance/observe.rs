@@ -19,7 +19,8 @@ impl InstanceActor {
             // agent reports only once its last connection's requests have
             // finished), so a lower generation there means the command
             // never arrived: the inventory is the truth, not the command.
-            let commanded_since = self.sent_on.get().is_some_and(|sent| connection.is_some_and(|c| sent.get() >= c));
+            let sent = self.env.shared.read_model.node(&node).and_then(|n| n.commanded_on(&self.id()));
+            let commanded_since = sent.is_some_and(|sent| connection.is_some_and(|c| sent >= c));
             if commanded_since {
                 tracing::debug!(instance = %self.id(), ?seen, generation, "an inventory older than a command sent since; ignored");
                 return Some(false);

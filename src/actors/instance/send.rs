@@ -31,10 +31,10 @@ impl InstanceActor {
     /// Sends `cmd` on `link` and waits for its answer (each kind of
     /// command with its own deadline: see `NodeLink`).
     pub(super) async fn send(&self, link: &NodeLink, cmd: InstanceCmd, generation: u64, changes_state: bool) -> Sent {
-        if changes_state {
-            self.sent_on.set(std::num::NonZeroU64::new(link.connection));
-        }
         let instance = self.id();
+        if changes_state && let Some(entry) = self.env.shared.read_model.node(&link.node) {
+            entry.commanded(&instance, link.connection);
+        }
         let (mut applied, mut rule) = (None, None);
         let reply = match cmd {
             InstanceCmd::Install(p) => {

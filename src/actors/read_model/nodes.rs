@@ -121,6 +121,13 @@ pub struct NodeEntry {
     pub live: NodeLive,
     /// Instances placed on this node, with their cluster's name.
     instances: ArcSwap<OrdMap<InstanceId, Arc<str>>>,
+    /// The connection each instance last had a state-changing command sent
+    /// on (install, start, stop, delete). An inventory of that connection
+    /// or an older one was taken before it and is ignored for that
+    /// instance. Kept here, not in the instance's actor, so that a cluster
+    /// actor restarted meanwhile judges an inventory delivered again to it
+    /// as its predecessor would have.
+    commanded: std::sync::Mutex<std::collections::HashMap<InstanceId, u64>>,
 }
 
 impl NodeEntry {
@@ -129,7 +136,20 @@ impl NodeEntry {
             record: ArcSwap::from_pointee(record),
             live: NodeLive::default(),
             instances: ArcSwap::from_pointee(OrdMap::new()),
+            commanded: Default::default(),
         })
+    }
+
+    /// A state-changing command for `instance` goes out on `connection`.
+    pub fn commanded(&self, instance: &InstanceId, connection: u64) {
+        let mut commanded = self.commanded.lock().unwrap_or_else(|p| p.into_inner());
+        let last = commanded.entry(instance.clone()).or_default();
+        *last = (*last).max(connection);
+    }
+
+    /// The connection `instance` last had a state-changing command sent on.
+    pub fn commanded_on(&self, instance: &InstanceId) -> Option<u64> {
+        self.commanded.lock().unwrap_or_else(|p| p.into_inner()).get(instance).copied()
     }
 
     pub fn record(&self) -> Arc<NodeRecord> {
@@ -169,6 +189,10 @@ impl NodeEntry {
             }
             next
         });
+        let mut commanded = self.commanded.lock().unwrap_or_else(|p| p.into_inner());
+        for id in ids {
+            commanded.remove(id);
+        }
     }
 }
 

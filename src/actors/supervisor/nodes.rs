@@ -46,7 +46,7 @@ impl Handler<NodeInventory> for Supervisor {
     /// no cluster are leaked (see `actors::leaked`): reported, and removed
     /// after `leaked_grace`; a force delete's leftovers are removed. (Its
     /// instances the master knows are reconciled by the connection's node
-    /// manager, in order with its reports: `node_manager::reconcile`.)
+    /// manager, in order with its reports: `node_manager::routing`.)
     fn handle(&mut self, msg: NodeInventory, _ctx: &mut Context<Self>) {
         let NodeInventory { node, reports, unrecorded, slot, .. } = msg;
         slot.begin("inventory");
