@@ -220,6 +220,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         agent_send_timeout: cfg.agent_send_timeout,
         node_unknown_after: cfg.node_unknown_after,
         node_down_after: cfg.node_down_after,
+        step_idle_margin: crate::actors::STEP_IDLE_MARGIN,
     };
     let limits = Limits {
         cluster_mailbox: cfg.mailbox_capacity,

@@ -141,7 +141,13 @@ pub struct Timing {
     pub agent_send_timeout: Duration,
     pub node_unknown_after: Duration,
     pub node_down_after: Duration,
+    /// What a step's watchdog allows beyond the reply deadline
+    /// ([`STEP_IDLE_MARGIN`]; tests shorten it).
+    pub step_idle_margin: Duration,
 }
+
+/// See [`Timing::step_idle`].
+pub const STEP_IDLE_MARGIN: Duration = Duration::from_secs(30);
 
 impl Timing {
     /// How long a step may go without any sign of progress (a command
@@ -149,7 +155,7 @@ impl Timing {
     /// command has its own reply deadline too; this catches what they
     /// cannot (a step waiting on nothing).
     pub fn step_idle(&self) -> Duration {
-        self.agent_reply_timeout + Duration::from_secs(30)
+        self.agent_reply_timeout + self.step_idle_margin
     }
 }
 

@@ -484,3 +484,45 @@ fn members_failing_together_give_one_error_naming_each() {
         assert_eq!(h.published("t").status_description, stored.status_description, "published as stored");
     });
 }
+
+/// A command the watchdog stopped waiting for (its agent answers late) is
+/// waited for before the cluster's next operation starts its steps: that
+/// operation sends nothing until the command has ended. (It went ahead at
+/// once, its commands to other members racing the abandoned one.)
+#[test]
+fn the_next_operation_waits_for_a_command_the_watchdog_left_running() {
+    run(async {
+        let mut h = Harness::new();
+        // A stop step fails after 2 s without progress plus twice the
+        // package's 1 s stop grace; the link waits 60 s for an answer.
+        h.shared.timing.agent_reply_timeout = Duration::from_secs(1);
+        h.shared.timing.step_idle_margin = Duration::from_secs(1);
+        let (c, members) = cluster("w", 2);
+        h.persist(&c, &members).await;
+        let _sup = h.boot(vec![c.clone()], members.clone()).await;
+        let mut agent = h.link_within("n1", 1, Duration::from_secs(60));
+        let (a, b) = (members[0].id.clone(), members[1].id.clone());
+        let stop = h.run("w", OpRequest::Instance { id: a.clone(), verb: InstanceVerb::Stop }).await.expect("accepted");
+        let (late, req) = agent.request().await;
+        assert!(matches!(&req, AgentRequest::Stop { instance, .. } if *instance == a), "{req:?}");
+        eventually("the stop's end", || h.published("w").operation.is_none()).await;
+        let stop = h.stored_operation(&stop.id);
+        assert_eq!(stop.status, OperationStatus::Failed, "{stop:?}");
+        assert!(stop.error.as_deref().is_some_and(|e| e.contains("watchdog")), "{stop:?}");
+
+        // The next operation, on the other member, is accepted and waits.
+        let restart =
+            h.run("w", OpRequest::Instance { id: b.clone(), verb: InstanceVerb::Restart }).await.expect("accepted");
+        let early = tokio::time::timeout(Duration::from_secs(2), agent.request()).await;
+        assert!(early.is_err(), "the restart sent {early:?} while the abandoned stop was unanswered");
+        let state = h.handle("w").stats.state();
+        assert_eq!(state, "waiting for the commands an earlier operation left running (1)");
+        agent.answer(late, AgentResponse::Stopped { was_running: true });
+        let (rid, req) = agent.request().await;
+        assert!(matches!(&req, AgentRequest::Stop { instance, .. } if *instance == b), "{req:?}");
+        agent.answer(rid, AgentResponse::Stopped { was_running: true });
+        agent.serve();
+        eventually("the restart's end", || h.stored_operation(&restart.id).status != OperationStatus::Running).await;
+        assert_eq!(h.stored_operation(&restart.id).status, OperationStatus::Succeeded);
+    });
+}

@@ -150,6 +150,7 @@ name = "server"
 count = { min = 0, max = 9 }
 ports = ["client"]
 start = ["bin/start"]
+stop_grace = "1s"
 "#;
 
 impl Harness {
@@ -184,6 +185,7 @@ impl Harness {
                 agent_send_timeout: Duration::from_secs(5),
                 node_unknown_after: Duration::from_secs(3),
                 node_down_after: Duration::from_secs(6),
+                step_idle_margin: crate::actors::STEP_IDLE_MARGIN,
             },
             limits: Limits::default(),
             supervisor: ActorStats::new("supervisor", "supervisor", None),
@@ -261,13 +263,18 @@ impl Harness {
 
     /// A link to `node` (connection `connection`) whose frames the test reads.
     pub fn link(&self, node: &str, connection: u64) -> FakeAgent {
+        self.link_within(node, connection, Duration::from_secs(5))
+    }
+
+    /// The same, whose requests wait `reply` for their answers.
+    pub fn link_within(&self, node: &str, connection: u64, reply: Duration) -> FakeAgent {
         let (tx, rx) = mpsc::channel(64);
         let link = NodeLink::new(
             NodeId::new(node),
             connection,
             tx,
             self.shared.chunk_budget.clone(),
-            Duration::from_secs(5),
+            reply,
             Duration::from_secs(5),
         );
         self.shared.links.replace(link.clone());

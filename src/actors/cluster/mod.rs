@@ -169,6 +169,7 @@ impl ClusterActor {
                     stats: s.clone(),
                     failures: Default::default(),
                     record_writes: Default::default(),
+                    in_flight: Default::default(),
                 });
                 let handles: BTreeMap<InstanceId, InstanceHandle> =
                     start.instances.into_iter().map(|r| (r.id.clone(), InstanceActor::quiet(r, env.clone()))).collect();
@@ -236,6 +237,7 @@ impl ClusterActor {
                     // Its commands take turns with other tasks on this
                     // thread, and all of it waits while a request does.
                     let gate = ops.env.priority.clone();
+                    ops.env.in_flight.before_operation(&op.id, &ops.env.stats).await;
                     let run = gate.behind_requests(runner::run(&ops, &mut op, &plan));
                     let outcome = crate::actors::priority::sliced(run).await;
                     (outcome, op, ops.ended.get())

@@ -156,6 +156,8 @@ pub struct ClusterEnv {
     /// reading the record to applying what landed: two such writes never
     /// cross, so none is built from a record another is about to change.
     pub record_writes: tokio::sync::Mutex<()>,
+    /// Its instance commands queued or running (`in_flight`).
+    pub in_flight: super::in_flight::InFlight,
 }
 
 /// The cluster's side of a member's failure, asked by the instance actor

@@ -29,6 +29,7 @@ use crate::storage::WriteOp;
 use crate::storage::records::{Applied, DesiredState, InstanceRecord, InstanceResult, InstanceStatus, PendingRestart};
 
 mod cmd;
+pub mod in_flight;
 mod observe;
 mod save;
 mod send;
@@ -151,6 +152,8 @@ impl InstanceActor {
     pub async fn run(self: &Rc<Self>, cmd: InstanceCmd) -> InstanceOutcome {
         let me = self.clone();
         let verb = cmd.verb();
+        // Counted until it ends, even if the step stops waiting for it.
+        let counted = self.env.in_flight.enter();
         // Boxed: the command's whole state machine (a package stream, a
         // reply wait) lives on the heap only while it runs, and the future
         // a step holds for each queued command stays small.
@@ -158,6 +161,7 @@ impl InstanceActor {
             .in_turn(
                 verb,
                 Box::pin(async move {
+                    let _counted = counted;
                     // One span per instance command, inside the operation's span.
                     let span = tracing::info_span!("instance", id = %me.id(), verb);
                     // Bulk work: it waits while an API request to a cluster
