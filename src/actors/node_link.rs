@@ -155,8 +155,9 @@ pub struct NodeLink {
     /// of a bare "not connected", which hid why an install failed.
     stalled: Arc<AtomicBool>,
     /// Set when the agent's side ended the link (it hung up, stalled or
-    /// broke the protocol): what the link cut off is not sent again on a
-    /// later connection (see `NodeLive::agent_ended`).
+    /// broke the protocol), or the node cannot come back (its certificate
+    /// was revoked): what the link cut off is not sent again on a later
+    /// connection (see `NodeLive::agent_ended`). Set before the close.
     agent_ended: Arc<AtomicBool>,
     /// Test hooks: the node manager panics at its next frame.
     panic_injected: Arc<AtomicBool>,
@@ -258,13 +259,19 @@ impl NodeLink {
         self.close();
     }
 
+    /// Closes the link of a node that will not be back (revoked).
+    pub fn close_for_good(&self) {
+        self.agent_ended();
+        self.close();
+    }
+
     /// Notes that the agent's side ended the link (before it is closed).
     pub(super) fn agent_ended(&self) {
         self.agent_ended.store(true, Ordering::SeqCst);
     }
 
     /// Whether the agent's side ended the link.
-    pub(super) fn ended_by_agent(&self) -> bool {
+    pub fn ended_by_agent(&self) -> bool {
         self.agent_ended.load(Ordering::SeqCst)
     }
 

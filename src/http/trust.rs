@@ -89,7 +89,7 @@ pub async fn revoke(state: web::Data<AppState>, id: web::Path<String>) -> Result
         let record = trust.revoke(&who).await?;
         let link = links.get(&who);
         if let Some(link) = &link {
-            link.close();
+            link.close_for_good();
         }
         Ok::<_, crate::error::Error>((record, link.is_some()))
     });

@@ -311,7 +311,7 @@ async fn register(
     if let Some(fp) = presented
         && let Err(reason) = trust.identify(&fp)
     {
-        link.close();
+        link.close_for_good();
         return Err(reason);
     }
     let slot = super::read_model::Reservation::counted(&shared.supervisor);

@@ -319,13 +319,12 @@ impl InstanceActor {
         )
         .then(|| cmd.clone());
         let link = self.env.shared.links.get(&node);
-        let cut_from = link.as_ref().map(|l| l.connection).unwrap_or(0);
-        let mut sent = match link {
+        let mut sent = match &link {
             None => Sent::not_connected(&node),
-            Some(link) => self.send(&link, cmd, generation, changes_state).await,
+            Some(link) => self.send(link, cmd, generation, changes_state).await,
         };
         if let (Err(NodeError::Disconnected(_)), Some(cmd)) = (&sent.reply, again)
-            && let Some(link) = self.reconnected(&node, cut_from).await
+            && let Some(link) = self.reconnected(&node, link.as_ref()).await
         {
             tracing::info!(instance = %id, %node, verb, "sent again on the node's new connection");
             sent = self.send(&link, cmd, generation, changes_state).await;

@@ -80,18 +80,26 @@ impl InstanceActor {
         Sent { reply, applied, rule }
     }
 
-    /// The node's link once it connects again after connection `cut_from`
-    /// (0: it had none), within [`RESEND_WAIT`]; `None` at once for a node
-    /// whose agent ended its last link (it went away: a crash, a stall, a
-    /// shutdown) or not heard from lately, or when the wait ends. Only a
-    /// link this master ended (its node manager killed) is waited for.
-    pub(super) async fn reconnected(&self, node: &NodeId, cut_from: u64) -> Option<NodeLink> {
+    /// The node's link once it connects again after `cut` (the link that
+    /// cut the command off; `None`: it had none), within [`RESEND_WAIT`];
+    /// `None` at once when the agent ended that link (it went away: a
+    /// crash, a stall, a shutdown; or the node was revoked), for a node not
+    /// heard from lately, or when the wait ends. Only a link this master
+    /// ended (its node manager killed) is waited for. Judged on the cut
+    /// link itself, set before it closed: the node's own record of its last
+    /// link may already be the next connection's.
+    pub(super) async fn reconnected(&self, node: &NodeId, cut: Option<&NodeLink>) -> Option<NodeLink> {
         let shared = &self.env.shared;
         let entry = shared.read_model.node(node)?;
+        let agent_ended = || match cut {
+            Some(link) => link.ended_by_agent(),
+            None => entry.live.agent_ended(),
+        };
         let heard = entry.live.silence(Instant::now());
-        if entry.live.agent_ended() || heard.is_none_or(|silent| silent > RECENTLY_HEARD) {
+        if agent_ended() || heard.is_none_or(|silent| silent > RECENTLY_HEARD) {
             return None;
         }
+        let cut_from = cut.map(|l| l.connection).unwrap_or(0);
         let deadline = tokio::time::Instant::now() + RESEND_WAIT;
         loop {
             if let Some(link) = shared.links.get(node)
@@ -100,9 +108,7 @@ impl InstanceActor {
             {
                 return Some(link);
             }
-            // A link whose writer hit a dead socket fails its requests
-            // before its node manager notes the end: looked at again.
-            if entry.live.agent_ended() || tokio::time::Instant::now() >= deadline {
+            if agent_ended() || tokio::time::Instant::now() >= deadline {
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -63,7 +63,9 @@ pub struct NodeManagerActor {
     /// earliest such sequence number: their later reports are dropped too
     /// until the agent sends that one again (it resends in order).
     dropped: HashMap<InstanceId, u64>,
-    retry_scheduled: bool,
+    /// When the held observations are next offered again (`None`: not
+    /// scheduled).
+    retry_due: Option<tokio::time::Instant>,
     /// Reports routed and not yet acknowledged (see [`Ack`]).
     inflight: Arc<std::sync::Mutex<HashSet<u64>>>,
     /// Instances whose inventory line is delivered and not yet confirmed:
@@ -140,7 +142,7 @@ impl NodeManagerActor {
                     held_of: HashMap::new(),
                     held_seqs: HashSet::new(),
                     dropped: HashMap::new(),
-                    retry_scheduled: false,
+                    retry_due: None,
                     inflight: Arc::default(),
                     awaiting: HashSet::new(),
                 };

@@ -39,6 +39,8 @@ const HELD_MAX: usize = 4096;
 /// doubles while none gets through, up to [`RETRY_HELD_MAX`].
 const RETRY_HELD: Duration = Duration::from_millis(20);
 const RETRY_HELD_MAX: Duration = Duration::from_secs(1);
+/// How soon an inventory line its cluster actor dropped is offered again.
+const RETRY_AFTER_DROP: Duration = Duration::from_millis(250);
 
 /// An observation waiting for room in its cluster's mailbox, or for its
 /// cluster actor to be back.
@@ -90,7 +92,7 @@ impl NodeManagerActor {
         for (instance, observation) in lines {
             let line = Held { instance, observation, ack: None, inventory: true };
             if let Some(line) = self.deliver(line, ctx) {
-                self.hold(line, false, ctx);
+                self.hold(line, false, Some(RETRY_HELD), ctx);
             }
         }
     }
@@ -147,8 +149,11 @@ impl NodeManagerActor {
     fn confirmed(&mut self, line: Held, applied: bool, ctx: &mut Context<Self>) {
         self.awaiting.remove(&line.instance);
         if !applied {
+            // Its actor died with it, or could not write it: offered again
+            // once a successor may be there, not at once.
             tracing::debug!(instance = %line.instance, node = %self.node, "an inventory line was not applied; delivering it again");
-            self.hold(line, true, ctx);
+            self.hold(line, true, None, ctx);
+            self.schedule_retry(RETRY_AFTER_DROP, ctx);
         } else if !self.held.is_empty() {
             self.schedule_retry(RETRY_HELD, ctx);
         }
@@ -178,8 +183,12 @@ impl NodeManagerActor {
         if seq.is_some_and(|s| self.held_seqs.contains(&s)) {
             return;
         }
+        // A spawn is news for the start waiting on the instance, not a
+        // change of state: it is not held behind the instance's inventory
+        // line (applying that waits for the start, which waits for this).
+        let news = matches!(observation, Observation::Spawned { .. });
         let report = Held { instance, observation, ack, inventory: false };
-        let report = if self.waits(&report.instance) {
+        let report = if !news && self.waits(&report.instance) {
             report
         } else {
             match self.deliver(report, ctx) {
@@ -187,7 +196,7 @@ impl NodeManagerActor {
                 Some(r) => r,
             }
         };
-        self.hold(report, false, ctx);
+        self.hold(report, false, Some(RETRY_HELD), ctx);
     }
 
     /// Whether something of `instance` goes first: a held observation, or
@@ -196,8 +205,9 @@ impl NodeManagerActor {
         self.held_of.contains_key(instance) || self.awaiting.contains(instance)
     }
 
-    /// Holds `report` (`first`: ahead of everything held).
-    fn hold(&mut self, report: Held, first: bool, ctx: &mut Context<Self>) {
+    /// Holds `report` (`first`: ahead of everything held), offered again
+    /// after `retry` (`None`: the caller schedules it).
+    fn hold(&mut self, report: Held, first: bool, retry: Option<Duration>, ctx: &mut Context<Self>) {
         let seq = report.ack.as_ref().and_then(Ack::seq);
         if self.held.len() >= HELD_MAX && !report.inventory {
             tracing::debug!(instance = %report.instance, "cluster mailbox full and too many reports held; the agent will send it again");
@@ -215,26 +225,44 @@ impl NodeManagerActor {
         } else {
             self.held.push_back(report);
         }
-        self.schedule_retry(RETRY_HELD, ctx);
+        if let Some(after) = retry {
+            self.schedule_retry(after, ctx);
+        }
     }
 
+    /// Offers the held observations again in `after`, unless an offer is
+    /// due sooner (a later one is replaced: its timer finds it stale).
     fn schedule_retry(&mut self, after: Duration, ctx: &mut Context<Self>) {
-        if !self.retry_scheduled {
-            self.retry_scheduled = true;
-            ctx.run_later(after, move |act, ctx| act.retry_held(after, ctx));
+        let due = tokio::time::Instant::now() + after;
+        if self.retry_due.is_some_and(|d| d <= due) {
+            return;
         }
+        self.retry_due = Some(due);
+        ctx.run_later(after, move |act, ctx| {
+            if act.retry_due == Some(due) {
+                act.retry_due = None;
+                act.retry_held(after, ctx);
+            }
+        });
     }
 
     /// Offers every held observation to its cluster again, in order; one
     /// that still finds no room (or no live actor) keeps its instance's
     /// later ones held. `waited`: how long since the last offer.
     fn retry_held(&mut self, waited: Duration, ctx: &mut Context<Self>) {
-        self.retry_scheduled = false;
         let mut stuck: HashSet<InstanceId> = HashSet::new();
         let mut delivered = false;
+        // Held for want of room or of a live actor; the others wait for
+        // their instance's inventory line, whose confirmation offers them.
+        let mut blocked = false;
         for _ in 0..self.held.len() {
             let Some(report) = self.held.pop_front() else { break };
-            if stuck.contains(&report.instance) || self.awaiting.contains(&report.instance) {
+            if self.awaiting.contains(&report.instance) {
+                self.held.push_back(report);
+                continue;
+            }
+            if stuck.contains(&report.instance) {
+                blocked = true;
                 self.held.push_back(report);
                 continue;
             }
@@ -254,12 +282,13 @@ impl NodeManagerActor {
                     }
                 }
                 Some(report) => {
+                    blocked = true;
                     stuck.insert(instance);
                     self.held.push_back(report);
                 }
             }
         }
-        if !self.held.is_empty() {
+        if blocked {
             let next = if delivered { RETRY_HELD } else { (waited * 2).min(RETRY_HELD_MAX) };
             self.schedule_retry(next, ctx);
         }
