@@ -56,6 +56,8 @@ pub mod node_manager;
 pub mod packages;
 pub mod placement;
 pub mod priority;
+#[cfg(test)]
+mod race_tests;
 pub mod read_model;
 pub mod registry;
 pub mod render;

@@ -47,6 +47,9 @@ pub struct FlakyStore {
     rule: Mutex<Option<(Rule, usize, bool)>>,
     /// Commits refused so far.
     pub refused: AtomicU64,
+    /// The next commit this rule matches is written, and its answer held
+    /// until the test releases it (a write in flight).
+    hold: Mutex<Option<(Rule, Arc<tokio::sync::Notify>)>>,
 }
 
 impl FlakyStore {
@@ -60,6 +63,20 @@ impl FlakyStore {
         *lock(&self.rule) = Some((Box::new(rule), usize::MAX, true));
     }
 
+    /// The next commit `rule` matches is written at once and answered only
+    /// once the returned notify is notified.
+    pub fn hold(&self, rule: impl Fn(&[WriteOp]) -> bool + Send + Sync + 'static) -> Arc<tokio::sync::Notify> {
+        let release = Arc::new(tokio::sync::Notify::new());
+        *lock(&self.hold) = Some((Box::new(rule), release.clone()));
+        release
+    }
+
+    /// The release of a hold whose rule matches `ops` (once).
+    fn take_hold(&self, ops: &[WriteOp]) -> Option<Arc<tokio::sync::Notify>> {
+        let mut hold = lock(&self.hold);
+        hold.as_ref().is_some_and(|(rule, _)| rule(ops)).then(|| hold.take().expect("matched").1)
+    }
+
     fn refuse(&self, ops: &[WriteOp]) -> Option<StorageError> {
         let mut rule = lock(&self.rule);
         let (matches, left, frozen) = rule.as_mut()?;
@@ -70,6 +87,20 @@ impl FlakyStore {
         self.refused.fetch_add(1, Ordering::SeqCst);
         Some(if *frozen { StorageError::Frozen } else { injected() })
     }
+}
+
+/// `answer`, given only once `release` is notified (if any).
+fn held(
+    answer: BoxFuture<'static, Result<(), StorageError>>,
+    release: Option<Arc<tokio::sync::Notify>>,
+) -> BoxFuture<'static, Result<(), StorageError>> {
+    let Some(release) = release else { return answer };
+    async move {
+        let r = answer.await;
+        release.notified().await;
+        r
+    }
+    .boxed()
 }
 
 fn injected() -> StorageError {
@@ -97,14 +128,16 @@ impl MetaStore for FlakyStore {
         if let Some(e) = self.refuse(&ops) {
             return async { Err(e) }.boxed();
         }
-        self.inner.commit(ops)
+        let release = self.take_hold(&ops);
+        held(self.inner.commit(ops), release)
     }
 
     fn try_commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'static, Result<(), StorageError>> {
         if let Some(e) = self.refuse(&ops) {
             return async { Err(e) }.boxed();
         }
-        self.inner.try_commit(ops)
+        let release = self.take_hold(&ops);
+        held(self.inner.try_commit(ops), release)
     }
 
     fn get(&self, cf: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
@@ -157,7 +190,8 @@ impl Harness {
     pub fn new() -> Harness {
         let dir = tempfile::tempdir().expect("temp dir");
         let inner = MasterStore::open(&dir.path().join("db")).expect("store");
-        let store = Arc::new(FlakyStore { inner, rule: Mutex::default(), refused: AtomicU64::new(0) });
+        let store =
+            Arc::new(FlakyStore { inner, rule: Mutex::default(), refused: AtomicU64::new(0), hold: Mutex::default() });
         let meta: Arc<dyn MetaStore> = store.clone();
         let read_model = ReadModel::new(meta.clone());
         let spec = ComponentSpec::parse(SPEC).expect("spec");

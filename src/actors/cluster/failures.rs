@@ -161,10 +161,19 @@ impl MemberFailures for Escalation {
         ops.push(events::append(&failed).ok()?);
         let stats = self.stats.clone();
         let durable = move || {
-            {
+            let taken = {
                 let mut c = core.borrow_mut();
                 change(&mut c.record);
                 c.record.updated_at = snapshot.updated_at;
+                c.record.operation != snapshot.operation
+            };
+            if taken {
+                // An operation was accepted while this was written: its own
+                // write, behind this one, is what readers see once it lands
+                // (an Error published now would show over its busy mark, or
+                // stay shown after it), and its end judges the member.
+                tracing::warn!(cluster = %name, reason = %why, "a member failed while an operation was being accepted; its end judges it");
+                return;
             }
             tracing::error!(cluster = %name, reason = %why, "cluster failed: a member failed");
             stats.end(Some(why));

@@ -11,7 +11,7 @@ impl InstanceActor {
             let r = self.record.borrow();
             (r.status, r.desired, r.pid, r.node.clone(), r.generation)
         };
-        if let Observation::Inventory { generation: seen, connection, .. } = &observation {
+        if let Observation::Inventory { generation: seen, connection: Some(connection), .. } = &observation {
             // A command sent on this connection (or a later one) came
             // after the inventory was taken: applying it would mark a
             // healthy instance Lost or Failed. A command sent on an
@@ -19,10 +19,11 @@ impl InstanceActor {
             // agent reports only once its last connection's requests have
             // finished), so a lower generation there means the command
             // never arrived: the inventory is the truth, not the command.
-            let sent = self.env.shared.read_model.node(&node).and_then(|n| n.commanded_on(&self.id()));
-            let commanded_since = sent.is_some_and(|sent| connection.is_some_and(|c| sent >= c));
-            if commanded_since {
-                tracing::debug!(instance = %self.id(), ?seen, generation, "an inventory older than a command sent since; ignored");
+            // Nor does a replaced connection's inventory, arriving late,
+            // override a newer one's.
+            let entry = self.env.shared.read_model.node(&node);
+            if entry.is_some_and(|n| !n.inventory_applies(&self.id(), *connection)) {
+                tracing::debug!(instance = %self.id(), ?seen, generation, connection, "an inventory older than a command or an inventory since; ignored");
                 return Some(false);
             }
         }

@@ -192,6 +192,11 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
         // Counted, not timed: a frame is handled in microseconds, and this
         // runs for every frame of every agent.
         self.stats.handled.fetch_add(1, Ordering::Relaxed);
+        if self.link.is_closed() {
+            // Replaced by a newer connection (or closing): what this one
+            // still reads is older than what that one says.
+            return;
+        }
         self.entry.live.heard();
         if self.link.panic_injected() && self.link.take_injected_panic() {
             panic!("a panic injected by a test hook (node manager of {})", self.node);

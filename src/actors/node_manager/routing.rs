@@ -104,6 +104,12 @@ impl NodeManagerActor {
     /// inventory line is not bounded by the mailbox (one per instance of a
     /// node that just connected, and each must arrive), and is awaited.
     fn deliver(&mut self, held: Held, ctx: &mut Context<Self>) -> Option<Held> {
+        if self.link.is_closed() {
+            // A newer connection's inventory may be delivered already: what
+            // this one held is dropped unacknowledged (the agent sends its
+            // reports again on that connection).
+            return None;
+        }
         let cluster = self.entry.instances().get(&held.instance).cloned();
         let handle = cluster.and_then(|c| self.shared.registry.get(&c));
         let Some(handle) = handle else {

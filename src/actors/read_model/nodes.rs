@@ -121,13 +121,22 @@ pub struct NodeEntry {
     pub live: NodeLive,
     /// Instances placed on this node, with their cluster's name.
     instances: ArcSwap<OrdMap<InstanceId, Arc<str>>>,
-    /// The connection each instance last had a state-changing command sent
-    /// on (install, start, stop, delete). An inventory of that connection
-    /// or an older one was taken before it and is ignored for that
-    /// instance. Kept here, not in the instance's actor, so that a cluster
-    /// actor restarted meanwhile judges an inventory delivered again to it
-    /// as its predecessor would have.
-    commanded: std::sync::Mutex<std::collections::HashMap<InstanceId, u64>>,
+    /// Per instance, which connections' news is stale: see [`Connections`].
+    /// Kept here, not in the instance's actor, so that a cluster actor
+    /// restarted meanwhile judges an inventory delivered again to it as its
+    /// predecessor would have.
+    seen: std::sync::Mutex<std::collections::HashMap<InstanceId, Connections>>,
+}
+
+/// The connections that make an inventory of an instance stale.
+#[derive(Debug, Default, Clone, Copy)]
+struct Connections {
+    /// The last a state-changing command (install, start, stop, delete)
+    /// was sent on: an inventory of it or an older one was taken before.
+    commanded: u64,
+    /// The newest whose inventory was applied: an older one's is stale (a
+    /// late line of a connection that was replaced).
+    inventoried: u64,
 }
 
 impl NodeEntry {
@@ -136,20 +145,33 @@ impl NodeEntry {
             record: ArcSwap::from_pointee(record),
             live: NodeLive::default(),
             instances: ArcSwap::from_pointee(OrdMap::new()),
-            commanded: Default::default(),
+            seen: Default::default(),
         })
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<InstanceId, Connections>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A state-changing command for `instance` goes out on `connection`.
     pub fn commanded(&self, instance: &InstanceId, connection: u64) {
-        let mut commanded = self.commanded.lock().unwrap_or_else(|p| p.into_inner());
-        let last = commanded.entry(instance.clone()).or_default();
-        *last = (*last).max(connection);
+        let mut seen = self.seen();
+        let c = seen.entry(instance.clone()).or_default();
+        c.commanded = c.commanded.max(connection);
     }
 
-    /// The connection `instance` last had a state-changing command sent on.
-    pub fn commanded_on(&self, instance: &InstanceId) -> Option<u64> {
-        self.commanded.lock().unwrap_or_else(|p| p.into_inner()).get(instance).copied()
+    /// Whether connection `connection`'s inventory still tells the truth
+    /// about `instance`: no command went out since it was taken (on it or
+    /// a later connection) and no later connection's inventory was applied.
+    /// Noted as applied when it does.
+    pub fn inventory_applies(&self, instance: &InstanceId, connection: u64) -> bool {
+        let mut seen = self.seen();
+        let c = seen.entry(instance.clone()).or_default();
+        if c.commanded >= connection || c.inventoried > connection {
+            return false;
+        }
+        c.inventoried = connection;
+        true
     }
 
     pub fn record(&self) -> Arc<NodeRecord> {
@@ -189,9 +211,9 @@ impl NodeEntry {
             }
             next
         });
-        let mut commanded = self.commanded.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen();
         for id in ids {
-            commanded.remove(id);
+            seen.remove(id);
         }
     }
 }
