@@ -267,6 +267,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         a.spawn(async move { crate::actors::priority::lower_for_good(by) });
     }
     let shared = Shared {
+        in_flight: Default::default(),
         store: store.clone(),
         blobs: Arc::new(blobs),
         read_model: read_model.clone(),

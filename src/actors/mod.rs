@@ -103,6 +103,9 @@ pub struct Shared {
     pub chunk_budget: Arc<tokio::sync::Semaphore>,
     /// The supervised tasks, and the master's fatal failure (`supervised`).
     pub tasks: Arc<supervised::Tasks>,
+    /// Each cluster's instance commands queued or running (outlives its
+    /// actor: `instance::in_flight`).
+    pub in_flight: instance::in_flight::InFlights,
 }
 
 impl Shared {

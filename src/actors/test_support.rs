@@ -206,6 +206,7 @@ impl Harness {
         };
         read_model.put_package(PackageView { record: Arc::new(record), spec: Arc::new(spec) });
         let shared = Shared {
+            in_flight: Default::default(),
             tasks: Arc::default(),
             store: meta,
             blobs: Arc::new(BlobStore::open(&dir.path().join("packages")).expect("blobs")),

@@ -163,9 +163,12 @@ impl MemberFailures for Escalation {
         let durable = move || {
             let taken = {
                 let mut c = core.borrow_mut();
-                change(&mut c.record);
-                c.record.updated_at = snapshot.updated_at;
-                c.record.operation != snapshot.operation
+                let taken = c.record.operation != snapshot.operation;
+                if !taken {
+                    change(&mut c.record);
+                    c.record.updated_at = snapshot.updated_at;
+                }
+                taken
             };
             if taken {
                 // An operation was accepted while this was written: its own
@@ -212,6 +215,8 @@ impl ClusterActor {
             ops.save_cluster_until_landed(change, extra, "a cluster's Error").await
         };
         ctx.spawn(save.into_actor(self).map(|saved, act, _| match saved {
+            // An operation taken meanwhile shows its own state, and judges.
+            Ok(()) if act.core.borrow().record.operation.is_some() => {}
             Ok(()) => {
                 let c = act.core.borrow();
                 act.stats.end(Some(c.record.status_description.clone()));

@@ -169,7 +169,7 @@ impl ClusterActor {
                     stats: s.clone(),
                     failures: Default::default(),
                     record_writes: Default::default(),
-                    in_flight: Default::default(),
+                    in_flight: shared.in_flight.of(start.record.id),
                 });
                 let handles: BTreeMap<InstanceId, InstanceHandle> =
                     start.instances.into_iter().map(|r| (r.id.clone(), InstanceActor::quiet(r, env.clone()))).collect();
@@ -560,8 +560,12 @@ impl ClusterActor {
     /// the refusal is answered, so the caller may retry it at once) and
     /// stops the actor, which was never shown.
     fn forget_refused_create(&mut self, ctx: &mut Context<Self>) {
-        let name = self.core.borrow().record.name.clone();
+        let (name, id) = {
+            let c = self.core.borrow();
+            (c.record.name.clone(), c.record.id)
+        };
         self.shared.registry.remove_if(&name, &self.stats);
+        self.shared.in_flight.forget(&id);
         ctx.stop();
     }
 }

@@ -118,16 +118,20 @@ impl ClusterOps {
 
     /// A cluster write landed: `change` applied to the record as it is now,
     /// and what was written published.
-    /// Not published when an operation was accepted (or ended) meanwhile:
-    /// what was written is older than the busy mark readers will see from
-    /// that operation's own write.
+    /// Neither applied nor published when an operation was accepted
+    /// meanwhile: what was written is older than the busy mark readers will
+    /// see from that operation's own write (which lands after it), and
+    /// the operation's end judges what it said.
     fn saved(&self, change: impl Fn(&mut ClusterRecord), written: Option<ClusterRecord>) {
         let Some(written) = written else { return };
         let taken = {
             let mut core = self.core.borrow_mut();
-            change(&mut core.record);
-            core.record.updated_at = written.updated_at;
-            core.record.operation != written.operation
+            let taken = core.record.operation != written.operation;
+            if !taken {
+                change(&mut core.record);
+                core.record.updated_at = written.updated_at;
+            }
+            taken
         };
         if !taken {
             self.env.cell.set_record(written);

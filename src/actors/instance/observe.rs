@@ -22,7 +22,7 @@ impl InstanceActor {
             // Nor does a replaced connection's inventory, arriving late,
             // override a newer one's.
             let entry = self.env.shared.read_model.node(&node);
-            if entry.is_some_and(|n| !n.inventory_applies(&self.id(), *connection)) {
+            if self.forgotten.get() || entry.is_some_and(|n| !n.inventory_applies(&self.id(), *connection)) {
                 tracing::debug!(instance = %self.id(), ?seen, generation, connection, "an inventory older than a command or an inventory since; ignored");
                 return Some(false);
             }

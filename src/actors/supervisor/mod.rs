@@ -357,6 +357,7 @@ impl Handler<ClusterGone> for Supervisor {
         let ClusterGone { name, cluster, operations, slot } = msg;
         slot.begin("cluster gone");
         self.shared.registry.remove(&name);
+        self.shared.in_flight.forget(&cluster);
         tracing::info!(cluster = %name, "cluster deleted");
         let writes = self.gone.add(cluster, operations);
         self.stats.end(None);
