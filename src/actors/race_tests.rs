@@ -6,16 +6,12 @@ use std::time::Duration;
 use super::cluster::{InstanceObserved, OpRequest};
 use super::instance::Observation;
 use super::read_model::Reservation;
-use super::test_support::{Harness, cluster, is_cluster_write};
+use super::test_support::{Harness, cluster, is_cluster_write, run};
 use crate::ids::InstanceId;
 use crate::operations::lifecycle::InstanceVerb;
 use crate::storage::WriteOp;
 use crate::storage::keys::master_cf;
 use crate::storage::records::{ClusterStatus, InstanceStatus};
-
-fn run<F: std::future::Future>(f: F) -> F::Output {
-    actix::System::new().block_on(f)
-}
 
 /// Hands `observation` of `instance` to cluster `name`'s actor as a node
 /// manager would (without waiting for it to be applied).

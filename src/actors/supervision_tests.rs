@@ -10,16 +10,12 @@ use actix::Addr;
 
 use super::cluster::{Kill, OpRequest};
 use super::supervisor::{CreateAnswer, CreateCluster, RoleRequest, Supervisor};
-use super::test_support::{Harness, cluster, eventually, is_cluster_write, is_journal, is_new_operation};
+use super::test_support::{Harness, cluster, eventually, is_cluster_write, is_journal, is_new_operation, run};
 use crate::error::Error;
 use crate::ids::NodeId;
 use crate::operations::lifecycle::InstanceVerb;
 use crate::protocol::messages::{AgentRequest, AgentResponse};
 use crate::storage::records::{ClusterStatus, InstanceStatus, OperationRecord, OperationStatus};
-
-fn run<F: std::future::Future>(f: F) -> F::Output {
-    actix::System::new().block_on(f)
-}
 
 /// A create of the harness's package named `name`, with `roles`.
 fn create_request(name: &str, roles: BTreeMap<String, RoleRequest>) -> CreateCluster {

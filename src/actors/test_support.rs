@@ -107,6 +107,11 @@ fn injected() -> StorageError {
     StorageError::Io { path: "test".into(), source: std::io::Error::other("injected write failure") }
 }
 
+/// Runs a test's body on an actix system of its own.
+pub fn run<F: std::future::Future>(f: F) -> F::Output {
+    actix::System::new().block_on(f)
+}
+
 /// A journal write of a running operation: its header without the cluster.
 pub fn is_journal(ops: &[WriteOp]) -> bool {
     let put = |cf: &str| ops.iter().any(|o| matches!(o, WriteOp::Put { cf: c, .. } if *c == cf));
