@@ -37,12 +37,15 @@ done
 # Templates that, unbounded, take the master's memory (issue 22, item 3):
 # the renderer must refuse each within its budget.
 cp hostile_templates/*.toml seeds/component_toml/
-cargo +nightly fuzz build --sanitizer none
+# Build and run with the same flags, or the run rebuilds. 16 codegen units
+# (cargo-fuzz's default is 1 in release) and fuzz/Cargo.toml's -O1: see there.
+flags=(--sanitizer none --codegen-units 16)
+cargo +nightly fuzz build "${flags[@]}"
 status=0
 for target in frame_decoder tar_policy component_toml api_bodies beneath; do
   mkdir -p "corpus/$target" "regressions/$target" "seeds/$target" "artifacts/$target"
   echo "fuzz: $target for ${seconds}s"
-  if ! cargo +nightly fuzz run --sanitizer none "$target" "corpus/$target" "seeds/$target" "regressions/$target" -- \
+  if ! cargo +nightly fuzz run "${flags[@]}" "$target" "corpus/$target" "seeds/$target" "regressions/$target" -- \
       -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1; then
     echo "fuzz: $target FAILED; the input is kept in fuzz/regressions/$target" >&2
     cp -n artifacts/"$target"/* "regressions/$target/" 2>/dev/null || true
