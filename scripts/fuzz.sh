@@ -17,7 +17,9 @@ tests_target="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
 cd "$(dirname "$0")/../fuzz"
 export CARGO_TARGET_DIR="${FLOTILLA_FUZZ_TARGET_DIR:-$HOME/.cache/flotilla-fuzz-target}"
 if [ -z "${ROCKSDB_LIB_DIR:-}" ]; then
-  lib="$(ls -t "$tests_target"/debug/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -n 1 || true)"
+  # Under the host's triple (.cargo/config.toml), or directly (older builds).
+  lib="$(ls -t "$tests_target"/*/debug/build/librocksdb-sys-*/out/librocksdb.a \
+    "$tests_target"/debug/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -n 1 || true)"
   if [ -n "$lib" ]; then
     export ROCKSDB_LIB_DIR="$(dirname "$lib")" ROCKSDB_STATIC=1
     echo "fuzz: linking the test build's RocksDB ($lib)"

@@ -10,4 +10,6 @@ scripts/setup.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
 # The test profile's build (one profile for tests, clippy and dev runs).
 cargo build --quiet --all-targets
-exec python3 scripts/soak.py --bin "$CARGO_TARGET_DIR/debug/flotilla" "$@"
+# Under the host's triple (.cargo/config.toml builds for it explicitly).
+host="$(rustc -vV | sed -n 's/^host: //p')"
+exec python3 scripts/soak.py --bin "$CARGO_TARGET_DIR/$host/debug/flotilla" "$@"
