@@ -16,13 +16,14 @@ use crate::ids::NodeId;
 use crate::storage::events::{self, append};
 use crate::storage::records::{EventRecord, NodeStatus};
 
-/// Appends `events` in one request, in the background.
+/// Appends `events` in one request, in the background (a temporary
+/// child: `supervision::spec("announce")`).
 pub fn announce(shared: &Shared, events: Vec<EventRecord>) {
     let ops: Result<Vec<_>, _> = events.iter().map(append).collect();
     let store = shared.store.clone();
     match ops {
         Ok(ops) if !ops.is_empty() => {
-            actix::spawn(async move {
+            super::supervised::temporary("announce", async move {
                 match store.commit(ops).await {
                     Ok(()) => {}
                     // Shutting down: actors stop after the store froze.

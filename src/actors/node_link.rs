@@ -296,19 +296,20 @@ impl NodeLink {
     }
 
     /// A place for one package chunk: this link's share first (a slow
-    /// agent waits on its own), then the budget shared by all links. Waiting
-    /// for the budget is waiting for other links' sockets, not a stall of
-    /// this one: each second of it counts as progress for the step watchdog.
-    async fn chunk_permit(&self, progress: &AtomicU64) -> Result<ChunkPermit, NodeError> {
+    /// agent waits on its own), then the budget shared by all links. Neither
+    /// wait is progress for the step watchdog: only a chunk sent or a
+    /// receipt is, so a step whose links wait on a budget that does not
+    /// move (held by links that never drain) ends at its deadline instead
+    /// of waiting for good. (The budget is fair: while it moves, every link
+    /// gets its turn well within a deadline.)
+    async fn chunk_permit(&self) -> Result<ChunkPermit, NodeError> {
         let gone = |_| self.closed_error();
         let link = self.link_chunks.clone().acquire_owned().await.map_err(gone)?;
         let budget = loop {
             match tokio::time::timeout(Duration::from_secs(1), self.chunks.clone().acquire_owned()).await {
                 Ok(p) => break p.map_err(gone)?,
                 Err(_) if self.is_closed() => return Err(self.closed_error()),
-                Err(_) => {
-                    progress.fetch_add(1, Ordering::Relaxed);
-                }
+                Err(_) => {}
             }
         };
         Ok(ChunkPermit { _link: link, _budget: budget })
@@ -480,7 +481,7 @@ impl NodeLink {
             }
             // The budget first, then the buffer: memory is held only for
             // chunks that may be queued.
-            let permit = self.chunk_permit(progress).await?;
+            let permit = self.chunk_permit().await?;
             // Sized to what is left: a 4 KiB package costs 4 KiB, not a MiB.
             let mut buf = vec![0u8; INSTALL_CHUNK_BYTES.min(usize::try_from(left).unwrap_or(usize::MAX))];
             let mut filled = 0;

@@ -27,15 +27,23 @@ pub struct ClusterHandle {
 }
 
 impl ClusterHandle {
+    /// Why no request may be sent to the actor: its supervisor gave it up
+    /// (or is giving it up) and only an operator brings it back.
+    pub fn given_up(&self) -> Option<Error> {
+        let name = &self.stats.id;
+        matches!(self.stats.state().as_str(), "failed" | "giving up").then(|| {
+            Error::unavailable(format!(
+                "the actor of cluster {name} failed too often and was given up (GET /api/v1/actors says why); restart it: POST /api/v1/actors/cluster/{name}/restart (flotilla actor restart cluster {name})"
+            ))
+        })
+    }
+
     /// Reserves a place in the actor's mailbox of `capacity` for an API
     /// request, marked urgent on the actor's thread, or answers
     /// `overloaded` (the API's 503): the message must then not be sent.
     pub fn reserve(&self, capacity: usize) -> Result<Reservation, Error> {
-        if matches!(self.stats.state().as_str(), "failed" | "giving up") {
-            let name = &self.stats.id;
-            return Err(Error::unavailable(format!(
-                "the actor of cluster {name} failed too often and was given up (GET /api/v1/actors says why); restart it: POST /api/v1/actors/cluster/{name}/restart (flotilla actor restart cluster {name})"
-            )));
+        if let Some(e) = self.given_up() {
+            return Err(e);
         }
         let slot = Reservation::within(&self.stats, capacity).ok_or_else(|| {
             Error::overloaded(format!("cluster {} has {capacity} requests waiting; retry shortly", self.stats.id))

@@ -245,6 +245,25 @@ where
     });
 }
 
+/// Runs the one-shot task `work` as a temporary child of kind `kind`
+/// (`supervision::spec(kind)`, `GiveUp::Reported`): never restarted (the
+/// next one is another task), counted in `flotilla_live_tasks` while it
+/// runs, and a panic in it is caught and reported (an error log and
+/// `flotilla_task_failures_total{kind}`), not lost with a dropped task.
+pub fn temporary(kind: &'static str, work: impl Future<Output = ()> + 'static) {
+    use futures::FutureExt;
+    debug_assert_eq!(super::supervision::spec(kind).give_up, super::supervision::GiveUp::Reported);
+    let live = super::live_tasks::LiveTask::new(kind);
+    actix::spawn(async move {
+        let _live = live;
+        if let Err(payload) = AssertUnwindSafe(work).catch_unwind().await {
+            let reason = panic_message(payload.as_ref());
+            tracing::error!(task = kind, %reason, "a temporary task panicked; its work is lost, nothing else");
+            metrics::counter!("flotilla_task_failures_total", "kind" => kind).increment(1);
+        }
+    });
+}
+
 /// The store's writer thread is not restarted: its death, or one write
 /// that the disk has not answered within `stall_limit`, ends the master
 /// (`supervision::spec("store_writer")`), noticed within a second. Every

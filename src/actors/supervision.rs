@@ -12,7 +12,8 @@
 //!         │   └─ node_manager/* (actor + its link writer, one_for_all)
 //!         ├─ agent_listener    (task)
 //!         ├─ node_watcher      (task)
-//!         └─ leaked_sweep      (task)
+//!         ├─ leaked_sweep      (task)
+//!         └─ announce/*        (temporary tasks: one per event write, never restarted, a panic reported)
 //! ```
 
 use std::collections::VecDeque;
@@ -42,6 +43,9 @@ pub enum GiveUp {
     /// The connection is closed: the agent connects again, and a new child
     /// serves it (each connection is a new child, so none is given up).
     Reconnect,
+    /// A temporary child (OTP's `temporary`): its one piece of work is
+    /// lost, its panic is logged and counted, nothing else is touched.
+    Reported,
 }
 
 /// One kind of child.
@@ -71,6 +75,7 @@ impl ChildSpec {
             GiveUp::ClusterError => "then failed (cluster Error)",
             GiveUp::ExitMaster => "then the master exits",
             GiveUp::Reconnect => "then the agent reconnects",
+            GiveUp::Reported => "a panic is logged and counted",
         };
         match self.intensity {
             0 => format!("{strategy}, never restarted, {then}"),
@@ -82,7 +87,7 @@ impl ChildSpec {
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// The tree. Every long-lived actor and task of the master is one of these.
-pub const TREE: [ChildSpec; 8] = [
+pub const TREE: [ChildSpec; 9] = [
     ChildSpec {
         kind: "store_writer",
         supervisor: "master",
@@ -155,6 +160,17 @@ pub const TREE: [ChildSpec; 8] = [
         backoff: Duration::from_millis(200),
         give_up: GiveUp::ExitMaster,
     },
+    // Best-effort event writes (`announce`): many short tasks, not listed
+    // one by one in `GET /actors`; counted in `flotilla_live_tasks`.
+    ChildSpec {
+        kind: "announce",
+        supervisor: "master",
+        strategy: Strategy::OneForOne,
+        intensity: 0,
+        period: MINUTE,
+        backoff: Duration::ZERO,
+        give_up: GiveUp::Reported,
+    },
 ];
 
 /// How `kind`'s supervisor restarts it (`GET /actors`); the root says so.
@@ -213,6 +229,7 @@ mod tests {
         }
         assert_eq!(spec("cluster").describe(), "one_for_all, 3 in 60s, then failed (cluster Error)");
         assert_eq!(spec("store_writer").describe(), "one_for_one, never restarted, then the master exits");
+        assert_eq!(spec("announce").describe(), "one_for_one, never restarted, a panic is logged and counted");
     }
 
     #[test]

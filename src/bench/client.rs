@@ -148,13 +148,18 @@ impl Api {
     pub async fn run_op(&self, method: &'static str, path: &str, body: &Value) -> Result<(Value, Duration), ApiError> {
         let started = Instant::now();
         let accepted = self.call(method, path, Some(body)).await?;
-        let id = accepted["operation"]["id"].as_str().unwrap_or_default().to_string();
+        let op = self.wait_op(accepted["operation"]["id"].as_str().unwrap_or_default()).await?;
+        Ok((op, started.elapsed()))
+    }
+
+    /// Waits for operation `id` to end; returns it ended.
+    pub async fn wait_op(&self, id: &str) -> Result<Value, ApiError> {
         loop {
             let op = self.get(&format!("/operations/{id}?wait=60")).await?;
             let op = op["operation"].clone();
             let status = op["status"].as_str().unwrap_or_default();
             if !matches!(status, "Pending" | "Running") {
-                return Ok((op, started.elapsed()));
+                return Ok(op);
             }
         }
     }

@@ -3,8 +3,9 @@
 //! `sleep` and writes a pidfile):
 //!
 //! - API -> Running of one instance (`POST .../instances/{id}/start` until
-//!   the operation succeeded), with the system idle and while another
-//!   cluster scales up by `--instances`;
+//!   the API shows it `Running` with its pid; the operation, which ends
+//!   once the start has settled, must then succeed), with the system idle
+//!   and while another cluster scales up by `--instances`;
 //! - real starts per second (a whole stopped cluster started) against the
 //!   spawn ceiling;
 //! - a scale-in of `--instances`;
@@ -244,14 +245,33 @@ async fn workload(
     Ok(())
 }
 
-/// Stops the instance, then times its start until the operation succeeded.
+/// Stops the instance, then times its start until the API shows it
+/// `Running` with a pid (its process runs). The start then settles (1 s by
+/// default) and must succeed, or the run fails: a start that dies is never
+/// a sample.
 async fn start_once(api: &Api, id: &str) -> Result<Duration, String> {
     let e = |e: super::client::ApiError| e.to_string();
     succeed(api.run_op("POST", &format!("/clusters/probe/instances/{id}/stop"), &json!({})).await.map_err(e)?)?;
-    let (op, took) =
-        api.run_op("POST", &format!("/clusters/probe/instances/{id}/start"), &json!({})).await.map_err(e)?;
-    succeed((op, took))?;
-    Ok(took)
+    let asked = Instant::now();
+    let accepted = api.post(&format!("/clusters/probe/instances/{id}/start"), &json!({})).await.map_err(e)?;
+    let op = accepted["operation"]["id"].as_str().ok_or_else(|| format!("no operation in {accepted}"))?.to_string();
+    let shown = loop {
+        let c = api.get("/clusters/probe").await.map_err(e)?;
+        let running = c["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|i| i["id"] == id && i["status"] == "Running" && i["pid"].as_u64().is_some());
+        if running {
+            break asked.elapsed();
+        }
+        if asked.elapsed() > Duration::from_secs(20) {
+            return Err(format!("the start of {id} was not shown Running after 20 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    succeed((api.wait_op(&op).await.map_err(e)?, Duration::ZERO))?;
+    Ok(shown)
 }
 
 fn succeed((op, _): (Value, Duration)) -> Result<(), String> {

@@ -17,9 +17,39 @@ use super::error::ApiError;
 use crate::actors::read_model::{Claim, Reservation};
 use crate::error::Error;
 
-/// The actor is gone (stopped, or dropped the message unanswered).
-pub(super) fn mailbox(e: MailboxError) -> ApiError {
-    ApiError(Error::unavailable(format!("actor unavailable: {e}")))
+/// Why an actor gave no answer to a request.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Unanswered {
+    /// Not taken within the limit: the actor drops it; nothing was done.
+    Late(Duration),
+    /// The actor stopped (failed, or was killed) with the request still in
+    /// its mailbox: nothing was done, and its successor may take it again.
+    Dropped,
+    /// The actor stopped while handling the request: its answer is lost.
+    Failed,
+}
+
+impl Unanswered {
+    /// How an actor that stopped left the request its caller holds `claim` of.
+    pub(super) fn gone(claim: &Claim) -> Unanswered {
+        if claim.abandon() { Unanswered::Dropped } else { Unanswered::Failed }
+    }
+}
+
+impl From<Unanswered> for ApiError {
+    fn from(u: Unanswered) -> ApiError {
+        match u {
+            Unanswered::Late(limit) => not_taken(limit),
+            Unanswered::Dropped => ApiError(Error::unavailable(
+                "the actor stopped (it failed or was killed) before it took the request; its supervisor restarts it \
+                 (GET /api/v1/actors); nothing was done, retry",
+            )),
+            Unanswered::Failed => ApiError(Error::unavailable(
+                "the actor stopped (it failed or was killed) while it handled the request, so its answer is lost \
+                 (GET /api/v1/actors says why); check what the request would have changed before retrying",
+            )),
+        }
+    }
 }
 
 /// The answer to a request its actor did not take within `limit`.
@@ -38,7 +68,7 @@ pub(super) async fn ask<A, M>(
     slot: Reservation,
     limit: Duration,
     make: impl FnOnce(Reservation) -> M,
-) -> Result<M::Result, ApiError>
+) -> Result<M::Result, Unanswered>
 where
     A: Handler<M>,
     A::Context: ToEnvelope<A, M>,
@@ -50,16 +80,16 @@ where
 }
 
 /// Waits for `answer`; when it has not come within `limit` and the actor
-/// has not taken the request (`claim`), gives up with [`not_taken`].
+/// has not taken the request (`claim`), gives up ([`Unanswered::Late`]).
 pub(super) async fn taken_within<T>(
     answer: impl Future<Output = Result<T, MailboxError>>,
     claim: &Claim,
     limit: Duration,
-) -> Result<T, ApiError> {
+) -> Result<T, Unanswered> {
     tokio::pin!(answer);
     match tokio::time::timeout(limit, &mut answer).await {
-        Ok(r) => r.map_err(mailbox),
-        Err(_) if claim.abandon() => Err(not_taken(limit)),
-        Err(_) => answer.await.map_err(mailbox),
+        Ok(r) => r.map_err(|_| Unanswered::gone(claim)),
+        Err(_) if claim.abandon() => Err(Unanswered::Late(limit)),
+        Err(_) => answer.await.map_err(|_| Unanswered::gone(claim)),
     }
 }

@@ -8,31 +8,19 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::AppState;
-use super::ask::{ask, mailbox, not_taken};
+use super::ask::ask;
+use super::cluster_run::{accepted, run};
 use super::dto::{
-    ClusterDto, ClusterPage, ClusterSummaryDto, ConfigBody, CreateClusterBody, OperationDto, OperationEnvelope,
-    ResizeBody, ScaleBody, UpgradeBody,
+    ClusterDto, ClusterPage, ClusterSummaryDto, ConfigBody, CreateClusterBody, OperationEnvelope, ResizeBody,
+    ScaleBody, UpgradeBody,
 };
 use super::error::ApiError;
-use crate::actors::cluster::{Accepted, OpRequest, PlanPreview, Preview, PreviewCreate, RunOperation};
-use crate::actors::read_model::Reservation;
-use crate::actors::registry::ClusterHandle;
+use crate::actors::cluster::{OpRequest, PlanPreview, PreviewCreate};
 use crate::actors::supervisor::{Create, CreateCluster, RoleRequest};
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
-use crate::storage::records::{Limits, OperationRecord, PackageRef};
-
-fn accepted(op: &OperationRecord) -> HttpResponse {
-    HttpResponse::Accepted().json(OperationEnvelope { operation: OperationDto::from(op) })
-}
-
-/// The cluster's actor, with a place reserved in its mailbox.
-fn cluster_actor(state: &AppState, name: &str) -> Result<(ClusterHandle, Reservation), ApiError> {
-    let handle = state.shared.registry.get(name).ok_or_else(|| ApiError(Error::not_found("cluster", name)))?;
-    let slot = handle.reserve(state.shared.limits.cluster_mailbox)?;
-    Ok((handle, slot))
-}
+use crate::storage::records::{Limits, PackageRef};
 
 /// `?dry_run=true` on a mutating route.
 #[derive(Deserialize, IntoParams)]
@@ -66,51 +54,6 @@ pub enum Mutation {
     Internal(#[ref_response] super::error::Internal),
     #[response(status = 503)]
     Unavailable(#[ref_response] super::error::Unavailable),
-}
-
-async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: bool) -> Result<HttpResponse, ApiError> {
-    let (handle, slot) = cluster_actor(state, name)?;
-    let limit = state.shared.limits.request_take_limit;
-    if dry_run {
-        let preview = ask(&handle.addr, slot, limit, |slot| Preview(req, slot)).await??;
-        return Ok(HttpResponse::Ok().json(preview));
-    }
-    // Answered once the operation is durable, from the store's answer
-    // (the actor's thread may be busy with other clusters' work long
-    // after), unless the actor keeps the answer until it has published.
-    let (early, mut handed) = tokio::sync::oneshot::channel();
-    let (slot, claim) = slot.claimable();
-    let answer = handle.addr.send(RunOperation(req, slot, Some(early)));
-    tokio::pin!(answer);
-    let expired = tokio::time::sleep(limit);
-    tokio::pin!(expired);
-    let mut taken = false;
-    let handed = loop {
-        tokio::select! {
-            // First when both are ready: an actor that stopped after sending
-            // the writes answers a mailbox error, yet the operation is durable.
-            biased;
-            handed = &mut handed => break handed,
-            // Refused before it was built (busy, invalid, ...): the answer says why.
-            answered = &mut answer => return Ok(accepted(&answered.map_err(mailbox)??)),
-            // Not taken in time: nothing was done (the actor drops it);
-            // taken: its answer is awaited.
-            () = &mut expired, if !taken => {
-                if claim.abandon() {
-                    return Err(not_taken(limit));
-                }
-                taken = true;
-            }
-        }
-    };
-    match handed {
-        Ok(Accepted { op, durable }) => {
-            durable.await?;
-            Ok(accepted(&op))
-        }
-        // The actor answers itself (a refusal, an upgrade).
-        Err(_) => Ok(accepted(&answer.await.map_err(mailbox)??)),
-    }
 }
 
 /// Creates a cluster

@@ -14,6 +14,7 @@ mod actors;
 mod ask;
 pub(crate) mod auth;
 mod body_deadline;
+mod cluster_run;
 mod clusters;
 mod dashboard;
 pub mod dto;

@@ -244,6 +244,15 @@ async fn killed_tasks_and_node_managers_come_back_and_the_root_refuses() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     env.wait_ready().await;
+    // The view shows the restart: the new node manager carries it on.
+    let (_, v) = env.get("/actors").await;
+    let rows: Vec<&Value> =
+        v["actors"].as_array().unwrap().iter().filter(|a| a["kind"] == "node_manager" && a["id"] == "node-2").collect();
+    assert!(!rows.is_empty(), "{v:#}");
+    for a in rows {
+        assert!(a["restarts"].as_u64() >= Some(1), "{a:#}");
+        assert_eq!(a["last_exit"]["reason"], "killed by the operator", "{a:#}");
+    }
     for (kind, id) in [("supervisor", "supervisor"), ("instance", "x"), ("store_writer", "store_writer")] {
         let (status, v) = kill(&env, kind, id).await;
         assert_eq!(status, 409, "{kind}: {v:#}");
@@ -252,4 +261,53 @@ async fn killed_tasks_and_node_managers_come_back_and_the_root_refuses() {
     // The master still serves.
     let (status, _) = env.get("/health").await;
     assert_eq!(status.as_u16(), 200);
+}
+
+/// Issue 23's first race, with the ordering injected: the agent's inventory
+/// is delayed (held, its cluster's actor being dead) and the process dies
+/// meanwhile, so reports made after the inventory was taken (the exit, the
+/// agent's restart) arrive while it waits. They are applied after it, never
+/// before: the instance ends showing the process that runs, not the dead
+/// pid the inventory saw. (Reports that overtook the inventory once let it
+/// set the dead pid back, and every later report was ignored.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_made_after_a_delayed_inventory_are_applied_after_it() {
+    let mut env = TestEnv::start("actors-inventory-order").await;
+    env.upload(&PackageBuilder::sleeper("ao")).await;
+    let body = json!({"name": "o", "package": {"name": "ao", "version": "1.0.0"},
+        "roles": {"svc": {"count": 1, "nodes": ["node-1"]}}});
+    let c = env.create_active(body).await;
+    let i = role_instances(&c, "svc").remove(0);
+    let (id, pid) = (id_of(&i), pid_of(&i));
+    let a = give_up(&env, "o").await;
+    assert_eq!(a["state"], "failed", "{a:#}");
+    // The agent comes back (its inventory: running, `pid`), then the
+    // process dies: its exit and the agent's restart of it follow.
+    env.kill_agent(1);
+    env.restart_agent(1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    assert!(killed.success(), "kill -9 {pid}");
+    assert!(
+        eventually(10, || instance_pids(&id).iter().any(|p| *p != pid)).await,
+        "the agent did not start {id} again: {:?}",
+        instance_pids(&id)
+    );
+
+    let (status, v) = env.post_empty("/actors/cluster/o/restart").await;
+    assert_eq!(status.as_u16(), 200, "{v:#}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let i = env.cluster("o").await["instances"][0].clone();
+        let live = instance_pids(&id);
+        if i["status"] == "Running" && i["pid"].as_u64().is_some_and(|p| live == vec![p as u32]) {
+            assert_ne!(i["pid"].as_u64(), Some(u64::from(pid)), "{i:#}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not shown running its live process {live:?} (the dead one was {pid}): {i:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

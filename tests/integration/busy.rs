@@ -70,4 +70,15 @@ async fn a_second_mutation_while_one_runs_is_refused_busy() {
     // Once it has ended, the cluster takes the next request.
     env.run_ok("/clusters/busy/stop", None).await;
     assert_eq!(env.cluster("busy").await["status"], "Stopped");
+
+    // The refusals are counted on its actor, not painted as failures.
+    let (_, actors) = env.get("/actors").await;
+    let a = actors["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "cluster" && a["id"] == "busy")
+        .unwrap_or_else(|| panic!("no actor for cluster busy: {actors:#}"));
+    assert!(a["refused"].as_u64() >= Some(2), "{a:#}");
+    assert_eq!((a["health"].as_str(), &a["last_error"]), (Some("green"), &Value::Null), "{a:#}");
 }

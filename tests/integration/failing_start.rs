@@ -111,6 +111,18 @@ fn cli(env: &TestEnv, args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
+/// The newest operation of `kind` on `cluster`, ended.
+async fn last_operation(env: &TestEnv, cluster: &str, kind: &str) -> serde_json::Value {
+    let (_, ops) = env.get(&format!("/operations?cluster={cluster}&limit=100")).await;
+    let newest = ops["operations"]
+        .as_array()
+        .and_then(|all| {
+            all.iter().filter(|o| o["kind"] == kind).max_by_key(|o| o["created_at"].as_str().map(String::from))
+        })
+        .unwrap_or_else(|| panic!("no {kind} operation on {cluster}: {ops:#}"));
+    env.wait_op(newest["id"].as_str().unwrap()).await
+}
+
 /// A start script that runs for good, or, while `flag` holds "bad", prints
 /// a complaint and dies after 200 ms (inside the default settle window).
 fn switchable(flag: &std::path::Path) -> PackageBuilder {
@@ -136,10 +148,10 @@ fn set_flag(flag: &std::path::Path, mode: &str) {
     std::fs::set_permissions(flag, std::fs::Permissions::from_mode(0o644)).unwrap();
 }
 
-/// Each step that starts processes fails when they die at once: a create
-/// (the CLI exits non-zero, naming the exit code and stderr), a scale-out
-/// (rolled back: the running members untouched) and a start (the cluster
-/// goes `Error`).
+/// Each step that starts processes fails when they die at once, and the
+/// CLI that asked for it exits non-zero naming the exit code: a create
+/// (and its stderr), a scale-out (rolled back: the running members
+/// untouched) and a start (the cluster goes `Error`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_scale_out_and_start_fail_when_the_process_dies_within_its_settle_window() {
     let env = TestEnv::start("settle-steps").await;
@@ -165,8 +177,10 @@ async fn create_scale_out_and_start_fail_when_the_process_dies_within_its_settle
     let before = role_instances(&env.cluster("ok").await, "svc");
     let pid = pid_of(&before[0]);
     set_flag(&flag, "bad");
-    let op = env.run_op("/clusters/ok/scale", Some(json!({"role": "svc", "add": 1}))).await;
-    let op = env.wait_op(op["id"].as_str().unwrap()).await;
+    let (code, out) = cli(&env, &["cluster", "scale", "ok", "svc", "--add", "1"]);
+    assert_ne!(code, 0, "a scale-out whose member died at once exited 0: {out}");
+    assert!(out.contains("exit code 3"), "{out}");
+    let op = last_operation(&env, "ok", "ScaleOut").await;
     assert_ne!(op["status"], "Succeeded", "a scale-out whose member died at once succeeded: {op:#}");
     let text = op.to_string();
     assert!(text.contains("exit code 3") && text.contains("boom: disk full"), "{op:#}");
@@ -180,8 +194,10 @@ async fn create_scale_out_and_start_fail_when_the_process_dies_within_its_settle
     set_flag(&flag, "good");
     env.run_ok("/clusters/ok/stop", None).await;
     set_flag(&flag, "bad");
-    let op = env.run_op("/clusters/ok/start", None).await;
-    let op = env.wait_op(op["id"].as_str().unwrap()).await;
+    let (code, out) = cli(&env, &["cluster", "start", "ok"]);
+    assert_ne!(code, 0, "a start whose process died at once exited 0: {out}");
+    assert!(out.contains("exit code 3"), "{out}");
+    let op = last_operation(&env, "ok", "Start").await;
     assert_eq!(op["status"], "Failed", "{op:#}");
     let c = env.cluster("ok").await;
     assert_eq!(c["status"], "Error", "{c:#}");
@@ -213,7 +229,8 @@ async fn a_settling_start_shows_running_with_its_pid_before_the_operation_ends()
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let (_, running) = env.get(&format!("/operations/{id}")).await;
-    assert_ne!(running["status"], "Succeeded", "the operation ended before its start settled: {running:#}");
+    let status = running["operation"]["status"].as_str().unwrap_or_else(|| panic!("no operation status: {running:#}"));
+    assert_eq!(status, "Running", "the operation ended before its start settled: {running:#}");
     assert_eq!(instance_pids(&id_of(&shown)), vec![pid_of(&shown)], "the pid shown is not the process: {shown:#}");
     let op = env.wait_op(&id).await;
     assert_eq!(op["status"], "Succeeded", "{op:#}");

@@ -3,7 +3,8 @@
 //! 200 simulated instances, each restarted by its supervisor, nothing
 //! started twice; a task past its intensity and a panicking supervisor end
 //! the master with the cause; a request a stalled actor does not take in
-//! time is refused and never runs.
+//! time is refused and never runs, and one an actor failed before taking
+//! goes to its restarted successor.
 
 use std::time::{Duration, Instant};
 
@@ -105,6 +106,8 @@ async fn each_kind_of_child_panics_during_a_scale_out_of_two_hundred_and_comes_b
         "{}",
         env.master_log()
     );
+    // The new node manager carries its predecessor's restart and end.
+    restarted(&env, "node_manager", "sim-2", 1).await;
 
     // The scale-out ends honestly: all of it, or undone; nothing twice.
     let op = env.wait_op(&op_id).await;
@@ -211,4 +214,36 @@ async fn a_request_its_actor_does_not_take_in_time_is_refused_and_never_runs() {
     assert!(role_instances(&c, "d").iter().all(|i| i["status"] == "Running"), "{c:#}");
     // The actor itself is fine: the next stop runs.
     env.run_ok("/clusters/t/stop", None).await;
+}
+
+/// An actor that fails with a request still in its mailbox has done nothing
+/// with it: the request goes to the actor its supervisor starts in its
+/// place, and its caller gets the `202` (a soak round once got
+/// `503 "actor unavailable: Mailbox has closed"` here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_its_actor_failed_before_taking_goes_to_the_restarted_actor() {
+    let env = TestEnv::start_sim("inject-resend", &HOOKS, 1).await;
+    env.upload(&sim::package("rs", "1.0.0", 3)).await;
+    env.create_active(json!({"name": "r", "package": {"name": "rs", "version": "1.0.0"}})).await;
+
+    // Held, then failing: the stop waits in the mailbox behind the panic.
+    let (status, v) = inject(&env, "cluster", "r", "stall?ms=1500").await;
+    assert_eq!(status, 200, "{v:#}");
+    let (status, v) = inject(&env, "cluster", "r", "panic").await;
+    assert_eq!(status, 200, "{v:#}");
+    let (status, v) = env.post_empty("/clusters/r/stop").await;
+    assert_eq!(status.as_u16(), 202, "a stop whose actor failed before taking it: {v:#}");
+    let op = env.wait_op(v["operation"]["id"].as_str().expect("an operation id")).await;
+    env.assert_succeeded(&op);
+
+    // The actor did fail and come back, and the stop ran once, on its successor.
+    let a = restarted(&env, "cluster", "r", 1).await;
+    assert_eq!(a["restarts"], 1, "{a:#}");
+    let (_, ops) = env.get("/operations?cluster=r").await;
+    let mut kinds: Vec<&str> =
+        ops["operations"].as_array().unwrap().iter().filter_map(|o| o["kind"].as_str()).collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds, ["Create", "Stop"], "{ops:#}");
+    let c = env.cluster("r").await;
+    assert_eq!(c["status"], "Stopped", "{c:#}");
 }

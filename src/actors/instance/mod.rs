@@ -37,6 +37,9 @@ mod send;
 pub use cmd::{ChangeRule, ClusterEnv, InstallPayload, InstanceCmd, InstanceOutcome, MemberFailures, Observation};
 use send::Sent;
 
+/// Why a forgotten instance's command is not sent.
+const FORGOTTEN: &str = "its cluster's actor stopped or forgot the instance; nothing sent";
+
 pub struct InstanceActor {
     /// The durable record; replaced (never mutated) after each write.
     record: RefCell<Arc<InstanceRecord>>,
@@ -241,6 +244,12 @@ impl InstanceActor {
             let r = self.record.borrow();
             (r.id.clone(), r.node.clone())
         };
+        // Its cluster actor is gone (dead, or the instance deleted): a turn
+        // queued before that sends nothing more (a health check writes no
+        // intent that would refuse it).
+        if self.forgotten.get() {
+            return InstanceResult::failed(&id, format!("{} of {id}: {}", cmd.verb(), FORGOTTEN)).into();
+        }
         // What the agent will hold once this command succeeds.
         let digest = match &cmd {
             InstanceCmd::WriteFiles { files, env, .. } => Some(files_digest(files, env)),
@@ -325,6 +334,7 @@ impl InstanceActor {
         };
         if let (Err(NodeError::Disconnected(_)), Some(cmd)) = (&sent.reply, again)
             && let Some(link) = self.reconnected(&node, link.as_ref()).await
+            && !self.forgotten.get()
         {
             tracing::info!(instance = %id, %node, verb, "sent again on the node's new connection");
             sent = self.send(&link, cmd, generation, changes_state).await;

@@ -103,6 +103,7 @@ impl NodeManagerActor {
             old.close();
         }
         let stats = ActorStats::new("node_manager", node.as_str(), Some("supervisor".into()));
+        entry.manager_started(&stats);
         shared.read_model.register_actor(&stats);
         entry.live.connect(connection);
         let arbiter = shared.link_arbiter_for(connection);
@@ -111,6 +112,21 @@ impl NodeManagerActor {
         // (a long job there must not starve every agent of heartbeats), nor
         // on the cluster actors' (requests wait for those).
         let writes = write_frames(writer, rx, link.clone(), timing.agent_send_timeout, timing.heartbeat_interval);
+        // One group with the node manager (one_for_all): a writer that
+        // panics closes the link, which stops the node manager, and the
+        // agent reconnects to a new pair.
+        let writes = {
+            use futures::FutureExt;
+            let (link, stats) = (link.clone(), stats.clone());
+            async move {
+                if let Err(payload) = std::panic::AssertUnwindSafe(writes).catch_unwind().await {
+                    let reason = super::supervised::panic_message(payload.as_ref());
+                    tracing::error!(node = %link.node, %reason, "the link's writer failed; closing its link, the agent reconnects");
+                    stats.exited(format!("its link writer panicked: {reason}"), true);
+                    link.close();
+                }
+            }
+        };
         if !arbiter.spawn(writes) {
             tracing::error!(%node, "the link's arbiter is gone; the link cannot write");
         }
@@ -122,7 +138,8 @@ impl NodeManagerActor {
             move || -> super::supervised::OnPanic {
                 Box::new(move |reason| {
                     tracing::error!(node = %link.node, %reason, "node manager failed; closing its link, the agent reconnects");
-                    stats.exited(format!("panicked: {reason}"), false);
+                    // Restarted: the agent reconnects to a new one.
+                    stats.exited(format!("panicked: {reason}"), true);
                     shared.read_model.unregister_actor(&stats);
                     link.close();
                 })

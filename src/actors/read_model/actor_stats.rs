@@ -398,6 +398,40 @@ mod tests {
         assert_eq!(s.snapshot().mailbox, 0);
     }
 
+    /// Red only for an actor given up or dead, amber for one restarting,
+    /// waiting or busy too long; a refusal paints nothing, a failure shows
+    /// as `last_error` until the next success clears it.
+    #[test]
+    fn health_tells_failed_from_slow_from_refused() {
+        let s = ActorStats::new("cluster", "c", None);
+        s.set_state("Active");
+        Reservation::within(&s, 4).unwrap().begin("stop");
+        s.refused();
+        let info = s.snapshot();
+        assert_eq!((info.health(), info.refused, info.last_error.as_deref()), ("green", 1, None));
+
+        Reservation::within(&s, 4).unwrap().begin("start");
+        s.end(Some("start failed: exit code 3".into()));
+        let info = s.snapshot();
+        assert_eq!(info.health(), "green", "a past failure is shown, not painted");
+        assert_eq!(info.last_error.as_deref(), Some("start failed: exit code 3"));
+        s.succeeded();
+        assert_eq!(s.snapshot().last_error, None, "the next success clears it");
+
+        for (state, health) in [("restarting", "amber"), ("failed", "red"), ("giving up", "red"), ("dead", "red")] {
+            s.set_state(state);
+            assert_eq!(s.snapshot().health(), health, "{state}");
+        }
+        s.set_state("Active");
+        let slow = |oldest: Option<u64>, busy: Option<u64>| {
+            ActorInfo { oldest_message_ms: oldest, current_ms: busy, ..s.snapshot() }.health()
+        };
+        assert_eq!(slow(Some(WAIT_AMBER_MS + 1), None), "amber", "a message waiting over 5 s");
+        assert_eq!(slow(Some(WAIT_AMBER_MS), None), "green");
+        assert_eq!(slow(None, Some(BUSY_AMBER_MS + 1)), "amber", "a handler busy over 30 s");
+        assert_eq!(slow(None, Some(BUSY_AMBER_MS)), "green");
+    }
+
     /// An API request is either taken by its actor or abandoned by its
     /// caller at the deadline, never both, and its place comes back once.
     #[test]

@@ -126,6 +126,9 @@ pub struct NodeEntry {
     /// restarted meanwhile judges an inventory delivered again to it as its
     /// predecessor would have.
     seen: std::sync::Mutex<std::collections::HashMap<InstanceId, Connections>>,
+    /// The node manager serving (or that last served) this node: the next
+    /// one carries on its restarts and how it ended (`GET /actors`).
+    manager: std::sync::Mutex<Option<Arc<super::ActorStats>>>,
 }
 
 /// The connections that make an inventory of an instance stale.
@@ -146,7 +149,23 @@ impl NodeEntry {
             live: NodeLive::default(),
             instances: ArcSwap::from_pointee(OrdMap::new()),
             seen: Default::default(),
+            manager: Default::default(),
         })
+    }
+
+    /// The node manager of this node's newest connection; it takes over the
+    /// restarts and last exit of the one before.
+    pub fn manager_started(&self, stats: &Arc<super::ActorStats>) {
+        let mut m = self.manager.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(before) = m.as_ref() {
+            stats.inherit(before);
+        }
+        *m = Some(stats.clone());
+    }
+
+    /// The node manager serving (or that last served) this node.
+    pub fn manager(&self) -> Option<Arc<super::ActorStats>> {
+        self.manager.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<InstanceId, Connections>> {

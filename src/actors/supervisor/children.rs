@@ -302,7 +302,13 @@ impl Supervisor {
                 ))
             }
             ("node_manager", Verb::Kill) => {
-                let link = self.shared.links.get(&NodeId::new(id)).ok_or_else(known)?;
+                let node = NodeId::new(id);
+                let link = self.shared.links.get(&node).ok_or_else(known)?;
+                // Restarted: its agent reconnects to a new one, which
+                // carries this count and reason on (`NodeEntry::manager`).
+                if let Some(stats) = self.shared.read_model.node(&node).and_then(|n| n.manager()) {
+                    stats.exited("killed by the operator", true);
+                }
                 link.close();
                 Ok(format!(
                     "the link of node {id} is closed; its agent connects again and a new node manager serves it"
