@@ -307,10 +307,14 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         });
     }
     actix::spawn(dump_on_sigusr2(read_model.clone()));
+    // Listed in `GET /actors` under the root, as the tree declares it.
+    let writer = ActorStats::new("store_writer", "store_writer", Some("master".into()));
+    read_model.register_actor(&writer);
     actix::spawn(crate::actors::supervised::watch_store_writer(
         store.clone(),
         shared.tasks.clone(),
         cfg.store_stall_limit,
+        writer,
     ));
     let (started, booted) = tokio::sync::oneshot::channel();
     let boot = Boot {

@@ -1,6 +1,7 @@
 //! `flotilla_live_tasks{kind}`: how many tasks of each kind live now (a
 //! soak checks the count returns to its idle value: no task of a dead
-//! actor left behind).
+//! actor left behind). Kinds: `supervised_task`, `operation`,
+//! `instance_turn`, `node_manager`, `link_writer`, `announce`.
 //!
 //! The counts live here and each change sets the gauge to the count; the
 //! metrics thread sets them again every few seconds ([`refresh`]), so a

@@ -64,6 +64,10 @@ pub(super) type Pending = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<AgentResp
 /// until it is written.
 pub(super) type Outgoing = (MasterFrame, Option<ChunkPermit>);
 
+/// Budget permits granted so far (every master in the process): whether
+/// the shared budget moves, for [`NodeLink::chunk_permit`]'s watchdog rule.
+static CHUNKS_GRANTED: AtomicU64 = AtomicU64::new(0);
+
 /// Package chunks queued for sockets at once, over all links (MiB).
 pub const CHUNK_BUDGET: usize = 64;
 
@@ -296,22 +300,30 @@ impl NodeLink {
     }
 
     /// A place for one package chunk: this link's share first (a slow
-    /// agent waits on its own), then the budget shared by all links. Neither
-    /// wait is progress for the step watchdog: only a chunk sent or a
-    /// receipt is, so a step whose links wait on a budget that does not
-    /// move (held by links that never drain) ends at its deadline instead
-    /// of waiting for good. (The budget is fair: while it moves, every link
-    /// gets its turn well within a deadline.)
-    async fn chunk_permit(&self) -> Result<ChunkPermit, NodeError> {
+    /// agent waits on its own), then the budget shared by all links. A wait
+    /// for the budget counts as progress for the step watchdog only while
+    /// the budget moves (other links' chunks are granted): a turn behind a
+    /// thousand other agents' installs is progress, a budget held by links
+    /// that never drain is not, and the step ends at its deadline instead
+    /// of waiting for good.
+    async fn chunk_permit(&self, progress: &AtomicU64) -> Result<ChunkPermit, NodeError> {
         let gone = |_| self.closed_error();
         let link = self.link_chunks.clone().acquire_owned().await.map_err(gone)?;
+        let mut granted = CHUNKS_GRANTED.load(Ordering::Relaxed);
         let budget = loop {
             match tokio::time::timeout(Duration::from_secs(1), self.chunks.clone().acquire_owned()).await {
                 Ok(p) => break p.map_err(gone)?,
                 Err(_) if self.is_closed() => return Err(self.closed_error()),
-                Err(_) => {}
+                Err(_) => {
+                    let now = CHUNKS_GRANTED.load(Ordering::Relaxed);
+                    if now != granted {
+                        progress.fetch_add(1, Ordering::Relaxed);
+                        granted = now;
+                    }
+                }
             }
         };
+        CHUNKS_GRANTED.fetch_add(1, Ordering::Relaxed);
         Ok(ChunkPermit { _link: link, _budget: budget })
     }
 
@@ -481,7 +493,7 @@ impl NodeLink {
             }
             // The budget first, then the buffer: memory is held only for
             // chunks that may be queued.
-            let permit = self.chunk_permit().await?;
+            let permit = self.chunk_permit(progress).await?;
             // Sized to what is left: a 4 KiB package costs 4 KiB, not a MiB.
             let mut buf = vec![0u8; INSTALL_CHUNK_BYTES.min(usize::try_from(left).unwrap_or(usize::MAX))];
             let mut filled = 0;

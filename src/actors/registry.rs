@@ -19,6 +19,8 @@ use crate::error::Error;
 /// the gate of its thread.
 #[derive(Clone)]
 pub struct ClusterHandle {
+    /// The cluster it serves (a name may be deleted and taken again).
+    pub cluster: crate::ids::ClusterId,
     pub addr: Addr<ClusterActor>,
     pub stats: Arc<ActorStats>,
     pub priority: Arc<Priority>,

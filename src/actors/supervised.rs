@@ -269,26 +269,37 @@ pub fn temporary(kind: &'static str, work: impl Future<Output = ()> + 'static) {
 /// (`supervision::spec("store_writer")`), noticed within a second. Every
 /// commit waits behind that write, so this is the deadline of them all: a
 /// caller never times out on a write that may still land.
+/// `stats` is the writer's row in `GET /actors`: `running`, `waiting Ns
+/// for one write` while the disk is slow, `failed` with the cause at the end.
 pub async fn watch_store_writer(
     store: std::sync::Arc<dyn crate::storage::meta::MetaStore>,
     tasks: std::sync::Arc<Tasks>,
     stall_limit: Duration,
+    stats: std::sync::Arc<super::read_model::ActorStats>,
 ) {
+    let fatal = |cause: String| {
+        stats.exited(cause.clone(), false);
+        stats.set_state("failed");
+        tasks.fatal(cause);
+    };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
         if !store.writer_alive() {
-            tasks.fatal("the store's writer thread died: nothing can be recorded".into());
-            return;
+            return fatal("the store's writer thread died: nothing can be recorded".into());
         }
-        if let Some(stuck) = store.writer_stuck_for().filter(|s| *s >= stall_limit) {
-            tasks.fatal(format!(
+        let stuck = store.writer_stuck_for();
+        if let Some(stuck) = stuck.filter(|s| *s >= stall_limit) {
+            return fatal(format!(
                 "the store's writer has waited {}s for one write (the limit, store_stall_limit, is {}s): \
                  the disk does not answer, nothing can be recorded",
                 stuck.as_secs(),
                 stall_limit.as_secs()
             ));
-            return;
+        }
+        match stuck.filter(|s| *s >= Duration::from_secs(1)) {
+            Some(s) => stats.set_state(format!("waiting {}s for one write", s.as_secs())),
+            None => stats.set_state("running"),
         }
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use actix_web::HttpResponse;
 
 use super::AppState;
-use super::ask::{Unanswered, ask};
+use super::ask::{Unanswered, ask, not_taken};
 use super::dto::{OperationDto, OperationEnvelope};
 use super::error::ApiError;
 use crate::actors::cluster::{Accepted, OpRequest, Preview, RunOperation};
@@ -26,6 +26,10 @@ use crate::storage::records::OperationRecord;
 
 /// How often a request waiting for a restarted actor looks for it.
 const SUCCESSOR_POLL: Duration = Duration::from_millis(20);
+
+/// At most this many sends of one request: its actor's restart intensity
+/// (3 in 60 s, then given up) bounds it too, this makes it strict.
+const MAX_SENDS: usize = 4;
 
 pub(super) fn accepted(op: &OperationRecord) -> HttpResponse {
     HttpResponse::Accepted().json(OperationEnvelope { operation: OperationDto::from(op) })
@@ -43,8 +47,15 @@ pub(super) async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: b
     let limit = state.shared.limits.request_take_limit;
     let deadline = Instant::now() + limit;
     let upgrade = matches!(req, OpRequest::Upgrade { .. });
+    let (mut cluster, mut sent) = (None, 0);
     loop {
+        sent += 1;
         let (handle, slot) = cluster_actor(state, name)?;
+        // Sent again only to the same cluster's new actor, never to a
+        // cluster of the same name created meanwhile.
+        if *cluster.get_or_insert(handle.cluster) != handle.cluster {
+            return Err(ApiError(Error::not_found("cluster", name)));
+        }
         // A successor found late still gets a moment to take the request.
         let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
         let answered = if dry_run {
@@ -56,8 +67,10 @@ pub(super) async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: b
         };
         match answered {
             Ok(answer) => return answer,
-            Err(Unanswered::Dropped) => successor(state, name, &handle, deadline, limit).await?,
-            Err(Unanswered::Failed) if !dry_run => return Err(failed_handling(name, upgrade)),
+            Err(Unanswered::Dropped) if sent < MAX_SENDS => successor(state, name, &handle, deadline, limit).await?,
+            Err(Unanswered::Failed) => return Err(failed_handling(name, upgrade, dry_run)),
+            // The caller waited the whole limit, whatever this try had left.
+            Err(Unanswered::Late(_)) => return Err(not_taken(limit)),
             Err(u) => return Err(u.into()),
         }
     }
@@ -139,8 +152,10 @@ async fn successor(
 }
 
 /// The answer when the cluster's actor stopped while handling a request.
-fn failed_handling(name: &str, upgrade: bool) -> ApiError {
-    let what = if upgrade {
+fn failed_handling(name: &str, upgrade: bool, dry_run: bool) -> ApiError {
+    let what = if dry_run {
+        "a preview changes nothing; retry once the actor runs again".to_string()
+    } else if upgrade {
         // Answered once published: its write may have landed.
         format!("the upgrade may have been journaled: GET /api/v1/operations?cluster={name} shows whether it began")
     } else {

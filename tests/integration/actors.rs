@@ -230,6 +230,10 @@ async fn killed_tasks_and_node_managers_come_back_and_the_root_refuses() {
     // The restarted listener takes agents: one restarted connects again.
     env.restart_agent(1).await;
     // A killed node manager: its agent reconnects, a new one serves it.
+    let connected =
+        || env.master_log().lines().filter(|l| l.contains("agent connected") && l.contains("node-2")).count();
+    let connections = connected();
+    assert!(connections > 0, "no 'agent connected' line for node-2 in the master's log");
     let (status, v) = kill(&env, "node_manager", "node-2").await;
     assert_eq!(status, 200, "{v:#}");
     // A new node manager serves it: listed again, its agent's node Ready.
@@ -244,6 +248,7 @@ async fn killed_tasks_and_node_managers_come_back_and_the_root_refuses() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     env.wait_ready().await;
+    assert!(eventually(20, || connected() > connections).await, "node-2's agent did not connect again");
     // The view shows the restart: the new node manager carries it on.
     let (_, v) = env.get("/actors").await;
     let rows: Vec<&Value> =
@@ -253,6 +258,12 @@ async fn killed_tasks_and_node_managers_come_back_and_the_root_refuses() {
         assert!(a["restarts"].as_u64() >= Some(1), "{a:#}");
         assert_eq!(a["last_exit"]["reason"], "killed by the operator", "{a:#}");
     }
+    // The root's children that are not restarted are listed as the tree says.
+    let (_, v) = env.get("/actors").await;
+    let writer = v["actors"].as_array().unwrap().iter().find(|a| a["kind"] == "store_writer").cloned();
+    let writer = writer.unwrap_or_else(|| panic!("the store writer is not listed: {v:#}"));
+    assert_eq!((writer["parent"].as_str(), writer["state"].as_str()), (Some("master"), Some("running")), "{writer:#}");
+    assert_eq!(writer["strategy"], "one_for_one, never restarted, then the master exits", "{writer:#}");
     for (kind, id) in [("supervisor", "supervisor"), ("instance", "x"), ("store_writer", "store_writer")] {
         let (status, v) = kill(&env, kind, id).await;
         assert_eq!(status, 409, "{kind}: {v:#}");

@@ -227,7 +227,7 @@ async fn a_request_its_actor_failed_before_taking_goes_to_the_restarted_actor() 
     env.create_active(json!({"name": "r", "package": {"name": "rs", "version": "1.0.0"}})).await;
 
     // Held, then failing: the stop waits in the mailbox behind the panic.
-    let (status, v) = inject(&env, "cluster", "r", "stall?ms=1500").await;
+    let (status, v) = inject(&env, "cluster", "r", "stall?ms=3000").await;
     assert_eq!(status, 200, "{v:#}");
     let (status, v) = inject(&env, "cluster", "r", "panic").await;
     assert_eq!(status, 200, "{v:#}");

@@ -133,6 +133,7 @@ impl ClusterActor {
     /// and existing instances; it goes on with `start.resume`.
     pub fn start(start: Start, shared: Shared, supervisor: Addr<Supervisor>) -> ClusterHandle {
         let name = start.record.name.clone();
+        let cluster = start.record.id;
         let stats = ActorStats::new("cluster", name.as_str(), Some("supervisor".into()));
         stats.set_state(format!("{:?}", start.record.status));
         if start.visible {
@@ -187,7 +188,7 @@ impl ClusterActor {
             },
             on_panic,
         );
-        ClusterHandle { addr, stats, priority, arbiter }
+        ClusterHandle { cluster, addr, stats, priority, arbiter }
     }
 
     pub(super) fn package(&self) -> Result<(Arc<PackageRecord>, Arc<ComponentSpec>), Error> {

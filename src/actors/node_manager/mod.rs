@@ -71,6 +71,8 @@ pub struct NodeManagerActor {
     /// Instances whose inventory line is delivered and not yet confirmed:
     /// their reports wait behind it.
     awaiting: HashSet<InstanceId>,
+    /// Counted in `flotilla_live_tasks{kind="node_manager"}` while it lives.
+    _live: crate::actors::live_tasks::LiveTask,
 }
 
 static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
@@ -119,6 +121,7 @@ impl NodeManagerActor {
             use futures::FutureExt;
             let (link, stats) = (link.clone(), stats.clone());
             async move {
+                let _live = crate::actors::live_tasks::LiveTask::new("link_writer");
                 if let Err(payload) = std::panic::AssertUnwindSafe(writes).catch_unwind().await {
                     let reason = super::supervised::panic_message(payload.as_ref());
                     tracing::error!(node = %link.node, %reason, "the link's writer failed; closing its link, the agent reconnects");
@@ -162,6 +165,7 @@ impl NodeManagerActor {
                     retry_due: None,
                     inflight: Arc::default(),
                     awaiting: HashSet::new(),
+                    _live: crate::actors::live_tasks::LiveTask::new("node_manager"),
                 };
                 // The inventory reaches each cluster before any report of this
                 // connection (read from here on, and routed behind it): a
