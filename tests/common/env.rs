@@ -261,6 +261,11 @@ impl TestEnv {
 
     /// Starts agent `i` again on its data dir, after [`TestEnv::kill_agent`].
     pub async fn restart_agent(&mut self, i: usize) {
+        // One still running is killed first: replaced untracked, it would
+        // outlive the test (nothing else stops it).
+        if matches!(self.agents[i - 1].try_wait(), Ok(None)) {
+            self.kill_agent(i);
+        }
         self.agents[i - 1] = self.spawn_agent(i);
         self.wait_ready().await;
     }
