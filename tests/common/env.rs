@@ -266,6 +266,20 @@ impl TestEnv {
         if matches!(self.agents[i - 1].try_wait(), Ok(None)) {
             self.kill_agent(i);
         }
+        // Until the master has seen the old link end: else `wait_ready`
+        // below takes the dead connection for the new one, and a command
+        // sent at once fails "not connected" (a CI run hit it).
+        let node = format!("node-{i}");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(r) = self.client.get(format!("{}/nodes", self.api)).send().await
+                && let Ok(v) = r.json::<Value>().await
+                && v["nodes"].as_array().is_some_and(|a| a.iter().any(|n| n["id"] == node && n["connected"] == false))
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         self.agents[i - 1] = self.spawn_agent(i);
         self.wait_ready().await;
     }
