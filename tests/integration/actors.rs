@@ -156,6 +156,17 @@ async fn past_its_intensity_a_cluster_actor_is_given_up_until_an_operator_restar
     assert_eq!(env.cluster("g").await["status"], "Active");
 }
 
+/// Cluster `name` of one sleeper (package `package`) on node-1: its
+/// instance's id and pid.
+async fn one_sleeper_on_node_1(env: &TestEnv, name: &str, package: &str) -> (String, u32) {
+    env.upload(&PackageBuilder::sleeper(package)).await;
+    let body = json!({"name": name, "package": {"name": package, "version": "1.0.0"},
+        "roles": {"svc": {"count": 1, "nodes": ["node-1"]}}});
+    let c = env.create_active(body).await;
+    let i = role_instances(&c, "svc").remove(0);
+    (id_of(&i), pid_of(&i))
+}
+
 /// An agent's inventory that reaches a cluster whose actor is dead (given
 /// up here; one restarting, for its backoff, is the same) is held by the
 /// node manager and applied by the actor that takes its place: a process
@@ -165,13 +176,8 @@ async fn past_its_intensity_a_cluster_actor_is_given_up_until_an_operator_restar
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inventory_reaching_a_dead_cluster_actor_is_applied_by_its_successor() {
     let mut env = TestEnv::start("actors-inventory").await;
-    env.upload(&PackageBuilder::sleeper("ai")).await;
-    let body = json!({"name": "v", "package": {"name": "ai", "version": "1.0.0"},
-        "roles": {"svc": {"count": 1, "nodes": ["node-1"]}}});
-    let c = env.create_active(body).await;
-    let i = role_instances(&c, "svc").remove(0);
-    let (id, pid) = (id_of(&i), pid_of(&i));
-    assert_eq!(instance_pids(&id), vec![pid], "{i:#}");
+    let (id, pid) = one_sleeper_on_node_1(&env, "v", "ai").await;
+    assert_eq!(instance_pids(&id), vec![pid]);
     // The process dies while its agent is away: nothing reports the exit,
     // only the agent's inventory when it is back.
     env.kill_agent(1);
@@ -284,12 +290,7 @@ async fn killed_tasks_and_node_managers_come_back_and_the_root_refuses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_made_after_a_delayed_inventory_are_applied_after_it() {
     let mut env = TestEnv::start("actors-inventory-order").await;
-    env.upload(&PackageBuilder::sleeper("ao")).await;
-    let body = json!({"name": "o", "package": {"name": "ao", "version": "1.0.0"},
-        "roles": {"svc": {"count": 1, "nodes": ["node-1"]}}});
-    let c = env.create_active(body).await;
-    let i = role_instances(&c, "svc").remove(0);
-    let (id, pid) = (id_of(&i), pid_of(&i));
+    let (id, pid) = one_sleeper_on_node_1(&env, "o", "ao").await;
     let a = give_up(&env, "o").await;
     assert_eq!(a["state"], "failed", "{a:#}");
     // The agent comes back (its inventory: running, `pid`), then the
