@@ -24,6 +24,9 @@ pub fn announce(shared: &Shared, events: Vec<EventRecord>) {
     match ops {
         Ok(ops) if !ops.is_empty() => {
             super::supervised::temporary("announce", async move {
+                if INJECTED_PANIC.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    panic!("a panic injected by a test hook (announce)");
+                }
                 match store.commit(ops).await {
                     Ok(()) => {}
                     // Shutting down: actors stop after the store froze.
@@ -35,6 +38,15 @@ pub fn announce(shared: &Shared, events: Vec<EventRecord>) {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "cannot encode an event"),
     }
+}
+
+/// Test hooks: the next event write panics (`supervisor::inject`).
+static INJECTED_PANIC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Test hooks: the next [`announce`] panics where it runs: its events are
+/// lost, the panic is logged and counted, nothing else is touched.
+pub fn inject_panic() {
+    INJECTED_PANIC.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
 /// `actor.started`, `actor.stopped` or `actor.failed` of one actor.

@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -163,9 +163,13 @@ pub struct NodeLink {
     /// was revoked): what the link cut off is not sent again on a later
     /// connection (see `NodeLive::agent_ended`). Set before the close.
     agent_ended: Arc<AtomicBool>,
-    /// Test hooks: the node manager panics at its next frame.
-    panic_injected: Arc<AtomicBool>,
+    /// Test hooks: the node manager ([`MANAGER_PANIC`]) or the link
+    /// writer ([`WRITER_PANIC`]) panics at its next frame.
+    panic_injected: Arc<AtomicU8>,
 }
+
+const MANAGER_PANIC: u8 = 1;
+const WRITER_PANIC: u8 = 2;
 
 /// Removes a pending entry when the caller stops waiting, whatever the reason.
 struct PendingGuard<'a>(&'a Pending, u64);
@@ -237,17 +241,28 @@ impl NodeLink {
 
     /// Test hooks: makes this link's node manager panic at its next frame.
     pub fn inject_panic(&self) {
-        self.panic_injected.store(true, Ordering::SeqCst);
+        self.panic_injected.fetch_or(MANAGER_PANIC, Ordering::SeqCst);
+    }
+
+    /// Test hooks: makes this link's writer panic at its next frame (a
+    /// heartbeat at the latest).
+    pub fn inject_writer_panic(&self) {
+        self.panic_injected.fetch_or(WRITER_PANIC, Ordering::SeqCst);
     }
 
     /// Whether a panic is injected (a plain load: checked at every frame).
     pub(super) fn panic_injected(&self) -> bool {
-        self.panic_injected.load(Ordering::Relaxed)
+        self.panic_injected.load(Ordering::Relaxed) != 0
     }
 
-    /// Whether a panic was injected (once).
+    /// Whether a panic was injected into the node manager (once).
     pub(super) fn take_injected_panic(&self) -> bool {
-        self.panic_injected.swap(false, Ordering::SeqCst)
+        self.panic_injected.fetch_and(!MANAGER_PANIC, Ordering::SeqCst) & MANAGER_PANIC != 0
+    }
+
+    /// Whether a panic was injected into the writer (once).
+    pub(super) fn take_injected_writer_panic(&self) -> bool {
+        self.panic_injected.fetch_and(!WRITER_PANIC, Ordering::SeqCst) & WRITER_PANIC != 0
     }
 
     /// Closes the link: the connection ends and every waiting request fails.

@@ -8,7 +8,7 @@
 //! master ─┬─ store_writer      (thread; its death, or one write past store_stall_limit, exits the master)
 //!         ├─ supervisor        (actor; one_for_one over the rest)
 //!         │   ├─ cluster/*     (actor; its instance actors live and die with it)
-//!         │   │   └─ instance/*
+//!         │   │   └─ instance/* (a panic in a turn fails the cluster's actor: one_for_all)
 //!         │   └─ node_manager/* (actor + its link writer, one_for_all)
 //!         ├─ agent_listener    (task)
 //!         ├─ node_watcher      (task)
@@ -43,6 +43,10 @@ pub enum GiveUp {
     /// The connection is closed: the agent connects again, and a new child
     /// serves it (each connection is a new child, so none is given up).
     Reconnect,
+    /// Never restarted alone: its group's head fails with it (an instance
+    /// actor's panic fails its cluster's actor, which its supervisor
+    /// restarts with every instance actor from the store).
+    Group,
     /// A temporary child (OTP's `temporary`): its one piece of work is
     /// lost, its panic is logged and counted, nothing else is touched.
     Reported,
@@ -76,6 +80,7 @@ impl ChildSpec {
             GiveUp::ExitMaster => "then the master exits",
             GiveUp::Reconnect => "then the agent reconnects",
             GiveUp::Reported => "a panic is logged and counted",
+            GiveUp::Group => "its cluster's actor fails with it",
         };
         match self.intensity {
             0 => format!("{strategy}, never restarted, {then}"),
@@ -122,7 +127,7 @@ pub const TREE: [ChildSpec; 9] = [
         intensity: 0,
         period: MINUTE,
         backoff: Duration::ZERO,
-        give_up: GiveUp::ClusterError,
+        give_up: GiveUp::Group,
     },
     ChildSpec {
         kind: "node_manager",
@@ -230,6 +235,7 @@ mod tests {
         assert_eq!(spec("cluster").describe(), "one_for_all, 3 in 60s, then failed (cluster Error)");
         assert_eq!(spec("store_writer").describe(), "one_for_one, never restarted, then the master exits");
         assert_eq!(spec("announce").describe(), "one_for_one, never restarted, a panic is logged and counted");
+        assert_eq!(spec("instance").describe(), "one_for_all, never restarted, its cluster's actor fails with it");
     }
 
     #[test]

@@ -21,13 +21,14 @@ async fn verb(state: &AppState, kind: String, id: String, verb: Verb) -> Result<
 
 /// Kill an actor
 ///
-/// Stops the actor (`cluster/{name}`, `node_manager/{node}`, or a task:
-/// `agent_listener/agent_listener`, `node_watcher/node_watcher`,
+/// Stops the actor (`cluster/{name}`, `instance/{id}`, `node_manager/{node}`,
+/// or a task: `agent_listener/agent_listener`, `node_watcher/node_watcher`,
 /// `leaked_sweep/leaked_sweep`) as if it failed, "killed by the operator":
 /// its supervisor restarts it by its child spec (`strategy` in `GET
-/// /actors`), or gives it up past its intensity. The root's children whose
-/// death ends the master (`supervisor`, `store_writer`) and instance
-/// actors (they live and die with their cluster's) are refused with `409`.
+/// /actors`), or gives it up past its intensity. An instance actor is one
+/// group with its cluster's actor (one_for_all): both fail, and are
+/// restarted together. The root's children whose death ends the master
+/// (`supervisor`, `store_writer`) are refused with `409`.
 #[utoipa::path(post, path = "/api/v1/actors/{kind}/{id}/kill", operation_id = "kill_actor", tag = "status",
     params(("kind" = String, Path), ("id" = String, Path)),
     responses(

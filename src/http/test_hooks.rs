@@ -1,9 +1,10 @@
 //! Test-only fault injection (`test_hooks` in the master's config, off by
 //! default; an admin token): `POST /test-hooks/actors/{kind}/{id}/panic`
 //! makes the actor or task panic where it runs (a cluster actor in a
-//! handler, a node manager at its agent's next frame, a supervised task
-//! inside its incarnation, the supervisor in its handler: the master
-//! exits), and `.../stall?ms=N` holds a cluster actor or the supervisor
+//! handler, an instance actor in its next turn, a node manager at its
+//! agent's next frame, a link writer at its next frame, an event write
+//! (`announce/announce`), a supervised task inside its incarnation, the
+//! supervisor in its handler: the master exits), and `.../stall?ms=N` holds a cluster actor or the supervisor
 //! for N ms without taking a message (its thread stays free). The
 //! supervision tests use them to fail each kind of child for real.
 

@@ -270,11 +270,12 @@ async fn killed_tasks_and_node_managers_come_back_and_the_root_refuses() {
     let writer = writer.unwrap_or_else(|| panic!("the store writer is not listed: {v:#}"));
     assert_eq!((writer["parent"].as_str(), writer["state"].as_str()), (Some("master"), Some("running")), "{writer:#}");
     assert_eq!(writer["strategy"], "one_for_one, never restarted, then the master exits", "{writer:#}");
-    for (kind, id) in [("supervisor", "supervisor"), ("instance", "x"), ("store_writer", "store_writer")] {
+    for (kind, id) in [("supervisor", "supervisor"), ("store_writer", "store_writer")] {
         let (status, v) = kill(&env, kind, id).await;
         assert_eq!(status, 409, "{kind}: {v:#}");
     }
     assert_eq!(kill(&env, "cluster", "nope").await.0, 404);
+    assert_eq!(kill(&env, "instance", "nope-svc-0").await.0, 404);
     // The master still serves.
     let (status, _) = env.get("/health").await;
     assert_eq!(status.as_u16(), 200);

@@ -1,7 +1,7 @@
 //! Faults injected where each kind of child runs (the master's test hooks,
 //! `test_hooks`): a panic in every supervised kind during a scale-out of
-//! 200 simulated instances, each restarted by its supervisor, nothing
-//! started twice; a task past its intensity and a panicking supervisor end
+//! 200 simulated instances, and the operator's kill of each, each
+//! restarted by its supervisor, nothing started twice; a task past its intensity and a panicking supervisor end
 //! the master with the cause; a request a stalled actor does not take in
 //! time is refused and never runs, and one an actor failed before taking
 //! goes to its restarted successor.
@@ -34,14 +34,15 @@ async fn actor(env: &TestEnv, kind: &str, id: &str) -> Option<Value> {
 }
 
 /// Until actor `kind/id` runs again after at least `restarts` restarts, the
-/// last for a panic the hook injected. (A task shows `running`; a cluster
-/// actor its cluster's state or its operation: anything but down.)
-async fn restarted(env: &TestEnv, kind: &str, id: &str, restarts: u64) -> Value {
-    env.until(30, &format!("{kind}/{id} restarted after its panic"), async || match actor(env, kind, id).await {
+/// last for a failure whose reason contains `why`. (A task shows
+/// `running`; a cluster actor its cluster's state or its operation:
+/// anything but down.)
+async fn restarted_for(env: &TestEnv, kind: &str, id: &str, restarts: u64, why: &str) -> Value {
+    env.until(30, &format!("{kind}/{id} restarted after '{why}'"), async || match actor(env, kind, id).await {
         Some(a)
             if a["restarts"].as_u64() >= Some(restarts)
                 && !matches!(a["state"].as_str(), None | Some("restarting" | "failed" | "giving up"))
-                && a["last_exit"]["reason"].as_str().is_some_and(|r| r.contains("a panic injected by a test hook")) =>
+                && a["last_exit"]["reason"].as_str().is_some_and(|r| r.contains(why)) =>
         {
             Ok(a)
         }
@@ -50,16 +51,66 @@ async fn restarted(env: &TestEnv, kind: &str, id: &str, restarts: u64) -> Value 
     .await
 }
 
+/// [`restarted_for`] a panic the hook injected.
+async fn restarted(env: &TestEnv, kind: &str, id: &str, restarts: u64) -> Value {
+    restarted_for(env, kind, id, restarts, "a panic injected by a test hook").await
+}
+
+/// How each child is failed: a panic injected where it runs, or the
+/// operator's `kill` verb.
+#[derive(Clone, Copy, PartialEq)]
+enum Via {
+    Panic,
+    Kill,
+}
+
+impl Via {
+    async fn fail(self, env: &TestEnv, kind: &str, id: &str) {
+        let (status, v) = match self {
+            Via::Panic => inject(env, kind, id, "panic").await,
+            Via::Kill => {
+                let (status, v) = env.post_empty(&format!("/actors/{kind}/{id}/kill")).await;
+                (status.as_u16(), v)
+            }
+        };
+        assert_eq!(status, 200, "failing {kind}/{id}: {v:#}");
+    }
+
+    /// What the view's `last_exit` says of it.
+    fn why(self) -> &'static str {
+        match self {
+            Via::Panic => "a panic injected by a test hook",
+            Via::Kill => "killed by the operator",
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_kind_of_child_panics_during_a_scale_out_of_two_hundred_and_comes_back() {
-    // Slow enough that the scale-out still runs once every panic is in.
+    each_kind_fails_during_a_scale_out_of_two_hundred("inject", Via::Panic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_kind_of_child_killed_by_the_operator_during_a_scale_out_of_two_hundred_comes_back() {
+    each_kind_fails_during_a_scale_out_of_two_hundred("inject-kill", Via::Kill).await;
+}
+
+/// Every kind of child fails (`via`) while 200 simulated instances are
+/// added: each is restarted by its supervisor and the view says why; the
+/// scale-out ends honestly (all of it, or undone with its reason), no
+/// process is started twice, no old member touched, the API's pids the
+/// agents'. Panics also hit a link writer (its node manager's group
+/// restarts), an event write (lost, counted) and an instance actor (its
+/// cluster's actor fails with it).
+async fn each_kind_fails_during_a_scale_out_of_two_hundred(name: &str, via: Via) {
+    // Slow enough that the scale-out still runs once every failure is in.
     let latency = Latency { install: Duration::from_secs(6), start: Duration::from_secs(3), ..Default::default() };
-    let env = TestEnv::start_sim_with("inject", &HOOKS, 3, latency).await;
+    let env = TestEnv::start_sim_with(name, &HOOKS, 3, latency).await;
     env.upload(&sim::package("inj", "1.0.0", 400)).await;
     let body = json!({"name": "p", "package": {"name": "inj", "version": "1.0.0"}, "roles": {"d": {"count": 3}}});
     let c = env.create_active(body).await;
     let before: Vec<(String, u32)> = role_instances(&c, "d").iter().map(|i| (id_of(i), pid_of(i))).collect();
-    let connection_before = env.fleet().agents[1].connections();
+    let connections_before: Vec<u64> = env.fleet().agents.iter().map(|a| a.connections()).collect();
 
     let (status, op) = env.post("/clusters/p/scale", json!({"role": "d", "add": 200})).await;
     assert_eq!(status.as_u16(), 202, "{op:#}");
@@ -73,41 +124,79 @@ async fn each_kind_of_child_panics_during_a_scale_out_of_two_hundred_and_comes_b
     ];
     let injecting = Instant::now();
     for (kind, id) in kinds {
-        let (status, v) = inject(&env, kind, id, "panic").await;
-        assert_eq!(status, 200, "injecting a panic into {kind}/{id}: {v:#}");
+        via.fail(&env, kind, id).await;
     }
-    eprintln!("five panics injected in {:?}", injecting.elapsed());
+    if via == Via::Panic {
+        // No verb for these: a link writer is killed with its node
+        // manager; an event write is a temporary task.
+        via.fail(&env, "link_writer", "sim-3").await;
+        via.fail(&env, "announce", "announce").await;
+    }
+    eprintln!("{} failures in {:?}", kinds.len(), injecting.elapsed());
     let (_, during) = env.get(&format!("/operations/{op_id}")).await;
     assert_eq!(
         during["operation"]["status"], "Running",
-        "the scale-out ended before the panics: this shows nothing\n{during:#}"
+        "the scale-out ended before the failures: this shows nothing\n{during:#}"
     );
 
     // Each is restarted by its supervisor, and the view says why.
     for (kind, id) in &kinds[..3] {
-        restarted(&env, kind, id, 1).await;
+        restarted_for(&env, kind, id, 1, via.why()).await;
     }
-    let cluster_actor = restarted(&env, "cluster", "p", 1).await;
+    let cluster_actor = restarted_for(&env, "cluster", "p", 1, via.why()).await;
     assert!(cluster_actor["strategy"].as_str().unwrap_or("").contains("3 in 60s"), "{cluster_actor:#}");
-    // A node manager's panic closes its link: the agent dials again, and
-    // a new node manager serves the new connection.
-    env.until(30, "sim-2 connected again through a new node manager", async || {
-        let n = env.node("sim-2").await;
-        let now = env.fleet().agents[1].connections();
-        if now > connection_before && n["connected"] == true && n["status"] == "Ready" {
-            Ok(())
-        } else {
-            Err(format!("connections {connection_before} -> {now}; {n:#}"))
-        }
-    })
-    .await;
-    assert!(
-        env.master_log().contains("a panic injected by a test hook (node manager of sim-2)"),
-        "{}",
-        env.master_log()
-    );
-    // The new node manager carries its predecessor's restart and end.
-    restarted(&env, "node_manager", "sim-2", 1).await;
+    // A node manager's failure (a link writer's too: one group) closes
+    // its link: the agent dials again, and a new node manager serves the
+    // new connection, carrying its predecessor's restart and end.
+    let mut failed_links = vec![(1, "sim-2", via.why())];
+    if via == Via::Panic {
+        failed_links.push((
+            2,
+            "sim-3",
+            "its link writer panicked: a panic injected by a test hook (link writer of sim-3)",
+        ));
+    }
+    for (i, node, why) in failed_links {
+        env.until(30, &format!("{node} connected again through a new node manager"), async || {
+            let n = env.node(node).await;
+            let now = env.fleet().agents[i].connections();
+            if now > connections_before[i] && n["connected"] == true && n["status"] == "Ready" {
+                Ok(())
+            } else {
+                Err(format!("connections {} -> {now}; {n:#}", connections_before[i]))
+            }
+        })
+        .await;
+        restarted_for(&env, "node_manager", node, 1, why).await;
+    }
+    if via == Via::Panic {
+        let log = env.master_log();
+        assert!(log.contains("a panic injected by a test hook (node manager of sim-2)"), "{log}");
+        // The event write is lost, logged and counted; nothing else is touched.
+        assert!(log.contains("a panic injected by a test hook (announce)"), "{log}");
+        let root = env.api.trim_end_matches("/api/v1");
+        let metrics = env.client.get(format!("{root}/metrics")).send().await.unwrap().text().await.unwrap();
+        assert!(metrics.contains("flotilla_task_failures_total{kind=\"announce\"} 1"), "{metrics}");
+    }
+
+    // An instance actor fails: its cluster's actor fails with it (one
+    // group), and is restarted. One of the new members still at work.
+    let member = env
+        .until(30, "a new member still installing or starting", async || {
+            let c = env.cluster("p").await;
+            role_instances(&c, "d")
+                .iter()
+                .find(|m| m["status"] != "Running" && !before.iter().any(|(id, _)| *id == id_of(m)))
+                .map(id_of)
+                .ok_or_else(|| format!("{c:#}"))
+        })
+        .await;
+    via.fail(&env, "instance", &member).await;
+    let why = match via {
+        Via::Panic => format!("its instance actor {member} panicked"),
+        Via::Kill => format!("its instance actor {member} was killed by the operator"),
+    };
+    restarted_for(&env, "cluster", "p", 2, &why).await;
 
     // The scale-out ends honestly: all of it, or undone; nothing twice.
     let op = env.wait_op(&op_id).await;
@@ -246,4 +335,44 @@ async fn a_request_its_actor_failed_before_taking_goes_to_the_restarted_actor() 
     assert_eq!(kinds, ["Create", "Stop"], "{ops:#}");
     let c = env.cluster("r").await;
     assert_eq!(c["status"], "Stopped", "{c:#}");
+}
+
+/// The actor view tells a held mailbox: a cluster actor that takes no
+/// message (stalled) while a request waits shows the request in its
+/// mailbox, green at first, amber once it has waited over 5 s, and green
+/// with an empty mailbox again once the actor runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_waiting_over_five_seconds_turns_its_actor_amber_until_it_is_taken() {
+    let master = [HOOKS[0], ("FLOTILLA_MASTER_REQUEST_TAKE_LIMIT", "1s")];
+    let env = TestEnv::start_sim("inject-amber", &master, 1).await;
+    env.upload(&sim::package("am", "1.0.0", 3)).await;
+    env.create_active(json!({"name": "a", "package": {"name": "am", "version": "1.0.0"}})).await;
+    let a = actor(&env, "cluster", "a").await.expect("cluster/a listed");
+    assert_eq!((a["health"].as_str(), a["mailbox"].as_u64()), (Some("green"), Some(0)), "{a:#}");
+
+    let (status, v) = inject(&env, "cluster", "a", "stall?ms=9000").await;
+    assert_eq!(status, 200, "{v:#}");
+    let stalled = Instant::now();
+    let (status, v) = env.post_empty("/clusters/a/stop").await;
+    assert_eq!(status.as_u16(), 503, "{v:#}");
+    let a = actor(&env, "cluster", "a").await.expect("cluster/a listed");
+    assert!(stalled.elapsed() < Duration::from_secs(4), "the stop took {:?} to be refused", stalled.elapsed());
+    assert_eq!((a["health"].as_str(), a["mailbox"].as_u64()), (Some("green"), Some(1)), "waiting under 5 s: {a:#}");
+    let a = env
+        .until(8, "cluster/a amber", async || match actor(&env, "cluster", "a").await {
+            Some(a) if a["health"] == "amber" => Ok(a),
+            other => Err(format!("{other:#?}")),
+        })
+        .await;
+    assert!(stalled.elapsed() < Duration::from_secs(9), "amber only after the stall: {a:#}");
+    assert!(a["oldest_message_ms"].as_u64() > Some(5_000), "{a:#}");
+    assert_eq!(a["mailbox"], 1, "{a:#}");
+    let a = env
+        .until(15, "cluster/a green again", async || match actor(&env, "cluster", "a").await {
+            Some(a) if a["health"] == "green" && a["mailbox"] == 0 => Ok(a),
+            other => Err(format!("{other:#?}")),
+        })
+        .await;
+    assert!(stalled.elapsed() >= Duration::from_secs(9), "green before the stall ended: {a:#}");
+    assert_eq!(a["restarts"], 0, "a stall is not a failure: {a:#}");
 }

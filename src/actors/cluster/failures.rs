@@ -126,6 +126,10 @@ impl MemberFailures for Escalation {
         }
     }
 
+    fn linked_failed(&self, why: String) {
+        self.actor.do_send(super::Kill { reason: why });
+    }
+
     fn escalate(&self, member: &InstanceRecord) -> Option<(Vec<WriteOp>, Box<dyn FnOnce()>)> {
         let (core, env) = (self.core.upgrade()?, self.env.upgrade()?);
         let why = member_failed(&member.id, member.last_error.as_deref().unwrap_or("no reason recorded"));

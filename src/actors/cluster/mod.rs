@@ -407,3 +407,19 @@ impl Handler<Stall> for ClusterActor {
         ctx.wait(actix::fut::wrap_future(tokio::time::sleep(msg.0)));
     }
 }
+
+/// Test hooks: the next turn of instance actor `.0` panics where it runs
+/// (`InstanceActor::inject_panic`); `false` when the cluster has no such
+/// instance.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct InjectInstancePanic(pub InstanceId);
+
+impl Handler<InjectInstancePanic> for ClusterActor {
+    type Result = bool;
+
+    fn handle(&mut self, msg: InjectInstancePanic, _ctx: &mut Context<Self>) -> bool {
+        let core = self.core.borrow();
+        core.instances.get(&msg.0).map(|h| h.inject_panic()).is_some()
+    }
+}

@@ -177,4 +177,7 @@ pub trait MemberFailures {
     /// cluster is free now, it checks its members (the operation's end may
     /// have been written before this failure was).
     fn landed(&self);
+    /// One of its instance actors failed (a panic in a turn, an operator's
+    /// kill): the cluster's actor fails with it, `why` (one_for_all).
+    fn linked_failed(&self, why: String);
 }

@@ -53,6 +53,8 @@ pub struct InstanceActor {
     /// its mailbox (a command the watchdog abandoned, an observation) must
     /// not write the record back.
     forgotten: std::cell::Cell<bool>,
+    /// A test hook's panic, for its next turn (`supervisor::inject`).
+    panic_injected: std::cell::Cell<bool>,
     /// What the agent said a settling start spawned (generation, pid),
     /// for the start command waiting for its answer ([`Self::spawned`]).
     spawned: std::cell::Cell<Option<(u64, u32)>>,
@@ -121,6 +123,7 @@ impl InstanceActor {
             record: RefCell::new(Arc::new(record)),
             written: Default::default(),
             forgotten: Default::default(),
+            panic_injected: Default::default(),
             spawned: Default::default(),
             spawned_news: tokio::sync::Notify::new(),
             mailbox: tokio::sync::Mutex::new(()),
@@ -228,15 +231,52 @@ impl InstanceActor {
         let me = self.clone();
         let live = crate::actors::live_tasks::LiveTask::new("instance_turn");
         let task = actix::spawn(async move {
+            use futures::FutureExt;
             let _live = live;
             let _turn = me.mailbox.lock().await;
             cluster.inner.fetch_sub(1, Ordering::Relaxed);
             me.stats.begin(verb);
-            let out = work.await;
-            me.stats.end();
-            out
+            let injected = me.panic_injected.take().then(|| me.id());
+            let turn = async move {
+                if let Some(id) = injected {
+                    panic!("a panic injected by a test hook (instance {id})");
+                }
+                work.await
+            };
+            match std::panic::AssertUnwindSafe(turn).catch_unwind().await {
+                Ok(out) => {
+                    me.stats.end();
+                    Ok(out)
+                }
+                Err(payload) => Err(me.panicked(verb, payload.as_ref())),
+            }
         });
-        async move { task.await.map_err(|e| format!("instance command task failed: {e}")) }
+        async move { task.await.map_err(|e| format!("instance command task failed: {e}")).and_then(|out| out) }
+    }
+
+    /// A turn panicked: the instance actor fails, and with it its group
+    /// (`supervision::spec("instance")`: one_for_all with its cluster's
+    /// actor, which its supervisor restarts from the store). What the turn
+    /// was doing is left to the successor (an unacknowledged report is sent
+    /// again; an operation is resumed from its journal). The turn's caller
+    /// hears why.
+    fn panicked(&self, verb: &str, payload: &(dyn std::any::Any + Send)) -> String {
+        let reason = crate::actors::supervised::panic_message(payload);
+        let why = format!("its instance actor {} panicked in {verb}: {reason}", self.id());
+        tracing::error!(instance = %self.id(), %reason, "an instance actor failed; its cluster's actor fails with it");
+        self.stats.end();
+        if !self.forgotten.get() {
+            let failures = self.env.failures.borrow().clone();
+            if let Some(f) = failures {
+                f.linked_failed(why.clone());
+            }
+        }
+        why
+    }
+
+    /// Test hooks: its next turn panics (see [`Self::panicked`]).
+    pub fn inject_panic(&self) {
+        self.panic_injected.set(true);
     }
 
     async fn execute(&self, cmd: InstanceCmd) -> InstanceOutcome {

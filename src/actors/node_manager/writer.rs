@@ -40,6 +40,9 @@ pub(super) async fn write_frames(
                 (MasterFrame::Heartbeat, None)
             }
         };
+        if link.panic_injected() && link.take_injected_writer_panic() {
+            panic!("a panic injected by a test hook (link writer of {})", link.node);
+        }
         last_write = tokio::time::Instant::now();
         permits.extend(permit);
         // Every frame already queued goes out in the same write: under load

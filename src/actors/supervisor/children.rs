@@ -248,23 +248,7 @@ impl Supervisor {
         match (kind, verb) {
             (_, Verb::Inject(fault)) => self.inject(ctx, kind, id, fault),
             ("cluster", Verb::Kill) => {
-                let h = self.shared.registry.get(id).ok_or_else(known)?;
-                match h.stats.state().as_str() {
-                    "failed" | "giving up" => {
-                        return Err(Error::conflict(
-                            "actor_failed",
-                            format!("the actor of cluster {id} is down already (failed); restart it"),
-                        ));
-                    }
-                    "restarting" => {
-                        return Err(Error::conflict(
-                            "actor_restarting",
-                            format!("the actor of cluster {id} is being restarted; try again once it runs"),
-                        ));
-                    }
-                    _ => {}
-                }
-                h.addr.do_send(super::super::cluster::Kill { reason: "killed by the operator".into() });
+                self.kill_cluster(id, "killed by the operator".into())?;
                 Ok(format!(
                     "the actor of cluster {id} is killed; its supervisor restarts it ({})",
                     spec("cluster").describe()
@@ -335,9 +319,20 @@ impl Supervisor {
                 self.shared.tasks.kill(kind).map_err(|e| Error::conflict("actor_restart_intensity", e))?;
                 Ok(format!("{kind} is killed; its supervisor restarts it ({})", spec(kind).describe()))
             }
-            ("instance", _) => Err(Error::conflict(
+            // One group with its cluster's actor (one_for_all): the
+            // group fails, and its supervisor restarts it.
+            ("instance", Verb::Kill) => {
+                let cluster = self.owner_of(id).ok_or_else(known)?;
+                self.kill_cluster(&cluster, format!("its instance actor {id} was killed by the operator"))?;
+                Ok(format!(
+                    "the instance actor {id} is killed, and with it the actor of its cluster {cluster} (one_for_all); \
+                     their supervisor restarts them ({})",
+                    spec("cluster").describe()
+                ))
+            }
+            ("instance", Verb::Restart) => Err(Error::conflict(
                 "actor_linked",
-                "an instance actor lives and dies with its cluster's actor: kill that one".to_string(),
+                "an instance actor is restarted with its cluster's actor: restart that one".to_string(),
             )),
             ("supervisor" | "store_writer" | "master", _) => Err(Error::conflict(
                 "actor_root",
@@ -348,5 +343,34 @@ impl Supervisor {
             )),
             _ => Err(known()),
         }
+    }
+}
+
+impl Supervisor {
+    /// Kills cluster `name`'s actor as if it failed, `reason`: refused when
+    /// it is down already or being restarted.
+    fn kill_cluster(&self, name: &str, reason: String) -> Result<(), Error> {
+        let h = self.shared.registry.get(name).ok_or_else(|| Error::not_found("actor", format!("cluster/{name}")))?;
+        match h.stats.state().as_str() {
+            "failed" | "giving up" => Err(Error::conflict(
+                "actor_failed",
+                format!("the actor of cluster {name} is down already (failed); restart it"),
+            )),
+            "restarting" => Err(Error::conflict(
+                "actor_restarting",
+                format!("the actor of cluster {name} is being restarted; try again once it runs"),
+            )),
+            _ => {
+                h.addr.do_send(super::super::cluster::Kill { reason });
+                Ok(())
+            }
+        }
+    }
+
+    /// The cluster that instance `id` belongs to.
+    pub(super) fn owner_of(&self, id: &str) -> Option<String> {
+        let id = crate::ids::InstanceId::new(id);
+        let clusters = self.shared.read_model.clusters();
+        clusters.iter().find(|(_, cell)| cell.load().instances.contains_key(&id)).map(|(name, _)| name.clone())
     }
 }

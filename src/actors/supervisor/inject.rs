@@ -29,6 +29,21 @@ impl Supervisor {
                 h.addr.do_send(crate::actors::cluster::Stall(d));
                 Ok(format!("the actor of cluster {id} takes no message for {d:?}"))
             }
+            ("instance", Fault::Panic) => {
+                let cluster = self.owner_of(id).ok_or_else(known)?;
+                let h = self.shared.registry.get(&cluster).ok_or_else(known)?;
+                h.addr.do_send(crate::actors::cluster::InjectInstancePanic(crate::ids::InstanceId::new(id)));
+                Ok(format!("the instance actor {id} (cluster {cluster}) panics in its next turn"))
+            }
+            ("link_writer", Fault::Panic) => {
+                let link = self.shared.links.get(&NodeId::new(id)).ok_or_else(known)?;
+                link.inject_writer_panic();
+                Ok(format!("the link writer of {id} panics at its next frame or heartbeat"))
+            }
+            ("announce", Fault::Panic) if id == "announce" => {
+                crate::actors::announce::inject_panic();
+                Ok("the next event write (announce) panics".into())
+            }
             ("supervisor", Fault::Panic) => {
                 // After this answer: the caller hears what happens.
                 ctx.run_later(std::time::Duration::from_millis(100), |_, _| {

@@ -5,12 +5,14 @@
 //! `simulated: true` in its `Hello`, and `GET /nodes` shows it.
 //!
 //! - [`state`]: what an agent holds and how each request changes it
-//! - [`agent`]: one agent's connection, latencies and fault switches
+//! - [`agent`]: one agent's connection and latencies
+//! - [`faults`]: its fault switches
 //!
 //! The protocol battery (`tests/integration/protocol_battery.rs`) runs the
 //! same checks against a real agent and a simulated one, so they cannot drift.
 
 pub mod agent;
+pub mod faults;
 pub mod state;
 
 use std::net::SocketAddr;
