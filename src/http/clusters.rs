@@ -8,7 +8,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::AppState;
-use super::ask::ask;
+use super::ask::{ask, taken_within};
 use super::cluster_run::{accepted, run};
 use super::dto::{
     ClusterDto, ClusterPage, ClusterSummaryDto, ConfigBody, CreateClusterBody, OperationEnvelope, ResizeBody,
@@ -87,7 +87,9 @@ pub async fn create(
         let preview = ask(&state.supervisor, slot, limit, |slot| PreviewCreate(req, slot)).await??;
         return Ok(HttpResponse::Ok().json(preview));
     }
-    let op = ask(&state.supervisor, slot, limit, |slot| Create(req, slot)).await??.answer().await?;
+    // The new cluster's actor takes the create within the limit too.
+    let (answer, claim) = ask(&state.supervisor, slot, limit, |slot| Create(req, slot)).await??.into_parts();
+    let op = taken_within(answer, &claim, limit).await??;
     Ok(accepted(&op))
 }
 

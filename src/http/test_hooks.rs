@@ -35,7 +35,10 @@ pub async fn inject(
     let fault = match fault.as_str() {
         "panic" => Fault::Panic,
         "stall" => Fault::Stall(Duration::from_millis(q.ms)),
-        other => return Err(ApiError(Error::invalid("bad_fault", format!("no fault {other:?}: panic or stall")))),
+        "block" => Fault::Block(Duration::from_millis(q.ms)),
+        other => {
+            return Err(ApiError(Error::invalid("bad_fault", format!("no fault {other:?}: panic, stall or block"))));
+        }
     };
     let slot = state.reserve_supervisor()?;
     let limit = state.shared.limits.request_take_limit;

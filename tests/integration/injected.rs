@@ -376,3 +376,38 @@ async fn a_message_waiting_over_five_seconds_turns_its_actor_amber_until_it_is_t
     assert!(stalled.elapsed() >= Duration::from_secs(9), "green before the stall ended: {a:#}");
     assert_eq!(a["restarts"], 0, "a stall is not a failure: {a:#}");
 }
+
+/// A create waits for its new cluster's actor as any request does: on a
+/// saturated thread (blocked here; one actor thread) the actor does not
+/// take it within the limit, the caller is answered that nothing was done,
+/// and the actor, once it runs, drops the create and frees the name: the
+/// cluster never appears, and the same create then succeeds. (The caller
+/// waited without a deadline.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_its_new_actor_does_not_take_in_time_is_refused_and_frees_the_name() {
+    let master = [HOOKS[0], ("FLOTILLA_MASTER_REQUEST_TAKE_LIMIT", "1s"), ("FLOTILLA_MASTER_ACTOR_THREADS", "1")];
+    let env = TestEnv::start_sim("inject-create-late", &master, 1).await;
+    env.upload(&sim::package("cl", "1.0.0", 3)).await;
+    env.create_active(json!({"name": "first", "package": {"name": "cl", "version": "1.0.0"}})).await;
+
+    let (status, v) = inject(&env, "cluster", "first", "block?ms=4000").await;
+    assert_eq!(status, 200, "{v:#}");
+    let body = json!({"name": "late", "package": {"name": "cl", "version": "1.0.0"}});
+    let asked = Instant::now();
+    let (status, v) = env.post("/clusters", body.clone()).await;
+    let waited = asked.elapsed();
+    assert_eq!(status.as_u16(), 503, "a create its actor could not take: {v:#}");
+    let message = v["error"]["message"].as_str().or(v["message"].as_str()).unwrap_or("");
+    assert!(message.contains("did not take the request within 1s") && message.contains("nothing was done"), "{v:#}");
+    assert!(waited < Duration::from_secs(3), "answered after {waited:?}, not at the limit");
+
+    // Once the thread runs again the create is dropped: never shown, the
+    // name free, no operation.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (status, v) = env.get("/clusters/late").await;
+    assert_eq!(status.as_u16(), 404, "the refused create left a cluster: {v:#}");
+    let (_, ops) = env.get("/operations?cluster=late").await;
+    assert_eq!(ops["operations"].as_array().map(Vec::len), Some(0), "{ops:#}");
+    let c = env.create_active(body).await;
+    assert_eq!(c["status"], "Active", "{c:#}");
+}

@@ -408,6 +408,20 @@ impl Handler<Stall> for ClusterActor {
     }
 }
 
+/// Test hooks: the actor blocks its thread this long (a saturated thread:
+/// no actor there takes a message meanwhile).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Block(pub std::time::Duration);
+
+impl Handler<Block> for ClusterActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Block, _ctx: &mut Context<Self>) {
+        std::thread::sleep(msg.0);
+    }
+}
+
 /// Test hooks: the next turn of instance actor `.0` panics where it runs
 /// (`InstanceActor::inject_panic`); `false` when the cluster has no such
 /// instance.

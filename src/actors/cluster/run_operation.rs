@@ -17,10 +17,21 @@ impl Handler<RunOperation> for ClusterActor {
         // An API request stays ahead of bulk work on this thread until it
         // is answered (durable), not only until it is taken.
         let urgent = slot.urgent();
+        let is_create = matches!(req, OpRequest::Create { .. });
         if let Err(e) = slot.take(req.name()) {
+            if is_create {
+                // Its caller stopped waiting: the name is freed, as for
+                // any create refused (inside the answer's future, see below).
+                return AtomicResponse::new(Box::pin(ActorFutureExt::map(
+                    fut::ready(Err(e)),
+                    |res, act: &mut Self, ctx| {
+                        act.forget_refused_create(ctx);
+                        res
+                    },
+                )));
+            }
             return AtomicResponse::new(Box::pin(fut::ready(Err(e))));
         }
-        let is_create = matches!(req, OpRequest::Create { .. });
         if self.creating && !is_create {
             let name = self.core.borrow().record.name.clone();
             self.stats.refused();

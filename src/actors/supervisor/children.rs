@@ -208,6 +208,8 @@ pub enum Fault {
     Panic,
     /// It takes no message for this long.
     Stall(std::time::Duration),
+    /// It blocks its thread for this long (every actor there waits).
+    Block(std::time::Duration),
 }
 
 pub struct ActorVerb {

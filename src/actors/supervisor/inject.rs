@@ -44,6 +44,11 @@ impl Supervisor {
                 crate::actors::announce::inject_panic();
                 Ok("the next event write (announce) panics".into())
             }
+            ("cluster", Fault::Block(d)) => {
+                let h = self.shared.registry.get(id).ok_or_else(known)?;
+                h.addr.do_send(crate::actors::cluster::Block(d));
+                Ok(format!("the thread of cluster {id}'s actor is blocked for {d:?}"))
+            }
             ("supervisor", Fault::Panic) => {
                 // After this answer: the caller hears what happens.
                 ctx.run_later(std::time::Duration::from_millis(100), |_, _| {

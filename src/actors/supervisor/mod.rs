@@ -30,7 +30,7 @@ use super::cluster::{ClusterActor, InstanceObserved, OpRequest, RoleToPlace, Run
 use super::gone_operations::GoneOperations;
 use super::instance::Observation;
 use super::placement::Candidate;
-use super::read_model::{ActorStats, Reservation};
+use super::read_model::{ActorStats, Claim, Reservation};
 use super::supervision::{Intensity, spec};
 use crate::error::Error;
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId, validate_name};
@@ -79,12 +79,29 @@ impl Message for Create {
 /// once durable and published, or why it was refused (the actor has then
 /// freed the name and stopped). Forwarded from the cluster's thread to the
 /// caller's, not through the supervisor's: a burst of creates no longer
-/// queues for the supervisor's turn twice.
-pub struct CreateAnswer(tokio::sync::oneshot::Receiver<Result<OperationRecord, Error>>);
+/// queues for the supervisor's turn twice. The new actor must take the
+/// create within the caller's limit, as any request: the [`Claim`] decides
+/// (an abandoned create is dropped by the actor, which frees the name).
+pub struct CreateAnswer {
+    answer: tokio::sync::oneshot::Receiver<Result<Result<OperationRecord, Error>, MailboxError>>,
+    claim: Claim,
+}
 
 impl CreateAnswer {
+    /// The actor's answer (`Err`: its mailbox closed before it answered),
+    /// and the claim that decides whether it took the create.
+    pub fn into_parts(
+        self,
+    ) -> (impl Future<Output = Result<Result<OperationRecord, Error>, MailboxError>> + Send + 'static, Claim) {
+        let answer = async move { self.answer.await.unwrap_or(Err(MailboxError::Closed)) };
+        (answer, self.claim)
+    }
+
+    /// The answer, however long the actor takes (the unit tests').
+    #[cfg(test)]
     pub async fn answer(self) -> Result<OperationRecord, Error> {
-        self.0.await.unwrap_or_else(|_| Err(Error::unavailable("cluster actor: the create's answer was lost")))
+        let (answer, _) = self.into_parts();
+        answer.await.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))))
     }
 }
 
@@ -330,7 +347,7 @@ impl Handler<Create> for Supervisor {
         self.shared.registry.insert(&name, handle.clone());
         self.stats.end(None);
         // An API request like any other: ahead of bulk work on its thread.
-        let slot = Reservation::counted(&handle.stats).with_urgent(handle.priority.urgent());
+        let (slot, claim) = Reservation::counted(&handle.stats).with_urgent(handle.priority.urgent()).claimable();
         // Sent now, not when the answer is first awaited: the create is the
         // actor's first message. The actor places the instances; a refused
         // create frees its name and stops its actor itself, before it answers.
@@ -341,10 +358,9 @@ impl Handler<Create> for Supervisor {
         // actor that never ran its create.
         let (tx, rx) = tokio::sync::oneshot::channel();
         handle.arbiter.spawn(async move {
-            let res = request.await.unwrap_or_else(|e| Err(Error::unavailable(format!("cluster actor: {e}"))));
-            let _ = tx.send(res);
+            let _ = tx.send(request.await);
         });
-        Ok(CreateAnswer(rx))
+        Ok(CreateAnswer { answer: rx, claim })
     }
 }
 
