@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use crate::common::sse::SseReader;
 use crate::common::{PackageBuilder, TestEnv, id_of, pid_of, role_instances, sim};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,4 +86,60 @@ async fn a_master_killed_the_moment_the_agent_has_the_acknowledgement_comes_back
         "the Error does not name the member and how it ended: {why:?}"
     );
     assert_eq!(role_instances(&c, "d")[0]["status"], "Failed", "{c:#}");
+}
+
+/// A storm: every member of a 120-member cluster dies at once (no restart)
+/// while other clusters are created. One escalation per cluster: the
+/// `Error` names at most 5 members, at most 5 `actor.failed` events are
+/// written for it, and no create is refused for an overloaded supervisor
+/// (N failures once made N escalations, N cluster writes and N events, and
+/// creates answered 503 meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_member_failures_is_one_escalation_and_creates_go_on() {
+    let env = TestEnv::start_sim("escalation-storm", &[], 3).await;
+    env.upload(&sim::package("st", "1.0.0", 200)).await;
+    let body = json!({"name": "s", "package": {"name": "st", "version": "1.0.0"}, "roles": {"d": {"count": 120}}});
+    let c = env.create_active(body).await;
+    assert_eq!(role_instances(&c, "d").len(), 120);
+    let mut events = SseReader::open(&env.client, &env.api, "?cluster=s&kind=actor.failed", None).await;
+
+    let env = &env;
+    let creates = (0..10).map(|i| {
+        let body = json!({"name": format!("c{i}"), "package": {"name": "st", "version": "1.0.0"}});
+        async move { env.post("/clusters", body).await }
+    });
+    let crashes = async {
+        for agent in &env.fleet().agents {
+            let held: Vec<_> = agent.state.lock().unwrap().instances.keys().cloned().collect();
+            for id in held {
+                agent.crash(&id, false);
+            }
+        }
+    };
+    let (answers, ()) = tokio::join!(futures::future::join_all(creates), crashes);
+    for (status, v) in answers {
+        assert!(status.is_success(), "a create during the storm was refused: {status} {v:#}");
+    }
+
+    let c = env
+        .until(60, "every member Failed", async || {
+            let c = env.cluster("s").await;
+            let left = role_instances(&c, "d").iter().filter(|m| m["status"] != "Failed").count();
+            if left == 0 { Ok(c) } else { Err(format!("{left} members not Failed yet; cluster {}", c["status"])) }
+        })
+        .await;
+    assert_eq!(c["status"], "Error", "{c:#}");
+    let why = c["status_description"].as_str().unwrap_or_default();
+    let named = why.matches(" failed: ").count();
+    assert!((1..=5).contains(&named), "the Error names {named} members: {why}");
+    assert!(why.len() < 5 * 600, "the Error's description is {} bytes", why.len());
+    let mut failed = Vec::new();
+    while let Some(e) = events.next(Duration::from_secs(3)).await {
+        failed.push(e);
+    }
+    assert!((1..=5).contains(&failed.len()), "{} actor.failed events for one cluster: {failed:#?}", failed.len());
+    for i in 0..10 {
+        let (status, _) = env.get(&format!("/clusters/c{i}")).await;
+        assert_eq!(status.as_u16(), 200, "cluster c{i}");
+    }
 }
