@@ -192,6 +192,9 @@ async fn an_inventory_reaching_a_dead_cluster_actor_is_applied_by_its_successor(
     tokio::time::sleep(Duration::from_secs(1)).await;
     let i = &env.cluster("v").await["instances"][0];
     assert_eq!((i["status"].as_str(), i["pid"].as_u64()), (Some("Running"), Some(u64::from(pid))), "{i:#}");
+    // Held work is queued work: the node manager's mailbox shows it.
+    let nm = actor(&env, "node_manager", "node-1").await;
+    assert!(nm["mailbox"].as_u64() >= Some(1), "the held inventory line is not in its mailbox depth: {nm:#}");
 
     let (status, v) = env.post_empty("/actors/cluster/v/restart").await;
     assert_eq!(status.as_u16(), 200, "{v:#}");
@@ -207,6 +210,7 @@ async fn an_inventory_reaching_a_dead_cluster_actor_is_applied_by_its_successor(
     assert_eq!(i["pid"], Value::Null, "{i:#}");
     let error = i["last_error"].as_str().unwrap_or_default();
     assert!(error.contains("not running on node node-1 when its agent reconnected"), "{i:#}");
+    actor_until(&env, "node_manager", "node-1", "done with what it held", |a| a["mailbox"] == 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

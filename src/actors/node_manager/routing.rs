@@ -231,6 +231,7 @@ impl NodeManagerActor {
         } else {
             self.held.push_back(report);
         }
+        self.publish_held();
         if let Some(after) = retry {
             self.schedule_retry(after, ctx);
         }
@@ -294,9 +295,18 @@ impl NodeManagerActor {
                 }
             }
         }
+        self.publish_held();
         if blocked {
             let next = if delivered { RETRY_HELD } else { (waited * 2).min(RETRY_HELD_MAX) };
             self.schedule_retry(next, ctx);
         }
+    }
+
+    /// The reports it holds are work queued in it: part of its mailbox
+    /// depth in `GET /actors` (`ActorStats::inner`).
+    fn publish_held(&self) {
+        self.stats
+            .inner
+            .store(i64::try_from(self.held.len()).unwrap_or(i64::MAX), std::sync::atomic::Ordering::Relaxed);
     }
 }
