@@ -411,3 +411,49 @@ async fn a_create_its_new_actor_does_not_take_in_time_is_refused_and_frees_the_n
     let c = env.create_active(body).await;
     assert_eq!(c["status"], "Active", "{c:#}");
 }
+
+/// A cluster actor restarted while one of its nodes has been Down for a
+/// while resumes its operation at once: it waits only for nodes that may
+/// still come back (silent for less than `node_down_after`). It waited
+/// `node_down_after` anew at each restart, so an actor killed every few
+/// seconds (the soak's killer) never resumed its operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_actor_does_not_wait_for_a_node_long_down() {
+    let master = [
+        ("FLOTILLA_MASTER_HEARTBEAT_INTERVAL", "500ms"),
+        ("FLOTILLA_MASTER_NODE_UNKNOWN_AFTER", "2s"),
+        ("FLOTILLA_MASTER_NODE_DOWN_AFTER", "8s"),
+    ];
+    let latency = Latency { stop: Duration::from_secs(2), ..Default::default() };
+    let env = TestEnv::start_sim_with("inject-resume-down", &master, 2, latency).await;
+    env.upload(&sim::package("rd", "1.0.0", 4)).await;
+    let body = json!({"name": "w", "package": {"name": "rd", "version": "1.0.0"}, "roles": {"d": {"count": 4}}});
+    let c = env.create_active(body).await;
+    let nodes: std::collections::HashSet<String> =
+        role_instances(&c, "d").iter().filter_map(|m| m["node"].as_str().map(String::from)).collect();
+    assert_eq!(nodes.len(), 2, "the members are not on both nodes: {c:#}");
+    env.fleet().agents[1].set_frozen(true);
+    env.until(20, "sim-2 Down", async || {
+        let n = env.node("sim-2").await;
+        if n["status"] == "Down" { Ok(()) } else { Err(format!("{n:#}")) }
+    })
+    .await;
+
+    let (status, v) = env.post_empty("/clusters/w/stop").await;
+    assert_eq!(status.as_u16(), 202, "{v:#}");
+    let op = v["operation"]["id"].as_str().expect("op id").to_string();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, v) = env.post_empty("/actors/cluster/w/kill").await;
+    assert_eq!(status.as_u16(), 200, "{v:#}");
+    let killed = Instant::now();
+    let op = env.wait_op(&op).await;
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(6),
+        "the resumed stop ended {took:?} after the kill: it waited for the Down node"
+    );
+    // sim-2's stops could not be sent: the stop ends saying so.
+    assert_ne!(op["status"], "Running", "{op:#}");
+    assert!(env.master_log().contains("resuming an operation"), "the kill did not interrupt the stop");
+    env.fleet().agents[1].set_frozen(false);
+}

@@ -331,9 +331,13 @@ impl Actor for ClusterActor {
             }
         }
         // The agents reconnect by themselves after a master restart: wait for
-        // the nodes the operation touches (at most until a silent node would
-        // count as Down), so a resumed step does not fail on a link that is
-        // about to come back.
+        // the nodes the operation touches, each until it would count as
+        // Down (`node_down_after` of silence, counted from its last frame
+        // or the master's start), so a resumed step does not fail on a link
+        // that is about to come back. A node silent that long already (an
+        // actor restarted long after its agents left) is not waited for:
+        // an actor killed again and again would otherwise wait anew each
+        // time and never resume.
         let mut nodes: BTreeSet<NodeId> = r.pending.iter().map(|p| p.node.clone()).collect();
         nodes.extend(self.core.borrow().members().iter().map(|i| i.node.clone()));
         let prepared = Prepared {
@@ -345,12 +349,18 @@ impl Actor for ClusterActor {
             force: r.force,
         };
         let shared = self.shared.clone();
-        let patience = self.shared.timing.node_down_after;
+        let (unknown, patience) = (self.shared.timing.node_unknown_after, self.shared.timing.node_down_after);
         let wait = async move {
             let deadline = tokio::time::Instant::now() + patience;
             loop {
-                let connected = nodes.iter().all(|n| shared.read_model.node(n).is_some_and(|v| v.live.connected()));
-                if connected || tokio::time::Instant::now() >= deadline {
+                let now = std::time::Instant::now();
+                let coming = |n: &NodeId| {
+                    shared.read_model.node(n).is_some_and(|v| {
+                        !v.live.connected()
+                            && v.live.status_at(now, unknown, patience) != crate::storage::records::NodeStatus::Down
+                    })
+                };
+                if !nodes.iter().any(coming) || tokio::time::Instant::now() >= deadline {
                     return;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
