@@ -80,8 +80,11 @@ impl ChildSpec {
             GiveUp::ExitMaster => "then the master exits",
             GiveUp::Reconnect => "then the agent reconnects",
             GiveUp::Reported => "a panic is logged and counted",
-            GiveUp::Group => "its cluster's actor fails with it",
+            GiveUp::Group => "its group fails with it",
         };
+        if self.give_up == GiveUp::Group {
+            return format!("{strategy}: its failure fails its cluster's actor, and it is restarted with it");
+        }
         match self.intensity {
             0 => format!("{strategy}, never restarted, {then}"),
             n => format!("{strategy}, {n} in {}s, {then}", self.period.as_secs()),
@@ -235,7 +238,10 @@ mod tests {
         assert_eq!(spec("cluster").describe(), "one_for_all, 3 in 60s, then failed (cluster Error)");
         assert_eq!(spec("store_writer").describe(), "one_for_one, never restarted, then the master exits");
         assert_eq!(spec("announce").describe(), "one_for_one, never restarted, a panic is logged and counted");
-        assert_eq!(spec("instance").describe(), "one_for_all, never restarted, its cluster's actor fails with it");
+        assert_eq!(
+            spec("instance").describe(),
+            "one_for_all: its failure fails its cluster's actor, and it is restarted with it"
+        );
     }
 
     #[test]

@@ -180,13 +180,17 @@ async fn each_kind_fails_during_a_scale_out_of_two_hundred(name: &str, via: Via)
     }
 
     // An instance actor fails: its cluster's actor fails with it (one
-    // group), and is restarted. One of the new members still at work.
+    // group), and is restarted. A new member not yet started: its start is
+    // a turn still to come, where an injected panic fires.
     let member = env
-        .until(30, "a new member still installing or starting", async || {
+        .until(30, "a new member not yet started", async || {
             let c = env.cluster("p").await;
             role_instances(&c, "d")
                 .iter()
-                .find(|m| m["status"] != "Running" && !before.iter().any(|(id, _)| *id == id_of(m)))
+                .find(|m| {
+                    matches!(m["status"].as_str(), Some("Pending" | "Installing" | "Installed"))
+                        && !before.iter().any(|(id, _)| *id == id_of(m))
+                })
                 .map(id_of)
                 .ok_or_else(|| format!("{c:#}"))
         })
@@ -350,9 +354,10 @@ async fn a_message_waiting_over_five_seconds_turns_its_actor_amber_until_it_is_t
     let a = actor(&env, "cluster", "a").await.expect("cluster/a listed");
     assert_eq!((a["health"].as_str(), a["mailbox"].as_u64()), (Some("green"), Some(0)), "{a:#}");
 
+    // Taken before the stall begins: it ends 9 s after this at the earliest.
+    let stalled = Instant::now();
     let (status, v) = inject(&env, "cluster", "a", "stall?ms=9000").await;
     assert_eq!(status, 200, "{v:#}");
-    let stalled = Instant::now();
     let (status, v) = env.post_empty("/clusters/a/stop").await;
     assert_eq!(status.as_u16(), 503, "{v:#}");
     let a = actor(&env, "cluster", "a").await.expect("cluster/a listed");
@@ -364,7 +369,7 @@ async fn a_message_waiting_over_five_seconds_turns_its_actor_amber_until_it_is_t
             other => Err(format!("{other:#?}")),
         })
         .await;
-    assert!(stalled.elapsed() < Duration::from_secs(9), "amber only after the stall: {a:#}");
+    // Still waiting (the stall has not ended), for over 5 s.
     assert!(a["oldest_message_ms"].as_u64() > Some(5_000), "{a:#}");
     assert_eq!(a["mailbox"], 1, "{a:#}");
     let a = env

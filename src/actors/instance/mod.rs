@@ -265,11 +265,12 @@ impl InstanceActor {
         let why = format!("its instance actor {} panicked in {verb}: {reason}", self.id());
         tracing::error!(instance = %self.id(), %reason, "an instance actor failed; its cluster's actor fails with it");
         self.stats.end();
-        if !self.forgotten.get() {
-            let failures = self.env.failures.borrow().clone();
-            if let Some(f) = failures {
-                f.linked_failed(why.clone());
-            }
+        // To the actor that made this instance actor: once that one is
+        // dead, its successor is not told (the message finds a closed
+        // mailbox), whatever the turn was.
+        let failures = self.env.failures.borrow().clone();
+        if let Some(f) = failures {
+            f.linked_failed(why.clone());
         }
         why
     }

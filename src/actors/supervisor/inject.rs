@@ -32,6 +32,13 @@ impl Supervisor {
             ("instance", Fault::Panic) => {
                 let cluster = self.owner_of(id).ok_or_else(known)?;
                 let h = self.shared.registry.get(&cluster).ok_or_else(known)?;
+                if matches!(h.stats.state().as_str(), "restarting" | "failed" | "giving up") {
+                    // Its instance actors are being replaced: the mark would be lost.
+                    return Err(Error::conflict(
+                        "actor_restarting",
+                        format!("the actor of cluster {cluster} is down or restarting; try again once it runs"),
+                    ));
+                }
                 h.addr.do_send(crate::actors::cluster::InjectInstancePanic(crate::ids::InstanceId::new(id)));
                 Ok(format!("the instance actor {id} (cluster {cluster}) panics in its next turn"))
             }
