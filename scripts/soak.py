@@ -7,9 +7,9 @@ their cluster's), node managers, the agent listener, the node watcher, the
 leaked sweep; a kind at random, then one of that kind). At the end: every operation
 ended, no cluster busy, and `flotilla_live_tasks{kind}` back to its idle
 value. A cluster actor killed past its restart intensity is given up (its
-cluster `Error`, its operation waiting); the soak then does what the
-operator would, `POST /api/v1/actors/cluster/{id}/restart`, at the next
-cleanup (and counts it). Prints the figures RELIABILITY.md quotes; exits
+cluster `Error`, its operation waiting); the soak then does what an
+operator on watch would, `POST /api/v1/actors/cluster/{id}/restart`, before
+the next kill and at each cleanup (and counts it). Prints the figures RELIABILITY.md quotes; exits
 non-zero when a check fails. Run it through scripts/soak.sh (it builds the binary)."""
 
 import argparse
@@ -73,9 +73,13 @@ def restart_given_up(api, restarted):
             restarted[status] += 1
 
 
-def killer(api, every, stop, kills, rng):
+def killer(api, every, stop, kills, rng, restarted):
     while not stop.wait(every):
         try:
+            # An operator on watch: a given-up cluster actor (killed past
+            # its intensity) is restarted before the next kill, so a round
+            # does not wait on it until the cleanup.
+            restart_given_up(api, restarted)
             actors = [a for a in api.json("/api/v1/actors")["actors"] if a["kind"] in KINDS]
         except Exception as e:  # the master is busy: try at the next tick
             kills["list failed"] += 1
@@ -126,10 +130,11 @@ def main():
         idle = api.live_tasks()
         print(f"soak: master up ({e['api_url']}), idle live tasks {idle}")
         kills, stop = Counter(), threading.Event()
-        t = threading.Thread(target=killer, args=(api, args.kill_every, stop, kills, rng), daemon=True)
+        restarted = Counter()
+        t = threading.Thread(target=killer, args=(api, args.kill_every, stop, kills, rng, restarted), daemon=True)
         t.start()
         deadline = time.time() + args.minutes * 60
-        rounds, exits, failed_rounds, restarted = 0, Counter(), [], Counter()
+        rounds, exits, failed_rounds = 0, Counter(), []
         while time.time() < deadline:
             rounds += 1
             r = subprocess.run(

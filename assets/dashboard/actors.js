@@ -101,7 +101,8 @@ export function actorsView(root, { live }) {
     const cls = a.health === 'red' ? 'failed' : a.health === 'amber' ? 'stuck' : '';
     const s = sample(a);
     const actions = [];
-    if (can('admin') && a.kind !== 'instance' && a.kind !== 'supervisor') {
+    // The root's children whose death ends the master have no verb.
+    if (can('admin') && a.kind !== 'supervisor' && a.kind !== 'store_writer') {
       if (a.state === 'failed') actions.push(h('button', { class: 'small', dataset: { verb: 'restart' }, onclick: () => verb(a, 'restart') }, 'Restart'));
       else actions.push(h('button', { class: 'small danger', dataset: { verb: 'kill' }, onclick: () => verb(a, 'kill') }, 'Kill'));
     }

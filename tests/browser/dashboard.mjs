@@ -91,6 +91,13 @@ try {
   }
   const strategy = await page.locator('#actor-tree tr[data-kind="cluster"][data-id="demo"] td.name').getAttribute('title');
   expect(strategy.includes('one_for_all, 3 in 60s'), `the cluster actor's strategy, not ${strategy}`);
+  // No verb where the master answers 409 (the store writer's death ends
+  // it); an instance actor can be killed (its cluster's actor with it).
+  await page.locator('#actor-tree tr[data-kind="store_writer"]').waitFor();
+  const writerButtons = await page.locator('#actor-tree tr[data-kind="store_writer"] button').count();
+  expect(writerButtons === 0, `the store writer's row offers ${writerButtons} verbs`);
+  const instanceKills = await page.locator('#actor-tree tr[data-kind="instance"] button[data-verb="kill"]').count();
+  expect(instanceKills === 2, `${instanceKills} instance rows offer a kill, not 2`);
   await page.locator('#actor-tree tr[data-kind="cluster"][data-id="demo"] button[data-verb="kill"]').click();
   await page.locator('#dialog-ok').click();
   await page.waitForFunction(() => {

@@ -156,6 +156,30 @@ async fn past_its_intensity_a_cluster_actor_is_given_up_until_an_operator_restar
     assert_eq!(env.cluster("g").await["status"], "Active");
 }
 
+/// A cluster's restarts are its own: one deleted after three restarts and
+/// created again under its name is restarted at its next failure, not
+/// given up for its predecessor's (a soak round's cluster was given up at
+/// its first kill, the name's history carried over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_created_again_under_a_name_does_not_inherit_its_restarts() {
+    let env = TestEnv::start("actors-same-name").await;
+    env.upload(&PackageBuilder::sleeper("as")).await;
+    let body = json!({"name": "r", "package": {"name": "as", "version": "1.0.0"}});
+    env.create_active(body.clone()).await;
+    for n in 1..=3u64 {
+        assert_eq!(kill(&env, "cluster", "r").await.0, 200);
+        actor_until(&env, "cluster", "r", "restarted", |a| a["restarts"] == n && a["state"] != "restarting").await;
+    }
+    let (status, v) = env.delete("/clusters/r").await;
+    assert_eq!(status.as_u16(), 202, "{v:#}");
+    env.wait_op(v["operation"]["id"].as_str().expect("op id")).await;
+    env.create_active(body).await;
+    assert_eq!(kill(&env, "cluster", "r").await.0, 200);
+    let a = actor_until(&env, "cluster", "r", "restarted", |a| a["restarts"] == 1 && a["state"] != "restarting").await;
+    assert_ne!(a["state"], "failed", "{a:#}");
+    assert_eq!(env.cluster("r").await["status"], "Active");
+}
+
 /// Cluster `name` of one sleeper (package `package`) on node-1: its
 /// instance's id and pid.
 async fn one_sleeper_on_node_1(env: &TestEnv, name: &str, package: &str) -> (String, u32) {

@@ -373,6 +373,9 @@ impl Handler<ClusterGone> for Supervisor {
         let ClusterGone { name, cluster, operations, slot } = msg;
         slot.begin("cluster gone");
         self.shared.registry.remove(&name);
+        // Its restarts were its own: a new cluster of the same name starts
+        // with none (and a churn of names keeps no history).
+        self.restarts.remove(&name);
         self.shared.in_flight.forget(&cluster);
         tracing::info!(cluster = %name, "cluster deleted");
         let writes = self.gone.add(cluster, operations);
