@@ -405,6 +405,12 @@ async fn a_create_its_new_actor_does_not_take_in_time_is_refused_and_frees_the_n
     let message = v["error"]["message"].as_str().or(v["message"].as_str()).unwrap_or("");
     assert!(message.contains("did not take the request within 1s") && message.contains("nothing was done"), "{v:#}");
     assert!(waited < Duration::from_secs(3), "answered after {waited:?}, not at the limit");
+    // A retry while the dropped create still holds the name: told to
+    // retry, not that the cluster exists (it never will).
+    let (status, v) = env.post("/clusters", body.clone()).await;
+    assert_eq!(status.as_u16(), 503, "a retry while the name is held: {v:#}");
+    let message = v["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("under way") && message.contains("retry"), "{v:#}");
 
     // Once the thread runs again the create is dropped: never shown, the
     // name free, no operation.

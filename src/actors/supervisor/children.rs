@@ -51,7 +51,9 @@ impl Handler<ClusterPanicked> for Supervisor {
                 .await
                 .map_err(|e| crate::storage::StorageError::Codec(e.to_string()))?
         };
-        ctx.spawn(load.into_actor(self).map(move |loaded, act, ctx| act.restart_cluster(ctx, &name, &stats, loaded)));
+        ctx.spawn(
+            load.into_actor(self).map(move |loaded, act, ctx| act.restart_cluster(ctx, &name, cluster, &stats, loaded)),
+        );
     }
 }
 
@@ -60,6 +62,7 @@ impl Supervisor {
         &mut self,
         ctx: &mut Context<Self>,
         name: &str,
+        cluster: ClusterId,
         dead: &Arc<ActorStats>,
         loaded: Result<Option<crate::storage::meta::StoredCluster>, crate::storage::StorageError>,
     ) {
@@ -69,11 +72,7 @@ impl Supervisor {
         let stored = match loaded {
             Ok(Some(s)) => s,
             Ok(None) => {
-                // Its create never became durable: there is nothing to run.
-                tracing::warn!(cluster = %name, "the failed cluster actor's cluster is not stored; its name is free");
-                self.shared.read_model.unregister_actor(dead);
-                self.shared.registry.remove(name);
-                self.shared.read_model.remove_cluster(name);
+                self.forget_unstored(name, cluster, dead);
                 return;
             }
             Err(e) => {
@@ -107,6 +106,44 @@ impl Supervisor {
 }
 
 impl Supervisor {
+    /// A failed cluster actor's cluster is not stored: its create never
+    /// became durable, or its delete's end landed as the actor died (the
+    /// `ClusterGone` it would have sent is lost with it). Its name is freed
+    /// and everything kept for it goes, as at `ClusterGone`: its restarts,
+    /// its commands' count, and its operations shown running (published
+    /// again as stored: ended).
+    fn forget_unstored(&mut self, name: &str, cluster: ClusterId, dead: &Arc<ActorStats>) {
+        tracing::warn!(cluster = %name, "the failed cluster actor's cluster is not stored; its name is free");
+        self.shared.read_model.unregister_actor(dead);
+        self.shared.registry.remove(name);
+        self.shared.read_model.remove_cluster(name);
+        self.restarts.remove(name);
+        self.shared.in_flight.forget(&cluster);
+        let running: Vec<_> = self
+            .shared
+            .read_model
+            .running_operations()
+            .values()
+            .filter(|o| o.cluster_id == cluster)
+            .map(|o| o.id)
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        let read_model = self.shared.read_model.clone();
+        tokio::task::spawn_blocking(move || {
+            for id in running {
+                match read_model.operation(&id) {
+                    Ok(Some(op)) => read_model.put_operation(&op),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(operation = %id, error = %e, "cannot read an operation of a deleted cluster")
+                    }
+                }
+            }
+        });
+    }
+
     /// A cluster actor failed more often than its intensity allows: it is
     /// left down and listed as `failed`, and its cluster goes `Error`,
     /// durably, saying why (tried until it lands). An operator restarts it
@@ -174,6 +211,13 @@ impl Supervisor {
         ctx.spawn(write.into_actor(self).map(move |written, act, _| {
             // Still this incarnation's name (not deleted, not replaced).
             let ours = act.shared.registry.get(&name).is_some_and(|h| Arc::ptr_eq(&h.stats, &stats));
+            if ours && matches!(written, Ok(None)) {
+                // Nothing stored to restart (a create never durable, a
+                // delete whose end landed as the actor died): nothing to
+                // keep down either.
+                act.forget_unstored(&name, cluster, &stats);
+                return;
+            }
             stats.set_state("failed");
             match written {
                 Ok(Some(record)) if ours => {
@@ -281,7 +325,8 @@ impl Supervisor {
                         .map_err(|e| crate::storage::StorageError::Codec(e.to_string()))?
                 };
                 ctx.spawn(
-                    load.into_actor(self).map(move |loaded, act, ctx| act.restart_cluster(ctx, &name, &dead, loaded)),
+                    load.into_actor(self)
+                        .map(move |loaded, act, ctx| act.restart_cluster(ctx, &name, cluster, &dead, loaded)),
                 );
                 Ok(format!(
                     "the actor of cluster {id} is started again from its stored records; start the cluster to make it Active"

@@ -146,6 +146,15 @@ impl Supervisor {
     pub(crate) fn validate_create(&self, req: &CreateCluster) -> Result<(ClusterRecord, Vec<RoleToPlace>), Error> {
         validate_name(&req.name).map_err(|m| Error::invalid("invalid_name", format!("name: {m}")))?;
         if self.shared.registry.contains(&req.name) {
+            if self.shared.read_model.cluster(&req.name).is_none() {
+                // Held by a create not yet durable: one under way, or one
+                // its caller gave up on that its actor has not dropped yet.
+                return Err(Error::unavailable(format!(
+                    "a create of cluster {} is under way (or being dropped after its caller gave up); \
+                     retry in a moment: it either appears (GET /api/v1/clusters/{}) or frees the name",
+                    req.name, req.name
+                )));
+            }
             return Err(Error::AlreadyExists { kind: "cluster", id: req.name.clone() });
         }
         let spec = self
