@@ -21,14 +21,8 @@ impl Handler<RunOperation> for ClusterActor {
         if let Err(e) = slot.take(req.name()) {
             if is_create {
                 // Its caller stopped waiting: the name is freed, as for
-                // any create refused (inside the answer's future, see below).
-                return AtomicResponse::new(Box::pin(ActorFutureExt::map(
-                    fut::ready(Err(e)),
-                    |res, act: &mut Self, ctx| {
-                        act.forget_refused_create(ctx);
-                        res
-                    },
-                )));
+                // any create refused.
+                return Self::refuse_create(e);
             }
             return AtomicResponse::new(Box::pin(fut::ready(Err(e))));
         }
@@ -70,16 +64,7 @@ impl Handler<RunOperation> for ClusterActor {
                 // A refused request: counted, not the actor failing.
                 self.stats.refused();
                 if is_create {
-                    // Inside the answer's future: an actor stopped in the
-                    // handler itself never sends it (the caller would see a
-                    // closed mailbox instead of the refusal).
-                    return AtomicResponse::new(Box::pin(ActorFutureExt::map(
-                        fut::ready(Err(e)),
-                        |res, act: &mut Self, ctx| {
-                            act.forget_refused_create(ctx);
-                            res
-                        },
-                    )));
+                    return Self::refuse_create(e);
                 }
                 if is_change && self.core.borrow().record.status == ClusterStatus::Active {
                     // Sahara: a refused scale leaves the cluster Active, with the reason.
@@ -204,6 +189,17 @@ impl ClusterActor {
     /// A create refused before it became durable: frees the name (before
     /// the refusal is answered, so the caller may retry it at once) and
     /// stops the actor, which was never shown.
+    /// Answers a refused create with `e`, then frees its name and stops
+    /// the actor: inside the answer's future, since an actor stopped in the
+    /// handler itself never sends it (the caller would see a closed mailbox
+    /// instead of the refusal).
+    fn refuse_create(e: Error) -> AtomicResponse<Self, Result<OperationRecord, Error>> {
+        AtomicResponse::new(Box::pin(ActorFutureExt::map(fut::ready(Err(e)), |res, act: &mut Self, ctx| {
+            act.forget_refused_create(ctx);
+            res
+        })))
+    }
+
     fn forget_refused_create(&mut self, ctx: &mut Context<Self>) {
         let (name, id) = {
             let c = self.core.borrow();
