@@ -334,6 +334,7 @@ impl Node {
         }
         let slots: Vec<(InstanceId, Arc<Slot>)> =
             lock(&self.slots).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut idle = Vec::new();
         for (id, slot) in slots {
             let mut guard = slot.lock("recover").await;
             let Some(rec) = guard.as_mut() else { continue };
@@ -341,6 +342,7 @@ impl Node {
                 Some(pid) if self.processes.is_alive(pid) => {
                     tracing::info!(instance = %id, pid = pid.pid, "re-adopted running process");
                     self.watch(id.clone(), pid.clone());
+                    continue;
                 }
                 Some(_) => {
                     tracing::warn!(instance = %id, "process is gone since the agent stopped");
@@ -351,8 +353,35 @@ impl Node {
                 }
                 None => {}
             }
+            idle.push(id);
         }
+        self.kill_orphans(&idle).await;
         Ok(())
+    }
+
+    /// Kills what still runs of instances the agent holds no live process
+    /// of: what a start left when the agent died between its spawn and the
+    /// record of its pid, or a hook the agent's death cut off. Nobody would
+    /// watch, stop or report such a process, and the master was never told
+    /// of it (its start got no answer); its record says it does not run,
+    /// and it is made true. The instances are the agent's, so is what
+    /// carries their marker or sits in their cgroup.
+    async fn kill_orphans(&self, idle: &[InstanceId]) {
+        match self.processes.kill_orphans(idle).await {
+            Err(e) => tracing::warn!(error = %crate::error::ErrorChain(&e), "cannot look for orphaned processes"),
+            Ok(found) => {
+                for (id, killed) in found {
+                    match killed {
+                        Ok(n) => {
+                            tracing::warn!(instance = %id, processes = n, "killed what an interrupted start or hook left running")
+                        }
+                        Err(e) => {
+                            tracing::error!(instance = %id, error = %crate::error::ErrorChain(&e), "cannot kill what an interrupted start or hook left running")
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// What the agent holds, for the handshake.

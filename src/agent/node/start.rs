@@ -155,3 +155,61 @@ impl Node {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::agent::process::tree::MARKER_VAR;
+    use crate::agent::testkit::{TestNode, marked, spec};
+    use crate::protocol::messages::AgentResponse;
+
+    /// An agent killed between a start's spawn and the record of its pid
+    /// left the process running, unrecorded: at its next start the agent
+    /// kills it (nobody else would watch, stop or report it), and leaves
+    /// alone the process it re-adopts.
+    async fn orphans_are_killed_at_recover(t: TestNode) {
+        let me = crate::agent::process::users::current().name;
+        let kept = t.install("orph-kept", &me, spec(&["sleep", "1000"]), &[]).await;
+        assert!(matches!(t.node.start(&kept, 2).await, AgentResponse::Started { .. }));
+        let kept_pid = marked(&kept);
+        assert_eq!(kept_pid.len(), 1, "the started instance runs");
+        // The orphan: what the spawn made, its pid never recorded (the
+        // record says installed, no pid), and a child of its own.
+        let lost = t.install("orph-lost", &me, spec(&["sleep", "1000"]), &[]).await;
+        let mut orphan = std::process::Command::new("sh")
+            .args(["-c", "sleep 1000 & exec sleep 1000"])
+            .env(MARKER_VAR, lost.as_str())
+            .spawn()
+            .unwrap();
+        until("the orphan and its child run", || marked(&lost).len() == 2).await;
+
+        t.node.recover().await.unwrap();
+
+        until("the orphan is killed", || matches!(orphan.try_wait(), Ok(Some(_)))).await;
+        until("the orphan's child is gone", || marked(&lost).is_empty()).await;
+        assert_eq!(t.persisted(&lost).pid, None, "the record still says nothing runs");
+        assert_eq!(marked(&kept), kept_pid, "the re-adopted process was touched");
+        let inv = t.node.inventory().await;
+        let running = |id: &crate::ids::InstanceId| inv.iter().find(|r| r.instance == *id).map(|r| r.running);
+        assert_eq!((running(&kept), running(&lost)), (Some(true), Some(false)));
+    }
+
+    async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(std::time::Instant::now() < deadline, "not within 5 s: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn orphans_are_killed_at_recover_with_process_groups() {
+        orphans_are_killed_at_recover(TestNode::new()).await;
+    }
+
+    #[tokio::test]
+    async fn orphans_are_killed_at_recover_with_cgroups() {
+        orphans_are_killed_at_recover(TestNode::with_cgroups()).await;
+    }
+}

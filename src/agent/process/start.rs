@@ -291,11 +291,6 @@ impl ProcessController {
         }
         let pids: Vec<u32> = left.iter().map(|m| m.pid).collect();
         tracing::warn!(instance = %req.instance, ?pids, "killing leftover processes of the instance before starting it");
-        let remaining = self.kill_tree(req.instance, &[], cg.as_deref()).await?;
-        if remaining.is_empty() {
-            Ok(())
-        } else {
-            Err(ProcessError::Stop { instance: req.instance.to_string(), remaining })
-        }
+        self.kill_all_of(req.instance, cg.as_deref()).await
     }
 }

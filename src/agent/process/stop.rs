@@ -138,6 +138,43 @@ impl ProcessController {
         self.confirmed().remove(instance);
     }
 
+    /// KILLs whatever runs of `instances`, which the agent holds no live
+    /// process of (see `Node::recover`), and removes their cgroups: one pass
+    /// over `/proc` for them all, then KILL until nothing is left for each
+    /// that has any. Answers each of those with how many processes it had,
+    /// or why some survive; an error when `/proc` cannot be read.
+    pub async fn kill_orphans(
+        &self,
+        instances: &[InstanceId],
+    ) -> Result<Vec<(InstanceId, Result<usize, ProcessError>)>, ProcessError> {
+        let snap = self.scanner.fresh().await.map_err(|e| ProcessError::io("scanning /proc", e))?;
+        let mut out = Vec::new();
+        for id in instances {
+            let cg = self.cgroup_of(id);
+            let found = tree::collect_in(&snap, id, &[], cg.as_deref());
+            if found.is_empty() {
+                continue;
+            }
+            let killed = self.kill_all_of(id, cg.as_deref()).await;
+            if killed.is_ok() {
+                self.finish(id, cg.as_deref()).await;
+            }
+            out.push((id.clone(), killed.map(|()| found.len())));
+        }
+        Ok(out)
+    }
+
+    /// [`Self::kill_tree`] of what runs of the instance (no main process
+    /// known); an error naming what survives it.
+    pub(super) async fn kill_all_of(&self, instance: &InstanceId, cg: Option<&Path>) -> Result<(), ProcessError> {
+        let remaining = self.kill_tree(instance, &[], cg).await?;
+        if remaining.is_empty() {
+            Ok(())
+        } else {
+            Err(ProcessError::Stop { instance: instance.to_string(), remaining })
+        }
+    }
+
     /// KILLs everything of the instance until nothing is left (at most a few
     /// seconds). Returns the pids that survived; an error when `/proc`
     /// cannot be read (then what survives is unknown).
