@@ -19,7 +19,7 @@ use futures::StreamExt;
 use futures::future::join_all;
 
 use super::ops::{ClusterOps, CurrentPackage, fail};
-use crate::actors::instance::{ChangeRule, InstanceCmd, InstanceHandle, InstanceOutcome};
+use crate::actors::instance::{ChangeRule, InstanceCmd, InstanceHandle, InstanceOutcome, Window};
 use crate::actors::render::RenderBase;
 use crate::ids::InstanceId;
 use crate::operations::{Hook, Rolling, StepFailure};
@@ -29,7 +29,8 @@ use crate::storage::records::{ClusterRecord, InstanceRecord, InstanceResult, Ins
 /// The share of a role a rolling action takes down at once, in percent.
 pub const MAX_UNAVAILABLE_PERCENT: usize = 25;
 
-/// Commands of one step in flight at once. A step over 10,000 instances
+/// Commands of one step in flight at once (a start until its process is
+/// spawned, see [`STEP_BEGUN`]). A step over 10,000 instances
 /// still sends them all, but holds at most this many commands (and their
 /// rendered files) in memory at a time; more would only queue behind the
 /// links' own limits, and would slow the other starts on the same nodes
@@ -37,6 +38,13 @@ pub const MAX_UNAVAILABLE_PERCENT: usize = 25;
 /// 1,000 took up to 0.33, 0.56 and 2.56 s in three runs at 1,024 at a time,
 /// 0.56-0.59 s at 256).
 pub const STEP_CONCURRENCY: usize = 256;
+
+/// Commands of one step begun and not yet answered, those past their
+/// window included: starts whose process is spawned and that wait out
+/// their settle window or health check ([`Window`]). At 1 s of settle and
+/// about 1,300 spawns a second, a scale-up has some 1,300 starts settling
+/// at once; each holds an answer to wait for, no files.
+pub const STEP_BEGUN: usize = 4096;
 
 /// Stops and deletes in flight at once. They carry no files, and an agent
 /// serves the stops waiting at the same time with one pass over `/proc`
@@ -67,7 +75,8 @@ impl ClusterOps {
 
     /// Runs `cmd_for(id)` on every instance, [`STEP_CONCURRENCY`] at a
     /// time (each command is made, rendered files and all, only when its
-    /// turn comes); every outcome, in the order of `ids`.
+    /// turn comes; a start's turn ends once its process is spawned, see
+    /// [`Window`]); every outcome, in the order of `ids`.
     async fn on_each(
         &self,
         ids: &[InstanceId],
@@ -85,11 +94,18 @@ impl ClusterOps {
     ) -> Vec<InstanceOutcome> {
         let cmd_for = &cmd_for;
         let gate = &self.env.priority;
+        let window = &Arc::new(tokio::sync::Semaphore::new(limit));
         futures::stream::iter(ids)
             .map(|id| {
                 gate.gated(async move {
+                    // Taken in the order of `ids` (the semaphore is fair),
+                    // held until the command ends, or a start's spawn.
+                    let place = match window.clone().acquire_owned().await {
+                        Ok(p) => Window::new(p),
+                        Err(_) => return InstanceResult::failed(id, "the step's window is closed").into(),
+                    };
                     match (self.handle(id), cmd_for(id)) {
-                        (Some(h), Ok(cmd)) => h.run(cmd).await,
+                        (Some(h), Ok(cmd)) => h.run(cmd.in_window(&place)).await,
                         (None, _) => {
                             InstanceResult::failed(id, format!("instance {id} is not part of this cluster")).into()
                         }
@@ -97,7 +113,7 @@ impl ClusterOps {
                     }
                 })
             })
-            .buffered(limit)
+            .buffered(limit.max(STEP_BEGUN))
             .collect()
             .await
     }
@@ -181,7 +197,7 @@ impl ClusterOps {
         let start_cmd = |id: &InstanceId| {
             let inst = self.record_of(id)?;
             let role = current.spec.role(&inst.role).ok_or_else(|| format!("role {} is not in the spec", inst.role))?;
-            Ok(InstanceCmd::Start { wait: role.start_timeout, settle: role.start_settle })
+            Ok(InstanceCmd::Start { wait: role.start_timeout, settle: role.start_settle, window: Window::default() })
         };
         let cluster = self.core.borrow().record.clone();
         // Not a Lost one: it may run on a node that was away (its start
@@ -425,7 +441,14 @@ impl ClusterOps {
                 (vec![InstanceCmd::Signal { signal }, health], "signalled")
             }
             _ => (
-                vec![InstanceCmd::Stop, InstanceCmd::Start { wait: role.start_timeout, settle: role.start_settle }],
+                vec![
+                    InstanceCmd::Stop,
+                    InstanceCmd::Start {
+                        wait: role.start_timeout,
+                        settle: role.start_settle,
+                        window: Window::default(),
+                    },
+                ],
                 "restarted",
             ),
         };
@@ -494,7 +517,11 @@ impl ClusterOps {
         }
         if must_run {
             match self.role_of(id) {
-                Ok(role) => steps.push(InstanceCmd::Start { wait: role.start_timeout, settle: role.start_settle }),
+                Ok(role) => steps.push(InstanceCmd::Start {
+                    wait: role.start_timeout,
+                    settle: role.start_settle,
+                    window: Window::default(),
+                }),
                 Err(e) => return InstanceResult::failed(id, e),
             }
         }

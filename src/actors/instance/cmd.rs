@@ -1,7 +1,9 @@
 //! The messages of an instance actor: the commands a step sends it, what
 //! an agent observed, and what a command's outcome is.
 
+use std::cell::Cell;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -17,10 +19,12 @@ use crate::storage::records::{Applied, InstanceRecord, InstanceResult, PendingRe
 pub enum InstanceCmd {
     Install(Box<InstallPayload>),
     /// Start and wait until healthy; `wait` is the role's start timeout,
-    /// `settle` its start settle window.
+    /// `settle` its start settle window; `window` the step's place it
+    /// gives back once the process is spawned (see [`Window`]).
     Start {
         wait: Duration,
         settle: Duration,
+        window: Window,
     },
     Stop,
     /// Re-rendered files and environment; `rule` says what a change of
@@ -45,7 +49,44 @@ pub enum InstanceCmd {
     },
 }
 
+/// A command's place in its step's window of commands in flight, which a
+/// start gives back once its agent has spawned the process: what is left
+/// of it (the settle window, the health check) is waiting, and holds
+/// neither files nor the agent's spawning. Without that, a 1 s settle
+/// bounded a scale-up to a window's worth of starts per second.
+#[derive(Clone, Default)]
+pub struct Window(Rc<Cell<Option<tokio::sync::OwnedSemaphorePermit>>>);
+
+impl Window {
+    pub fn new(permit: tokio::sync::OwnedSemaphorePermit) -> Window {
+        Window(Rc::new(Cell::new(Some(permit))))
+    }
+
+    /// Gives the place back (once; later calls do nothing).
+    pub fn release(&self) {
+        self.0.take();
+    }
+}
+
+impl std::fmt::Debug for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = self.0.take();
+        let is = held.is_some();
+        self.0.set(held);
+        write!(f, "Window {{ held: {is} }}")
+    }
+}
+
 impl InstanceCmd {
+    /// This command holding `place` in its step's window: a start gives it
+    /// back once spawned, any other command when it ends.
+    pub fn in_window(self, place: &Window) -> InstanceCmd {
+        match self {
+            InstanceCmd::Start { wait, settle, .. } => InstanceCmd::Start { wait, settle, window: place.clone() },
+            other => other,
+        }
+    }
+
     pub(super) fn verb(&self) -> &'static str {
         match self {
             InstanceCmd::Install(_) => "install",

@@ -34,7 +34,9 @@ mod observe;
 mod save;
 mod send;
 
-pub use cmd::{ChangeRule, ClusterEnv, InstallPayload, InstanceCmd, InstanceOutcome, MemberFailures, Observation};
+pub use cmd::{
+    ChangeRule, ClusterEnv, InstallPayload, InstanceCmd, InstanceOutcome, MemberFailures, Observation, Window,
+};
 use send::Sent;
 
 /// Why a forgotten instance's command is not sent.
@@ -392,13 +394,15 @@ impl InstanceActor {
 
     /// Waits for the answer of a start with a settle window; meanwhile, once
     /// the agent says it spawned the process, records it `Running` with its
-    /// pid (durably, then shown): the operation waits for the settle, the
-    /// operator sees the process at once. A death in the window fails the
-    /// start ([`Self::failed_with`] clears that pid).
+    /// pid (durably, then shown) and gives its step's `window` back: the
+    /// operation waits for the settle, the operator sees the process at
+    /// once, and the step sends its next start. A death in the window
+    /// fails the start ([`Self::failed_with`] clears that pid).
     async fn settling(
         &self,
         call: impl Future<Output = Result<AgentResponse, NodeError>>,
         generation: u64,
+        window: &Window,
     ) -> Result<AgentResponse, NodeError> {
         // A notice from an earlier start is not this one's.
         self.spawned.set(None);
@@ -416,6 +420,7 @@ impl InstanceActor {
                 if let Err(e) = shown {
                     tracing::warn!(instance = %self.id(), error = %e, "cannot record the spawned process; shown when its start answers");
                 }
+                window.release();
             }
         }
         call.await

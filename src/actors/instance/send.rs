@@ -51,11 +51,11 @@ impl InstanceActor {
                 };
                 link.install(begin, p.blob, &self.env.progress).await
             }
-            InstanceCmd::Start { wait, settle } => {
+            InstanceCmd::Start { wait, settle, window } => {
                 let settle_ms = settle.as_millis() as u64;
                 let req = AgentRequest::Start { instance, generation, settle_ms };
                 let call = link.call_within(req, "Start", wait);
-                if settle.is_zero() { call.await } else { self.settling(call, generation).await }
+                if settle.is_zero() { call.await } else { self.settling(call, generation, &window).await }
             }
             InstanceCmd::Stop => link.call(AgentRequest::Stop { instance, generation }, "Stop").await,
             InstanceCmd::WriteFiles { files, env, rule: r } => {
