@@ -397,6 +397,14 @@ async fn a_create_its_new_actor_does_not_take_in_time_is_refused_and_frees_the_n
 
     let (status, v) = inject(&env, "cluster", "first", "block?ms=4000").await;
     assert_eq!(status, 200, "{v:#}");
+    // The hook's answer only says the block was sent: the create could
+    // reach the thread first (it did once, on a loaded machine).
+    env.until(3, "the thread of first's actor is blocked", async || {
+        let a = actor(&env, "cluster", "first").await;
+        let current = a.as_ref().and_then(|a| a["current"].as_str()).unwrap_or_default();
+        if current.contains("blocked by a test hook") { Ok(()) } else { Err(format!("{a:#?}")) }
+    })
+    .await;
     let body = json!({"name": "late", "package": {"name": "cl", "version": "1.0.0"}});
     let asked = Instant::now();
     let (status, v) = env.post("/clusters", body.clone()).await;

@@ -428,7 +428,11 @@ impl Handler<Block> for ClusterActor {
     type Result = ();
 
     fn handle(&mut self, msg: Block, _ctx: &mut Context<Self>) {
+        // Shown (`GET /actors` reads it off this thread), so a test knows
+        // the thread is blocked before it acts.
+        self.stats.busy_with(format!("blocked by a test hook for {:?}", msg.0));
         std::thread::sleep(msg.0);
+        self.stats.end(None);
     }
 }
 

@@ -98,6 +98,13 @@ impl ActorStats {
         set(&self.current, Some(what.into()));
     }
 
+    /// Shows `what` as the actor's current work from now on, for a message
+    /// that took no place in its mailbox (a test hook's).
+    pub fn busy_with(&self, what: impl Into<String>) {
+        self.since_ms.store(now_ms(), Ordering::Relaxed);
+        set(&self.current, Some(what.into()));
+    }
+
     /// The current message is done; `error`: it failed (shown as the
     /// actor's last failure until [`succeeded`](Self::succeeded)).
     pub fn end(&self, error: Option<String>) {
