@@ -438,6 +438,20 @@ impl AgentConfig {
         {
             return Err(ConfigError::Invalid { key: "allowed_run_as", message: format!("{bad:?} is not a user name") });
         }
+        if self.labels.len() > crate::ids::MAX_LABELS {
+            return Err(ConfigError::Invalid {
+                key: "labels",
+                message: format!("{} labels; at most {}", self.labels.len(), crate::ids::MAX_LABELS),
+            });
+        }
+        for (k, v) in &self.labels {
+            let bad = |what: &str, m: String| ConfigError::Invalid {
+                key: "labels",
+                message: format!("{what} {:?}: {m}", crate::ids::shorten(k, 64)),
+            };
+            crate::ids::validate_name(k).map_err(|m| bad("label name", m))?;
+            crate::ids::validate_name(v).map_err(|m| bad("the value of label", m))?;
+        }
         check_nonzero("reconnect_max_backoff", self.reconnect_max_backoff)?;
         check_nonzero("restart_window", self.restart_window)?;
         check_nonzero("restart_backoff", self.restart_backoff)?;
@@ -499,6 +513,24 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
         MasterConfig::load_with_env(Some(&dir.join("master.toml")), env(&[]), &[]).unwrap();
         AgentConfig::load_with_env(Some(&dir.join("agent.toml")), env(&[]), &[("node_id", "n1".into())]).unwrap();
+    }
+
+    #[test]
+    fn agent_labels_come_from_flags_over_the_file_and_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("a.toml");
+        std::fs::write(&f, "node_id = \"n1\"\n[labels]\nzone = \"a\"\nclass = \"small\"\n").unwrap();
+        let cfg = AgentConfig::load_with_env(Some(&f), env(&[]), &[("labels.class", "big".into())]).unwrap();
+        let want: BTreeMap<String, String> = [("class".into(), "big".into()), ("zone".into(), "a".into())].into();
+        assert_eq!(cfg.labels, want);
+        let n1 = [("node_id", "n1".to_string())];
+        for (key, value, word) in
+            [("labels.class", "B g", "the value of label \"class\""), ("labels.x_y", "v", "label name \"x_y\"")]
+        {
+            let o = [n1[0].clone(), (key, value.to_string())];
+            let err = AgentConfig::load_with_env(None, env(&[]), &o).unwrap_err().to_string();
+            assert!(err.contains("labels") && err.contains(word), "{key}={value}: {err}");
+        }
     }
 
     #[test]

@@ -10,6 +10,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// At most this many labels on a node, or required of one by a role; each
+/// name and value is a [`validate_name`] name.
+pub const MAX_LABELS: usize = 64;
+
 /// Checks a user-facing name: `[a-z0-9][a-z0-9-]{0,62}` (the API
 /// description says so as a pattern: `http/dto.rs`, `http/packages.rs`).
 ///

@@ -100,6 +100,10 @@ enum Command {
         join_token: Option<String>,
         #[arg(long)]
         no_cgroups: bool,
+        /// A label of this node, KEY=VALUE (repeatable; over the config
+        /// file's `[labels]`): a role's `node_labels` place it by them.
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
         /// Stop every instance when the agent exits (dev mode).
         #[arg(long)]
         stop_instances_on_exit: bool,
@@ -244,10 +248,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             allow_root,
             join_token,
             no_cgroups,
+            labels,
             stop_instances_on_exit,
             log_format,
         } => {
-            let mut o: Vec<(&str, String)> = Vec::new();
+            let labels: Vec<(String, String)> = labels
+                .iter()
+                .map(|l| match l.split_once('=') {
+                    Some((k, v)) => Ok((format!("labels.{k}"), v.to_string())),
+                    None => Err(anyhow::anyhow!("--label {l:?}: must be KEY=VALUE")),
+                })
+                .collect::<anyhow::Result<_>>()?;
+            let mut o: Vec<(&str, String)> = labels.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
             for (k, v) in [
                 ("node_id", node_id),
                 ("master_addr", master),

@@ -41,6 +41,7 @@ mod integration {
     mod injected;
     mod instance_logs;
     mod isolation;
+    mod labels;
     mod leaked;
     mod lifecycle;
     mod listener;

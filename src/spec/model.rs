@@ -126,6 +126,9 @@ pub struct RoleSpec {
     /// Values are templates, rendered per instance.
     pub env: BTreeMap<String, String>,
     pub files: Vec<FileSpec>,
+    /// Labels a node must carry, each with this value, to be given the
+    /// role's instances (`node_labels = { class = "big" }`); empty: any node.
+    pub node_labels: BTreeMap<String, String>,
 }
 
 impl RoleSpec {
@@ -291,6 +294,17 @@ fn role(r: RawRole) -> Result<RoleSpec, SpecError> {
             return Err(SpecError::new(format!("{p}.files[{i}].path"), format!("duplicate file path {:?}", file.path)));
         }
     }
+    if r.node_labels.len() > crate::ids::MAX_LABELS {
+        return Err(SpecError::new(
+            f("node_labels"),
+            format!("at most {} labels, got {}", crate::ids::MAX_LABELS, r.node_labels.len()),
+        ));
+    }
+    for (key, value) in &r.node_labels {
+        let field = format!("{p}.node_labels.{}", crate::ids::shorten(key, 64));
+        crate::ids::validate_name(key).map_err(|m| SpecError::new(&field, format!("invalid label name: {m}")))?;
+        crate::ids::validate_name(value).map_err(|m| SpecError::new(&field, format!("invalid label value: {m}")))?;
+    }
     Ok(RoleSpec {
         name: r.name,
         order: r.order,
@@ -313,6 +327,7 @@ fn role(r: RawRole) -> Result<RoleSpec, SpecError> {
         hook_timeout,
         env: r.env,
         files,
+        node_labels: r.node_labels,
     })
 }
 

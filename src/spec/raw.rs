@@ -106,6 +106,9 @@ pub struct RawRole {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub files: Vec<RawFile>,
+    /// Labels a node must carry to hold the role's instances.
+    #[serde(default)]
+    pub node_labels: BTreeMap<String, String>,
 }
 
 /// The field name used for errors about the document as a whole.

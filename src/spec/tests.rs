@@ -506,3 +506,16 @@ fn a_secret_is_typed_hidden_and_survives_a_type_change() {
     // A package cannot ship one.
     rejects(&text.replace("type = \"secret\"", "type = \"secret\", default = \"x\""), "config.pw.default", "secret");
 }
+
+#[test]
+fn node_labels_are_names_and_bounded() {
+    let spec = ComponentSpec::parse(&minimal("node_labels = { class = \"big\", zone = \"a-1\" }")).unwrap();
+    let want: BTreeMap<String, String> = [("class".into(), "big".into()), ("zone".into(), "a-1".into())].into();
+    assert_eq!(spec.roles[0].node_labels, want);
+    assert!(ComponentSpec::parse(&minimal("")).unwrap().roles[0].node_labels.is_empty());
+    role_rejects("node_labels = { Class = \"big\" }", "roles.web.node_labels.Class", "invalid label name");
+    role_rejects("node_labels = { class = \"B g\" }", "roles.web.node_labels.class", "invalid label value");
+    role_rejects("node_labels = { class = 3 }", "roles.web.node_labels.class", "invalid type");
+    let many: Vec<String> = (0..65).map(|i| format!("l{i} = \"v\"")).collect();
+    role_rejects(&format!("node_labels = {{ {} }}", many.join(", ")), "roles.web.node_labels", "at most 64");
+}

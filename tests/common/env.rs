@@ -99,6 +99,12 @@ impl TestEnv {
         TestEnv::start_full(name, &[], &[(node, flag)]).await
     }
 
+    /// Like [`TestEnv::start`], with extra flags for agents (`(node, flag)`,
+    /// node 1..=3; a node may have several).
+    pub async fn start_with_agent_flags(name: &str, flags: &[(usize, &str)]) -> TestEnv {
+        TestEnv::start_full(name, &[], flags).await
+    }
+
     /// Like [`TestEnv::start_with`], with the master's agent listener on
     /// `ip` instead of 127.0.0.1 (an address agents in another network
     /// namespace can reach; the three agents here dial it too).

@@ -8,8 +8,7 @@ use std::path::{Component, Path};
 use crate::ids::validate_name;
 use crate::protocol::messages::Hello;
 
-/// At most this many labels per node.
-pub const MAX_LABELS: usize = 64;
+use crate::ids::MAX_LABELS;
 /// The longest instance root and agent version accepted.
 const MAX_ROOT: usize = 1024;
 const MAX_VERSION: usize = 64;

@@ -24,6 +24,15 @@ pub fn place_instances(
             e.live.status_at(now, timing.node_unknown_after, timing.node_down_after) == NodeStatus::Ready
         })
     };
+    // The labels the role requires, each with its value.
+    let wanted = &role.node_labels;
+    let carries = |id: &NodeId| {
+        nodes.get(id).is_some_and(|e| {
+            let labels = &e.record().labels;
+            wanted.iter().all(|(k, v)| labels.get(k) == Some(v))
+        })
+    };
+    let shown = || wanted.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
     let ids: Vec<NodeId> = match pinned {
         Some(list) => {
             if list.is_empty() {
@@ -36,10 +45,29 @@ pub fn place_instances(
                 if !ready(id) {
                     return Err(Error::unavailable(format!("node {id} is not Ready")));
                 }
+                if !carries(id) {
+                    return Err(Error::spec(
+                        "nodes",
+                        format!("node {id} lacks the labels role {} requires ({})", role.name, shown()),
+                    ));
+                }
             }
             list.to_vec()
         }
-        None => nodes.keys().filter(|id| ready(id)).cloned().collect(),
+        None => {
+            let ready: Vec<NodeId> = nodes.keys().filter(|id| ready(id)).cloned().collect();
+            let fit: Vec<NodeId> = ready.iter().filter(|id| carries(id)).cloned().collect();
+            if fit.is_empty() && !ready.is_empty() {
+                return Err(Error::unavailable(format!(
+                    "no Ready node carries the labels role {} requires ({}): none of the {} Ready nodes does; an agent started with --label {} would",
+                    role.name,
+                    shown(),
+                    ready.len(),
+                    wanted.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" --label ")
+                )));
+            }
+            fit
+        }
     };
     let candidates = ids
         .into_iter()
