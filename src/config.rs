@@ -438,20 +438,13 @@ impl AgentConfig {
         {
             return Err(ConfigError::Invalid { key: "allowed_run_as", message: format!("{bad:?} is not a user name") });
         }
-        if self.labels.len() > crate::ids::MAX_LABELS {
-            return Err(ConfigError::Invalid {
-                key: "labels",
-                message: format!("{} labels; at most {}", self.labels.len(), crate::ids::MAX_LABELS),
-            });
-        }
-        for (k, v) in &self.labels {
-            let bad = |what: &str, m: String| ConfigError::Invalid {
-                key: "labels",
-                message: format!("{what} {:?}: {m}", crate::ids::shorten(k, 64)),
-            };
-            crate::ids::validate_name(k).map_err(|m| bad("label name", m))?;
-            crate::ids::validate_name(v).map_err(|m| bad("the value of label", m))?;
-        }
+        crate::ids::validate_labels(self.labels.iter()).map_err(|(key, m)| ConfigError::Invalid {
+            key: "labels",
+            message: match key {
+                Some(k) => format!("{k:?}: {m}"),
+                None => m,
+            },
+        })?;
         check_nonzero("reconnect_max_backoff", self.reconnect_max_backoff)?;
         check_nonzero("restart_window", self.restart_window)?;
         check_nonzero("restart_backoff", self.restart_backoff)?;
@@ -524,9 +517,10 @@ mod tests {
         let want: BTreeMap<String, String> = [("class".into(), "big".into()), ("zone".into(), "a".into())].into();
         assert_eq!(cfg.labels, want);
         let n1 = [("node_id", "n1".to_string())];
-        for (key, value, word) in
-            [("labels.class", "B g", "the value of label \"class\""), ("labels.x_y", "v", "label name \"x_y\"")]
-        {
+        for (key, value, word) in [
+            ("labels.class", "B g", "\"class\": invalid label value"),
+            ("labels.x_y", "v", "\"x_y\": invalid label name"),
+        ] {
             let o = [n1[0].clone(), (key, value.to_string())];
             let err = AgentConfig::load_with_env(None, env(&[]), &o).unwrap_err().to_string();
             assert!(err.contains("labels") && err.contains(word), "{key}={value}: {err}");

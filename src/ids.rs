@@ -14,6 +14,23 @@ use serde::{Deserialize, Serialize};
 /// name and value is a [`validate_name`] name.
 pub const MAX_LABELS: usize = 64;
 
+/// Checks a set of labels: at most [`MAX_LABELS`], each name and value a
+/// [`validate_name`] name. The error names the label at fault (`None`: the
+/// set as a whole), with what is wrong.
+pub fn validate_labels<'a>(
+    labels: impl ExactSizeIterator<Item = (&'a String, &'a String)>,
+) -> Result<(), (Option<String>, String)> {
+    if labels.len() > MAX_LABELS {
+        return Err((None, format!("at most {MAX_LABELS} labels, got {}", labels.len())));
+    }
+    for (k, v) in labels {
+        let at = || Some(shorten(k, 64));
+        validate_name(k).map_err(|m| (at(), format!("invalid label name: {m}")))?;
+        validate_name(v).map_err(|m| (at(), format!("invalid label value: {m}")))?;
+    }
+    Ok(())
+}
+
 /// Checks a user-facing name: `[a-z0-9][a-z0-9-]{0,62}` (the API
 /// description says so as a pattern: `http/dto.rs`, `http/packages.rs`).
 ///

@@ -294,17 +294,10 @@ fn role(r: RawRole) -> Result<RoleSpec, SpecError> {
             return Err(SpecError::new(format!("{p}.files[{i}].path"), format!("duplicate file path {:?}", file.path)));
         }
     }
-    if r.node_labels.len() > crate::ids::MAX_LABELS {
-        return Err(SpecError::new(
-            f("node_labels"),
-            format!("at most {} labels, got {}", crate::ids::MAX_LABELS, r.node_labels.len()),
-        ));
-    }
-    for (key, value) in &r.node_labels {
-        let field = format!("{p}.node_labels.{}", crate::ids::shorten(key, 64));
-        crate::ids::validate_name(key).map_err(|m| SpecError::new(&field, format!("invalid label name: {m}")))?;
-        crate::ids::validate_name(value).map_err(|m| SpecError::new(&field, format!("invalid label value: {m}")))?;
-    }
+    crate::ids::validate_labels(r.node_labels.iter()).map_err(|(key, m)| {
+        let field = key.map(|k| format!("{p}.node_labels.{k}")).unwrap_or_else(|| f("node_labels"));
+        SpecError::new(field, m)
+    })?;
     Ok(RoleSpec {
         name: r.name,
         order: r.order,

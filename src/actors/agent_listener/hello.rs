@@ -5,10 +5,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Component, Path};
 
-use crate::ids::validate_name;
 use crate::protocol::messages::Hello;
 
-use crate::ids::MAX_LABELS;
 /// The longest instance root and agent version accepted.
 const MAX_ROOT: usize = 1024;
 const MAX_VERSION: usize = 64;
@@ -37,13 +35,10 @@ pub fn check(hello: &Hello, master: &[SocketAddr]) -> Result<(), String> {
     if !path.is_absolute() || path.components().any(|c| matches!(c, Component::ParentDir | Component::CurDir)) {
         return Err(format!("instance root {:?} must be absolute, without . or ..", truncate(root)));
     }
-    if hello.labels.len() > MAX_LABELS {
-        return Err(format!("{} labels; at most {MAX_LABELS}", hello.labels.len()));
-    }
-    for (k, v) in &hello.labels {
-        validate_name(k).map_err(|m| format!("label name {:?}: {m}", truncate(k)))?;
-        validate_name(v).map_err(|m| format!("label {k} value {:?}: {m}", truncate(v)))?;
-    }
+    crate::ids::validate_labels(hello.labels.iter()).map_err(|(key, m)| match key {
+        Some(k) => format!("label {k:?}: {m}"),
+        None => m,
+    })?;
     if hello.unrecorded.len() > crate::protocol::messages::MAX_UNRECORDED {
         return Err(format!(
             "{} unrecorded instance directories; at most {}",
@@ -121,13 +116,13 @@ mod tests {
                 Box::new(|h| {
                     h.labels.insert("Zone".into(), "a".into());
                 }),
-                "label name \"Zone\"",
+                "label \"Zone\": invalid label name",
             ),
             (
                 Box::new(|h| {
                     h.labels.insert("rack".into(), "r 1".into());
                 }),
-                "label rack value",
+                "label \"rack\": invalid label value",
             ),
             (Box::new(|h| h.labels = (0..65).map(|i| (format!("l{i}"), "v".into())).collect()), "at most 64"),
             (Box::new(|h| h.agent_version = "1.0\n".into()), "agent version"),
