@@ -252,11 +252,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             stop_instances_on_exit,
             log_format,
         } => {
+            let mut given = std::collections::BTreeSet::new();
             let labels: Vec<(String, String)> = labels
                 .iter()
-                .map(|l| match l.split_once('=') {
-                    Some((k, v)) => Ok((format!("labels.{k}"), v.to_string())),
-                    None => Err(anyhow::anyhow!("--label {l:?}: must be KEY=VALUE")),
+                .map(|l| {
+                    let Some((k, v)) = l.split_once('=') else {
+                        anyhow::bail!("--label {l:?}: must be KEY=VALUE");
+                    };
+                    // Checked here: the key becomes a config path (`a.b` a table).
+                    flotilla::ids::validate_name(k).map_err(|m| anyhow::anyhow!("--label {l:?}: the name {m}"))?;
+                    anyhow::ensure!(given.insert(k), "--label {l:?}: label {k} is given twice");
+                    Ok((format!("labels.{k}"), v.to_string()))
                 })
                 .collect::<anyhow::Result<_>>()?;
             let mut o: Vec<(&str, String)> = labels.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();

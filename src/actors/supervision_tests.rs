@@ -133,7 +133,11 @@ fn a_refused_create_gives_back_its_name_and_its_ports() {
         node.live.connect(1);
         let first_port = node.record().port_range.0;
         let pinned = |nodes: &[&str]| {
-            let role = RoleRequest { count: Some(2), nodes: Some(nodes.iter().map(|n| NodeId::new(*n)).collect()) };
+            let role = RoleRequest {
+                count: Some(2),
+                nodes: Some(nodes.iter().map(|n| NodeId::new(*n)).collect()),
+                node_labels: None,
+            };
             create_request("new", [("server".to_string(), role)].into())
         };
         let unknown = create(&h, &sup, pinned(&["n1", "nowhere"])).await.expect_err("an unknown node");

@@ -381,7 +381,9 @@ pub fn cluster(name: &str, members: u32) -> (ClusterRecord, Vec<InstanceRecord>)
         status: ClusterStatus::Active,
         status_description: "create succeeded".into(),
         config: Default::default(),
-        roles: [("server".to_string(), RoleState { next_ordinal: members + 1, limits: None })].into_iter().collect(),
+        roles: [("server".to_string(), RoleState { next_ordinal: members + 1, limits: None, node_labels: None })]
+            .into_iter()
+            .collect(),
         operation: None,
         created_at: now,
         updated_at: now,

@@ -72,7 +72,8 @@ pub async fn create(
         .roles
         .into_iter()
         .map(|(k, v)| {
-            (k, RoleRequest { count: v.count, nodes: v.nodes.map(|n| n.into_iter().map(NodeId::new).collect()) })
+            let nodes = v.nodes.map(|n| n.into_iter().map(NodeId::new).collect());
+            (k, RoleRequest { count: v.count, nodes, node_labels: v.node_labels })
         })
         .collect();
     let req = CreateCluster {

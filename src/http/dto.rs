@@ -55,6 +55,11 @@ pub struct RoleBody {
     /// Place them on these nodes only.
     #[schema(min_items = 1)]
     pub nodes: Option<Vec<String>>,
+    /// Node labels this cluster's instances of the role require, instead
+    /// of the spec's `node_labels` (`{}`: any node); kept for its
+    /// scale-outs.
+    #[serde(default, deserialize_with = "unique::keys_option")]
+    pub node_labels: Option<BTreeMap<String, String>>,
 }
 
 /// `POST /clusters`.
@@ -164,6 +169,26 @@ pub struct PackageRefDto {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RoleDto {
     pub count: u32,
+    /// The node labels this cluster's create gave the role, over its
+    /// spec's `node_labels`; absent: the spec's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_labels: Option<BTreeMap<String, String>>,
+}
+
+impl RoleDto {
+    /// Every role of the cluster with its instance count.
+    fn of(snap: &ClusterSnapshot) -> BTreeMap<String, RoleDto> {
+        let c = &snap.record;
+        let mut roles: BTreeMap<String, RoleDto> = c
+            .roles
+            .iter()
+            .map(|(r, s)| (r.clone(), RoleDto { count: 0, node_labels: s.node_labels.clone() }))
+            .collect();
+        for (role, n) in &snap.counts.roles {
+            roles.entry(role.to_string()).or_insert(RoleDto { count: 0, node_labels: None }).count = *n;
+        }
+        roles
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -225,10 +250,7 @@ impl ClusterDto {
     pub fn build(snap: &ClusterSnapshot, with_instances: bool) -> Self {
         let c = &snap.record;
         let instances = if with_instances { snap.sorted_instances() } else { Vec::new() };
-        let mut roles: BTreeMap<String, RoleDto> = c.roles.keys().map(|r| (r.clone(), RoleDto { count: 0 })).collect();
-        for (role, n) in &snap.counts.roles {
-            roles.entry(role.to_string()).or_insert(RoleDto { count: 0 }).count = *n;
-        }
+        let roles = RoleDto::of(snap);
         ClusterDto {
             name: c.name.clone(),
             id: c.id.to_string(),
@@ -289,10 +311,7 @@ pub struct ClusterSummaryDto {
 impl ClusterSummaryDto {
     pub fn build(snap: &ClusterSnapshot) -> Self {
         let c = &snap.record;
-        let mut roles: BTreeMap<String, RoleDto> = c.roles.keys().map(|r| (r.clone(), RoleDto { count: 0 })).collect();
-        for (role, n) in &snap.counts.roles {
-            roles.entry(role.to_string()).or_insert(RoleDto { count: 0 }).count = *n;
-        }
+        let roles = RoleDto::of(snap);
         let by_status: BTreeMap<String, u32> = instance_counts(snap).into_iter().collect();
         ClusterSummaryDto {
             name: c.name.clone(),

@@ -25,11 +25,12 @@ use super::{StorageError, StoreWriter, WriteOp};
 
 /// The master's schema. 3: operations stored as a header, per-step results
 /// and a plan kept only while they run, with time indexes; nodes say
-/// whether they are simulated. 4: API tokens have a scope. A version 2 or
-/// 3 store is migrated at open, one version at a time (each step in one
+/// whether they are simulated. 4: API tokens have a scope. 5: a cluster's
+/// roles carry the node labels its create gave them. A version 2, 3 or 4
+/// store is migrated at open, one version at a time (each step in one
 /// synced batch with its version: a crash between two leaves a store the
 /// next start goes on migrating).
-pub const MASTER_SCHEMA_VERSION: u32 = 4;
+pub const MASTER_SCHEMA_VERSION: u32 = 5;
 
 /// Events kept by default (the `events_retained` setting).
 pub const DEFAULT_EVENTS_RETAINED: u64 = 100_000;
@@ -73,8 +74,11 @@ impl MasterStore {
                 master_cf::META,
                 MASTER_SCHEMA_VERSION,
                 |db, found| match found {
-                    2 => super::migrate::master_2_to_3(db).and_then(|()| super::migrate::master_3_to_4(db)),
-                    3 => super::migrate::master_3_to_4(db),
+                    2 => super::migrate::master_2_to_3(db)
+                        .and_then(|()| super::migrate::master_3_to_4(db))
+                        .and_then(|()| super::migrate::master_4_to_5(db)),
+                    3 => super::migrate::master_3_to_4(db).and_then(|()| super::migrate::master_4_to_5(db)),
+                    4 => super::migrate::master_4_to_5(db),
                     _ => Err(StorageError::SchemaTooOld { found, supported: MASTER_SCHEMA_VERSION }),
                 },
             )?;

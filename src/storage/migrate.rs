@@ -10,8 +10,8 @@ use time::OffsetDateTime;
 
 use super::keys::master_cf;
 use super::records::{
-    InstanceResult, NodeRecord, OperationKind, OperationRecord, OperationStatus, Resumable, StepRecord, StepStatus,
-    TokenRecord,
+    ClusterRecord, ClusterStatus, ConfigValue, InstanceResult, Limits, NodeRecord, OperationKind, OperationRecord,
+    OperationStatus, PackageRef, Resumable, RoleState, StepRecord, StepStatus, TokenRecord,
 };
 use super::{StorageError, codec, db};
 use crate::ids::{ClusterId, NodeId, OperationId};
@@ -67,6 +67,31 @@ struct TokenRecordV3 {
     secret_sha256: [u8; 32],
     #[serde(with = "time::serde::rfc3339")]
     created_at: OffsetDateTime,
+}
+
+/// A role's state before per-cluster node labels (schemas 2 to 4).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RoleStateV4 {
+    next_ordinal: u32,
+    limits: Option<Limits>,
+}
+
+/// A cluster record before per-cluster node labels (schemas 2 to 4).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ClusterRecordV4 {
+    version: u32,
+    id: ClusterId,
+    name: String,
+    package: PackageRef,
+    status: ClusterStatus,
+    status_description: String,
+    config: std::collections::BTreeMap<String, ConfigValue>,
+    roles: std::collections::BTreeMap<String, RoleStateV4>,
+    operation: Option<OperationId>,
+    #[serde(with = "time::serde::rfc3339")]
+    created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    updated_at: OffsetDateTime,
 }
 
 fn cf<'a>(db: &'a DB, name: &'static str) -> Result<&'a rocksdb::ColumnFamily, StorageError> {
@@ -163,6 +188,41 @@ pub fn master_3_to_4(db: &DB) -> Result<(), StorageError> {
         batch.put_cf(tokens, &k, codec::encode(&new)?);
     }
     db::put_schema_version(db, &mut batch, master_cf::META, 4)?;
+    let mut sync = WriteOptions::default();
+    sync.set_sync(true);
+    db.write_opt(batch, &sync).map_err(StorageError::Rocks)?;
+    Ok(())
+}
+
+/// 4 -> 5: a cluster's roles gain the node labels its create gave them.
+/// Every cluster stored before keeps its spec's (`None`).
+pub fn master_4_to_5(db: &DB) -> Result<(), StorageError> {
+    let mut batch = WriteBatch::default();
+    let clusters = cf(db, master_cf::CLUSTERS)?;
+    for item in db.iterator_cf(clusters, IteratorMode::Start) {
+        let (k, v) = item.map_err(StorageError::Rocks)?;
+        let old: ClusterRecordV4 = db::decode_value(master_cf::CLUSTERS, &k, &v)?;
+        let roles = old
+            .roles
+            .into_iter()
+            .map(|(name, r)| (name, RoleState { next_ordinal: r.next_ordinal, limits: r.limits, node_labels: None }))
+            .collect();
+        let new = ClusterRecord {
+            version: old.version,
+            id: old.id,
+            name: old.name,
+            package: old.package,
+            status: old.status,
+            status_description: old.status_description,
+            config: old.config,
+            roles,
+            operation: old.operation,
+            created_at: old.created_at,
+            updated_at: old.updated_at,
+        };
+        batch.put_cf(clusters, &k, codec::encode(&new)?);
+    }
+    db::put_schema_version(db, &mut batch, master_cf::META, 5)?;
     let mut sync = WriteOptions::default();
     sync.set_sync(true);
     db.write_opt(batch, &sync).map_err(StorageError::Rocks)?;
@@ -331,5 +391,61 @@ mod tests {
         let tokens: Vec<TokenRecord> = meta::load(&store, master_cf::TOKENS).unwrap();
         assert_eq!(tokens.iter().map(|t| t.scope).collect::<Vec<_>>(), Scope::ALL);
         assert!(tokens.iter().all(|t| t.name == t.scope.as_str()));
+    }
+
+    /// A cluster stored before per-cluster node labels keeps everything,
+    /// its roles' next ordinals and limits included, and its roles take
+    /// their spec's labels (`None`).
+    #[test]
+    fn a_cluster_stored_before_node_labels_keeps_its_roles() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = crate::storage::testdata::cluster("zk");
+        let limits = Limits { memory_bytes: Some(64 << 20), cpu: Some(0.5) };
+        let roles = [
+            ("server".to_string(), RoleStateV4 { next_ordinal: 6, limits: Some(limits) }),
+            ("ui".to_string(), RoleStateV4 { next_ordinal: 2, limits: None }),
+        ];
+        let old = ClusterRecordV4 {
+            version: now.version,
+            id: now.id,
+            name: now.name.clone(),
+            package: now.package.clone(),
+            status: now.status,
+            status_description: now.status_description.clone(),
+            config: now.config.clone(),
+            roles: roles.into_iter().collect(),
+            operation: now.operation,
+            created_at: now.created_at,
+            updated_at: now.updated_at,
+        };
+        {
+            let mut opts = rocksdb::Options::default();
+            opts.create_if_missing(true);
+            opts.create_missing_column_families(true);
+            let db = DB::open_cf(&opts, dir.path(), master_cf::ALL).unwrap();
+            let key = keys::cluster_key(&old.id);
+            db.put_cf(cf(&db, master_cf::CLUSTERS).unwrap(), key, codec::encode(&old).unwrap()).unwrap();
+            let meta = cf(&db, master_cf::META).unwrap();
+            db.put_cf(meta, keys::SCHEMA_VERSION_KEY, codec::encode(&4u32).unwrap()).unwrap();
+        }
+        // The new shape cannot read the old bytes: hence the migration.
+        assert!(codec::decode::<ClusterRecord>(&codec::encode(&old).unwrap()).is_err());
+
+        let store = MasterStore::open(dir.path()).unwrap();
+        let clusters: Vec<ClusterRecord> = meta::load(&store, master_cf::CLUSTERS).unwrap();
+        let want = ClusterRecord {
+            roles: [
+                ("server".to_string(), RoleState { next_ordinal: 6, limits: Some(limits), node_labels: None }),
+                ("ui".to_string(), RoleState { next_ordinal: 2, limits: None, node_labels: None }),
+            ]
+            .into_iter()
+            .collect(),
+            ..now
+        };
+        assert_eq!(clusters, vec![want]);
+        drop(store);
+        let again: Vec<ClusterRecord> =
+            meta::load(&MasterStore::open(dir.path()).unwrap(), master_cf::CLUSTERS).unwrap();
+        assert_eq!(again, clusters);
     }
 }

@@ -107,11 +107,14 @@ pub struct RoleState {
     pub next_ordinal: u32,
     /// Resource limits set by a vertical scale; `None` keeps the spec's.
     pub limits: Option<Limits>,
+    /// The node labels this cluster's create gave the role, over the
+    /// spec's `node_labels`; `None` keeps the spec's (schema 5).
+    pub node_labels: Option<BTreeMap<String, String>>,
 }
 
 impl RoleState {
     pub fn new() -> RoleState {
-        RoleState { next_ordinal: 1, limits: None }
+        RoleState { next_ordinal: 1, limits: None, node_labels: None }
     }
 }
 

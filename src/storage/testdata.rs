@@ -20,7 +20,7 @@ pub fn cluster(name: &str) -> ClusterRecord {
     config.insert("bool".into(), ConfigValue::Bool(true));
     config.insert("str".into(), ConfigValue::Str("héllo".into()));
     let mut roles = BTreeMap::new();
-    roles.insert("server".into(), RoleState { next_ordinal: 4, limits: None });
+    roles.insert("server".into(), RoleState { next_ordinal: 4, limits: None, node_labels: None });
     ClusterRecord {
         version: RECORD_VERSION,
         id: ClusterId::random(),

@@ -1,8 +1,9 @@
 //! Placement by node labels (issue 24, first part): a role's
-//! `node_labels` in `component.toml` sends its instances only to `Ready`
-//! nodes carrying each label with its value (agents get theirs from
-//! `--label KEY=VALUE` or the config file's `[labels]`); a label no node
-//! carries fails the create at once, naming it, with nothing created.
+//! `node_labels` in `component.toml`, or the create's own for that cluster,
+//! sends its instances only to `Ready` nodes carrying each label with its
+//! value (agents get theirs from `--label KEY=VALUE` or the config file's
+//! `[labels]`); a label no node carries fails the create at once, naming
+//! it, with nothing created.
 
 use std::collections::BTreeMap;
 
@@ -42,7 +43,7 @@ fn per_node(c: &serde_json::Value, role: &str) -> BTreeMap<String, usize> {
 #[tokio::test]
 async fn a_role_goes_only_to_nodes_with_its_labels() {
     let flags = [(1, "--label=class=big"), (2, "--label=class=big"), (2, "--label=zone=a"), (3, "--label=class=small")];
-    let env = TestEnv::start_with_agent_flags("labels", &flags).await;
+    let mut env = TestEnv::start_with_agent_flags("labels", &flags).await;
     let (_, n2) = env.get("/nodes/node-2").await;
     let labels = n2["node"]["labels"].as_object().or(n2["labels"].as_object()).cloned().unwrap_or_default();
     assert_eq!(json!(labels), json!({"class": "big", "zone": "a"}), "{n2:#}");
@@ -66,6 +67,29 @@ async fn a_role_goes_only_to_nodes_with_its_labels() {
     let want: BTreeMap<String, usize> = [("node-1".into(), 3), ("node-2".into(), 3)].into();
     assert_eq!(per_node(&c, "big"), want, "{c:#}");
 
+    // A cluster's own labels for the role, over the spec's: zone=a is
+    // node-2 only; kept for its scale-outs, shown on the cluster, and the
+    // master restarted in between (they are in its record).
+    let body = json!({"name": "l3", "package": {"name": "lb", "version": "1.0.0"},
+        "roles": {"big": {"count": 2, "node_labels": {"zone": "a"}}, "any": {"count": 0}}});
+    let c = env.create_active(body).await;
+    assert_eq!(per_node(&c, "big"), [("node-2".to_string(), 2)].into(), "{c:#}");
+    assert_eq!(c["roles"]["big"]["node_labels"], json!({"zone": "a"}), "{c:#}");
+    assert!(c["roles"]["any"].get("node_labels").is_none(), "{c:#}");
+    env.restart_master().await;
+    env.run_ok("/clusters/l3/scale", Some(json!({"role": "big", "add": 1}))).await;
+    assert_eq!(per_node(&env.cluster("l3").await, "big"), [("node-2".to_string(), 3)].into());
+    // `{}`: any node, node-3 included.
+    let body = json!({"name": "l4", "package": {"name": "lb", "version": "1.0.0"},
+        "roles": {"big": {"count": 3, "node_labels": {}}, "any": {"count": 0}}});
+    assert_eq!(per_node(&env.create_active(body).await, "big").len(), 3);
+    // A malformed one is refused, naming it.
+    let body = json!({"name": "l5", "package": {"name": "lb", "version": "1.0.0"},
+        "roles": {"big": {"count": 1, "node_labels": {"zone": "A"}}}});
+    let (status, v) = env.post("/clusters", body).await;
+    assert_eq!(status, 422, "{v:#}");
+    assert_eq!(v["error"]["field"], "roles.big.node_labels.zone", "{v:#}");
+
     // Pinned to a node without the label: refused, naming node and label.
     let body = json!({"name": "l2", "package": {"name": "lb", "version": "1.0.0"},
         "roles": {"big": {"count": 1, "nodes": ["node-3"]}}});
@@ -82,8 +106,9 @@ async fn a_label_no_node_carries_fails_the_create_naming_it() {
     let env = TestEnv::start_with_agent_flags("labels-none", &[(1, "--label=class=small")]).await;
     env.upload(&PackageBuilder::new("lb", "1.0.0").spec(SPEC).script("bin/start.sh", "exec sleep 100000\n")).await;
     let body = json!({"name": "nl", "package": {"name": "lb", "version": "1.0.0"}, "roles": {"big": {"count": 1}}});
-    let (status, v) = env.post("/clusters", body).await;
-    assert_eq!(status, 503, "{v:#}");
+    let (status, headers, v) = env.post_full("/clusters", body).await;
+    assert_eq!((status.as_u16(), v["error"]["code"].as_str()), (409, Some("no_matching_nodes")), "{v:#}");
+    assert!(headers.get("retry-after").is_none(), "a retry cannot help: {headers:?}");
     let m = v["error"]["message"].as_str().unwrap_or_default();
     assert!(m.contains("role big") && m.contains("class=big") && m.contains("--label class=big"), "{v:#}");
     let (status, _) = env.get("/clusters/nl").await;

@@ -197,7 +197,7 @@ impl ClusterOps {
         let start_cmd = |id: &InstanceId| {
             let inst = self.record_of(id)?;
             let role = current.spec.role(&inst.role).ok_or_else(|| format!("role {} is not in the spec", inst.role))?;
-            Ok(InstanceCmd::Start { wait: role.start_timeout, settle: role.start_settle, window: Window::default() })
+            Ok(InstanceCmd::start_of(role))
         };
         let cluster = self.core.borrow().record.clone();
         // Not a Lost one: it may run on a node that was away (its start
@@ -440,17 +440,7 @@ impl ClusterOps {
             (PendingRestart::Signal(signal), _) if running => {
                 (vec![InstanceCmd::Signal { signal }, health], "signalled")
             }
-            _ => (
-                vec![
-                    InstanceCmd::Stop,
-                    InstanceCmd::Start {
-                        wait: role.start_timeout,
-                        settle: role.start_settle,
-                        window: Window::default(),
-                    },
-                ],
-                "restarted",
-            ),
+            _ => (vec![InstanceCmd::Stop, InstanceCmd::start_of(&role)], "restarted"),
         };
         in_sequence(&handle, steps, format!("{how} with its new files")).await
     }
@@ -517,11 +507,7 @@ impl ClusterOps {
         }
         if must_run {
             match self.role_of(id) {
-                Ok(role) => steps.push(InstanceCmd::Start {
-                    wait: role.start_timeout,
-                    settle: role.start_settle,
-                    window: Window::default(),
-                }),
+                Ok(role) => steps.push(InstanceCmd::start_of(&role)),
                 Err(e) => return InstanceResult::failed(id, e),
             }
         }

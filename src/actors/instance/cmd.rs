@@ -19,11 +19,13 @@ use crate::storage::records::{Applied, InstanceRecord, InstanceResult, PendingRe
 pub enum InstanceCmd {
     Install(Box<InstallPayload>),
     /// Start and wait until healthy; `wait` is the role's start timeout,
-    /// `settle` its start settle window; `window` the step's place it
-    /// gives back once the process is spawned (see [`Window`]).
+    /// `settle` its start settle window, `checked` whether a health check
+    /// follows it; `window` the step's place, given back once the process
+    /// is spawned unless a health check follows (see [`Window`]).
     Start {
         wait: Duration,
         settle: Duration,
+        checked: bool,
         window: Window,
     },
     Stop,
@@ -50,8 +52,8 @@ pub enum InstanceCmd {
 }
 
 /// A command's place in its step's window of commands in flight, which a
-/// start gives back once its agent has spawned the process: what is left
-/// of it (the settle window, the health check) is waiting, and holds
+/// start without a health check gives back once its agent has spawned the
+/// process: what is left of it (the settle window) is waiting, and holds
 /// neither files nor the agent's spawning. Without that, a 1 s settle
 /// bounded a scale-up to a window's worth of starts per second.
 #[derive(Clone, Default)]
@@ -78,11 +80,25 @@ impl std::fmt::Debug for Window {
 }
 
 impl InstanceCmd {
+    /// The start of an instance of `role`, outside any window.
+    pub fn start_of(role: &crate::spec::RoleSpec) -> InstanceCmd {
+        InstanceCmd::Start {
+            wait: role.start_timeout,
+            settle: role.start_settle,
+            checked: role.health.is_some(),
+            window: Window::default(),
+        }
+    }
+
     /// This command holding `place` in its step's window: a start gives it
     /// back once spawned, any other command when it ends.
     pub fn in_window(self, place: &Window) -> InstanceCmd {
         match self {
-            InstanceCmd::Start { wait, settle, .. } => InstanceCmd::Start { wait, settle, window: place.clone() },
+            // A health check is work on the agent (a probe, the process
+            // booting under it): the place is kept until it answers.
+            InstanceCmd::Start { wait, settle, checked: false, .. } => {
+                InstanceCmd::Start { wait, settle, checked: false, window: place.clone() }
+            }
             other => other,
         }
     }

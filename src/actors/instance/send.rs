@@ -51,7 +51,7 @@ impl InstanceActor {
                 };
                 link.install(begin, p.blob, &self.env.progress).await
             }
-            InstanceCmd::Start { wait, settle, window } => {
+            InstanceCmd::Start { wait, settle, window, .. } => {
                 let settle_ms = settle.as_millis() as u64;
                 let req = AgentRequest::Start { instance, generation, settle_ms };
                 let call = link.call_within(req, "Start", wait);

@@ -24,8 +24,9 @@ pub fn place_instances(
             e.live.status_at(now, timing.node_unknown_after, timing.node_down_after) == NodeStatus::Ready
         })
     };
-    // The labels the role requires, each with its value.
-    let wanted = &role.node_labels;
+    // The labels the role requires here, each with its value: the
+    // cluster's own, else the spec's.
+    let wanted = cluster.roles.get(&role.name).and_then(|r| r.node_labels.as_ref()).unwrap_or(&role.node_labels);
     let carries = |id: &NodeId| {
         nodes.get(id).is_some_and(|e| {
             let labels = &e.record().labels;
@@ -43,7 +44,9 @@ pub fn place_instances(
                     return Err(Error::spec("nodes", format!("unknown node {id:?}")));
                 }
                 if !ready(id) {
-                    return Err(Error::unavailable(format!("node {id} is not Ready")));
+                    // Not a moment's wait (no `Retry-After`): a node with
+                // them must be started first.
+                return Err(Error::conflict("no_matching_nodes", format!("node {id} is not Ready")));
                 }
                 if !carries(id) {
                     return Err(Error::spec(
@@ -58,7 +61,9 @@ pub fn place_instances(
             let ready: Vec<NodeId> = nodes.keys().filter(|id| ready(id)).cloned().collect();
             let fit: Vec<NodeId> = ready.iter().filter(|id| carries(id)).cloned().collect();
             if fit.is_empty() && !ready.is_empty() {
-                return Err(Error::unavailable(format!(
+                // Not a moment's wait (no `Retry-After`): a node with
+                // them must be started first.
+                return Err(Error::conflict("no_matching_nodes", format!(
                     "no Ready node carries the labels role {} requires ({}): none of the {} Ready nodes does; an agent started with --label {} would",
                     role.name,
                     shown(),
@@ -177,7 +182,9 @@ impl Supervisor {
             if self.shared.read_model.cluster(&req.name).is_none() {
                 // Held by a create not yet durable: one under way, or one
                 // its caller gave up on that its actor has not dropped yet.
-                return Err(Error::unavailable(format!(
+                // Not a moment's wait (no `Retry-After`): a node with
+                // them must be started first.
+                return Err(Error::conflict("no_matching_nodes", format!(
                     "a create of cluster {} is under way (or being dropped after its caller gave up); \
                      retry in a moment: it either appears (GET /api/v1/clusters/{}) or frees the name",
                     req.name, req.name
@@ -220,7 +227,14 @@ impl Supervisor {
             let r = req.roles.get(&role.name).cloned().unwrap_or_default();
             let count = r.count.unwrap_or(role.count.min);
             spec.check_count(&role.name, count)?;
-            record.roles.insert(role.name.clone(), RoleState { next_ordinal: count + 1, limits: None });
+            if let Some(labels) = &r.node_labels {
+                crate::ids::validate_labels(labels.iter()).map_err(|(key, m)| {
+                    let at = format!("roles.{}.node_labels", role.name);
+                    Error::spec(key.map(|k| format!("{at}.{k}")).unwrap_or(at), m)
+                })?;
+            }
+            let state = RoleState { next_ordinal: count + 1, limits: None, node_labels: r.node_labels.clone() };
+            record.roles.insert(role.name.clone(), state);
             roles.push(RoleToPlace { role: role.name.clone(), count, nodes: r.nodes });
         }
         Ok((record, roles))

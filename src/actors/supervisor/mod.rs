@@ -65,6 +65,9 @@ impl CreateCluster {
 pub struct RoleRequest {
     pub count: Option<u32>,
     pub nodes: Option<Vec<NodeId>>,
+    /// Over the spec's `node_labels` for this cluster (kept in its record).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_labels: Option<BTreeMap<String, String>>,
 }
 
 /// [`CreateCluster`] with its place in the supervisor's mailbox. Answered

@@ -361,11 +361,12 @@ impl Node {
 
     /// Kills what still runs of instances the agent holds no live process
     /// of: what a start left when the agent died between its spawn and the
-    /// record of its pid, or a hook the agent's death cut off. Nobody would
-    /// watch, stop or report such a process, and the master was never told
-    /// of it (its start got no answer); its record says it does not run,
-    /// and it is made true. The instances are the agent's, so is what
-    /// carries their marker or sits in their cgroup.
+    /// record of its pid (or a daemon whose recorded process died). Nobody
+    /// would watch, stop or report such a process, and the master was never
+    /// told of it (`ProcessSpawned` follows the record); its record says it
+    /// does not run, and it is made true. What carries an instance's marker
+    /// or sits in its cgroup is found; a hook, a health check or a stop
+    /// command carries neither, and one the agent's death cut off is not.
     async fn kill_orphans(&self, idle: &[InstanceId]) {
         match self.processes.kill_orphans(idle).await {
             Err(e) => tracing::warn!(error = %crate::error::ErrorChain(&e), "cannot look for orphaned processes"),
@@ -373,10 +374,10 @@ impl Node {
                 for (id, killed) in found {
                     match killed {
                         Ok(n) => {
-                            tracing::warn!(instance = %id, processes = n, "killed what an interrupted start or hook left running")
+                            tracing::warn!(instance = %id, processes = n, "killed what an interrupted start left running")
                         }
                         Err(e) => {
-                            tracing::error!(instance = %id, error = %crate::error::ErrorChain(&e), "cannot kill what an interrupted start or hook left running")
+                            tracing::error!(instance = %id, error = %crate::error::ErrorChain(&e), "cannot kill what an interrupted start left running")
                         }
                     }
                 }

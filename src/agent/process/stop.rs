@@ -139,29 +139,37 @@ impl ProcessController {
     }
 
     /// KILLs whatever runs of `instances`, which the agent holds no live
-    /// process of (see `Node::recover`), and removes their cgroups: one pass
-    /// over `/proc` for them all, then KILL until nothing is left for each
-    /// that has any. Answers each of those with how many processes it had,
-    /// or why some survive; an error when `/proc` cannot be read.
+    /// process of (see `Node::recover`), and removes their cgroups. Two
+    /// passes over `/proc` a moment apart find them for all at once (a
+    /// process in the middle of `exec` can hide its marker from one, as
+    /// [`Self::kill_tree`] says); those that have any are killed together,
+    /// so the whole takes at most about [`KILL_WAIT`] however many there
+    /// are. Answers each of those with how many processes it had, or why
+    /// some survive; an error when `/proc` cannot be read.
     pub async fn kill_orphans(
         &self,
         instances: &[InstanceId],
     ) -> Result<Vec<(InstanceId, Result<usize, ProcessError>)>, ProcessError> {
-        let snap = self.scanner.fresh().await.map_err(|e| ProcessError::io("scanning /proc", e))?;
-        let mut out = Vec::new();
-        for id in instances {
+        let scan = || async { self.scanner.fresh().await.map_err(|e| ProcessError::io("scanning /proc", e)) };
+        let first = scan().await?;
+        tokio::time::sleep(FIRST_BACKOFF).await;
+        let second = scan().await?;
+        let found = instances.iter().filter_map(|id| {
             let cg = self.cgroup_of(id);
-            let found = tree::collect_in(&snap, id, &[], cg.as_deref());
-            if found.is_empty() {
-                continue;
-            }
+            let mut seen = tree::collect_in(&first, id, &[], cg.as_deref());
+            seen.extend(tree::collect_in(&second, id, &[], cg.as_deref()));
+            seen.sort();
+            seen.dedup();
+            (!seen.is_empty()).then_some((id, cg, seen.len()))
+        });
+        let kills = found.map(|(id, cg, n)| async move {
             let killed = self.kill_all_of(id, cg.as_deref()).await;
             if killed.is_ok() {
                 self.finish(id, cg.as_deref()).await;
             }
-            out.push((id.clone(), killed.map(|()| found.len())));
-        }
-        Ok(out)
+            (id.clone(), killed.map(|()| n))
+        });
+        Ok(futures::future::join_all(kills).await)
     }
 
     /// [`Self::kill_tree`] of what runs of the instance (no main process

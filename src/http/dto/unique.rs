@@ -45,6 +45,16 @@ where
     d.deserialize_map(Unique(PhantomData))
 }
 
+/// [`keys`] for an optional map: present (empty included) is `Some`,
+/// absent is `None` (with `#[serde(default)]`); `null` is refused.
+pub fn keys_option<'de, D, V>(d: D) -> Result<Option<BTreeMap<String, V>>, D::Error>
+where
+    D: de::Deserializer<'de>,
+    V: Deserialize<'de>,
+{
+    keys(d).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
