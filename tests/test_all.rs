@@ -23,6 +23,7 @@ mod integration {
     mod cgroups;
     mod change_modes;
     mod cli;
+    mod cordon;
     mod crash;
     mod daemon;
     mod dashboard;

@@ -1,5 +1,5 @@
-// Nodes: status, heartbeat age, address, instances, simulated or real, a
-// page at a time. Status changes arrive as events; heartbeat ages are
+// Nodes: status (and a cordon), heartbeat age, address, instances,
+// simulated or real, a page at a time. Status changes arrive as events; heartbeat ages are
 // sampled (read every 2 s while this view is open and the tab visible).
 
 import { api, seg } from './api.js';
@@ -20,7 +20,8 @@ export function nodesView(root, { live }) {
 
   const row = (n) => h('tr', { dataset: { node: n.id } },
     h('td', { class: 'mono' }, n.id),
-    h('td', { class: 'status' }, badge(n.status)),
+    h('td', { class: 'status' }, badge(n.status),
+      n.cordon ? [' ', h('span', { class: 'badge warn cordon', title: `since ${n.cordon.since}: ${n.cordon.reason || 'no reason given'}` }, 'cordoned')] : null),
     h('td', { class: 'connected' }, n.connected ? 'yes' : 'no'),
     h('td', {}, n.simulated ? h('span', { class: 'badge warn', title: 'flotilla bench: the real protocol, no real processes' }, 'simulated') : 'real'),
     h('td', { class: 'mono' }, n.address),
@@ -53,7 +54,8 @@ export function nodesView(root, { live }) {
     if (e.kind !== 'node.status') return;
     const tr = body.querySelector(`tr[data-node="${CSS.escape(e.data.node)}"]`);
     if (!tr) return;
-    fill(tr.querySelector('.status'), badge(e.data.status));
+    const cordon = tr.querySelector('.cordon');
+    fill(tr.querySelector('.status'), badge(e.data.status), cordon ? [' ', cordon] : null);
     fill(tr.querySelector('.connected'), e.data.connected ? 'yes' : 'no');
   });
   refresh();

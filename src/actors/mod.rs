@@ -45,6 +45,7 @@
 pub mod agent_listener;
 pub mod announce;
 pub mod cluster;
+pub mod cordons;
 pub mod gone_operations;
 pub mod instance;
 pub mod leaked;

@@ -32,6 +32,16 @@ pub enum NodeCmd {
     /// Revoke a node's certificate: its link is closed at once and it
     /// cannot connect again until it enrolls with a new join token.
     Revoke { id: String },
+    /// Take a node out of placement: no new instance goes there; what
+    /// runs there stays.
+    Cordon {
+        id: String,
+        /// Why (shown with the node).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Put a cordoned node back into placement.
+    Uncordon { id: String },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -140,14 +150,34 @@ pub async fn node(cmd: NodeCmd, target: &Target) -> Result<(), CliError> {
                 format!("revoked the certificate of node {id}{gone}")
             });
         }
+        NodeCmd::Cordon { id, reason } => {
+            crate::ids::validate_name(&id).map_err(|m| CliError::Usage(format!("node id {id:?}: {m}")))?;
+            let body = json!({ "reason": reason });
+            let v = client.call(reqwest::Method::POST, &format!("/nodes/{id}/cordon"), Some(&body)).await?;
+            show(target, &v, |v| format!("node {id} cordoned since {}", field(&v["cordon"], "since")));
+        }
+        NodeCmd::Uncordon { id } => {
+            crate::ids::validate_name(&id).map_err(|m| CliError::Usage(format!("node id {id:?}: {m}")))?;
+            let v = client.call(reqwest::Method::POST, &format!("/nodes/{id}/uncordon"), None).await?;
+            show(target, &v, |v| {
+                if v["changed"] == true {
+                    format!("node {id} uncordoned")
+                } else {
+                    format!("node {id} was not cordoned")
+                }
+            });
+        }
     }
     Ok(())
 }
 
 fn node_row(n: &Value) -> Vec<String> {
     let age = n["heartbeat_age_ms"].as_u64().map(|ms| format!("{:.1}s ago", ms as f64 / 1000.0));
-    let status =
+    let mut status =
         if n["connected"] == true { field(n, "status") } else { format!("{} (disconnected)", field(n, "status")) };
+    if n["cordon"].is_object() {
+        status.push_str(", cordoned");
+    }
     vec![
         field(n, "id"),
         status,

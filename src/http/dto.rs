@@ -434,6 +434,24 @@ pub struct NodeDto {
     /// /nodes/{id}` only): removed from the node after `leaked_grace`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leaked: Option<Vec<LeakedDto>>,
+    /// Set when an operator took it out of placement (`POST
+    /// /nodes/{id}/cordon`): no new instance goes there.
+    pub cordon: Option<CordonDto>,
+}
+
+/// A node's cordon.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CordonDto {
+    /// Why, as the operator said (may be empty).
+    pub reason: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub since: OffsetDateTime,
+}
+
+impl From<&crate::storage::records::CordonRecord> for CordonDto {
+    fn from(r: &crate::storage::records::CordonRecord) -> Self {
+        CordonDto { reason: r.reason.clone(), since: r.since }
+    }
 }
 
 /// An instance a node holds that the master does not know.
@@ -493,6 +511,7 @@ impl NodeDto {
             instances: with_instances.then(|| instances.keys().map(|i| i.to_string()).collect()),
             certificate: None,
             leaked: None,
+            cordon: None,
         }
     }
 }

@@ -16,6 +16,7 @@ pub(crate) mod auth;
 mod body_deadline;
 mod cluster_run;
 mod clusters;
+mod cordons;
 mod dashboard;
 pub mod dto;
 pub mod error;
@@ -65,6 +66,8 @@ pub struct AppState {
     pub log_readers: Arc<logs::LogReaders>,
     /// `/test-hooks/...` is served (`test_hooks.rs`).
     pub test_hooks: bool,
+    /// Cordon changes, one at a time.
+    pub cordons: Arc<crate::actors::cordons::Cordons>,
 }
 
 impl AppState {
@@ -123,6 +126,8 @@ api_routes! {
     "/nodes" => [get status::list_nodes => Read],
     "/nodes/{id}" => [get status::get_node => Read],
     "/nodes/{id}/revoke" => [post trust::revoke => Admin],
+    "/nodes/{id}/cordon" => [post cordons::cordon => Admin],
+    "/nodes/{id}/uncordon" => [post cordons::uncordon => Admin],
     "/operations" => [get status::list_operations => Read],
     "/operations/{id}" => [get status::get_operation => Read],
     "/packages" => [get packages::list => Read],

@@ -61,6 +61,8 @@ use crate::scope::Scope;
         trust::list,
         trust::delete,
         trust::revoke,
+        super::cordons::cordon,
+        super::cordons::uncordon,
         status::list_operations,
         status::get_operation,
         packages::list,

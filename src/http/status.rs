@@ -104,7 +104,9 @@ fn node_dto(state: &AppState, n: &crate::actors::read_model::NodeEntry, with_ins
     let now = std::time::Instant::now();
     let t = state.shared.timing;
     let status = n.live.status_at(now, t.node_unknown_after, t.node_down_after);
-    NodeDto::build(n, status, now, with_instances)
+    let mut dto = NodeDto::build(n, status, now, with_instances);
+    dto.cordon = state.shared.read_model.cordon_of(&n.record().id).map(|c| (&*c).into());
+    dto
 }
 
 #[derive(Deserialize, IntoParams)]

@@ -24,8 +24,8 @@
 use crate::ids::{ClusterId, InstanceId, OperationId};
 use crate::storage::agent_records::{AgentInstanceRecord, DynamicUserRecord, RestartRecord, Tombstone};
 use crate::storage::records::{
-    ClusterRecord, EventRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord, OperationRecord,
-    PackageRecord, Resumable, TokenRecord,
+    ClusterRecord, CordonRecord, EventRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord,
+    OperationRecord, PackageRecord, Resumable, TokenRecord,
 };
 use crate::storage::trust_records::{JoinTokenRecord, NodeCertRecord};
 use crate::storage::{StorageError, WriteOp, codec};
@@ -55,7 +55,9 @@ pub mod master_cf {
     pub const JOIN_TOKENS: &str = "join_tokens";
     /// The certificate issued to each node (key: node id).
     pub const NODE_CERTS: &str = "node_certs";
-    pub const ALL: [&str; 15] = [
+    /// Nodes out of placement (key: node id).
+    pub const CORDONS: &str = "cordons";
+    pub const ALL: [&str; 16] = [
         CLUSTERS,
         INSTANCES,
         NODES,
@@ -71,6 +73,7 @@ pub mod master_cf {
         TOKENS,
         JOIN_TOKENS,
         NODE_CERTS,
+        CORDONS,
     ];
 }
 
@@ -288,6 +291,14 @@ impl WriteOp {
 
     pub fn delete_leftover(id: &InstanceId) -> WriteOp {
         WriteOp::Delete { cf: master_cf::LEFTOVERS, key: id.as_str().as_bytes().to_vec() }
+    }
+
+    pub fn put_cordon(r: &CordonRecord) -> Result<WriteOp, StorageError> {
+        put(master_cf::CORDONS, r.node.as_str().as_bytes().to_vec(), r)
+    }
+
+    pub fn delete_cordon(node: &crate::ids::NodeId) -> WriteOp {
+        WriteOp::Delete { cf: master_cf::CORDONS, key: node.as_str().as_bytes().to_vec() }
     }
 
     pub fn put_token(r: &TokenRecord) -> Result<WriteOp, StorageError> {

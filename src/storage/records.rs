@@ -134,6 +134,18 @@ pub struct Applied {
     pub limits: Option<Limits>,
 }
 
+/// A node an operator took out of placement (`POST /nodes/{id}/cordon`):
+/// no new instance goes there; what runs there stays and is served.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CordonRecord {
+    pub version: u32,
+    pub node: NodeId,
+    /// Why, in the operator's words (may be empty).
+    pub reason: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub since: OffsetDateTime,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClusterRecord {
     pub version: u32,

@@ -214,6 +214,21 @@ try {
   await page.waitForFunction(() => document.querySelectorAll('#nodes tr[data-node]').length === 3);
   const nodes = await page.locator('#nodes tr[data-node]').allInnerTexts();
   expect(nodes.every((t) => t.includes('Ready') && t.includes('real')), `3 real Ready nodes: ${JSON.stringify(nodes)}`);
+  // A node cordoned (through the API, as the CLI does) shows so on its
+  // row within a refresh, and no longer once uncordoned.
+  const cordon = (verb) => page.evaluate(async (v) => {
+    const r = await fetch(`/api/v1/nodes/node-3/${v}`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${sessionStorage.getItem('flotilla.token')}`, 'Content-Type': 'application/json' },
+      body: v === 'cordon' ? JSON.stringify({ reason: 'browser test' }) : '',
+    });
+    return r.status;
+  }, verb);
+  expect(await cordon('cordon') === 200, 'node-3 cordoned');
+  await page.waitForFunction(() => document.querySelector('#nodes tr[data-node="node-3"] .status')?.innerText.includes('cordoned'), null, { timeout: 10_000 });
+  await shot('7-nodes-cordoned');
+  expect(await cordon('uncordon') === 200, 'node-3 uncordoned');
+  await page.waitForFunction(() => !document.querySelector('#nodes tr[data-node="node-3"] .status')?.innerText.includes('cordoned'), null, { timeout: 10_000 });
   await shot('7-nodes');
   await page.locator('#nav a[data-view="events"]').click();
   await page.locator('#events tbody tr').first().waitFor();

@@ -38,6 +38,15 @@ fn every_verb_against_flotilla_dev_with_exit_codes_and_json() {
     assert_eq!(d.json(&["node", "get", "node-2"])["id"], "node-2");
     let table = d.ok(&["node", "ls"]);
     assert!(table.starts_with("NODE") && table.contains("node-3"), "{table}");
+    // Cordon and uncordon: shown on the node, in the table, and undone.
+    let out = d.ok(&["node", "cordon", "node-3", "--reason", "disk errors"]);
+    assert!(out.contains("node node-3 cordoned since"), "{out}");
+    assert_eq!(d.json(&["node", "get", "node-3"])["cordon"]["reason"], "disk errors");
+    let row = d.ok(&["node", "ls"]).lines().find(|l| l.starts_with("node-3")).unwrap_or_default().to_string();
+    assert!(row.contains("cordoned"), "{row}");
+    assert!(d.ok(&["node", "uncordon", "node-3"]).contains("node node-3 uncordoned"));
+    assert!(d.ok(&["node", "uncordon", "node-3"]).contains("was not cordoned"));
+    assert!(d.json(&["node", "get", "node-3"])["cordon"].is_null());
     let pkgs = d.json(&["package", "ls"]);
     assert!(pkgs["packages"].as_array().unwrap().iter().any(|p| p["name"] == "web"), "{pkgs:#}");
 

@@ -38,7 +38,7 @@ pub use nodes::{NodeEntry, NodeLive};
 
 use crate::ids::{ClusterId, InstanceId, NodeId, OperationId};
 use crate::spec::ComponentSpec;
-use crate::storage::records::{LeftoverRecord, OperationRecord, PackageRecord};
+use crate::storage::records::{CordonRecord, LeftoverRecord, OperationRecord, PackageRecord};
 use crate::storage::{MetaStore, StorageError, meta};
 
 /// A package with its parsed spec.
@@ -89,6 +89,7 @@ pub struct ReadModel {
     packages: Map<(String, String), PackageView>,
     leftovers: Map<InstanceId, Arc<LeftoverRecord>>,
     leaked: Map<(NodeId, InstanceId), Arc<Leaked>>,
+    cordons: Map<NodeId, Arc<CordonRecord>>,
     running: Map<OperationId, Arc<OperationRecord>>,
     actors: Mutex<BTreeMap<String, Arc<ActorStats>>>,
     store: Arc<dyn MetaStore>,
@@ -152,6 +153,7 @@ impl ReadModel {
             packages: empty(),
             leftovers: empty(),
             leaked: empty(),
+            cordons: empty(),
             running: empty(),
             actors: Mutex::default(),
             store,
@@ -276,6 +278,25 @@ impl ReadModel {
     // ------------------------------------------------------------ leaked
 
     /// Instances agents hold that the master does not know, by node.
+    /// The node's cordon, if an operator took it out of placement.
+    pub fn cordon_of(&self, node: &NodeId) -> Option<Arc<CordonRecord>> {
+        self.cordons.load().get(node).cloned()
+    }
+
+    /// Shown once durable (`actors::cordons`).
+    pub fn put_cordon(&self, r: CordonRecord) {
+        let r = Arc::new(r);
+        rcu(&self.cordons, |m| {
+            m.insert(r.node.clone(), r.clone());
+        });
+    }
+
+    pub fn remove_cordon(&self, node: &NodeId) {
+        rcu(&self.cordons, |m| {
+            m.remove(node);
+        });
+    }
+
     pub fn leaked(&self) -> Arc<OrdMap<(NodeId, InstanceId), Arc<Leaked>>> {
         self.leaked.load_full()
     }

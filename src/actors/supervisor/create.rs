@@ -44,9 +44,13 @@ pub fn place_instances(
                     return Err(Error::spec("nodes", format!("unknown node {id:?}")));
                 }
                 if !ready(id) {
-                    // Not a moment's wait (no `Retry-After`): a node with
-                // them must be started first.
-                return Err(Error::conflict("no_matching_nodes", format!("node {id} is not Ready")));
+                    return Err(Error::unavailable(format!("node {id} is not Ready")));
+                }
+                if let Some(c) = shared.read_model.cordon_of(id) {
+                    return Err(Error::conflict(
+                        "node_cordoned",
+                        format!("node {id} is cordoned ({}); uncordon it first", why(&c.reason)),
+                    ));
                 }
                 if !carries(id) {
                     return Err(Error::spec(
@@ -59,17 +63,28 @@ pub fn place_instances(
         }
         None => {
             let ready: Vec<NodeId> = nodes.keys().filter(|id| ready(id)).cloned().collect();
-            let fit: Vec<NodeId> = ready.iter().filter(|id| carries(id)).cloned().collect();
+            let open: Vec<NodeId> =
+                ready.iter().filter(|id| shared.read_model.cordon_of(id).is_none()).cloned().collect();
+            if open.is_empty() && !ready.is_empty() {
+                return Err(Error::conflict(
+                    "no_matching_nodes",
+                    format!("every Ready node ({}) is cordoned: uncordon one, or start another agent", ready.len()),
+                ));
+            }
+            let fit: Vec<NodeId> = open.iter().filter(|id| carries(id)).cloned().collect();
             if fit.is_empty() && !ready.is_empty() {
                 // Not a moment's wait (no `Retry-After`): a node with
                 // them must be started first.
-                return Err(Error::conflict("no_matching_nodes", format!(
-                    "no Ready node carries the labels role {} requires ({}): none of the {} Ready nodes does; an agent started with --label {} would",
-                    role.name,
-                    shown(),
-                    ready.len(),
-                    wanted.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" --label ")
-                )));
+                return Err(Error::conflict(
+                    "no_matching_nodes",
+                    format!(
+                        "no Ready node carries the labels role {} requires ({}): none of the {} Ready uncordoned nodes does; an agent started with --label {} would",
+                        role.name,
+                        shown(),
+                        open.len(),
+                        wanted.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" --label ")
+                    ),
+                ));
             }
             fit
         }
@@ -184,11 +199,14 @@ impl Supervisor {
                 // its caller gave up on that its actor has not dropped yet.
                 // Not a moment's wait (no `Retry-After`): a node with
                 // them must be started first.
-                return Err(Error::conflict("no_matching_nodes", format!(
-                    "a create of cluster {} is under way (or being dropped after its caller gave up); \
+                return Err(Error::conflict(
+                    "no_matching_nodes",
+                    format!(
+                        "a create of cluster {} is under way (or being dropped after its caller gave up); \
                      retry in a moment: it either appears (GET /api/v1/clusters/{}) or frees the name",
-                    req.name, req.name
-                )));
+                        req.name, req.name
+                    ),
+                ));
             }
             return Err(Error::AlreadyExists { kind: "cluster", id: req.name.clone() });
         }
@@ -239,4 +257,9 @@ impl Supervisor {
         }
         Ok((record, roles))
     }
+}
+
+/// A cordon's reason for a message.
+fn why(reason: &str) -> &str {
+    if reason.is_empty() { "no reason given" } else { reason }
 }
