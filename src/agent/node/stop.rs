@@ -221,6 +221,34 @@ mod tests {
         assert_deleted(&t, &id).await;
     }
 
+    /// Stop, then start (a cluster stopped and started): the stop confirmed
+    /// nothing of it runs, so the start looks for no leftover (no pass),
+    /// and starts it. Once started, the next start after an unconfirmed
+    /// end looks again.
+    #[tokio::test]
+    async fn a_start_after_a_confirmed_stop_takes_no_pass() {
+        let t = TestNode::with_cgroups();
+        let id = running(&t, "start-skip").await;
+        assert_eq!(t.node.stop(&id, 3).await, AgentResponse::Stopped { was_running: true });
+        let passes = t.node.processes.passes_over_proc();
+        assert!(matches!(t.node.start(&id, 4).await, AgentResponse::Started { already_running: false, .. }));
+        assert_eq!(t.node.processes.passes_over_proc(), passes, "the start scanned /proc for leftovers");
+        assert_eq!(marked(&id).len(), 1, "the instance runs");
+        // Killed behind the agent's back (no stop confirmed it): the
+        // restart's start looks for leftovers again.
+        let pid = marked(&id)[0];
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+        for _ in 0..250 {
+            if marked(&id).is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let passes = t.node.processes.passes_over_proc();
+        assert!(matches!(t.node.start(&id, 5).await, AgentResponse::Started { already_running: false, .. }));
+        assert!(t.node.processes.passes_over_proc() > passes, "a start without a confirmed stop took no pass");
+    }
+
     /// Started again after its stop: the delete stops it, with its passes.
     #[tokio::test]
     async fn a_delete_after_a_later_start_stops_the_instance() {

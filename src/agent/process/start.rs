@@ -31,7 +31,7 @@ impl ProcessController {
     pub async fn start(&self, req: &StartRequest<'_>) -> Result<Started, ProcessError> {
         // Whatever follows may leave a process of the instance running: a
         // delete must look for it again (see `confirmed_stopped`).
-        self.confirmed().remove(req.instance);
+        let confirmed = self.confirmed().remove(req.instance);
         if let Some(cur) = req.current.filter(|c| identity::is_alive(c)) {
             let exit = self.exit_watch_for(req.instance, cur);
             return Ok(Started { identity: cur.clone(), already_running: true, exit });
@@ -50,7 +50,16 @@ impl ProcessController {
         }
         let limits = self.check_limits(req)?;
         let began = Instant::now();
-        self.kill_leftovers(req).await?;
+        // A stop in this agent's life confirmed nothing of it runs, and its
+        // cgroup is still empty (or gone): nothing can have started since
+        // (only a start makes the cgroup again, and its processes' children
+        // are born inside it), so no pass over `/proc` is needed, as for a
+        // delete (`confirmed_stopped`). A whole cluster's start after its
+        // stop spared each agent a pass per burst of starts.
+        let cg_empty = self.cgroup_of(req.instance).as_deref().is_some_and(cgroup::is_empty);
+        if !(confirmed && cg_empty) {
+            self.kill_leftovers(req).await?;
+        }
         tracing::trace!(instance = %req.instance, leftovers_ms = began.elapsed().as_secs_f64() * 1000.0, "looked for leftovers");
         let cg = match &self.cgroups {
             Some(root) => Some(
