@@ -152,6 +152,42 @@ impl Api {
         Ok((op, started.elapsed()))
     }
 
+    /// Like [`run_op`](Self::run_op), polling the operation every 10 ms to
+    /// time its steps: each step's name with the seconds (from the request)
+    /// at which it was first seen past `Pending` and first seen `Done`
+    /// (within 10 ms of when it was).
+    pub async fn run_op_stepped(
+        &self,
+        method: &'static str,
+        path: &str,
+        body: &Value,
+    ) -> Result<(Value, Duration, Vec<(String, f64, f64)>), ApiError> {
+        let started = Instant::now();
+        let accepted = self.call(method, path, Some(body)).await?;
+        let id = accepted["operation"]["id"].as_str().unwrap_or_default().to_string();
+        let mut steps: Vec<(String, f64, f64)> = Vec::new();
+        loop {
+            let op = self.get(&format!("/operations/{id}")).await?["operation"].clone();
+            let at = started.elapsed().as_secs_f64();
+            for (i, st) in op["steps"].as_array().into_iter().flatten().enumerate() {
+                if steps.len() <= i {
+                    steps.push((st["name"].as_str().unwrap_or("?").to_string(), f64::NAN, f64::NAN));
+                }
+                let status = st["status"].as_str().unwrap_or_default();
+                if status != "Pending" && steps[i].1.is_nan() {
+                    steps[i].1 = at;
+                }
+                if status == "Done" && steps[i].2.is_nan() {
+                    steps[i].2 = at;
+                }
+            }
+            if !matches!(op["status"].as_str().unwrap_or_default(), "Pending" | "Running") {
+                return Ok((op, started.elapsed(), steps));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Waits for operation `id` to end; returns it ended.
     pub async fn wait_op(&self, id: &str) -> Result<Value, ApiError> {
         loop {

@@ -39,6 +39,15 @@ pub struct RealArgs {
     pub no_cgroups: bool,
 }
 
+/// Each step as `{name, began_s, done_s}` (seconds from the request).
+fn steps_json(steps: &[(String, f64, f64)]) -> Value {
+    let secs = |x: f64| if x.is_nan() { Value::Null } else { json!(round(x)) };
+    steps
+        .iter()
+        .map(|(name, began, done)| json!({"name": name, "began_s": secs(*began), "done_s": secs(*done)}))
+        .collect()
+}
+
 fn summary_json(s: &Samples) -> Value {
     let x = s.summary();
     json!({"count": x.count, "p50": x.p50, "p99": x.p99, "max": x.max})
@@ -176,7 +185,7 @@ async fn workload(
     // Real starts per second: the whole big cluster stopped, then started.
     progress.set_message("stopping and starting the large cluster");
     succeed(api.run_op("POST", "/clusters/big/stop", &json!({})).await.map_err(e)?)?;
-    let (op, took) = api.run_op("POST", "/clusters/big/start", &json!({})).await.map_err(e)?;
+    let (op, took, start_steps) = api.run_op_stepped("POST", "/clusters/big/start", &json!({})).await.map_err(e)?;
     succeed((op, took))?;
     let starts_per_s = args.instances as f64 / took.as_secs_f64();
 
@@ -209,8 +218,8 @@ async fn workload(
     let c = api.get("/clusters/big").await.map_err(e)?;
     let remove: Vec<Value> = c["instances"].as_array().into_iter().flatten().skip(1).map(|i| i["id"].clone()).collect();
     let removed = remove.len();
-    let (op, scale_in) =
-        api.run_op("POST", "/clusters/big/scale", &json!({"role": "d", "remove": remove})).await.map_err(e)?;
+    let (op, scale_in, scale_in_steps) =
+        api.run_op_stepped("POST", "/clusters/big/scale", &json!({"role": "d", "remove": remove})).await.map_err(e)?;
     succeed((op, scale_in))?;
 
     let ratio = starts_per_s / report.spawn_per_s.max(1.0);
@@ -229,6 +238,8 @@ async fn workload(
         "scale_in_instances": removed,
         "scale_in_secs": round(scale_in.as_secs_f64()),
         "kill_visible_ms": summary_json(&exits),
+        "start_steps": steps_json(&start_steps),
+        "scale_in_steps": steps_json(&scale_in_steps),
     }));
     let idle_p99 = idle.summary().p99;
     let busy_p99 = busy.summary().p99;

@@ -151,7 +151,18 @@ impl Report {
                     real["starts_per_s"], real["starts_per_spawn_ceiling"], real["starts_per_cgroup_spawn_ceiling"]
                 ),
             );
+            let steps = |v: &Value| {
+                let shown: Vec<String> = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|st| format!("{} {}-{} s", st["name"].as_str().unwrap_or("?"), st["began_s"], st["done_s"]))
+                    .collect();
+                shown.join(", ")
+            };
+            row("  its steps", steps(&real["start_steps"]));
             row("scale-in", format!("{} instances in {} s", real["scale_in_instances"], real["scale_in_secs"]));
+            row("  its steps", steps(&real["scale_in_steps"]));
             row("kill -9 -> visible", pct(&real["kill_visible_ms"]));
             row("API read p50 / p99", format!("{} / {} ms", self.api.read_ms.p50, self.api.read_ms.p99));
             let whole = &self.api.whole_cluster_read_ms;
