@@ -214,7 +214,9 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     for n in snapshot.nodes {
         read_model.register_node(n);
     }
-    crate::actors::cordons::Cordons::load(&*store, &read_model).map_err(MasterError::Storage)?;
+    let cordons = Arc::new(
+        crate::actors::cordons::Cordons::load(store.clone(), read_model.clone()).map_err(MasterError::Storage)?,
+    );
     let timing = Timing {
         heartbeat_interval: cfg.heartbeat_interval,
         agent_reply_timeout: cfg.agent_reply_timeout,
@@ -412,7 +414,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         open_metrics: cfg.open_metrics,
         log_readers: Default::default(),
         test_hooks: cfg.test_hooks,
-        cordons: Default::default(),
+        cordons,
         request_body_timeout: cfg.request_body_timeout,
         metrics,
     };

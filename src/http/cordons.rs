@@ -10,7 +10,7 @@ use super::dto::CordonDto;
 use super::error::ApiError;
 use crate::ids::NodeId;
 
-/// `POST /nodes/{id}/cordon` (the body may be left out).
+/// `POST /nodes/{id}/cordon` (`{}`: no reason).
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({ "reason": "disk errors; draining by hand" }))]
@@ -37,29 +37,20 @@ pub struct CordonAnswer {
 /// Cordoning it again keeps its time and takes the new reason.
 #[utoipa::path(post, path = "/api/v1/nodes/{id}/cordon", operation_id = "cordon_node", tag = "nodes",
     params(("id" = String, Path, description = "The node's id")),
-    request_body(content = Option<CordonBody>),
+    request_body = CordonBody,
     responses(
         (status = 200, description = "Cordoned", body = CordonAnswer),
         (status = 400, response = super::error::BadRequest),
         (status = 404, response = super::error::NotFound),
+        (status = 413, response = super::error::TooLarge),
         (status = 503, response = super::error::Unavailable)))]
 pub async fn cordon(
     state: web::Data<AppState>,
     id: web::Path<String>,
-    body: web::Bytes,
+    body: web::Json<CordonBody>,
 ) -> Result<HttpResponse, ApiError> {
     let node = NodeId::new(id.into_inner());
-    // No body is no reason; a body must be a `CordonBody` (an optional
-    // `web::Json` would take a malformed one for none).
-    let reason = if body.iter().all(u8::is_ascii_whitespace) {
-        String::new()
-    } else {
-        let b: CordonBody = serde_json::from_slice(&body)
-            .map_err(|e| crate::error::Error::invalid("invalid_request", format!("body: {e}")))?;
-        b.reason
-    };
-    let shared = &state.shared;
-    let record = state.cordons.cordon(&shared.store, &shared.read_model, &node, &reason).await?;
+    let record = state.cordons.cordon(&node, &body.reason).await?;
     tracing::warn!(%node, reason = %record.reason, "node cordoned");
     let answer = CordonAnswer { node: node.to_string(), cordon: Some((&record).into()), changed: true };
     Ok(HttpResponse::Ok().json(answer))
@@ -76,8 +67,7 @@ pub async fn cordon(
         (status = 503, response = super::error::Unavailable)))]
 pub async fn uncordon(state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let node = NodeId::new(id.into_inner());
-    let shared = &state.shared;
-    let changed = state.cordons.uncordon(&shared.store, &shared.read_model, &node).await?;
+    let changed = state.cordons.uncordon(&node).await?;
     if changed {
         tracing::warn!(%node, "node uncordoned");
     }

@@ -220,7 +220,7 @@ try {
     const r = await fetch(`/api/v1/nodes/node-3/${v}`, {
       method: 'POST',
       headers: { Authorization: `Bearer ${sessionStorage.getItem('flotilla.token')}`, 'Content-Type': 'application/json' },
-      body: v === 'cordon' ? JSON.stringify({ reason: 'browser test' }) : '',
+      body: v === 'cordon' ? JSON.stringify({ reason: 'browser test' }) : undefined,
     });
     return r.status;
   }, verb);

@@ -69,8 +69,8 @@ async fn a_cordoned_node_takes_no_new_instance_and_keeps_its_own() {
 
     // Every node cordoned: a create is refused at once, nothing made.
     for n in ["node-2", "node-3"] {
-        let (status, _) = env.post_empty(&format!("/nodes/{n}/cordon")).await;
-        assert_eq!(status, 200);
+        let (status, v) = env.post(&format!("/nodes/{n}/cordon"), json!({})).await;
+        assert_eq!((status.as_u16(), v["cordon"]["reason"].as_str()), (200, Some("")), "{v:#}");
     }
     let (status, v) =
         env.post("/clusters", json!({"name": "none", "package": {"name": "cd", "version": "1.0.0"}})).await;
@@ -91,8 +91,10 @@ async fn a_cordoned_node_takes_no_new_instance_and_keeps_its_own() {
     assert!(nodes_of(&env.cluster("new").await).contains(&"node-1".to_string()));
 
     // Bad input: an unknown node, a reason with a control character.
-    let (status, _) = env.post_empty("/nodes/nowhere/cordon").await;
+    let (status, _) = env.post("/nodes/nowhere/cordon", json!({})).await;
     assert_eq!(status, 404);
+    let (status, v) = env.post_empty("/nodes/node-2/cordon").await;
+    assert_eq!(status, 400, "no body: {v:#}");
     let (status, v) = env.post("/nodes/node-2/cordon", json!({"reason": "a\u{7}b"})).await;
     assert_eq!(status, 400, "{v:#}");
     let (status, v) = env.post("/nodes/node-2/cordon", json!({"reason": "x", "colour": "red"})).await;

@@ -65,6 +65,8 @@ const POLICY: &[(&str, &str, Scope)] = &[
     ("GET", "/api/v1/join-tokens", Admin),
     ("DELETE", "/api/v1/join-tokens/{id}", Admin),
     ("POST", "/api/v1/nodes/{id}/revoke", Admin),
+    ("POST", "/api/v1/nodes/{id}/cordon", Admin),
+    ("POST", "/api/v1/nodes/{id}/uncordon", Admin),
 ];
 
 /// A client per scope, each with its own fresh token (made by the first,

@@ -197,16 +197,11 @@ impl Supervisor {
             if self.shared.read_model.cluster(&req.name).is_none() {
                 // Held by a create not yet durable: one under way, or one
                 // its caller gave up on that its actor has not dropped yet.
-                // Not a moment's wait (no `Retry-After`): a node with
-                // them must be started first.
-                return Err(Error::conflict(
-                    "no_matching_nodes",
-                    format!(
-                        "a create of cluster {} is under way (or being dropped after its caller gave up); \
+                return Err(Error::unavailable(format!(
+                    "a create of cluster {} is under way (or being dropped after its caller gave up); \
                      retry in a moment: it either appears (GET /api/v1/clusters/{}) or frees the name",
-                        req.name, req.name
-                    ),
-                ));
+                    req.name, req.name
+                )));
             }
             return Err(Error::AlreadyExists { kind: "cluster", id: req.name.clone() });
         }

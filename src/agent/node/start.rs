@@ -195,6 +195,35 @@ mod tests {
         assert_eq!((running(&kept), running(&lost)), (Some(true), Some(false)));
     }
 
+    /// An instance runs in a session of its own: a process of another
+    /// session (here one of the agent's, standing for another instance's)
+    /// cannot join its process group, and so cannot be taken for one of
+    /// its processes and signalled with it (`tree::collect_in` follows
+    /// groups whose leader is gone).
+    #[tokio::test]
+    async fn an_instance_has_a_session_no_other_process_can_join() {
+        let t = TestNode::new();
+        let me = crate::agent::process::users::current().name;
+        let id = t.install("own-session", &me, spec(&["sleep", "1000"]), &[]).await;
+        let AgentResponse::Started { pid, .. } = t.node.start(&id, 2).await else { panic!("not started") };
+        let stat = crate::agent::process::identity::read_stat(pid).expect("its stat");
+        assert_eq!(stat.pgid, pid as i32, "a group of its own");
+        let sid = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(pid as i32))).unwrap();
+        assert_eq!(sid.as_raw(), pid as i32, "a session of its own");
+        // Another process asks to join its group, as a hostile one would
+        // for itself: refused.
+        let joined = std::process::Command::new("python3")
+            .args(["-c", "import os, sys; os.setpgid(0, int(sys.argv[1]))", &pid.to_string()])
+            .output()
+            .expect("python3 (installed by scripts/setup.sh)");
+        let said = String::from_utf8_lossy(&joined.stderr);
+        assert!(
+            !joined.status.success() && said.contains("Operation not permitted"),
+            "a process of another session joined its group: {:?} {said}",
+            joined.status
+        );
+    }
+
     async fn until(what: &str, mut cond: impl FnMut() -> bool) {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while !cond() {

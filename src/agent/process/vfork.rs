@@ -29,7 +29,8 @@
 //! - a failure is written as (stage, errno) to a close-on-exec pipe, then
 //!   `_exit(127)`; the parent reads it after the child is gone and reaps it.
 //!
-//! What the child does, in order: default signal handlers, `setpgid(0, 0)`,
+//! What the child does, in order: default signal handlers, `setsid()` (a
+//! session and process group of its own),
 //! stdin/stdout/stderr, `chdir`, umask 022, the open-files limit the agent started with
 //! (best effort: the agent's raised limit is not the instance's business), a
 //! write of `"0"` to the `cgroup.procs` of every cgroup it joins (so it and
@@ -144,7 +145,7 @@ impl Stage {
 
     fn what(self) -> &'static str {
         match self {
-            Stage::ProcessGroup => "creating the process group",
+            Stage::ProcessGroup => "creating the session and process group",
             Stage::Stdio => "setting up stdin/stdout/stderr",
             Stage::Dir => "changing to the working directory",
             Stage::Cgroup => "joining the cgroup",
@@ -353,7 +354,11 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
             dfl.sa_sigaction = libc::SIG_DFL;
             libc::sigaction(sig, &dfl, std::ptr::null_mut());
         }
-        if libc::setpgid(0, 0) != 0 {
+        // A session of its own (and with it a process group of its own):
+        // no process of another session may join its group (`setpgid`
+        // answers EPERM), so another instance cannot slip a process of
+        // its own into this one's group and have it signalled with it.
+        if libc::setsid() < 0 {
             fail(p.report, Stage::ProcessGroup, errno());
         }
         for (target, fd) in p.stdio.iter().enumerate() {
