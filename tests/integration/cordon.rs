@@ -3,8 +3,11 @@
 //! refused) while what runs there stays; the cordon is durable across a
 //! master restart, and an uncordon takes the node back.
 
+use std::time::Duration;
+
 use serde_json::json;
 
+use crate::common::sse::SseReader;
 use crate::common::{PackageBuilder, TestEnv, error_code, pid_alive, pid_of, role_instances};
 
 const SPEC: &str = r#"
@@ -101,4 +104,30 @@ async fn a_cordoned_node_takes_no_new_instance_and_keeps_its_own() {
     assert_eq!(status, 400, "{v:#}");
     let (_, n) = env.get("/nodes/node-2").await;
     assert!(n["cordon"].is_null(), "a refused cordon changed the node: {n:#}");
+
+    // Each change was one event, in order (replayed from the store, across
+    // the master's restart); the refused ones and the idle uncordon none.
+    let mut sse = SseReader::open(&env.client, &env.api, "?after=0&kind=node.cordoned,node.uncordoned", None).await;
+    let events =
+        sse.until(Duration::from_secs(30), |e| e.kind == "node.uncordoned" && e.data["data"]["node"] == "node-3").await;
+    let seen: Vec<(String, String, String)> = events
+        .iter()
+        .map(|e| {
+            let d = &e.data["data"];
+            (e.kind.clone(), d["node"].as_str().unwrap_or("?").into(), d["reason"].as_str().unwrap_or("-").into())
+        })
+        .collect();
+    let want = |k: &str, n: &str, r: &str| (format!("node.{k}"), n.to_string(), r.to_string());
+    assert_eq!(
+        seen,
+        [
+            want("cordoned", "node-1", "disk errors"),
+            want("cordoned", "node-1", "still bad"),
+            want("cordoned", "node-2", ""),
+            want("cordoned", "node-3", ""),
+            want("uncordoned", "node-1", "-"),
+            want("uncordoned", "node-2", "-"),
+            want("uncordoned", "node-3", "-"),
+        ]
+    );
 }
