@@ -94,6 +94,15 @@ struct ClusterRecordV4 {
     updated_at: OffsetDateTime,
 }
 
+/// Writes a migration's `batch` with the new schema `version`, in one
+/// synced write: a crash leaves the old schema whole or the new one.
+fn write_with_version(db: &DB, mut batch: WriteBatch, version: u32) -> Result<(), StorageError> {
+    db::put_schema_version(db, &mut batch, master_cf::META, version)?;
+    let mut sync = WriteOptions::default();
+    sync.set_sync(true);
+    db.write_opt(batch, &sync).map_err(StorageError::Rocks)
+}
+
 fn cf<'a>(db: &'a DB, name: &'static str) -> Result<&'a rocksdb::ColumnFamily, StorageError> {
     db.cf_handle(name).ok_or(StorageError::UnknownColumnFamily { cf: name })
 }
@@ -162,11 +171,7 @@ pub fn master_2_to_3(db: &DB) -> Result<(), StorageError> {
             }
         }
     }
-    db::put_schema_version(db, &mut batch, master_cf::META, 3)?;
-    let mut sync = WriteOptions::default();
-    sync.set_sync(true);
-    db.write_opt(batch, &sync).map_err(StorageError::Rocks)?;
-    Ok(())
+    write_with_version(db, batch, 3)
 }
 
 /// 3 -> 4: API tokens gain a scope. Every token stored before keeps what
@@ -187,11 +192,7 @@ pub fn master_3_to_4(db: &DB) -> Result<(), StorageError> {
         };
         batch.put_cf(tokens, &k, codec::encode(&new)?);
     }
-    db::put_schema_version(db, &mut batch, master_cf::META, 4)?;
-    let mut sync = WriteOptions::default();
-    sync.set_sync(true);
-    db.write_opt(batch, &sync).map_err(StorageError::Rocks)?;
-    Ok(())
+    write_with_version(db, batch, 4)
 }
 
 /// 4 -> 5: a cluster's roles gain the node labels its create gave them.
@@ -222,11 +223,7 @@ pub fn master_4_to_5(db: &DB) -> Result<(), StorageError> {
         };
         batch.put_cf(clusters, &k, codec::encode(&new)?);
     }
-    db::put_schema_version(db, &mut batch, master_cf::META, 5)?;
-    let mut sync = WriteOptions::default();
-    sync.set_sync(true);
-    db.write_opt(batch, &sync).map_err(StorageError::Rocks)?;
-    Ok(())
+    write_with_version(db, batch, 5)
 }
 
 #[cfg(test)]

@@ -33,7 +33,8 @@ pub fn place_instances(
             wanted.iter().all(|(k, v)| labels.get(k) == Some(v))
         })
     };
-    let shown = || wanted.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    let pairs: Vec<String> = wanted.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let shown = || pairs.join(",");
     let ids: Vec<NodeId> = match pinned {
         Some(list) => {
             if list.is_empty() {
@@ -82,7 +83,7 @@ pub fn place_instances(
                         role.name,
                         shown(),
                         open.len(),
-                        wanted.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" --label ")
+                        pairs.join(" --label ")
                     ),
                 ));
             }
