@@ -20,8 +20,13 @@ pub enum JoinTokenCmd {
         /// How many agents may enroll with it.
         #[arg(long, default_value_t = 1)]
         uses: u32,
+        /// Enroll only this node id (an agent started with another
+        /// `--node-id` is refused); any node id without it.
+        #[arg(long, value_name = "ID")]
+        node: Option<String>,
     },
-    /// List join tokens not expired (ids, names, uses left; never secrets).
+    /// List join tokens not expired (ids, names, uses left, the node each
+    /// is bound to; never secrets).
     Ls,
     /// Delete a join token: no agent enrolls with it from then on.
     Rm { id: String },
@@ -48,15 +53,19 @@ fn parse_ttl(s: &str) -> Result<u64, CliError> {
 
 pub async fn run(cmd: JoinTokenCmd, client: &Client, target: &Target) -> Result<(), CliError> {
     match cmd {
-        JoinTokenCmd::Create { name, ttl, uses } => {
-            let body = json!({ "name": name, "ttl_seconds": parse_ttl(&ttl)?, "uses": uses });
+        JoinTokenCmd::Create { name, ttl, uses, node } => {
+            let mut body = json!({ "name": name, "ttl_seconds": parse_ttl(&ttl)?, "uses": uses });
+            if let Some(node) = &node {
+                body["node"] = json!(node);
+            }
             let v = client.call(Method::POST, "/join-tokens", Some(&body)).await?;
             if target.json {
                 super::out(format!("{v:#}"));
             } else {
                 let t = &v["token"];
+                let bound = t["node"].as_str().map(|n| format!(" of node {n}")).unwrap_or_default();
                 eprintln!(
-                    "join token {} ({name}) made: good for {} enrollment(s) until {}; it is shown only now:",
+                    "join token {} ({name}) made: good for {} enrollment(s){bound} until {}; it is shown only now:",
                     field(t, "id"),
                     field(t, "uses_left"),
                     field(t, "expires_at")
@@ -71,11 +80,13 @@ pub async fn run(cmd: JoinTokenCmd, client: &Client, target: &Target) -> Result<
                     .as_array()
                     .map(|a| {
                         a.iter()
-                            .map(|t| ["id", "name", "uses_left", "expires_at"].iter().map(|k| field(t, k)).collect())
+                            .map(|t| {
+                                ["id", "name", "uses_left", "expires_at", "node"].iter().map(|k| field(t, k)).collect()
+                            })
                             .collect()
                     })
                     .unwrap_or_default();
-                table(&["ID", "NAME", "USES LEFT", "EXPIRES"], &rows)
+                table(&["ID", "NAME", "USES LEFT", "EXPIRES", "NODE"], &rows)
             });
         }
         JoinTokenCmd::Rm { id } => {

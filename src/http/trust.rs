@@ -18,7 +18,8 @@ use crate::ids::NodeId;
 ///
 /// `201` with the token whole, shown this once. An agent started with it
 /// (`flotilla agent --join-token`) enrolls: it gets a certificate for its
-/// node id and connects with it from then on.
+/// node id and connects with it from then on. A token made with `node`
+/// enrolls that node id only.
 #[utoipa::path(post, path = "/api/v1/join-tokens", operation_id = "create_join_token", tag = "nodes", responses(
     (status = 201, description = "Made: `secret` is shown this once", body = CreatedJoinToken),
     (status = 400, response = super::error::BadRequest),
@@ -35,9 +36,11 @@ pub async fn create(
         name: body.name.unwrap_or_else(|| "join".into()),
         ttl: Duration::from_secs(body.ttl_seconds.unwrap_or(3600).min(u64::MAX / 2)),
         uses: body.uses.unwrap_or(1),
+        node: body.node.map(NodeId::new),
     };
     let new = state.trust.create_join_token(&spec).await?;
-    tracing::info!(id = %new.record.id, name = %new.record.name, uses = new.record.uses_left, "join token made");
+    let node = new.record.node.as_ref().map_or("any", |n| n.as_str());
+    tracing::info!(id = %new.record.id, name = %new.record.name, uses = new.record.uses_left, node, "join token made");
     Ok(HttpResponse::Created().json(CreatedJoinToken { token: JoinTokenDto::from(&new.record), secret: new.token }))
 }
 

@@ -26,11 +26,11 @@ use super::{StorageError, StoreWriter, WriteOp};
 /// The master's schema. 3: operations stored as a header, per-step results
 /// and a plan kept only while they run, with time indexes; nodes say
 /// whether they are simulated. 4: API tokens have a scope. 5: a cluster's
-/// roles carry the node labels its create gave them. A version 2, 3 or 4
-/// store is migrated at open, one version at a time (each step in one
-/// synced batch with its version: a crash between two leaves a store the
-/// next start goes on migrating).
-pub const MASTER_SCHEMA_VERSION: u32 = 5;
+/// roles carry the node labels its create gave them. 6: a join token may
+/// be bound to one node id. A version 2 to 5 store is migrated at open,
+/// one version at a time (each step in one synced batch with its version:
+/// a crash between two leaves a store the next start goes on migrating).
+pub const MASTER_SCHEMA_VERSION: u32 = 6;
 
 /// Events kept by default (the `events_retained` setting).
 pub const DEFAULT_EVENTS_RETAINED: u64 = 100_000;
@@ -67,21 +67,17 @@ impl MasterStore {
     /// Like [`open_with`](Self::open_with), keeping the last
     /// `events_retained` events.
     pub fn open_opts(dir: &Path, queue: usize, events_retained: u64) -> Result<MasterStore, StorageError> {
-        let db =
-            db::open_migrating(
-                dir,
-                &master_cf::ALL,
-                master_cf::META,
-                MASTER_SCHEMA_VERSION,
-                |db, found| match found {
-                    2 => super::migrate::master_2_to_3(db)
-                        .and_then(|()| super::migrate::master_3_to_4(db))
-                        .and_then(|()| super::migrate::master_4_to_5(db)),
-                    3 => super::migrate::master_3_to_4(db).and_then(|()| super::migrate::master_4_to_5(db)),
-                    4 => super::migrate::master_4_to_5(db),
-                    _ => Err(StorageError::SchemaTooOld { found, supported: MASTER_SCHEMA_VERSION }),
-                },
-            )?;
+        let db = db::open_migrating(dir, &master_cf::ALL, master_cf::META, MASTER_SCHEMA_VERSION, |db, found| {
+            use super::migrate::{master_2_to_3, master_3_to_4, master_4_to_5, master_5_to_6};
+            type Step = fn(&DB) -> Result<(), StorageError>;
+            // Every step from `found` on, in order.
+            let steps: [(u32, Step); 4] =
+                [(2, master_2_to_3), (3, master_3_to_4), (4, master_4_to_5), (5, master_5_to_6)];
+            if !steps.iter().any(|(from, _)| *from == found) {
+                return Err(StorageError::SchemaTooOld { found, supported: MASTER_SCHEMA_VERSION });
+            }
+            steps.iter().filter(|(from, _)| *from >= found).try_for_each(|(_, step)| step(db))
+        })?;
         let last = match db
             .iterator_cf(
                 db.cf_handle(master_cf::EVENTS).ok_or(StorageError::UnknownColumnFamily { cf: master_cf::EVENTS })?,

@@ -13,6 +13,7 @@ use super::records::{
     ClusterRecord, ClusterStatus, ConfigValue, InstanceResult, Limits, NodeRecord, OperationKind, OperationRecord,
     OperationStatus, PackageRef, Resumable, RoleState, StepRecord, StepStatus, TokenRecord,
 };
+use super::trust_records::JoinTokenRecord;
 use super::{StorageError, codec, db};
 use crate::ids::{ClusterId, NodeId, OperationId};
 use crate::scope::Scope;
@@ -92,6 +93,20 @@ struct ClusterRecordV4 {
     created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
     updated_at: OffsetDateTime,
+}
+
+/// A join token before tokens bound to a node (schema 5).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct JoinTokenRecordV5 {
+    version: u32,
+    id: String,
+    name: String,
+    secret_sha256: [u8; 32],
+    #[serde(with = "time::serde::rfc3339")]
+    created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    expires_at: OffsetDateTime,
+    uses_left: u32,
 }
 
 /// Writes a migration's `batch` with the new schema `version`, in one
@@ -224,6 +239,29 @@ pub fn master_4_to_5(db: &DB) -> Result<(), StorageError> {
         batch.put_cf(clusters, &k, codec::encode(&new)?);
     }
     write_with_version(db, batch, 5)
+}
+
+/// 5 -> 6: a join token may be bound to one node id. Every token stored
+/// before enrolls any node id, as it did (`None`).
+pub fn master_5_to_6(db: &DB) -> Result<(), StorageError> {
+    let mut batch = WriteBatch::default();
+    let tokens = cf(db, master_cf::JOIN_TOKENS)?;
+    for item in db.iterator_cf(tokens, IteratorMode::Start) {
+        let (k, v) = item.map_err(StorageError::Rocks)?;
+        let old: JoinTokenRecordV5 = db::decode_value(master_cf::JOIN_TOKENS, &k, &v)?;
+        let new = JoinTokenRecord {
+            version: old.version,
+            id: old.id,
+            name: old.name,
+            secret_sha256: old.secret_sha256,
+            created_at: old.created_at,
+            expires_at: old.expires_at,
+            uses_left: old.uses_left,
+            node: None,
+        };
+        batch.put_cf(tokens, &k, codec::encode(&new)?);
+    }
+    write_with_version(db, batch, 6)
 }
 
 #[cfg(test)]
@@ -444,5 +482,53 @@ mod tests {
         let again: Vec<ClusterRecord> =
             meta::load(&MasterStore::open(dir.path()).unwrap(), master_cf::CLUSTERS).unwrap();
         assert_eq!(again, clusters);
+    }
+
+    /// A join token stored before tokens bound to a node keeps its id,
+    /// name, secret, uses and expiry, and enrolls any node id (`None`).
+    #[test]
+    fn a_join_token_stored_before_node_binding_is_unbound() {
+        let dir = tempfile::tempdir().unwrap();
+        let created_at = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let old = JoinTokenRecordV5 {
+            version: 1,
+            id: "00112233445566778899aabbccddeeff".into(),
+            name: "rack-7".into(),
+            secret_sha256: [9; 32],
+            created_at,
+            expires_at: created_at + time::Duration::hours(1),
+            uses_left: 3,
+        };
+        {
+            let mut opts = rocksdb::Options::default();
+            opts.create_if_missing(true);
+            opts.create_missing_column_families(true);
+            let db = DB::open_cf(&opts, dir.path(), master_cf::ALL).unwrap();
+            let tokens = cf(&db, master_cf::JOIN_TOKENS).unwrap();
+            db.put_cf(tokens, old.id.as_bytes(), codec::encode(&old).unwrap()).unwrap();
+            let meta = cf(&db, master_cf::META).unwrap();
+            db.put_cf(meta, keys::SCHEMA_VERSION_KEY, codec::encode(&5u32).unwrap()).unwrap();
+        }
+        // The new shape cannot read the old bytes: hence the migration.
+        assert!(codec::decode::<JoinTokenRecord>(&codec::encode(&old).unwrap()).is_err());
+
+        let store = MasterStore::open(dir.path()).unwrap();
+        let tokens: Vec<JoinTokenRecord> = meta::load(&store, master_cf::JOIN_TOKENS).unwrap();
+        let want = JoinTokenRecord {
+            version: old.version,
+            id: old.id.clone(),
+            name: old.name.clone(),
+            secret_sha256: old.secret_sha256,
+            created_at: old.created_at,
+            expires_at: old.expires_at,
+            uses_left: old.uses_left,
+            node: None,
+        };
+        assert_eq!(tokens, vec![want]);
+        drop(store);
+        // Migrated once: the store says 6 and opens as it is.
+        let again: Vec<JoinTokenRecord> =
+            meta::load(&MasterStore::open(dir.path()).unwrap(), master_cf::JOIN_TOKENS).unwrap();
+        assert_eq!(again, tokens);
     }
 }

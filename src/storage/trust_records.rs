@@ -8,7 +8,8 @@ use time::OffsetDateTime;
 use crate::ids::NodeId;
 
 /// A join token (`flj_<id>_<secret>_<ca>`): an agent enrolls with it once
-/// per use, until it expires.
+/// per use, until it expires; a token bound to a node enrolls only that
+/// node id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JoinTokenRecord {
     pub version: u32,
@@ -22,6 +23,9 @@ pub struct JoinTokenRecord {
     pub expires_at: OffsetDateTime,
     /// Enrollments it may still make; the token is deleted at 0.
     pub uses_left: u32,
+    /// The only node id it enrolls, if bound to one (schema 6; `None`:
+    /// any node id).
+    pub node: Option<NodeId>,
 }
 
 /// The certificate a node was issued: the master knows a node by this

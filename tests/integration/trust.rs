@@ -169,6 +169,22 @@ async fn agents_enroll_once_and_the_master_knows_them_by_their_certificate() {
     let _ = first.kill();
     let _ = first.wait();
 
+    // A token bound to a node: shown with it, and refused to another node
+    // id without spending its use.
+    let body = serde_json::json!({ "name": "bound", "node": "node-6" });
+    let resp = env.client.post(format!("{}/join-tokens", env.api)).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 201);
+    let made: Value = resp.json().await.unwrap();
+    assert_eq!(made["token"]["node"], "node-6", "{made:#}");
+    let bound_id = made["token"]["id"].as_str().unwrap().to_string();
+    let (mut child, log) = env.spawn_extra_agent("unbound", "node-5", Some(made["secret"].as_str().unwrap()));
+    exits_saying(&mut child, &log, Duration::from_secs(20), "is bound to node node-6, not node-5");
+    let tokens: Value = env.client.get(format!("{}/join-tokens", env.api)).send().await.unwrap().json().await.unwrap();
+    let listed = tokens["join_tokens"].as_array().unwrap();
+    let bound = listed.iter().find(|t| t["id"] == bound_id.as_str()).expect("the bound token is listed");
+    assert_eq!((&bound["node"], &bound["uses_left"]), (&Value::from("node-6"), &Value::from(1)), "{tokens:#}");
+    assert!(listed.iter().filter(|t| t["id"] != bound_id.as_str()).all(|t| t["node"].is_null()), "{tokens:#}");
+
     // Revoked: the link closes at once and stays closed.
     let resp = env.client.post(format!("{}/nodes/node-3/revoke", env.api)).send().await.unwrap();
     assert_eq!(resp.status(), 200);

@@ -2,7 +2,8 @@
 //!
 //! A node id has at most one certificate that is not revoked: enrolling an
 //! id that has one is refused (so nobody takes over a node's name with a
-//! token of their own), until `flotilla node revoke` revokes it. Revoking
+//! token of their own), until `flotilla node revoke` revokes it. A token
+//! bound to a node enrolls that node id only. Revoking
 //! closes the node's link at once; its instances are then treated like
 //! those of any node that went away.
 
@@ -44,6 +45,14 @@ impl Trust {
             return Ok((enrolled, (**held).clone()));
         }
         let token = self.usable_token(&request.token_id, &request.token_secret)?;
+        // Checked after the secret, so only its holder learns the binding;
+        // refused before anything is written, so the use is not spent.
+        if let Some(bound) = token.node.as_ref().filter(|n| **n != request.node_id) {
+            return Err(Error::invalid(
+                "bad_join_token",
+                format!("join token {} is bound to node {bound}, not {}", token.id, request.node_id),
+            ));
+        }
         let mut next = (**self.tables.load()).clone();
         if let Some(held) = next.certs.get(&request.node_id).filter(|c| c.revoked_at.is_none()) {
             return Err(Error::conflict(

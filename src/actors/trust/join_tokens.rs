@@ -2,7 +2,10 @@
 //! /api/v1/join-tokens`), each good for `uses` enrollments (1 unless asked)
 //! until it expires (1 hour unless asked). The token is shown once; the
 //! store keeps the SHA-256 of its secret. Expired tokens are dropped when
-//! the next one is made.
+//! the next one is made. A token may be bound to one node id (`--node`):
+//! it then enrolls that node only, and the launcher that made it for a
+//! node deletes it with [`Trust::delete_join_tokens_of`] when it gives
+//! the launch up.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +17,7 @@ use time::OffsetDateTime;
 use super::Trust;
 use crate::actors::tokens::random;
 use crate::error::Error;
-use crate::ids::validate_name;
+use crate::ids::{NodeId, validate_name};
 use crate::protocol::tls::join_token::{ID_BYTES, JoinToken, SECRET_BYTES};
 use crate::storage::WriteOp;
 use crate::storage::records::RECORD_VERSION;
@@ -33,6 +36,8 @@ pub struct JoinTokenSpec {
     pub name: String,
     pub ttl: Duration,
     pub uses: u32,
+    /// The only node id it may enroll; `None`: any.
+    pub node: Option<NodeId>,
 }
 
 /// A token just made: its record, and the token whole, shown this once.
@@ -59,6 +64,9 @@ impl JoinTokenSpec {
         }
         if self.uses == 0 || self.uses > MAX_USES {
             return Err(Error::invalid("invalid_uses", format!("uses must be 1..={MAX_USES}, got {}", self.uses)));
+        }
+        if let Some(node) = &self.node {
+            validate_name(node.as_str()).map_err(|m| Error::invalid("invalid_node_id", format!("node id: {m}")))?;
         }
         Ok(())
     }
@@ -109,6 +117,7 @@ impl Trust {
             created_at: now,
             expires_at: now + spec.ttl,
             uses_left: spec.uses,
+            node: spec.node.clone(),
         };
         let token = JoinToken { id: id.clone(), secret, ca: self.ca_fingerprint() }.to_string();
         ops.push(WriteOp::put_join_token(&record)?);
@@ -126,6 +135,25 @@ impl Trust {
         };
         self.commit_then_swap(one, vec![WriteOp::delete_join_token(id)], next).await?;
         Ok((*record).clone())
+    }
+
+    /// Deletes every join token bound to `node` (expired or not): none of
+    /// them enrolls it from this answer on. How many there were; answers
+    /// once their deletion is durable.
+    pub async fn delete_join_tokens_of(self: &Arc<Self>, node: &NodeId) -> Result<usize, Error> {
+        let one = self.writes.clone().lock_owned().await;
+        let mut next = (**self.tables.load()).clone();
+        let bound: Vec<String> =
+            next.tokens.values().filter(|t| t.node.as_ref() == Some(node)).map(|t| t.id.clone()).collect();
+        if bound.is_empty() {
+            return Ok(0);
+        }
+        let ops = bound.iter().map(|id| WriteOp::delete_join_token(id)).collect();
+        for id in &bound {
+            next.tokens.remove(id);
+        }
+        self.commit_then_swap(one, ops, next).await?;
+        Ok(bound.len())
     }
 
     /// The token `id` if `secret` is its secret and it can still be used;

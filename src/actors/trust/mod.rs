@@ -185,7 +185,7 @@ mod tests {
             Trust::load(store, &dir.path().join("ca"), true).unwrap()
         };
         let trust = open();
-        let spec = JoinTokenSpec { name: "t".into(), ttl: Duration::from_secs(60), uses: 2 };
+        let spec = JoinTokenSpec { name: "t".into(), ttl: Duration::from_secs(60), uses: 2, node: None };
         let made = trust.create_join_token(&spec).await.unwrap();
         let token: JoinToken = made.token.parse().unwrap();
         assert_eq!(token.ca, trust.ca_fingerprint());
@@ -216,5 +216,75 @@ mod tests {
         let fresh: JoinToken = reopened.create_join_token(&spec).await.unwrap().token.parse().unwrap();
         let (_, renewed) = reopened.enroll(&request("n1", &fresh, &NewKey::generate().unwrap())).await.unwrap();
         assert_eq!(reopened.identify(&renewed.fingerprint), Ok(NodeId::new("n1")));
+    }
+
+    /// A token bound to a node enrolls that node only: another node id is
+    /// refused, saying so, without spending the use; the bound node still
+    /// enrolls with it afterwards.
+    #[tokio::test]
+    async fn a_bound_token_enrolls_its_node_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn MetaStore> = Arc::new(MasterStore::open(&dir.path().join("db")).unwrap());
+        let trust = Trust::load(store, &dir.path().join("ca"), true).unwrap();
+        let bad = JoinTokenSpec {
+            name: "t".into(),
+            ttl: Duration::from_secs(60),
+            uses: 1,
+            node: Some(NodeId::new("Node_1")),
+        };
+        let err = trust.create_join_token(&bad).await.unwrap_err();
+        assert!(matches!(&err, Error::Invalid { code, .. } if *code == "invalid_node_id"), "{err:?}");
+
+        let spec = JoinTokenSpec { node: Some(NodeId::new("n1")), ..bad };
+        let made = trust.create_join_token(&spec).await.unwrap();
+        assert_eq!(made.record.node, Some(NodeId::new("n1")));
+        let token: JoinToken = made.token.parse().unwrap();
+
+        let err = trust.enroll(&request("n2", &token, &NewKey::generate().unwrap())).await.unwrap_err();
+        let said = format!("join token {} is bound to node n1, not n2", token.id);
+        assert!(
+            matches!(&err, Error::Invalid { code, message } if *code == "bad_join_token" && *message == said),
+            "{err:?}"
+        );
+        assert_eq!(trust.join_tokens().len(), 1, "a refused enrollment spent the token");
+        assert_eq!(trust.join_tokens()[0].uses_left, 1, "a refused enrollment spent a use");
+        assert!(trust.cert_of(&NodeId::new("n2")).is_none());
+
+        let (_, record) = trust.enroll(&request("n1", &token, &NewKey::generate().unwrap())).await.unwrap();
+        assert_eq!(trust.identify(&record.fingerprint), Ok(NodeId::new("n1")));
+        assert!(trust.join_tokens().is_empty(), "a token used up is gone");
+    }
+
+    /// `delete_join_tokens_of` deletes the tokens bound to that node, and
+    /// only those, durably.
+    #[tokio::test]
+    async fn the_tokens_of_a_node_are_deleted_together_and_stay_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || {
+            let store: Arc<dyn MetaStore> = Arc::new(MasterStore::open(&dir.path().join("db")).unwrap());
+            Trust::load(store, &dir.path().join("ca"), true).unwrap()
+        };
+        let trust = open();
+        let spec = |node: Option<&str>| JoinTokenSpec {
+            name: "t".into(),
+            ttl: Duration::from_secs(60),
+            uses: 1,
+            node: node.map(NodeId::new),
+        };
+        for node in [Some("n1"), Some("n1"), Some("n2"), None] {
+            trust.create_join_token(&spec(node)).await.unwrap();
+        }
+        assert_eq!(trust.delete_join_tokens_of(&NodeId::new("n1")).await.unwrap(), 2);
+        assert_eq!(trust.delete_join_tokens_of(&NodeId::new("n1")).await.unwrap(), 0);
+        assert_eq!(trust.delete_join_tokens_of(&NodeId::new("n9")).await.unwrap(), 0);
+        let left = |t: &Trust| {
+            let mut nodes: Vec<Option<NodeId>> = t.join_tokens().iter().map(|r| r.node.clone()).collect();
+            nodes.sort();
+            nodes
+        };
+        let want = vec![None, Some(NodeId::new("n2"))];
+        assert_eq!(left(&trust), want);
+        drop(trust);
+        assert_eq!(left(&open()), want, "the deletion did not last");
     }
 }

@@ -19,6 +19,10 @@ pub struct CreateJoinTokenBody {
     /// How many agents may enroll with it: 1 to 100000; default 1.
     #[schema(minimum = 1, maximum = 100000)]
     pub uses: Option<u32>,
+    /// The only node id it may enroll (an agent started with another
+    /// `--node-id` is refused and the use is not spent); default: any.
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,62}$")]
+    pub node: Option<String>,
 }
 
 /// A join token as lists show it.
@@ -32,6 +36,8 @@ pub struct JoinTokenDto {
     pub expires_at: time::OffsetDateTime,
     /// Enrollments it may still make.
     pub uses_left: u32,
+    /// The only node id it enrolls; `null`: any.
+    pub node: Option<String>,
 }
 
 impl From<&JoinTokenRecord> for JoinTokenDto {
@@ -42,6 +48,7 @@ impl From<&JoinTokenRecord> for JoinTokenDto {
             created_at: r.created_at,
             expires_at: r.expires_at,
             uses_left: r.uses_left,
+            node: r.node.as_ref().map(ToString::to_string),
         }
     }
 }
