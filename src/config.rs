@@ -19,6 +19,8 @@ pub enum ConfigError {
     Load(String),
     #[error("invalid configuration value for `{key}`: {message}")]
     Invalid { key: &'static str, message: String },
+    #[error("invalid configuration value for `{0}`")]
+    Pool(#[from] crate::providers::pool_config::PoolConfigError),
 }
 
 /// The master's settings. See `config/master.toml` for each key's meaning.
@@ -124,6 +126,17 @@ pub struct MasterConfig {
     /// and tasks for the supervision tests (a panic, a stall). Never for
     /// production: the master warns at start when it is on.
     pub test_hooks: bool,
+    /// Where nodes come from (`[[node_pools]]`; none: only agents started
+    /// by hand).
+    pub node_pools: Vec<crate::providers::pool_config::PoolConfig>,
+    /// How often each pool's resources are compared with the store (leak
+    /// cleanup).
+    #[serde(with = "humantime_serde_compat")]
+    pub pool_cleanup_interval: Duration,
+    /// A leaked resource is deleted once seen in two passes and this long
+    /// after the first.
+    #[serde(with = "humantime_serde_compat")]
+    pub pool_leak_grace: Duration,
 }
 
 impl Default for MasterConfig {
@@ -165,6 +178,9 @@ impl Default for MasterConfig {
             store_stall_limit: Duration::from_secs(60),
             request_take_limit: Duration::from_secs(30),
             test_hooks: false,
+            node_pools: Vec::new(),
+            pool_cleanup_interval: Duration::from_secs(60),
+            pool_leak_grace: Duration::from_secs(300),
         }
     }
 }
@@ -366,6 +382,8 @@ impl MasterConfig {
         check_nonzero("agent_send_timeout", self.agent_send_timeout)?;
         check_nonzero("store_stall_limit", self.store_stall_limit)?;
         check_nonzero("request_take_limit", self.request_take_limit)?;
+        check_nonzero("pool_cleanup_interval", self.pool_cleanup_interval)?;
+        crate::providers::pool_config::check_all(&self.node_pools)?;
         if self.bulk_nice > 19 {
             return Err(ConfigError::Invalid {
                 key: "bulk_nice",

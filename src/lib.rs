@@ -51,6 +51,7 @@ pub mod operations;
 pub mod package;
 pub mod private_file;
 pub mod protocol;
+pub mod providers;
 pub mod scope;
 pub mod shutdown;
 pub mod spec;

@@ -49,6 +49,8 @@ pub enum MasterError {
     Token(#[source] crate::error::Error),
     #[error("cannot set up the agent link's TLS")]
     Trust(#[source] crate::actors::trust::TrustError),
+    #[error("cannot set up the node pools")]
+    Pools(#[source] crate::providers::pool_config::PoolConfigError),
     /// A child whose death cannot be survived (`supervision::GiveUp::ExitMaster`).
     #[error("the master cannot go on: {0}")]
     Fatal(String),
@@ -391,6 +393,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
             }
         });
     }
+    let pools = crate::actors::pools::start(&shared, trust.clone(), &cfg, agent_addr).map_err(MasterError::Pools)?;
     if cfg.test_hooks {
         tracing::warn!(
             "test hooks are on (test_hooks): /test-hooks/... injects faults into actors; never in production"
@@ -415,6 +418,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         log_readers: Default::default(),
         test_hooks: cfg.test_hooks,
         cordons,
+        pools,
         request_body_timeout: cfg.request_body_timeout,
         metrics,
     };

@@ -56,6 +56,7 @@ mod integration {
     mod paging;
     mod parallel_clusters;
     mod partition;
+    mod pools;
     mod protocol_battery;
     mod resize;
     mod retention;

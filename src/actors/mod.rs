@@ -56,6 +56,7 @@ mod node_link_tests;
 pub mod node_manager;
 pub mod packages;
 pub mod placement;
+pub mod pools;
 pub mod priority;
 #[cfg(test)]
 mod race_tests;

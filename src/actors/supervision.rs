@@ -13,6 +13,7 @@
 //!         ├─ agent_listener    (task)
 //!         ├─ node_watcher      (task)
 //!         ├─ leaked_sweep      (task)
+//!         ├─ pool_launcher     (task; node pools and requests, from the store at each start)
 //!         └─ announce/*        (temporary tasks: one per event write, never restarted, a panic reported)
 //! ```
 
@@ -95,7 +96,7 @@ impl ChildSpec {
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// The tree. Every long-lived actor and task of the master is one of these.
-pub const TREE: [ChildSpec; 9] = [
+pub const TREE: [ChildSpec; 10] = [
     ChildSpec {
         kind: "store_writer",
         supervisor: "master",
@@ -166,6 +167,17 @@ pub const TREE: [ChildSpec; 9] = [
         intensity: 5,
         period: MINUTE,
         backoff: Duration::from_millis(200),
+        give_up: GiveUp::ExitMaster,
+    },
+    // Node pools' launcher (`actors::pools`): it starts over from the
+    // store, so a restart loses nothing it committed.
+    ChildSpec {
+        kind: "pool_launcher",
+        supervisor: "master",
+        strategy: Strategy::OneForOne,
+        intensity: 5,
+        period: MINUTE,
+        backoff: Duration::from_secs(1),
         give_up: GiveUp::ExitMaster,
     },
     // Best-effort event writes (`announce`): many short tasks, not listed

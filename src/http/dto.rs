@@ -437,6 +437,11 @@ pub struct NodeDto {
     /// Set when an operator took it out of placement (`POST
     /// /nodes/{id}/cordon`): no new instance goes there.
     pub cordon: Option<CordonDto>,
+    /// `manual`, or the pool that launched it (`GET /pools`).
+    pub origin: Option<super::pools::OriginDto>,
+    /// `ready` or `cordoned`; a provider node's `launching` ...
+    /// `deleting`, `failed` (beside `status`, its link's health).
+    pub lifecycle: String,
 }
 
 /// A node's cordon.
@@ -512,6 +517,8 @@ impl NodeDto {
             certificate: None,
             leaked: None,
             cordon: None,
+            origin: None,
+            lifecycle: String::new(),
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod logs;
 pub mod metrics;
 pub mod openapi;
 mod packages;
+pub mod pools;
 mod status;
 mod test_hooks;
 mod tokens;
@@ -68,6 +69,8 @@ pub struct AppState {
     pub test_hooks: bool,
     /// Cordon changes, one at a time.
     pub cordons: Arc<crate::actors::cordons::Cordons>,
+    /// Node pools and requests (`actors::pools`).
+    pub pools: Arc<crate::actors::pools::Pools>,
 }
 
 impl AppState {
@@ -128,6 +131,9 @@ api_routes! {
     "/nodes/{id}/revoke" => [post trust::revoke => Admin],
     "/nodes/{id}/cordon" => [post cordons::cordon => Admin],
     "/nodes/{id}/uncordon" => [post cordons::uncordon => Admin],
+    "/nodes/{id}/hold" => [post pools::hold => Admin],
+    "/pools" => [get pools::list => Read],
+    "/node-requests" => [get pools::list_requests => Read, post pools::create_request => Admin],
     "/operations" => [get status::list_operations => Read],
     "/operations/{id}" => [get status::get_operation => Read],
     "/packages" => [get packages::list => Read],
@@ -178,6 +184,7 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: 
         cfg.service(
             web::scope("/test-hooks")
                 .route("/actors/{kind}/{id}/{fault}", web::post().to(test_hooks::inject))
+                .route("/pools/{name}/faults", web::post().to(test_hooks::pool_faults))
                 .wrap(actix_web::middleware::from_fn(auth::require_token)),
         );
     }

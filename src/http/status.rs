@@ -105,7 +105,10 @@ fn node_dto(state: &AppState, n: &crate::actors::read_model::NodeEntry, with_ins
     let t = state.shared.timing;
     let status = n.live.status_at(now, t.node_unknown_after, t.node_down_after);
     let mut dto = NodeDto::build(n, status, now, with_instances);
-    dto.cordon = state.shared.read_model.cordon_of(&n.record().id).map(|c| (&*c).into());
+    let id = n.record().id.clone();
+    dto.cordon = state.shared.read_model.cordon_of(&id).map(|c| (&*c).into());
+    let (origin, lifecycle) = super::pools::origin_of(state, &id);
+    (dto.origin, dto.lifecycle) = (Some(origin), lifecycle);
     dto
 }
 

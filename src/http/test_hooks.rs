@@ -47,3 +47,18 @@ pub async fn inject(
         ask(&state.supervisor, slot, limit, |slot| ActorVerb { kind, id, verb, slot }).await??;
     Ok(HttpResponse::Ok().json(answer))
 }
+
+/// `POST /test-hooks/pools/{name}/faults`: the faults pool `name`'s driver
+/// shows from now (`providers::faulty::Faults`; `{}` clears them).
+pub async fn pool_faults(
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    body: web::Json<crate::providers::faulty::Faults>,
+) -> Result<HttpResponse, ApiError> {
+    let name = name.into_inner();
+    let pool = state.pools.pool(&name).ok_or_else(|| Error::not_found("pool", &name))?;
+    let faulty =
+        pool.faulty.as_ref().ok_or_else(|| Error::invalid("bad_fault", "this pool's driver is not wrapped"))?;
+    faulty.set(body.into_inner());
+    Ok(HttpResponse::NoContent().finish())
+}

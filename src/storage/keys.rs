@@ -23,6 +23,7 @@
 
 use crate::ids::{ClusterId, InstanceId, OperationId};
 use crate::storage::agent_records::{AgentInstanceRecord, DynamicUserRecord, RestartRecord, Tombstone};
+use crate::storage::pool_records::{NodeRequestRecord, PoolNodeRecord};
 use crate::storage::records::{
     ClusterRecord, CordonRecord, EventRecord, InstanceRecord, InstanceResult, LeftoverRecord, NodeRecord,
     OperationRecord, PackageRecord, Resumable, TokenRecord,
@@ -57,7 +58,11 @@ pub mod master_cf {
     pub const NODE_CERTS: &str = "node_certs";
     /// Nodes out of placement (key: node id).
     pub const CORDONS: &str = "cordons";
-    pub const ALL: [&str; 16] = [
+    /// Nodes a pool launched, in their lifecycle (key: node id).
+    pub const POOL_NODES: &str = "pool_nodes";
+    /// Node requests (key: request id, time-ordered).
+    pub const NODE_REQUESTS: &str = "node_requests";
+    pub const ALL: [&str; 18] = [
         CLUSTERS,
         INSTANCES,
         NODES,
@@ -74,6 +79,8 @@ pub mod master_cf {
         JOIN_TOKENS,
         NODE_CERTS,
         CORDONS,
+        POOL_NODES,
+        NODE_REQUESTS,
     ];
 }
 
@@ -204,6 +211,11 @@ impl WriteOp {
         put(master_cf::NODES, r.id.as_str().as_bytes().to_vec(), r)
     }
 
+    /// Forgets a node (a provider node deleted with nothing on it).
+    pub fn delete_node(id: &crate::ids::NodeId) -> WriteOp {
+        WriteOp::Delete { cf: master_cf::NODES, key: id.as_str().as_bytes().to_vec() }
+    }
+
     pub fn put_package(r: &PackageRecord) -> Result<WriteOp, StorageError> {
         put(master_cf::PACKAGES, package_key(&r.name, &r.package_version), r)
     }
@@ -299,6 +311,22 @@ impl WriteOp {
 
     pub fn delete_cordon(node: &crate::ids::NodeId) -> WriteOp {
         WriteOp::Delete { cf: master_cf::CORDONS, key: node.as_str().as_bytes().to_vec() }
+    }
+
+    pub fn put_pool_node(r: &PoolNodeRecord) -> Result<WriteOp, StorageError> {
+        put(master_cf::POOL_NODES, r.node.as_str().as_bytes().to_vec(), r)
+    }
+
+    pub fn delete_pool_node(node: &crate::ids::NodeId) -> WriteOp {
+        WriteOp::Delete { cf: master_cf::POOL_NODES, key: node.as_str().as_bytes().to_vec() }
+    }
+
+    pub fn put_node_request(r: &NodeRequestRecord) -> Result<WriteOp, StorageError> {
+        put(master_cf::NODE_REQUESTS, r.id.as_bytes().to_vec(), r)
+    }
+
+    pub fn delete_node_request(id: &str) -> WriteOp {
+        WriteOp::Delete { cf: master_cf::NODE_REQUESTS, key: id.as_bytes().to_vec() }
     }
 
     pub fn put_token(r: &TokenRecord) -> Result<WriteOp, StorageError> {

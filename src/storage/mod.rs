@@ -37,6 +37,7 @@ pub mod master_store;
 pub mod meta;
 mod migrate;
 pub mod plan;
+pub mod pool_records;
 pub mod records;
 pub mod serde_time;
 pub mod shared_strings;

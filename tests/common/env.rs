@@ -73,6 +73,8 @@ pub struct TestEnv {
     http_addr: String,
     agent_addr: String,
     master_env: Vec<(String, String)>,
+    /// The master's `--config` file, if the test wrote one.
+    master_config: Option<PathBuf>,
     /// Extra command-line flags per agent (index 1..=3).
     agent_flags: Vec<(usize, String)>,
     /// How many nodes `wait_ready` waits for.
@@ -109,7 +111,7 @@ impl TestEnv {
     /// `ip` instead of 127.0.0.1 (an address agents in another network
     /// namespace can reach; the three agents here dial it too).
     pub async fn start_listening_on(name: &str, master_env: &[(&str, &str)], ip: &str) -> TestEnv {
-        let mut env = TestEnv::new(name, master_env, &[], AGENTS, ip).await;
+        let mut env = TestEnv::new(name, master_env, &[], AGENTS, ip, None).await;
         for i in 1..=AGENTS {
             let agent = env.spawn_agent(i);
             env.agents.push(agent);
@@ -118,8 +120,21 @@ impl TestEnv {
         env
     }
 
+    /// A master started with `config` as its `--config` file and its agent
+    /// listener on every interface (node pools' agents dial it from their
+    /// network namespaces), with `agents` agents of its own (0..=3).
+    pub async fn start_with_config(name: &str, master_env: &[(&str, &str)], config: &str, agents: usize) -> TestEnv {
+        let mut env = TestEnv::new(name, master_env, &[], agents, "0.0.0.0", Some(config)).await;
+        for i in 1..=agents {
+            let agent = env.spawn_agent(i);
+            env.agents.push(agent);
+        }
+        env.wait_ready().await;
+        env
+    }
+
     async fn start_full(name: &str, master_env: &[(&str, &str)], agent_flags: &[(usize, &str)]) -> TestEnv {
-        let mut env = TestEnv::new(name, master_env, agent_flags, AGENTS, "127.0.0.1").await;
+        let mut env = TestEnv::new(name, master_env, agent_flags, AGENTS, "127.0.0.1", None).await;
         for i in 1..=AGENTS {
             let agent = env.spawn_agent(i);
             env.agents.push(agent);
@@ -136,7 +151,7 @@ impl TestEnv {
 
     /// Like [`TestEnv::start_sim`], with the fake processes' latencies.
     pub async fn start_sim_with(name: &str, master_env: &[(&str, &str)], agents: usize, latency: Latency) -> TestEnv {
-        let mut env = TestEnv::new(name, master_env, &[], agents, "127.0.0.1").await;
+        let mut env = TestEnv::new(name, master_env, &[], agents, "127.0.0.1", None).await;
         env.fleet = Some(Fleet::start(&env.fleet_config(agents, latency)));
         env.wait_ready().await;
         env
@@ -173,6 +188,7 @@ impl TestEnv {
         agent_flags: &[(usize, &str)],
         nodes: usize,
         agent_listen_ip: &str,
+        config: Option<&str>,
     ) -> TestEnv {
         let slot = NEXT_SLOT.fetch_add(1, Ordering::SeqCst).wrapping_add(std::process::id().wrapping_mul(37));
         let k = slot % 250 + 1;
@@ -198,10 +214,16 @@ impl TestEnv {
             http_addr: "127.0.0.1:0".into(),
             agent_addr: format!("{agent_listen_ip}:0"),
             master_env: master_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            master_config: None,
             agent_flags: agent_flags.iter().map(|(i, f)| (*i, f.to_string())).collect(),
             nodes,
             fleet: None,
         };
+        if let Some(text) = config {
+            let path = env.root_path.join("master.toml");
+            std::fs::write(&path, text).expect("write the master's config file");
+            env.master_config = Some(path);
+        }
         env.master = Some(env.spawn_master());
         env.wait_endpoints().await;
         // Written before the master listens, so before the endpoints file.
@@ -439,6 +461,7 @@ impl TestEnv {
             .arg("--init")
             .arg("--token-file")
             .arg(self.root_path.join("master").join("token"))
+            .args(self.master_config.iter().flat_map(|p| [std::ffi::OsStr::new("--config"), p.as_os_str()]))
             .envs(self.master_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(out)
             .stderr(err);

@@ -67,6 +67,10 @@ const POLICY: &[(&str, &str, Scope)] = &[
     ("POST", "/api/v1/nodes/{id}/revoke", Admin),
     ("POST", "/api/v1/nodes/{id}/cordon", Admin),
     ("POST", "/api/v1/nodes/{id}/uncordon", Admin),
+    ("POST", "/api/v1/nodes/{id}/hold", Admin),
+    ("GET", "/api/v1/pools", Read),
+    ("GET", "/api/v1/node-requests", Read),
+    ("POST", "/api/v1/node-requests", Admin),
 ];
 
 /// A client per scope, each with its own fresh token (made by the first,

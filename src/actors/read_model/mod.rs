@@ -227,6 +227,14 @@ impl ReadModel {
         self.node(&id).unwrap_or(entry)
     }
 
+    /// Forgets a node (a provider node deleted, its certificate revoked,
+    /// nothing placed on it): once its removal from the store is durable.
+    pub fn forget_node(&self, id: &NodeId) {
+        rcu(&self.nodes, |m| {
+            m.remove(id);
+        });
+    }
+
     // ------------------------------------------------------------ packages
 
     pub fn packages(&self) -> Arc<OrdMap<(String, String), PackageView>> {

@@ -1,0 +1,263 @@
+//! Node pools (the Nodepool seed): where nodes come from. Each pool is a
+//! driver ([`crate::providers`]) with its settings; node requests ask for
+//! `count` nodes carrying some labels, and the launcher
+//! ([`launcher`]) serves them: the pools that offer the labels are tried
+//! by priority, a pool that cannot serve a request declines it with its
+//! reason, and a request fails only once every pool has declined it.
+//!
+//! The launcher is one supervised task (`pool_launcher` in the tree), the
+//! only writer of pool nodes and requests. Everything it decides is
+//! durable before it acts on it or shows it: a node is recorded
+//! `launching` before the driver's `create`, so a master killed during the
+//! call finds the resource by its tag at the next start and adopts it.
+//! Readers (`GET /pools`, `/node-requests`) see [`PoolsView`], swapped in
+//! after each commit.
+
+pub mod cleanup;
+pub mod launcher;
+mod requests;
+
+pub use requests::{MIN_READY_PRIORITY, waiting_for};
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use time::OffsetDateTime;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::Error;
+use crate::ids::NodeId;
+use crate::providers::faulty::Faulty;
+use crate::providers::pool_config::PoolConfig;
+use crate::providers::{Driver, ErrorClass};
+use crate::storage::pool_records::{NodeRequestRecord, PoolNodeRecord};
+
+/// At most this many node requests not yet done.
+pub const MAX_OPEN_REQUESTS: usize = 10_000;
+/// At most this many nodes one request asks for.
+pub const MAX_REQUEST_COUNT: u32 = 1_000;
+/// Done requests kept (the oldest are dropped past it).
+pub const DONE_REQUESTS_KEPT: usize = 1_000;
+
+/// One configured pool and its driver.
+pub struct Pool {
+    pub config: PoolConfig,
+    pub driver: Arc<dyn Driver>,
+    /// The same driver, when test hooks wrapped it with faults.
+    pub faulty: Option<Arc<Faulty>>,
+}
+
+/// How a pool is doing, as the launcher last judged it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PoolHealth {
+    /// A quota error: no launch until then (requests it could never serve
+    /// are still declined).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub paused_until: Option<OffsetDateTime>,
+    /// A capacity error: requests are declined until then.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub no_capacity_until: Option<OffsetDateTime>,
+    /// A config error: every request is declined (until the master is
+    /// started again with other settings).
+    pub broken: Option<String>,
+    /// A launch failed past its retries (cleared by the next success).
+    pub unhealthy: Option<String>,
+    pub last_error: Option<String>,
+    /// Resources tagged for this pool that the store does not know.
+    pub leaked: usize,
+}
+
+impl PoolHealth {
+    /// `ok`, `paused`, `no_capacity`, `broken` or `unhealthy`.
+    pub fn summary(&self, now: OffsetDateTime) -> &'static str {
+        if self.broken.is_some() {
+            "broken"
+        } else if self.paused_until.is_some_and(|t| t > now) {
+            "paused"
+        } else if self.no_capacity_until.is_some_and(|t| t > now) {
+            "no_capacity"
+        } else if self.unhealthy.is_some() {
+            "unhealthy"
+        } else {
+            "ok"
+        }
+    }
+}
+
+/// What readers see: every durable pool node and request, and each pool's
+/// health.
+#[derive(Debug, Clone, Default)]
+pub struct PoolsView {
+    pub nodes: BTreeMap<NodeId, PoolNodeRecord>,
+    pub requests: BTreeMap<String, NodeRequestRecord>,
+    pub health: BTreeMap<String, PoolHealth>,
+}
+
+/// A request for nodes, as the API or placement files it.
+#[derive(Debug, Clone)]
+pub struct NewRequest {
+    pub labels: BTreeMap<String, String>,
+    pub count: u32,
+    pub requestor: String,
+    pub priority: u8,
+}
+
+pub(crate) enum Command {
+    Request(NewRequest, oneshot::Sender<Result<NodeRequestRecord, Error>>),
+    Hold(NodeId, Option<OffsetDateTime>, oneshot::Sender<Result<PoolNodeRecord, Error>>),
+}
+
+/// The pools of this master: their settings and drivers, what the
+/// launcher last made durable, and the way to ask it for nodes.
+pub struct Pools {
+    /// By priority, then name.
+    pub pools: Vec<Pool>,
+    /// This installation's id (the `flotilla-master` tag).
+    pub master_id: String,
+    view: ArcSwap<PoolsView>,
+    tx: mpsc::Sender<Command>,
+    /// Taken by each incarnation of the launcher.
+    rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Command>>>,
+}
+
+impl Pools {
+    pub fn new(master_id: String, mut pools: Vec<Pool>) -> Arc<Pools> {
+        pools.sort_by(|a, b| (a.config.priority, &a.config.name).cmp(&(b.config.priority, &b.config.name)));
+        let (tx, rx) = mpsc::channel(1024);
+        Arc::new(Pools { pools, master_id, view: ArcSwap::default(), tx, rx: Arc::new(tokio::sync::Mutex::new(rx)) })
+    }
+
+    /// The tags of pool `pool`'s resources (but the node's).
+    pub fn tags(&self, pool: &str) -> BTreeMap<String, String> {
+        use crate::providers::driver::{TAG_MASTER, TAG_POOL};
+        BTreeMap::from([(TAG_MASTER.to_string(), self.master_id.clone()), (TAG_POOL.to_string(), pool.to_string())])
+    }
+
+    pub fn view(&self) -> Arc<PoolsView> {
+        self.view.load_full()
+    }
+
+    pub(crate) fn publish(&self, view: PoolsView) {
+        self.view.store(Arc::new(view));
+    }
+
+    pub fn pool(&self, name: &str) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.config.name == name)
+    }
+
+    /// The provider node `node`, if a pool launched it.
+    pub fn node(&self, node: &NodeId) -> Option<PoolNodeRecord> {
+        self.view.load().nodes.get(node).cloned()
+    }
+
+    /// What [`request`](Self::request) refuses at once.
+    pub fn check(&self, r: &NewRequest) -> Result<(), Error> {
+        crate::ids::validate_labels(r.labels.iter()).map_err(|(k, m)| {
+            Error::invalid("invalid_request", format!("labels{}: {m}", k.map(|k| format!(".{k}")).unwrap_or_default()))
+        })?;
+        if r.count == 0 || r.count > MAX_REQUEST_COUNT {
+            return Err(Error::invalid("invalid_request", format!("count must be 1..={MAX_REQUEST_COUNT}")));
+        }
+        if !self.pools.iter().any(|p| p.config.offers(&r.labels)) {
+            return Err(Error::conflict(
+                "no_pool_offers",
+                format!("no pool offers the labels {}: {}", shown(&r.labels), self.offered()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What each pool offers, for a message.
+    pub fn offered(&self) -> String {
+        if self.pools.is_empty() {
+            return "this master has no node pools ([[node_pools]] in its config)".into();
+        }
+        let each: Vec<String> =
+            self.pools.iter().map(|p| format!("{} offers {{{}}}", p.config.name, shown(&p.config.labels))).collect();
+        each.join("; ")
+    }
+
+    /// Files a node request; answers it once durable.
+    pub async fn request(&self, r: NewRequest) -> Result<NodeRequestRecord, Error> {
+        self.check(&r)?;
+        let (answer, answered) = oneshot::channel();
+        self.send(Command::Request(r, answer))?;
+        answered.await.map_err(|_| Error::unavailable("the pool launcher restarted; retry"))?
+    }
+
+    /// Keeps provider node `node` out of every cleanup until `until`
+    /// (`None`: releases a hold).
+    pub async fn hold(&self, node: &NodeId, until: Option<OffsetDateTime>) -> Result<PoolNodeRecord, Error> {
+        if self.node(node).is_none() {
+            return Err(Error::not_found("provider node (one a pool launched)", node));
+        }
+        let (answer, answered) = oneshot::channel();
+        self.send(Command::Hold(node.clone(), until, answer))?;
+        answered.await.map_err(|_| Error::unavailable("the pool launcher restarted; retry"))?
+    }
+
+    fn send(&self, c: Command) -> Result<(), Error> {
+        self.tx.try_send(c).map_err(|_| Error::overloaded("the pool launcher has too many requests waiting"))
+    }
+}
+
+/// `k=v,k=v` (or `any` for none).
+pub fn shown(labels: &BTreeMap<String, String>) -> String {
+    if labels.is_empty() {
+        return "any".into();
+    }
+    labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+/// A class for messages.
+pub(crate) fn class_name(c: ErrorClass) -> &'static str {
+    match c {
+        ErrorClass::Quota => "quota",
+        ErrorClass::Capacity => "capacity",
+        ErrorClass::Config => "config",
+        ErrorClass::Transient => "transient",
+    }
+}
+
+/// Makes every configured pool's driver (wrapped with faults when test
+/// hooks are on) and starts the launcher under supervision
+/// (`pool_launcher`).
+pub fn start(
+    shared: &crate::actors::Shared,
+    trust: Arc<crate::actors::trust::Trust>,
+    cfg: &crate::config::MasterConfig,
+    agent_addr: std::net::SocketAddr,
+) -> Result<Arc<Pools>, crate::providers::pool_config::PoolConfigError> {
+    let master_id = hex::encode(&trust.ca_fingerprint()[..8]);
+    let mut pools = Vec::new();
+    for config in &cfg.node_pools {
+        let real = crate::providers::build(config, &cfg.data_dir, &master_id)?;
+        let (driver, faulty) = if cfg.test_hooks {
+            let f = Arc::new(Faulty::new(real));
+            (f.clone() as Arc<dyn Driver>, Some(f))
+        } else {
+            (real, None)
+        };
+        pools.push(Pool { config: config.clone(), driver, faulty });
+    }
+    let pools = Pools::new(master_id.clone(), pools);
+    if pools.pools.is_empty() {
+        return Ok(pools);
+    }
+    let ctx = Arc::new(launcher::Ctx {
+        store: shared.store.clone(),
+        read_model: shared.read_model.clone(),
+        trust,
+        pools: pools.clone(),
+        links: shared.links.clone(),
+        master_id,
+        master_addr: agent_addr,
+        cleanup_every: cfg.pool_cleanup_interval,
+        leak_grace: cfg.pool_leak_grace,
+        node_unknown_after: cfg.node_unknown_after,
+        node_down_after: cfg.node_down_after,
+    });
+    crate::actors::supervised::task(shared, "pool_launcher", move || launcher::run(ctx.clone()));
+    Ok(pools)
+}

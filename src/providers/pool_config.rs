@@ -1,0 +1,213 @@
+//! A pool's settings (`[[node_pools]]` in the master's config file),
+//! checked at load: every error names the pool and the key.
+//!
+//! ```toml
+//! [[node_pools]]
+//! name = "big"
+//! driver = "local"
+//! labels = { class = "big" }
+//! max_nodes = 4
+//! min_ready = 1
+//! launch_timeout = "60s"
+//! [node_pools.settings]        # the driver's own
+//! network = "10.213.0.0/16"
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// The drivers a pool may name.
+pub const DRIVERS: [&str; 1] = ["local"];
+/// At most this many pools.
+pub const MAX_POOLS: usize = 64;
+/// At most this many nodes in one pool.
+pub const MAX_POOL_NODES: u32 = 10_000;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub name: String,
+    pub driver: String,
+    /// The labels every node of the pool gets; a request is served by the
+    /// pools whose labels include all of its own.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub max_nodes: u32,
+    /// Empty ready nodes kept waiting (one request per missing one).
+    #[serde(default)]
+    pub min_ready: u32,
+    /// An empty node beyond `min_ready` is given back after this long
+    /// (off unless set: pools of quorum members keep their machines).
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub idle_timeout: Option<Duration>,
+    /// A spare (empty, ready) node older than this is replaced.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub max_ready_age: Option<Duration>,
+    /// Lower is tried first.
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+    /// The driver's `create` must answer within this.
+    #[serde(default = "two_minutes", deserialize_with = "duration")]
+    pub launch_timeout: Duration,
+    /// The node's agent must say hello within this of `create`'s answer.
+    #[serde(default = "two_minutes", deserialize_with = "duration")]
+    pub enroll_timeout: Duration,
+    /// Tries after the first before the pool declines the request.
+    #[serde(default = "default_retries")]
+    pub launch_retries: u32,
+    /// Nodes of the pool disrupted (removed, replaced) at once.
+    #[serde(default = "one")]
+    pub max_disrupting: u32,
+    /// The driver's own settings (checked by the driver).
+    #[serde(default)]
+    pub settings: serde_json::Value,
+}
+
+fn default_priority() -> u8 {
+    100
+}
+fn two_minutes() -> Duration {
+    Duration::from_secs(120)
+}
+fn default_retries() -> u32 {
+    3
+}
+fn one() -> u32 {
+    1
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s)
+        .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration like \"5s\": {e}")))
+}
+
+fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+/// A pool setting that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("node_pools[{pool}].{key}: {message}")]
+pub struct PoolConfigError {
+    pub pool: String,
+    pub key: String,
+    pub message: String,
+}
+
+impl PoolConfig {
+    fn bad(&self, key: &str, message: impl Into<String>) -> PoolConfigError {
+        PoolConfigError { pool: self.name.clone(), key: key.into(), message: message.into() }
+    }
+
+    /// What the core checks (the driver checks `settings` when it is made).
+    pub fn check(&self) -> Result<(), PoolConfigError> {
+        crate::ids::validate_name(&self.name).map_err(|m| self.bad("name", m))?;
+        if !DRIVERS.contains(&self.driver.as_str()) {
+            return Err(
+                self.bad("driver", format!("{:?} is not a driver (drivers: {})", self.driver, DRIVERS.join(", ")))
+            );
+        }
+        crate::ids::validate_labels(self.labels.iter())
+            .map_err(|(k, m)| self.bad(&k.map(|k| format!("labels.{k}")).unwrap_or_else(|| "labels".into()), m))?;
+        if self.max_nodes == 0 || self.max_nodes > MAX_POOL_NODES {
+            return Err(self.bad("max_nodes", format!("must be 1..={MAX_POOL_NODES}, got {}", self.max_nodes)));
+        }
+        if self.min_ready > self.max_nodes {
+            return Err(
+                self.bad("min_ready", format!("{} is more than max_nodes ({})", self.min_ready, self.max_nodes))
+            );
+        }
+        for (key, d) in [("launch_timeout", self.launch_timeout), ("enroll_timeout", self.enroll_timeout)] {
+            if d < Duration::from_millis(100) || d > Duration::from_secs(24 * 3600) {
+                return Err(self.bad(key, "must be between 100ms and 24h"));
+            }
+        }
+        for (key, d) in [("idle_timeout", self.idle_timeout), ("max_ready_age", self.max_ready_age)] {
+            if d.is_some_and(|d| d < Duration::from_secs(1)) {
+                return Err(self.bad(key, "must be at least 1s (leave it out to turn it off)"));
+            }
+        }
+        if self.launch_retries > 100 {
+            return Err(self.bad("launch_retries", "at most 100"));
+        }
+        if self.max_disrupting == 0 {
+            return Err(self.bad("max_disrupting", "must be at least 1"));
+        }
+        if !(self.settings.is_null() || self.settings.is_object()) {
+            return Err(self.bad("settings", "must be a table"));
+        }
+        Ok(())
+    }
+
+    /// Whether a node of this pool carries every one of `wanted`.
+    pub fn offers(&self, wanted: &BTreeMap<String, String>) -> bool {
+        wanted.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+}
+
+/// Checks every pool and that names are unique.
+pub fn check_all(pools: &[PoolConfig]) -> Result<(), PoolConfigError> {
+    if pools.len() > MAX_POOLS {
+        return Err(PoolConfigError {
+            pool: "*".into(),
+            key: "".into(),
+            message: format!("at most {MAX_POOLS} pools, got {}", pools.len()),
+        });
+    }
+    for (i, p) in pools.iter().enumerate() {
+        p.check()?;
+        if pools[..i].iter().any(|o| o.name == p.name) {
+            return Err(p.bad("name", "two pools have this name"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Vec<PoolConfig>, String> {
+        #[derive(Deserialize)]
+        struct File {
+            node_pools: Vec<PoolConfig>,
+        }
+        let f: File = toml::from_str(text).map_err(|e| e.to_string())?;
+        check_all(&f.node_pools).map_err(|e| e.to_string())?;
+        Ok(f.node_pools)
+    }
+
+    #[test]
+    fn a_pool_loads_with_its_defaults_and_each_bad_key_is_named() {
+        let ok = parse(
+            "[[node_pools]]\nname = \"big\"\ndriver = \"local\"\nmax_nodes = 4\nlabels = { class = \"big\" }\n\
+             [node_pools.settings]\nnetwork = \"10.213.0.0/16\"\n",
+        )
+        .unwrap();
+        assert_eq!(ok[0].priority, 100);
+        assert_eq!(ok[0].launch_timeout, Duration::from_secs(120));
+        assert_eq!(ok[0].idle_timeout, None, "idle give-back is off unless set");
+        assert!(ok[0].offers(&BTreeMap::from([("class".into(), "big".into())])));
+        assert!(!ok[0].offers(&BTreeMap::from([("class".into(), "small".into())])));
+        let base = "[[node_pools]]\nname = \"p\"\ndriver = \"local\"\nmax_nodes = 2\n";
+        for (extra, named) in [
+            ("min_ready = 3\n", "node_pools[p].min_ready: 3 is more than max_nodes (2)"),
+            ("launch_timeout = \"1ms\"\n", "node_pools[p].launch_timeout"),
+            ("labels = { \"bad key\" = \"x\" }\n", "node_pools[p].labels"),
+            ("max_disrupting = 0\n", "node_pools[p].max_disrupting"),
+            ("idle_timeout = \"0s\"\n", "node_pools[p].idle_timeout"),
+        ] {
+            let err = parse(&format!("{base}{extra}")).unwrap_err();
+            assert!(err.contains(named), "{extra}: {err}");
+        }
+        let err = parse("[[node_pools]]\nname = \"p\"\ndriver = \"gce\"\nmax_nodes = 2\n").unwrap_err();
+        assert!(err.contains("node_pools[p].driver: \"gce\" is not a driver"), "{err}");
+        let err = parse(&format!("{base}{base}")).unwrap_err();
+        assert!(err.contains("two pools have this name"), "{err}");
+        let err = parse(&format!("{base}colour = \"red\"\n")).unwrap_err();
+        assert!(err.contains("colour"), "an unknown key is named: {err}");
+    }
+}

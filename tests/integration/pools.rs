@@ -1,0 +1,464 @@
+//! Node pools (issue 24) with the `local` driver: each node a network
+//! namespace with a veth pair and a real `flotilla agent` inside, dialing
+//! the master from it. Faults come from the wrapper the master puts around
+//! the real driver when its test hooks are on
+//! (`POST /test-hooks/pools/{name}/faults`).
+//!
+//! Checked as an operator would: a request is served by launching real
+//! agents that enroll with a join token bound to their node id and carry
+//! the pool's labels, and a cluster placed by those labels runs in their
+//! namespaces; a pool that cannot serve declines with its reason and the
+//! next is tried, the request failing only when all have declined; a try
+//! that fails (an error, an agent that never says hello) is unwound and
+//! retried up to `launch_retries`, then the pool is unhealthy and nothing
+//! of it is left; a master killed during a create adopts the resource it
+//! finds by tag; leaked resources are deleted after two passes and the
+//! grace, never another installation's nor an untagged one, never after a
+//! failed listing; `min_ready` keeps a spare; a request at quota waits.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::common::sse::SseReader;
+use crate::common::{PackageBuilder, TestEnv, error_code, id_of, pid_of, role_instances};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A prefix and a /24 for one test's namespaces, unique in this run; on
+/// drop, every namespace with the prefix is taken down (its processes
+/// killed, its link deleted), so a failed test leaves nothing.
+struct Space {
+    prefix: String,
+    network: String,
+}
+
+impl Space {
+    fn new() -> Space {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        Space {
+            prefix: format!("tp{}{}", pid % 10_000, (b'a' + n as u8) as char),
+            network: format!("10.{}.{}.0/24", 232 + pid % 8, (pid / 8 % 20) * 12 + n),
+        }
+    }
+
+    /// The pool's namespaces now.
+    fn namespaces(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        if let Ok(dir) = std::fs::read_dir("/run/netns") {
+            for e in dir.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.strip_prefix(&format!("{}-", self.prefix)).is_some_and(|s| s.parse::<u32>().is_ok()) {
+                    out.insert(name);
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Space {
+    /// SIGTERM to everything in the namespaces (the agents stop their
+    /// instances), SIGKILL to what is left after 10 s, then the namespaces.
+    fn drop(&mut self) {
+        use nix::sys::signal::{Signal, kill};
+        let inodes: Vec<u64> = self
+            .namespaces()
+            .iter()
+            .filter_map(|ns| std::fs::metadata(format!("/run/netns/{ns}")).ok())
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .collect();
+        let all = || inodes.iter().flat_map(|i| pids_in(*i)).collect::<Vec<i32>>();
+        for (sig, wait) in [(Signal::SIGTERM, 100), (Signal::SIGKILL, 20)] {
+            for pid in all() {
+                let _ = kill(nix::unistd::Pid::from_raw(pid), sig);
+            }
+            for _ in 0..wait {
+                if all().is_empty() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        for ns in self.namespaces() {
+            let _ = std::process::Command::new("ip").args(["netns", "del", &ns]).output();
+        }
+    }
+}
+
+/// Processes whose network namespace has inode `inode`.
+fn pids_in(inode: u64) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        if std::fs::metadata(format!("/proc/{pid}/ns/net"))
+            .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == inode)
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// A local pool's `[[node_pools]]` table (`max_nodes = 3` unless `extra`
+/// sets it).
+fn pool(space: &Space, name: &str, extra: &str) -> String {
+    let max = if extra.contains("max_nodes") { "" } else { "max_nodes = 3\n" };
+    format!(
+        "[[node_pools]]\nname = \"{name}\"\ndriver = \"local\"\n{max}{extra}\n\
+         [node_pools.settings]\nprefix = \"{}\"\nnetwork = \"{}\"\n",
+        space.prefix, space.network
+    )
+}
+
+const FAST: [(&str, &str); 3] = [
+    ("FLOTILLA_MASTER_TEST_HOOKS", "true"),
+    ("FLOTILLA_MASTER_POOL_CLEANUP_INTERVAL", "1s"),
+    ("FLOTILLA_MASTER_POOL_LEAK_GRACE", "2s"),
+];
+
+async fn request(env: &TestEnv, labels: Value, count: u32) -> String {
+    let (status, v) = env.post("/node-requests", json!({"labels": labels, "count": count})).await;
+    assert_eq!(status, 201, "{v:#}");
+    assert_eq!(v["state"], "requested", "{v:#}");
+    v["id"].as_str().expect("request id").to_string()
+}
+
+async fn request_of(env: &TestEnv, id: &str) -> Value {
+    let (_, page) = env.get("/node-requests?limit=1000").await;
+    page["node_requests"].as_array().and_then(|a| a.iter().find(|r| r["id"] == id).cloned()).unwrap_or(Value::Null)
+}
+
+async fn until_request(env: &TestEnv, id: &str, state: &str, secs: u64) -> Value {
+    env.until(secs, &format!("request {id} {state}"), async || {
+        let r = request_of(env, id).await;
+        if r["state"] == state { Ok(r) } else { Err(r.to_string()) }
+    })
+    .await
+}
+
+async fn pool_of(env: &TestEnv, name: &str) -> Value {
+    let (_, v) = env.get("/pools").await;
+    v["pools"].as_array().and_then(|a| a.iter().find(|p| p["name"] == name).cloned()).unwrap_or(Value::Null)
+}
+
+async fn faults(env: &TestEnv, pool: &str, f: Value) {
+    let resp = env
+        .client
+        .post(format!("{}/../../test-hooks/pools/{pool}/faults", env.api))
+        .json(&f)
+        .send()
+        .await
+        .expect("set faults");
+    assert_eq!(resp.status(), 204, "{:?}", resp.text().await);
+}
+
+/// The agent processes in namespace `ns` (by their cmdline).
+fn agents_in(ns: &str) -> Vec<i32> {
+    let inode = std::fs::metadata(format!("/run/netns/{ns}")).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let Ok(inode) = inode else { return vec![] };
+    pids_in(inode)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains("\0agent\0"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_launches_real_agents_that_enroll_and_take_a_cluster_placed_by_label() {
+    let space = Space::new();
+    let config = pool(&space, "big", "labels = { class = \"big\" }");
+    let env = TestEnv::start_with_config("pools-serve", &FAST, &config, 1).await;
+    // Rebound: dropped before `env`, so the pool's agents stop first.
+    let space = space;
+
+    // Labels no pool offers: refused at once, naming them and what is offered.
+    let (status, v) = env.post("/node-requests", json!({"labels": {"class": "huge"}, "count": 1})).await;
+    assert_eq!((status.as_u16(), error_code(&v)), (409, "no_pool_offers"), "{v:#}");
+    assert!(v["error"]["message"].as_str().unwrap_or("").contains("class=huge"), "{v:#}");
+
+    let id = request(&env, json!({"class": "big"}), 2).await;
+    let done = until_request(&env, &id, "fulfilled", 90).await;
+    assert_eq!(done["pool"], "big", "{done:#}");
+    let nodes: Vec<String> =
+        done["nodes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect();
+    assert_eq!(nodes.len(), 2, "{done:#}");
+    assert_eq!(space.namespaces().len(), 2, "one namespace per node");
+    for node in &nodes {
+        let (_, n) = env.get(&format!("/nodes/{node}")).await;
+        assert_eq!(n["status"], "Ready", "{n:#}");
+        assert_eq!(n["labels"]["class"], "big", "the pool's labels: {n:#}");
+        assert_eq!(
+            (n["origin"]["kind"].as_str(), n["origin"]["pool"].as_str()),
+            (Some("provider"), Some("big")),
+            "{n:#}"
+        );
+        assert_eq!(n["lifecycle"], "ready", "{n:#}");
+        // Enrolled with a token bound to its id, now spent.
+        assert_eq!(n["certificate"]["node"], node.as_str(), "{n:#}");
+        let ns = n["origin"]["external_id"].as_str().expect("external id").to_string();
+        let agents = agents_in(&ns);
+        assert_eq!(agents.len(), 1, "one agent in {ns}");
+        let cmdline =
+            String::from_utf8_lossy(&std::fs::read(format!("/proc/{}/cmdline", agents[0])).unwrap()).replace('\0', " ");
+        assert!(cmdline.contains(&format!("--node-id {node}")), "{cmdline}");
+        assert!(!cmdline.contains("flj_") && !cmdline.contains("join"), "no token on the command line: {cmdline}");
+    }
+    let (_, tokens) = env.get("/join-tokens").await;
+    let bound: Vec<&Value> =
+        tokens["join_tokens"].as_array().unwrap().iter().filter(|t| !t["node"].is_null()).collect();
+    assert!(bound.is_empty(), "each launch's token was used up: {tokens:#}");
+    let p = pool_of(&env, "big").await;
+    assert_eq!((p["nodes_by_state"]["ready"].as_u64(), p["health"].as_str()), (Some(2), Some("ok")), "{p:#}");
+    assert!(p["tags"]["flotilla-master"].as_str().is_some_and(|t| t.len() == 16), "{p:#}");
+
+    // A cluster that needs the label lands on the launched nodes and runs
+    // inside their namespaces.
+    env.upload(&PackageBuilder::sleeper("onbig")).await;
+    let c = env
+        .create_active(json!({"name": "b", "package": {"name": "onbig", "version": "1.0.0"},
+            "roles": {"svc": {"count": 2, "node_labels": {"class": "big"}}}}))
+        .await;
+    for i in role_instances(&c, "svc") {
+        assert!(nodes.contains(&i["node"].as_str().unwrap().to_string()), "{i:#}");
+        let ns = request_node_ns(&env, i["node"].as_str().unwrap()).await;
+        let inode =
+            std::fs::metadata(format!("/run/netns/{ns}")).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+        assert!(pids_in(inode).contains(&(pid_of(&i) as i32)), "{} runs in {ns}", id_of(&i));
+    }
+
+    // More than the pool may ever hold: declined, and failed with the reason.
+    let id = request(&env, json!({"class": "big"}), 4).await;
+    let failed = until_request(&env, &id, "failed", 10).await;
+    assert_eq!(failed["declined_by"], json!(["big"]), "{failed:#}");
+    assert!(failed["reasons"][0].as_str().unwrap().contains("needs 4 nodes, the pool holds at most 3"), "{failed:#}");
+
+    let (_, s) = env.post_empty("/clusters/b/stop").await;
+    env.wait_op(s["operation"]["id"].as_str().unwrap()).await;
+    let mut sse = SseReader::open(&env.client, &env.api, "?after=0", None).await;
+    let seen = sse.until(Duration::from_secs(10), |e| e.kind == "node_request.failed").await;
+    let kinds: Vec<&str> = seen.iter().map(|e| e.kind.as_str()).collect();
+    for k in [
+        "node_request.requested",
+        "node_request.pending",
+        "node.launching",
+        "node.enrolling",
+        "node.ready",
+        "node_request.fulfilled",
+        "node_request.declined",
+    ] {
+        assert!(kinds.contains(&k), "event {k}: {kinds:?}");
+    }
+}
+
+async fn request_node_ns(env: &TestEnv, node: &str) -> String {
+    let (_, n) = env.get(&format!("/nodes/{node}")).await;
+    n["origin"]["external_id"].as_str().expect("external id").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declining_pool_passes_the_request_on_and_it_fails_when_every_pool_declined() {
+    let (sa, sb) = (Space::new(), Space::new());
+    let config = format!(
+        "{}\n{}",
+        pool(&sa, "first", "labels = { class = \"x\" }\npriority = 10"),
+        pool(&sb, "second", "labels = { class = \"x\" }\npriority = 20")
+    );
+    let env = TestEnv::start_with_config("pools-decline", &FAST, &config, 0).await;
+    let (sa, sb) = (sa, sb);
+    faults(&env, "first", json!({"create_errors": ["capacity"]})).await;
+    let id = request(&env, json!({"class": "x"}), 1).await;
+    let done = until_request(&env, &id, "fulfilled", 90).await;
+    assert_eq!(done["pool"], "second", "{done:#}");
+    assert_eq!(done["declined_by"], json!(["first"]), "{done:#}");
+    assert!(done["reasons"][0].as_str().unwrap().contains("capacity"), "{done:#}");
+    assert!(sa.namespaces().is_empty(), "the declined try left nothing: {:?}", sa.namespaces());
+    assert_eq!(sb.namespaces().len(), 1);
+    assert_eq!(pool_of(&env, "first").await["health"], "no_capacity");
+
+    // The first pool still remembers its capacity error; the second's
+    // settings break: the next request is declined by both and fails.
+    faults(&env, "second", json!({"create_errors": ["config"]})).await;
+    let id = request(&env, json!({"class": "x"}), 1).await;
+    let failed = until_request(&env, &id, "failed", 30).await;
+    assert_eq!(failed["declined_by"], json!(["first", "second"]), "{failed:#}");
+    assert!(failed["reasons"][1].as_str().unwrap().contains("config"), "{failed:#}");
+    assert_eq!(pool_of(&env, "second").await["health"], "broken");
+    assert_eq!(sb.namespaces().len(), 1, "the failed try left nothing; the first node stays");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_that_fails_is_unwound_and_retried_and_past_its_retries_the_pool_is_unhealthy() {
+    let space = Space::new();
+    let config = pool(&space, "r", "enroll_timeout = \"4s\"\nlaunch_retries = 1");
+    let env = TestEnv::start_with_config("pools-retry", &FAST, &config, 0).await;
+    let space = space;
+
+    // One transient error: tried again, served.
+    faults(&env, "r", json!({"create_errors": ["transient"]})).await;
+    let id = request(&env, json!({}), 1).await;
+    let done = until_request(&env, &id, "fulfilled", 90).await;
+    let node = done["nodes"][0].as_str().unwrap().to_string();
+    let p = pool_of(&env, "r").await;
+    let n = p["nodes"].as_array().unwrap().iter().find(|n| n["node"] == node.as_str()).cloned().unwrap();
+    assert_eq!(n["attempt"], 2, "its second try: {n:#}");
+
+    // Agents that never enroll (they dial a port nobody listens on): each try times out, is
+    // unwound (namespace, agent, token gone), and the second fails the request.
+    faults(&env, "r", json!({"unreachable_master": true})).await;
+    let id = request(&env, json!({}), 1).await;
+    let failed = until_request(&env, &id, "failed", 120).await;
+    assert!(failed["reasons"][0].as_str().unwrap().contains("did not say hello within enroll_timeout"), "{failed:#}");
+    assert!(failed["reasons"][0].as_str().unwrap().contains("after 2 tries"), "{failed:#}");
+    let p = env
+        .until(30, "the failed node unwound", async || {
+            let p = pool_of(&env, "r").await;
+            if p["nodes"].as_array().is_some_and(|a| a.len() == 1) { Ok(p) } else { Err(p.to_string()) }
+        })
+        .await;
+    assert_eq!(p["health"], "unhealthy", "{p:#}");
+    assert_eq!(space.namespaces().len(), 1, "only the served node's namespace is left: {:?}", space.namespaces());
+    let (_, tokens) = env.get("/join-tokens").await;
+    assert!(
+        tokens["join_tokens"].as_array().unwrap().iter().all(|t| t["node"].is_null()),
+        "no launch token is left: {tokens:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_killed_during_a_create_adopts_what_it_made() {
+    let space = Space::new();
+    let config = pool(&space, "adopt", "");
+    let mut env = TestEnv::start_with_config("pools-adopt", &FAST, &config, 0).await;
+    let space = space;
+    // The driver makes the namespace and its agent, then answers 30 s later.
+    faults(&env, "adopt", json!({"create_delay_after": 30_000, "unreachable_master": true})).await;
+    let id = request(&env, json!({}), 1).await;
+    env.until(
+        30,
+        "the namespace made",
+        async || if space.namespaces().len() == 1 { Ok(()) } else { Err("none yet".into()) },
+    )
+    .await;
+    let made = space.namespaces();
+    env.kill_master();
+    env.start_master_again().await;
+    // Its node is found by its tag and adopted, not launched again. (Its
+    // agent dials nowhere, so it is unwound and retried later: what
+    // is checked is the adoption itself.)
+    let mut sse = SseReader::open(&env.client, &env.api, "?after=0&kind=node.adopted", None).await;
+    let adopted = sse.until(Duration::from_secs(20), |e| e.kind == "node.adopted").await;
+    let a = adopted.last().expect("a node.adopted event");
+    assert_eq!(a.data["data"]["external_id"].as_str(), made.iter().next().map(|s| s.as_str()), "{a:?}");
+    let r = request_of(&env, &id).await;
+    assert_eq!(r["state"], "pending", "{r:#}");
+    assert_eq!(space.namespaces(), made, "no second resource for the node");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaked_resources_go_after_two_passes_and_the_grace_never_another_installations() {
+    let space = Space::new();
+    let config = pool(&space, "lk", "");
+    let env = TestEnv::start_with_config("pools-leak", &FAST, &config, 0).await;
+    let space = space;
+    let master = pool_of(&env, "lk").await["tags"]["flotilla-master"].as_str().expect("master tag").to_string();
+    let dir = env.master_dir().with_file_name("master-pools").join("lk");
+    // Three namespaces of the pool's prefix nobody recorded: one tagged as
+    // ours, one tagged by another installation, one without tags.
+    faults(&env, "lk", json!({"list_errors": 3})).await;
+    let ours = make_ns(
+        &space,
+        50,
+        &dir,
+        Some(json!({"flotilla-master": master, "flotilla-pool": "lk", "flotilla-node": "ghost"})),
+    );
+    let theirs = make_ns(
+        &space,
+        51,
+        &dir,
+        Some(json!({"flotilla-master": "0000000000000000", "flotilla-pool": "lk", "flotilla-node": "x"})),
+    );
+    let untagged = make_ns(&space, 52, &dir, None);
+    // While listings fail, nothing is deleted.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(space.namespaces().contains(&ours), "a failed listing deletes nothing");
+    let mut sse = SseReader::open(&env.client, &env.api, "?after=0&kind=node.leak_found,node.leak_removed", None).await;
+    let seen = sse.until(Duration::from_secs(20), |e| e.kind == "node.leak_removed").await;
+    assert_eq!(seen.first().map(|e| e.kind.as_str()), Some("node.leak_found"), "{seen:?}");
+    assert!(seen.iter().all(|e| e.data["data"]["external_id"] == ours.as_str()), "{seen:?}");
+    env.until(10, "the leaked namespace deleted", async || {
+        if space.namespaces().contains(&ours) { Err("still there".into()) } else { Ok(()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let left = space.namespaces();
+    assert!(
+        left.contains(&theirs) && left.contains(&untagged),
+        "never another installation's or an untagged one: {left:?}"
+    );
+}
+
+/// A namespace `{prefix}-{slot}` made by hand, with `tags` in its tag file.
+fn make_ns(space: &Space, slot: u32, dir: &Path, tags: Option<Value>) -> String {
+    let name = format!("{}-{slot}", space.prefix);
+    let out = std::process::Command::new("ip").args(["netns", "add", &name]).output().expect("ip netns add");
+    assert!(out.status.success(), "{out:?}");
+    std::fs::create_dir_all(dir.join(&name)).unwrap();
+    if let Some(t) = tags {
+        std::fs::write(dir.join(&name).join("tags.json"), t.to_string()).unwrap();
+    }
+    name
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_ready_keeps_a_spare_and_a_request_at_quota_waits() {
+    let space = Space::new();
+    let config = pool(&space, "spare", "min_ready = 1\nmax_nodes = 2\nlabels = { tier = \"s\" }");
+    let env = TestEnv::start_with_config("pools-spare", &FAST, &config, 0).await;
+    let space = space;
+    let p = env
+        .until(90, "a spare ready", async || {
+            let p = pool_of(&env, "spare").await;
+            if p["nodes_by_state"]["ready"] == 1 { Ok(p) } else { Err(p.to_string()) }
+        })
+        .await;
+    let spare = p["nodes"][0]["node"].as_str().unwrap().to_string();
+    // A cluster takes the spare: the pool launches the next one.
+    env.upload(&PackageBuilder::sleeper("sp")).await;
+    env.create_active(json!({"name": "s", "package": {"name": "sp", "version": "1.0.0"},
+        "roles": {"svc": {"count": 1, "node_labels": {"tier": "s"}}}}))
+        .await;
+    let p = env
+        .until(90, "a second spare", async || {
+            let p = pool_of(&env, "spare").await;
+            if p["nodes_by_state"]["ready"] == 2 { Ok(p) } else { Err(p.to_string()) }
+        })
+        .await;
+    assert!(p["nodes"].as_array().unwrap().iter().any(|n| n["node"] == spare.as_str()), "{p:#}");
+    // At max_nodes: a request waits (not failed), and no min-ready request is filed.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let id = request(&env, json!({"tier": "s"}), 2).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let r = request_of(&env, &id).await;
+    assert_eq!(
+        (r["state"].as_str(), r["declined_by"].as_array().map(|a| a.len())),
+        (Some("requested"), Some(0)),
+        "{r:#}"
+    );
+    let (_, page) = env.get("/node-requests").await;
+    let open_min_ready = page["node_requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["requestor"] == "min-ready:spare" && r["state"] != "fulfilled")
+        .count();
+    assert_eq!(open_min_ready, 0, "{page:#}");
+    assert_eq!(space.namespaces().len(), 2);
+    let (_, s) = env.post_empty("/clusters/s/stop").await;
+    env.wait_op(s["operation"]["id"].as_str().unwrap()).await;
+}
