@@ -36,6 +36,12 @@ pub struct DevArgs {
     /// user (a uid of 61184-65519 given per cluster).
     #[arg(long)]
     pub allow_root: bool,
+    /// Master settings (a `flotilla master --config` file) merged over dev's
+    /// defaults: where dev's node pools come from (`[[node_pools]]`; a
+    /// `local` pool's nodes are network namespaces with an agent each,
+    /// deleted at Ctrl-C). `--agents 0` then runs only the pools' nodes.
+    #[arg(long)]
+    pub master_config: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,9 +81,17 @@ fn setup<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> DevError + '_ {
 }
 
 pub async fn run(args: DevArgs) -> Result<(), DevError> {
-    if args.agents == 0 || args.agents > 200 {
-        return Err(DevError::Setup("--agents must be 1 to 200".into()));
+    let pools = match &args.master_config {
+        Some(file) => crate::config::MasterConfig::load(Some(file), &[]).map_err(setup("--master-config"))?.node_pools,
+        None => Vec::new(),
+    };
+    if args.agents > 200 || (args.agents == 0 && pools.is_empty()) {
+        return Err(DevError::Setup("--agents must be 1 to 200 (0 only with node pools in --master-config)".into()));
     }
+    // A local pool's agents dial the master from their namespaces: the
+    // agent listener takes every interface (mTLS still admits only
+    // enrolled agents).
+    let agent_listen = if pools.iter().any(|p| p.driver == "local") { "0.0.0.0:0" } else { "127.0.0.1:0" };
     std::fs::create_dir_all(&args.data_dir).map_err(setup("creating --data-dir"))?;
     let dir = std::fs::canonicalize(&args.data_dir).map_err(setup("resolving --data-dir"))?;
     let exe = std::env::current_exe().map_err(setup("finding the flotilla binary"))?;
@@ -93,7 +107,8 @@ pub async fn run(args: DevArgs) -> Result<(), DevError> {
         .arg("--http-addr")
         .arg(&args.http_addr)
         .arg("--agent-addr")
-        .arg("127.0.0.1:0")
+        .arg(agent_listen)
+        .args(args.master_config.iter().flat_map(|f| [std::ffi::OsStr::new("--config"), f.as_os_str()]))
         .arg("--endpoints-file")
         .arg(&internal)
         .arg("--init")
@@ -104,11 +119,15 @@ pub async fn run(args: DevArgs) -> Result<(), DevError> {
         .map_err(|source| DevError::Spawn { what: "the master".into(), source })?;
     children.push(("master".into(), master));
 
-    let result = start_and_wait(&args, &dir, &exe, &internal, &mut children).await;
+    let mut install = None;
+    let result = start_and_wait(&args, &dir, &exe, &internal, &mut children, &mut install).await;
     if let Err(e) = &result {
         eprintln!("flotilla dev: {e}");
     }
     stop_children(children).await;
+    if let Some(install) = install {
+        delete_pool_nodes(&pools, &dir.join("master"), &install).await;
+    }
     let left = sweep_instances(&dir);
     if left > 0 {
         eprintln!("flotilla dev: killed {left} instance process(es) an agent crash had left running");
@@ -122,6 +141,7 @@ async fn start_and_wait(
     exe: &Path,
     internal: &Path,
     children: &mut Vec<(String, Child)>,
+    install: &mut Option<String>,
 ) -> Result<(), DevError> {
     let endpoints = wait_for_endpoints(internal, children).await?;
     let api_url = endpoints["api_url"].as_str().unwrap_or_default().to_string();
@@ -137,6 +157,9 @@ async fn start_and_wait(
     headers.insert(reqwest::header::AUTHORIZATION, bearer);
     let client =
         reqwest::Client::builder().no_proxy().default_headers(headers).build().map_err(setup("http client"))?;
+    if args.master_config.is_some() {
+        *install = Some(installation(&client, &api_url).await?);
+    }
     let join_token = join_token(&client, &api_url, args.agents).await?;
     let agent = AgentCommand { exe, dir, agent_addr: &agent_addr, args, join_token: &join_token };
     for i in 1..=args.agents {
@@ -269,6 +292,54 @@ async fn wait_for_endpoints(path: &Path, children: &mut [(String, Child)]) -> Re
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Err(DevError::Setup("the master did not start within 30 s".into()))
+}
+
+/// This installation's id (the `flotilla-master` tag on its pools'
+/// resources), from `GET /pools`.
+async fn installation(client: &reqwest::Client, api: &str) -> Result<String, DevError> {
+    let v: serde_json::Value = client
+        .get(format!("{api}/api/v1/pools"))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .map_err(setup("GET /api/v1/pools"))?
+        .json()
+        .await
+        .map_err(setup("GET /api/v1/pools"))?;
+    let id = v["pools"][0]["tags"][crate::providers::driver::TAG_MASTER].as_str();
+    Ok(id.unwrap_or_default().to_string())
+}
+
+/// Deletes every resource of the local pools tagged with `install` (their
+/// namespaces, agents and instances): dev mode leaves nothing behind.
+async fn delete_pool_nodes(pools: &[crate::providers::pool_config::PoolConfig], master_dir: &Path, install: &str) {
+    use crate::providers::driver::TAG_MASTER;
+    for p in pools.iter().filter(|p| p.driver == "local") {
+        let driver = match crate::providers::build(p, master_dir, install) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("flotilla dev: cannot clean pool {}: {e}", p.name);
+                continue;
+            }
+        };
+        let listed = match driver.list().await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("flotilla dev: cannot list pool {}: {e}", p.name);
+                continue;
+            }
+        };
+        let ours: Vec<_> =
+            listed.into_iter().filter(|r| !install.is_empty() && r.tag(TAG_MASTER) == Some(install)).collect();
+        for r in &ours {
+            if let Err(e) = driver.delete(&r.external_id).await {
+                eprintln!("flotilla dev: cannot delete {} of pool {}: {e}", r.external_id, p.name);
+            }
+        }
+        if !ours.is_empty() {
+            eprintln!("flotilla dev: deleted {} node(s) of pool {}", ours.len(), p.name);
+        }
+    }
 }
 
 /// A join token the dev agents enroll with (one use each).

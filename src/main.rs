@@ -131,10 +131,17 @@ enum Command {
         #[command(flatten)]
         target: flotilla::cli::Target,
     },
-    /// Nodes: ls, get.
+    /// Nodes: ls, get, cordon, hold, revoke, token, request.
     Node {
         #[command(subcommand)]
         cmd: flotilla::cli::inventory::NodeCmd,
+        #[command(flatten)]
+        target: flotilla::cli::Target,
+    },
+    /// Node pools: ls (`flotilla node request` for their requests).
+    Pool {
+        #[command(subcommand)]
+        cmd: flotilla::cli::pools::PoolCmd,
         #[command(flatten)]
         target: flotilla::cli::Target,
     },
@@ -316,6 +323,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cluster { cmd, target } => client(flotilla::cli::cluster::run(cmd, &target))?,
         Command::Package { cmd, target } => client(flotilla::cli::inventory::package(cmd, &target))?,
         Command::Node { cmd, target } => client(flotilla::cli::inventory::node(cmd, &target))?,
+        Command::Pool { cmd, target } => client(flotilla::cli::pools::pool(cmd, &target))?,
         Command::Op { cmd, target } => client(flotilla::cli::inventory::op(cmd, &target))?,
         Command::Events { args, target } => client(flotilla::cli::events::run(args, &target))?,
         Command::Token { cmd, target } => client(flotilla::cli::token::run(cmd, &target))?,

@@ -1,4 +1,4 @@
-//! `flotilla package push|ls|rm`, `flotilla node ls|get`, `flotilla op ls|get|watch`.
+//! `flotilla package push|ls|rm`, `flotilla node ls|get|cordon|...`, `flotilla op ls|get|watch`.
 
 use std::path::PathBuf;
 
@@ -42,6 +42,25 @@ pub enum NodeCmd {
     },
     /// Put a cordoned node back into placement.
     Uncordon { id: String },
+    /// Keep a node a pool launched out of every cleanup (a failed launch
+    /// kept for debugging, a suspect machine) until the hold expires.
+    Hold {
+        id: String,
+        /// For this long (default 24h).
+        #[arg(long = "for", conflicts_with_all = ["until", "release"])]
+        for_: Option<String>,
+        /// Until this time (RFC 3339).
+        #[arg(long, conflicts_with = "release")]
+        until: Option<String>,
+        /// End the hold.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Node requests: ls, create.
+    Request {
+        #[command(subcommand)]
+        cmd: super::pools::RequestCmd,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -120,14 +139,15 @@ pub async fn node(cmd: NodeCmd, target: &Target) -> Result<(), CliError> {
             let nodes = client.get_all("/nodes", "nodes").await?;
             show(target, &json!({ "nodes": nodes }), |_| {
                 let rows: Vec<Vec<String>> = nodes.iter().map(node_row).collect();
-                table(&["NODE", "STATUS", "HEARTBEAT", "ADDRESS", "INSTANCES", "KIND"], &rows)
+                table(&["NODE", "STATUS", "HEARTBEAT", "ADDRESS", "INSTANCES", "KIND", "ORIGIN"], &rows)
             });
         }
         NodeCmd::Get { id } => {
             let v = client.get(&format!("/nodes/{id}")).await?;
             show(target, &v, |v| {
                 let n = if v["node"].is_object() { &v["node"] } else { v };
-                let mut out = table(&["NODE", "STATUS", "HEARTBEAT", "ADDRESS", "INSTANCES", "KIND"], &[node_row(n)]);
+                let mut out =
+                    table(&["NODE", "STATUS", "HEARTBEAT", "ADDRESS", "INSTANCES", "KIND", "ORIGIN"], &[node_row(n)]);
                 let c = &n["certificate"];
                 if c.is_object() {
                     let revoked = c["revoked_at"].as_str().map(|t| format!(", REVOKED {t}")).unwrap_or_default();
@@ -142,6 +162,10 @@ pub async fn node(cmd: NodeCmd, target: &Target) -> Result<(), CliError> {
             });
         }
         NodeCmd::Token { cmd } => return super::join_token::run(cmd, &client, target).await,
+        NodeCmd::Request { cmd } => return super::pools::request(cmd, &client, target).await,
+        NodeCmd::Hold { id, for_, until, release } => {
+            return super::pools::hold(&client, target, &id, for_, until, release).await;
+        }
         NodeCmd::Revoke { id } => {
             crate::ids::validate_name(&id).map_err(|m| CliError::Usage(format!("node id {id:?}: {m}")))?;
             let v = client.call(reqwest::Method::POST, &format!("/nodes/{id}/revoke"), None).await?;
@@ -185,6 +209,10 @@ fn node_row(n: &Value) -> Vec<String> {
         field(n, "address"),
         field(n, "instance_count"),
         if n["simulated"] == true { "simulated".into() } else { "agent".into() },
+        match n["origin"]["pool"].as_str() {
+            Some(pool) => format!("pool {pool} ({})", field(n, "lifecycle")),
+            None => "manual".into(),
+        },
     ]
 }
 

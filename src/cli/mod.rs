@@ -15,6 +15,7 @@ pub mod cluster;
 pub mod events;
 pub mod inventory;
 pub mod join_token;
+pub mod pools;
 pub mod token;
 pub mod wait;
 

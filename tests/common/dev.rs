@@ -25,13 +25,27 @@ fn own_ports() -> String {
 
 impl Dev {
     pub fn start() -> Dev {
+        Dev::start_with(3, None)
+    }
+
+    /// `flotilla dev --agents AGENTS`, with `master_config` (the text of a
+    /// `--master-config` file) if given.
+    pub fn start_with(agents: u8, master_config: Option<&str>) -> Dev {
         let dir = tempfile::Builder::new().prefix("flotilla-dev-").tempdir().expect("temp dir");
         // Dev mode's instances run as users of their own, who must reach their dirs.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod temp dir");
         let log = std::fs::File::create(dir.path().join("dev.log")).expect("log");
-        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(["dev", "--http-addr", "127.0.0.1:0", "--agents", "3", "--port-range", &own_ports()])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+        if let Some(text) = master_config {
+            let path = dir.path().join("master.toml");
+            std::fs::write(&path, text).expect("write the master config");
+            cmd.arg("dev").arg("--master-config").arg(path);
+        } else {
+            cmd.arg("dev");
+        }
+        let child = cmd
+            .args(["--http-addr", "127.0.0.1:0", "--agents", &agents.to_string(), "--port-range", &own_ports()])
             .arg("--data-dir")
             .arg(dir.path())
             .arg("--examples")

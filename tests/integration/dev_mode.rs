@@ -58,3 +58,39 @@ async fn dev_restarts_a_killed_agent_and_ctrl_c_leaves_nothing_running() {
         assert!(dev.agent_pid(i).is_none(), "agent {i} still runs");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_with_a_local_pool_runs_its_spare_node_and_ctrl_c_deletes_it() {
+    let prefix = format!("dv{}", std::process::id() % 100_000);
+    let config = format!(
+        "[[node_pools]]\nname = \"spare\"\ndriver = \"local\"\nmax_nodes = 2\nmin_ready = 1\nlabels = {{ kind = \"ns\" }}\n\
+         [node_pools.settings]\nprefix = \"{prefix}\"\nnetwork = \"10.245.{}.0/24\"\n",
+        std::process::id() % 250
+    );
+    let mut dev = Dev::start_with(1, Some(&config));
+    let namespaces = || -> Vec<String> {
+        std::fs::read_dir("/run/netns")
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect::<Vec<String>>())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|n: &String| n.starts_with(&format!("{prefix}-")))
+            .collect()
+    };
+    assert!(
+        eventually(60, || dev.json(&["pool", "ls"])["pools"][0]["nodes_by_state"]["ready"] == 1).await,
+        "the pool's spare did not become ready:\n{}",
+        dev.log()
+    );
+    let nodes = dev.json(&["node", "ls"]);
+    let spare = nodes["nodes"].as_array().unwrap().iter().find(|n| n["origin"]["kind"] == "provider").cloned();
+    let spare = spare.unwrap_or_else(|| panic!("no provider node: {nodes:#}"));
+    assert_eq!((spare["status"].as_str(), spare["labels"]["kind"].as_str()), (Some("Ready"), Some("ns")), "{spare:#}");
+    assert_eq!(namespaces().len(), 1);
+
+    let status = dev.interrupt();
+    assert!(status.success(), "flotilla dev exited {status}:\n{}", dev.log());
+    assert!(dev.log().contains("deleted 1 node(s) of pool spare"), "{}", dev.log());
+    assert!(namespaces().is_empty(), "the pool's namespace outlived dev mode: {:?}", namespaces());
+    let left = pids_with_cwd_under(dev.dir.path());
+    assert!(left.is_empty(), "processes left running under the dev dir: {left:?}\n{}", dev.log());
+}

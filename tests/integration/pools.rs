@@ -238,6 +238,23 @@ async fn a_request_launches_real_agents_that_enroll_and_take_a_cluster_placed_by
     assert_eq!(failed["declined_by"], json!(["big"]), "{failed:#}");
     assert!(failed["reasons"][0].as_str().unwrap().contains("needs 4 nodes, the pool holds at most 3"), "{failed:#}");
 
+    // The CLI shows the same.
+    let table = cli(&env, &["pool", "ls"]);
+    assert!(
+        table.starts_with("POOL") && table.contains("big") && table.contains("2 ready") && table.contains("ok"),
+        "{table}"
+    );
+    let table = cli(&env, &["node", "request", "ls"]);
+    assert!(table.contains(&id) && table.contains("failed") && table.contains("needs 4 nodes"), "{table}");
+    let table = cli(&env, &["node", "ls"]);
+    assert!(table.contains("pool big (ready)") && table.contains("manual"), "{table}");
+    let out = cli(&env, &["node", "hold", &nodes[0], "--for", "1h"]);
+    assert!(out.contains(&format!("node {} held until", nodes[0])), "{out}");
+    let out = cli(&env, &["node", "hold", &nodes[0], "--release"]);
+    assert!(out.contains("released"), "{out}");
+    let (status, v) = env.post("/nodes/node-1/hold", json!({})).await;
+    assert_eq!((status.as_u16(), error_code(&v)), (404, "not_found"), "a manual node cannot be held: {v:#}");
+
     let (_, s) = env.post_empty("/clusters/b/stop").await;
     env.wait_op(s["operation"]["id"].as_str().unwrap()).await;
     let mut sse = SseReader::open(&env.client, &env.api, "?after=0", None).await;
@@ -254,6 +271,19 @@ async fn a_request_launches_real_agents_that_enroll_and_take_a_cluster_placed_by
     ] {
         assert!(kinds.contains(&k), "event {k}: {kinds:?}");
     }
+}
+
+/// `flotilla ARGS` against the env's master; its stdout (it must succeed).
+fn cli(env: &TestEnv, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .env("FLOTILLA_API", env.api.trim_end_matches("/api/v1"))
+        .env("FLOTILLA_TOKEN", &env.token)
+        .output()
+        .expect("run the CLI");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "flotilla {args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    stdout
 }
 
 async fn request_node_ns(env: &TestEnv, node: &str) -> String {
