@@ -1,13 +1,14 @@
 // The dashboard's entry: the token, the login form, the one live event
 // stream, and the router (`#/actors`, `#/clusters`, `#/clusters/NAME`,
-// `#/operations[?cluster=NAME]`, `#/operations/ID`, `#/nodes`, `#/events`).
+// `#/operations[?cluster=NAME]`, `#/operations/ID`, `#/nodes`, `#/pools`,
+// `#/events`).
 
 import { api, forgetToken, learnScope, onUnauthorized, setToken, takeTokenFromFragment, token } from './api.js';
 import { actorsView } from './actors.js';
 import { clusterView, clustersView } from './clusters.js';
 import { eventsView, remember } from './events.js';
 import { Live } from './live.js';
-import { nodesView } from './nodes.js';
+import { nodesView, poolsView } from './nodes.js';
 import { operationView, operationsView } from './operations.js';
 import { fill, h } from './ui.js';
 
@@ -16,6 +17,7 @@ const ROUTES = {
   clusters: [clustersView, clusterView],
   operations: [operationsView, operationView],
   nodes: [nodesView, null],
+  pools: [poolsView, null],
   events: [eventsView, null],
 };
 

@@ -37,6 +37,10 @@ const STATUS_CLASS = {
   Upgrading: 'busy', Reconfiguring: 'busy', Undoing: 'busy', busy: 'busy', starting: 'busy',
   Undone: 'warn', Unknown: 'warn', RolledBack: 'warn', Cancelled: 'warn', stopped: 'warn',
   Failed: 'bad', Lost: 'bad', Error: 'bad', Down: 'bad', UndoFailed: 'bad', failed: 'bad', escalated: 'bad',
+  // a node's lifecycle, a pool's health, a node request's state
+  ready: 'ok', launching: 'busy', enrolling: 'busy', deleting: 'busy', cordoned: 'warn',
+  ok: 'ok', paused: 'warn', no_capacity: 'warn', broken: 'bad', unhealthy: 'bad',
+  pending: 'busy', fulfilled: 'ok',
 };
 
 /** A status, coloured by what it means; `label` when it says more (`3 Running`). */

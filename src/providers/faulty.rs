@@ -21,6 +21,10 @@ pub struct Faults {
     /// The next creates fail with these classes, one each, before the
     /// driver is called.
     pub create_errors: VecDeque<ErrorClass>,
+    /// The next creates make their resource, then answer with these
+    /// classes, one each (the launcher must find it by its tag and
+    /// delete it).
+    pub create_errors_after: VecDeque<ErrorClass>,
     /// Each create waits this long before the driver makes anything (a
     /// launch timeout).
     #[serde(with = "millis")]
@@ -91,8 +95,15 @@ impl Driver for Faulty {
 
     fn create<'a>(&'a self, spec: &'a LaunchSpec) -> BoxFuture<'a, Result<String, DriverError>> {
         Box::pin(async move {
-            let (error, before, after, unreachable) = self.with(|f| {
-                (f.create_errors.pop_front(), f.create_delay_before, f.create_delay_after, f.unreachable_master)
+            let (error, error_after, before, after, unreachable) = self.with(|f| {
+                let error_after = if f.create_errors.is_empty() { f.create_errors_after.pop_front() } else { None };
+                (
+                    f.create_errors.pop_front(),
+                    error_after,
+                    f.create_delay_before,
+                    f.create_delay_after,
+                    f.unreachable_master,
+                )
             });
             if let Some(class) = error {
                 return Err(DriverError::new(class, format!("injected {class:?} error (test hook)")));
@@ -106,6 +117,9 @@ impl Driver for Faulty {
                 self.inner.create(spec).await?
             };
             tokio::time::sleep(after).await;
+            if let Some(class) = error_after {
+                return Err(DriverError::new(class, format!("injected {class:?} error after the create (test hook)")));
+            }
             Ok(id)
         })
     }

@@ -225,7 +225,7 @@ impl Driver for LocalDriver {
         Box::pin(blocking(move || {
             let slot = inner.parse_id(&id)?;
             let _guard = Inner::hold_for_delete(&inner, slot);
-            inner.teardown(slot, STOP_GRACE)
+            inner.teardown(&id, STOP_GRACE)
         }))
     }
 
@@ -241,8 +241,11 @@ impl Driver for LocalDriver {
 }
 
 impl Inner {
-    fn ns_name(&self, slot: u32) -> String {
-        format!("{}-{slot}", self.s.prefix)
+    /// `{prefix}-{slot}-{nonce}`: the nonce (4 random hex digits) makes
+    /// each create's id its own, so a stale delete of a node whose slot
+    /// was taken again since finds nothing to take down.
+    fn ns_name(&self, slot: u32, nonce: &str) -> String {
+        format!("{}-{slot}-{nonce}", self.s.prefix)
     }
 
     /// The host end (`h`) or namespace end (`n`) of `slot`'s pair.
@@ -254,17 +257,19 @@ impl Inner {
         self.s.data_dir.join(ns)
     }
 
-    /// The slot of a namespace name of this pool (`{prefix}-{digits}`, as
-    /// create writes it), else `None`.
+    /// The slot of a namespace name of this pool (`{prefix}-{digits}-{4
+    /// hex}`, as create writes it), else `None`.
     fn slot_of(&self, name: &str) -> Option<u32> {
-        let digits = name.strip_prefix(&self.s.prefix)?.strip_prefix('-')?;
+        let rest = name.strip_prefix(&self.s.prefix)?.strip_prefix('-')?;
+        let (digits, nonce) = rest.split_once('-')?;
         let slot: u32 = digits.parse().ok()?;
-        (self.ns_name(slot) == name).then_some(slot)
+        let canonical = nonce.len() == 4 && nonce.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        (canonical && self.ns_name(slot, nonce) == name).then_some(slot)
     }
 
     fn parse_id(&self, id: &str) -> Result<u32, DriverError> {
         self.slot_of(id).ok_or_else(|| {
-            DriverError::config(format!("{id:?} is not a node of this local pool ({}-<slot>)", self.s.prefix))
+            DriverError::config(format!("{id:?} is not a node of this local pool ({}-<slot>-<nonce>)", self.s.prefix))
         })
     }
 
@@ -324,7 +329,9 @@ impl Inner {
 
     fn create(this: &Arc<Inner>, spec: &LaunchSpec) -> Result<String, DriverError> {
         let guard = Inner::hold_for_create(this)?;
-        let ns = this.ns_name(guard.slot);
+        let mut nonce = [0u8; 2];
+        getrandom::fill(&mut nonce).map_err(|e| DriverError::transient(format!("no randomness: {e}")))?;
+        let ns = this.ns_name(guard.slot, &hex::encode(nonce));
         let master = spec.master_addr.ip();
         if !master.is_unspecified() && master != this.net.ends(guard.slot).0 {
             return Err(DriverError::config(format!(
@@ -334,8 +341,8 @@ impl Inner {
                 spec.master_addr.port()
             )));
         }
-        if let Err(e) = this.make(guard.slot, spec) {
-            return Err(match this.teardown(guard.slot, Duration::ZERO) {
+        if let Err(e) = this.make(guard.slot, &ns, spec) {
+            return Err(match this.teardown(&ns, Duration::ZERO) {
                 Ok(()) => e,
                 Err(u) => DriverError::new(e.class, format!("{}; unwinding it failed: {}", e.message, u.message)),
             });
@@ -345,8 +352,8 @@ impl Inner {
 
     /// Everything of a node, in the order a crash leaves tagged: its tag
     /// file, the namespace, the pair, the agent.
-    fn make(&self, slot: u32, spec: &LaunchSpec) -> Result<(), DriverError> {
-        let (ns, (host_ip, ns_ip)) = (&self.ns_name(slot), self.net.ends(slot));
+    fn make(&self, slot: u32, ns: &str, spec: &LaunchSpec) -> Result<(), DriverError> {
+        let (host_ip, ns_ip) = self.net.ends(slot);
         let dir = self.node_dir(ns);
         // What an earlier try left for this slot (its namespace is gone):
         // nothing of it is reused.
@@ -365,7 +372,7 @@ impl Inner {
         ip(&["-n", ns, "addr", "add", &format!("{ns_ip}/30"), "dev", &ns_if])?;
         ip(&["-n", ns, "link", "set", &ns_if, "up"])?;
         ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        self.start_agent(slot, &dir, spec)
+        self.start_agent(slot, ns, &dir, spec)
     }
 
     /// Starts the agent in the namespace by `nsenter --net`, which switches
@@ -373,8 +380,8 @@ impl Inner {
     /// its own, hiding the cgroup tree the agent runs instances in), in a
     /// process group of its own (a Ctrl-C at the master's terminal does not
     /// reach it), reaped by a thread of its own while the master lives.
-    fn start_agent(&self, slot: u32, dir: &Path, spec: &LaunchSpec) -> Result<(), DriverError> {
-        let (ns, (host_ip, ns_ip)) = (self.ns_name(slot), self.net.ends(slot));
+    fn start_agent(&self, slot: u32, ns: &str, dir: &Path, spec: &LaunchSpec) -> Result<(), DriverError> {
+        let (host_ip, ns_ip) = self.net.ends(slot);
         let log_path = dir.join("agent.log");
         let log = fs::OpenOptions::new().create(true).append(true).open(&log_path);
         let log = log.map_err(|e| fs_error("open", &log_path, e))?;
@@ -434,26 +441,32 @@ impl Inner {
     /// `grace` to exit, then SIGKILL), the namespace, the host end of the
     /// pair (gone with its peer, unless that never reached the namespace),
     /// the node's directory last, so a namespace never loses its tags.
-    fn teardown(&self, slot: u32, grace: Duration) -> Result<(), DriverError> {
-        let ns = self.ns_name(slot);
-        if let Some(inode) = ns_inode(&ns)? {
+    ///
+    /// The host end of the pair goes with the namespace (the kernel
+    /// deletes a veth pair with either end); it is deleted by name only
+    /// when this call took the namespace down, never for a namespace that
+    /// was already gone (its slot, and so its interface name, may belong to
+    /// a newer node).
+    fn teardown(&self, ns: &str, grace: Duration) -> Result<(), DriverError> {
+        let slot = self.slot_of(ns).ok_or_else(|| DriverError::config(format!("{ns:?} is not a node of this pool")))?;
+        if let Some(inode) = ns_inode(ns)? {
             stop_processes(inode, grace)?;
-            if let Err(e) = ip(&["netns", "del", &ns]) {
+            if let Err(e) = ip(&["netns", "del", ns]) {
                 // Taken down meanwhile by someone else is a success too.
-                if ns_inode(&ns)?.is_some() {
+                if ns_inode(ns)?.is_some() {
                     return Err(e);
                 }
             }
+            let host_if = self.if_name(slot, 'h');
+            let exists = |i: &str| Path::new("/sys/class/net").join(i).exists();
+            if exists(&host_if)
+                && let Err(e) = ip(&["link", "del", &host_if])
+                && exists(&host_if)
+            {
+                return Err(e);
+            }
         }
-        let host_if = self.if_name(slot, 'h');
-        let exists = |i: &str| Path::new("/sys/class/net").join(i).exists();
-        if exists(&host_if)
-            && let Err(e) = ip(&["link", "del", &host_if])
-            && exists(&host_if)
-        {
-            return Err(e);
-        }
-        remove_dir(&self.node_dir(&ns))
+        remove_dir(&self.node_dir(ns))
     }
 
     fn list(&self) -> Result<Vec<Resource>, DriverError> {

@@ -90,7 +90,7 @@ impl Pool {
         let inner = self.inner();
         for ns in self.namespaces() {
             match inner.slot_of(&ns) {
-                Some(slot) => inner.teardown(slot, Duration::ZERO).unwrap(),
+                Some(_) => inner.teardown(&ns, Duration::ZERO).unwrap(),
                 None => {
                     let _ = Command::new("ip").args(["netns", "del", &ns]).output();
                 }
@@ -155,9 +155,10 @@ async fn create_runs_an_agent_in_its_namespace_and_delete_takes_all_of_it_down()
     // Two at once: each gets a slot of its own.
     let (a, b) = tokio::join!(pool.driver.create(&sa), pool.driver.create(&sb));
     let (a, b) = (a.expect("create a"), b.expect("create b"));
-    let mut ids = vec![a.clone(), b.clone()];
-    ids.sort();
-    assert_eq!(ids, vec![format!("{}-0", pool.prefix), format!("{}-1", pool.prefix)]);
+    let mut slots = vec![pool.inner().slot_of(&a).unwrap(), pool.inner().slot_of(&b).unwrap()];
+    slots.sort();
+    assert_eq!(slots, vec![0, 1]);
+    assert!(a.starts_with(&format!("{}-", pool.prefix)) && a.len() == pool.prefix.len() + 7, "{a}");
 
     let mut addresses = Vec::new();
     for (id, spec) in [(&a, &sa), (&b, &sb)] {
@@ -225,8 +226,8 @@ async fn create_runs_an_agent_in_its_namespace_and_delete_takes_all_of_it_down()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_without_its_tag_file_lists_with_empty_tags_and_a_bad_tag_file_fails_the_listing() {
     let pool = Pool::new('b', 24, None, agent_binary());
-    let id = format!("{}-3", pool.prefix);
-    for ns in [id.as_str(), &format!("{}-x", pool.prefix), &format!("{}-03", pool.prefix)] {
+    let id = format!("{}-3-0000", pool.prefix);
+    for ns in [id.as_str(), &format!("{}-x", pool.prefix), &format!("{}-03-0000", pool.prefix)] {
         assert!(Command::new("ip").args(["netns", "add", ns]).status().unwrap().success(), "ip netns add {ns}");
     }
     let listed = pool.driver.list().await.unwrap();
@@ -273,11 +274,11 @@ async fn a_full_network_or_max_nodes_is_a_quota_refusal() {
     let full = Pool::new('e', 24, None, agent_binary());
     assert_eq!(full.driver.quota().await.unwrap(), DriverQuota { max_nodes: Some(64) });
     for slot in (0..64).filter(|s| *s != 41) {
-        let ns = full.inner().ns_name(slot);
+        let ns = full.inner().ns_name(slot, "0000");
         assert!(Command::new("ip").args(["netns", "add", &ns]).status().unwrap().success(), "ip netns add {ns}");
     }
     let id = full.driver.create(&full.spec("a", "0.0.0.0:7700")).await.expect("the one free /30");
-    assert_eq!(id, format!("{}-41", full.prefix));
+    assert_eq!(full.inner().slot_of(&id), Some(41), "{id}");
     let err = full.driver.create(&full.spec("b", "0.0.0.0:7700")).await.expect_err("no /30 left");
     assert_eq!(err.class, ErrorClass::Quota, "{err}");
     assert_eq!(full.namespaces().len(), 64, "the refusal made nothing");
@@ -352,9 +353,39 @@ fn names_fit_the_kernel_and_only_canonical_ids_are_ours() {
 
     let d = LocalDriver::new(settings("p", "192.168.0.0/24")).unwrap();
     assert_eq!(d.inner.net.slots(), 64);
-    assert_eq!(d.inner.slot_of("p-0"), Some(0));
-    assert_eq!(d.inner.slot_of("p-63"), Some(63));
-    for not_ours in ["p-", "p-01", "p-+1", "p-1a", "px-1", "p1", "q-1", "p-99999999999"] {
+    assert_eq!(d.inner.slot_of("p-0-ab12"), Some(0));
+    assert_eq!(d.inner.slot_of("p-63-0000"), Some(63));
+    for not_ours in [
+        "p-",
+        "p-0",
+        "p-01-ab12",
+        "p-+1-ab12",
+        "p-1-AB12",
+        "p-1-ab1",
+        "p-1-ab123",
+        "px-1-ab12",
+        "q-1-ab12",
+        "p-99999999999-ab12",
+    ] {
         assert_eq!(d.inner.slot_of(not_ours), None, "{not_ours}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_delete_never_takes_down_the_node_that_took_its_slot_since() {
+    let pool = Pool::new('g', 24, None, agent_binary());
+    let old = pool.driver.create(&pool.spec("a", "0.0.0.0:7700")).await.expect("create a");
+    pool.driver.delete(&old).await.expect("delete a");
+    let new = pool.driver.create(&pool.spec("b", "0.0.0.0:7700")).await.expect("create b");
+    assert_eq!(pool.inner().slot_of(&new), pool.inner().slot_of(&old), "the slot is taken again");
+    assert_ne!(new, old, "under an id of its own");
+    let pid = agent_pid(&pool, &new);
+    // A retry of the first delete (its answer was lost, say).
+    pool.driver.delete(&old).await.expect("a stale delete is a success");
+    assert_eq!(pool.driver.status(&new).await.unwrap(), ResourceState::Running);
+    assert!(Path::new(&format!("/proc/{pid}")).exists(), "the new node's agent lives");
+    let slot = pool.inner().slot_of(&new).unwrap();
+    assert!(Path::new("/sys/class/net").join(pool.inner().if_name(slot, 'h')).exists(), "its link stays");
+    pool.driver.delete(&new).await.expect("delete b");
+    pool.assert_empty("after both deletes");
 }

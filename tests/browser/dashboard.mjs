@@ -214,6 +214,12 @@ try {
   await page.waitForFunction(() => document.querySelectorAll('#nodes tr[data-node]').length === 3);
   const nodes = await page.locator('#nodes tr[data-node]').allInnerTexts();
   expect(nodes.every((t) => t.includes('Ready') && t.includes('real')), `3 real Ready nodes: ${JSON.stringify(nodes)}`);
+  // Each node's origin and lifecycle beside its status: `flotilla dev`'s
+  // agents were started by hand (no pool launched them).
+  seen.origins = await page.locator('#nodes tr[data-node] td.origin').allInnerTexts();
+  expect(seen.origins.length === 3 && seen.origins.every((t) => t.trim() === 'manual'), `3 manual nodes: ${JSON.stringify(seen.origins)}`);
+  const lifecycles = await page.locator('#nodes tr[data-node] td.lifecycle').allInnerTexts();
+  expect(lifecycles.every((t) => t.trim() === 'ready'), `3 ready nodes by lifecycle: ${JSON.stringify(lifecycles)}`);
   // A node cordoned (through the API, as the CLI does) shows so on its
   // row within a refresh, and no longer once uncordoned.
   const cordon = (verb) => page.evaluate(async (v) => {
@@ -226,16 +232,27 @@ try {
   }, verb);
   expect(await cordon('cordon') === 200, 'node-3 cordoned');
   await page.waitForFunction(() => document.querySelector('#nodes tr[data-node="node-3"] .status')?.innerText.includes('cordoned'), null, { timeout: 10_000 });
+  await page.waitForFunction(() => document.querySelector('#nodes tr[data-node="node-3"] .lifecycle')?.innerText.trim() === 'cordoned', null, { timeout: 10_000 });
   await shot('7-nodes-cordoned');
   expect(await cordon('uncordon') === 200, 'node-3 uncordoned');
   await page.waitForFunction(() => !document.querySelector('#nodes tr[data-node="node-3"] .status')?.innerText.includes('cordoned'), null, { timeout: 10_000 });
   await shot('7-nodes');
+  // The pools view of a master without pools: says so and how to add one;
+  // no node request either.
+  await page.locator('#nav a[data-view="pools"]').click();
+  await page.locator('#pools-empty').waitFor();
+  const noPools = await text('#pools-empty');
+  expect(noPools.includes('This master has no node pools') && noPools.includes('[[node_pools]]'), `the pools' empty state, not ${noPools}`);
+  expect(await page.locator('#pools .pool').count() === 0, 'no pool card');
+  await page.waitForFunction(() => document.querySelector('#node-requests')?.previousElementSibling?.innerText.includes('No node requests'));
+  expect(await page.locator('#node-requests tbody tr').count() === 0, 'no node request');
+  await shot('7-pools');
   await page.locator('#nav a[data-view="events"]').click();
   await page.locator('#events tbody tr').first().waitFor();
   const events = await page.locator('#events tbody tr').allInnerTexts();
   expect(events.some((t) => t.includes('instance.status')), 'instance events in the feed');
   await shot('8-events');
-  step('operations, nodes and events views');
+  step('operations, nodes (origin manual, lifecycle ready/cordoned), pools (empty state) and events views');
 
   // A read token, in a tab of its own: the same cluster, live, and not
   // one control that would change it; no request of the page refused.

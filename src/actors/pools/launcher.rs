@@ -21,26 +21,20 @@ use serde_json::json;
 use time::OffsetDateTime;
 use tokio::task::JoinSet;
 
-use super::{Command, Pool, PoolHealth, Pools, PoolsView, class_name};
+use super::{Command, Pool, PoolHealth, Pools, PoolsView};
 use crate::actors::read_model::ReadModel;
 use crate::actors::trust::Trust;
 use crate::actors::trust::join_tokens::JoinTokenSpec;
 use crate::error::Error;
 use crate::ids::NodeId;
 use crate::providers::driver::{TAG_MASTER, TAG_NODE, TAG_POOL};
-use crate::providers::{DriverError, ErrorClass, LaunchSpec, Resource};
-use crate::storage::pool_records::{Lifecycle, NodeRequestRecord, PoolNodeRecord, RequestState};
+use crate::providers::{DriverError, LaunchSpec, Resource, ResourceState};
+use crate::storage::pool_records::{Lifecycle, NodeRequestRecord, PoolNodeRecord};
 use crate::storage::records::NodeStatus;
 use crate::storage::{MetaStore, StorageError, WriteOp, events};
 
 /// How often the launcher looks at enrollments, timeouts and requests.
 const TICK: Duration = Duration::from_millis(200);
-/// A pool that hit its provider's quota launches nothing for this long.
-const QUOTA_PAUSE: Duration = Duration::from_secs(30);
-/// A pool whose provider had no capacity declines requests for this long.
-const CAPACITY_MEMORY: Duration = Duration::from_secs(60);
-/// The longest wait between two tries of a launch.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Every driver call but `create` must answer within this.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -160,9 +154,13 @@ impl Launcher {
             }
             match n.state {
                 Lifecycle::Launching if n.external_id.is_none() => {
+                    // Adopted only with its agent running (or being made):
+                    // one whose agent died is unwound and tried again.
                     let found = listed.get(&n.pool).and_then(|l| l.as_ref().ok()).and_then(|resources| {
                         resources.iter().find(|r| {
-                            r.tag(TAG_NODE) == Some(n.node.as_str()) && r.tag(TAG_MASTER) == Some(&self.ctx.master_id)
+                            r.tag(TAG_NODE) == Some(n.node.as_str())
+                                && r.tag(TAG_MASTER) == Some(&self.ctx.master_id)
+                                && matches!(r.state, ResourceState::Running | ResourceState::Pending)
                         })
                     });
                     let mut n = n.clone();
@@ -189,7 +187,16 @@ impl Launcher {
                     self.commit_node(n, vec![]).await?;
                 }
                 Lifecycle::Deleting => self.unwind(&n.node),
-                Lifecycle::Enrolling | Lifecycle::Ready | Lifecycle::Failed => {}
+                // Counted on its request if the last incarnation could not.
+                Lifecycle::Ready => {
+                    if let Some(id) = &n.request
+                        && let Some((r, writes)) = self.counted(id, &n.node)?
+                    {
+                        self.ctx.store.commit(writes).await?;
+                        self.requests.insert(r.id.clone(), r);
+                    }
+                }
+                Lifecycle::Enrolling | Lifecycle::Failed => {}
             }
         }
         Ok(())
@@ -215,6 +222,7 @@ impl Launcher {
                 let _ = answer.send(result);
             }
         }
+        self.publish();
         Ok(())
     }
 
@@ -275,12 +283,21 @@ impl Launcher {
         let due: Vec<NodeId> = self.due.iter().filter(|(_, t)| **t <= now).map(|(n, _)| n.clone()).collect();
         for node in due {
             self.due.remove(&node);
-            match self.nodes.get(&node).map(|n| n.state) {
-                Some(Lifecycle::Deleting) => self.unwind(&node),
-                Some(Lifecycle::Launching) => self.create(&node).await,
+            let Some(n) = self.nodes.get(&node).cloned() else { continue };
+            match n.state {
+                Lifecycle::Deleting => self.unwind(&node),
+                Lifecycle::Launching if self.holds(&n) => self.create(&node).await,
+                // Its request is done, or declined by this pool since:
+                // nothing was made for this try, nothing is.
+                Lifecycle::Launching => {
+                    let ev = node_event("node.gone", &n, json!({"reason": "its request no longer needs it"}))?;
+                    self.ctx.store.commit(vec![WriteOp::delete_pool_node(&node), ev]).await?;
+                    self.nodes.remove(&node);
+                }
                 _ => {}
             }
         }
+        self.expired_holds().await?;
         self.enrollments().await?;
         self.assign().await?;
         self.min_ready().await?;
@@ -313,11 +330,18 @@ impl Launcher {
                     .increment(1);
                 self.set_state(&mut n, Lifecycle::Ready);
                 self.health_of(&n.pool).unhealthy = None;
+                // The node ready and counted on its request: one commit.
                 let mut writes = vec![node_event("node.ready", &n, json!({}))?];
-                let request = n.request.clone();
-                self.commit_node(n.clone(), std::mem::take(&mut writes)).await?;
-                if let Some(id) = request {
-                    self.count_ready(&id, &n.node).await?;
+                let counted = match &n.request {
+                    Some(id) => self.counted(id, &n.node)?,
+                    None => None,
+                };
+                if let Some((_, w)) = &counted {
+                    writes.extend(w.iter().cloned());
+                }
+                self.commit_node(n.clone(), writes).await?;
+                if let Some((r, _)) = counted {
+                    self.requests.insert(r.id.clone(), r);
                 }
             } else if now - n.state_since > pool.config.enroll_timeout {
                 let message = format!(
@@ -375,152 +399,6 @@ impl Launcher {
             .await;
             Done::Created { node, took: started.elapsed(), result }
         });
-    }
-
-    /// A try of `n` failed with `e`: unwind it, and either try again (its
-    /// request keeps it) or give its request back to the pools.
-    async fn failed_try(&mut self, mut n: PoolNodeRecord, e: DriverError) -> Result<(), StorageError> {
-        let Some(pool) = self.ctx.pools.pool(&n.pool) else { return Ok(()) };
-        let config = pool.config.clone();
-        let reason = format!("node {}: {} ({} error)", n.node, e.message, class_name(e.class));
-        tracing::warn!(node = %n.node, pool = %n.pool, attempt = n.attempt, %reason, "a launch failed");
-        metrics::counter!("flotilla_pool_launches_total", "pool" => n.pool.clone(), "result" => class_name(e.class))
-            .increment(1);
-        let now = OffsetDateTime::now_utc();
-        let health = self.health_of(&n.pool);
-        health.last_error = Some(reason.clone());
-        let mut writes = Vec::new();
-        let give_back = match e.class {
-            ErrorClass::Quota => {
-                health.paused_until = Some(now + QUOTA_PAUSE);
-                // Not a failed attempt: the request waits for a pool.
-                None
-            }
-            ErrorClass::Capacity => {
-                health.no_capacity_until = Some(now + CAPACITY_MEMORY);
-                Some(reason.clone())
-            }
-            ErrorClass::Config => {
-                health.broken = Some(reason.clone());
-                Some(reason.clone())
-            }
-            ErrorClass::Transient if n.attempt > config.launch_retries => {
-                let why = format!("{reason}, after {} tries", n.attempt);
-                health.unhealthy = Some(why.clone());
-                Some(why)
-            }
-            ErrorClass::Transient => {
-                // Tried again once unwound: the request keeps the node.
-                n.last_error = Some(reason.clone());
-                self.set_state(&mut n, Lifecycle::Deleting);
-                writes.push(node_event("node.launch_failed", &n, json!({"error": reason, "retry": true}))?);
-                self.commit_node(n.clone(), writes).await?;
-                self.unwind(&n.node);
-                return Ok(());
-            }
-        };
-        let request = n.request.take();
-        n.last_error = Some(reason.clone());
-        self.set_state(&mut n, Lifecycle::Deleting);
-        writes.push(node_event("node.launch_failed", &n, json!({"error": reason, "retry": false}))?);
-        if let Some(id) = &request
-            && let Some(mut r) = self.requests.get(id).cloned()
-        {
-            if let Some(why) = give_back {
-                self.decline(&mut r, &config.name, why, &mut writes)?;
-            } else if r.state == RequestState::Pending {
-                r.state = RequestState::Requested;
-                r.pool = None;
-                r.updated_at = now;
-            }
-            writes.push(WriteOp::put_node_request(&r)?);
-            self.requests.insert(r.id.clone(), r);
-        }
-        self.commit_node(n.clone(), writes).await?;
-        self.unwind(&n.node);
-        Ok(())
-    }
-
-    /// Starts taking `node` down: the resource (by its id, or by its tag
-    /// when the create never answered), its join token, its certificate,
-    /// and the node itself from the registry.
-    pub(super) fn unwind(&mut self, node: &NodeId) {
-        let Some(n) = self.nodes.get(node).cloned() else { return };
-        let Some(pool) = self.ctx.pools.pool(&n.pool) else { return };
-        if !self.busy.insert(node.clone()) {
-            return;
-        }
-        let (driver, ctx) = (pool.driver.clone(), self.ctx.clone());
-        let node = node.clone();
-        self.work.spawn(async move {
-            let result = async {
-                let ids: Vec<String> = match &n.external_id {
-                    Some(id) => vec![id.clone()],
-                    None => bounded(driver.list())
-                        .await
-                        .map_err(|e| format!("listing to find it: {e}"))?
-                        .into_iter()
-                        .filter(|r| {
-                            r.tag(TAG_NODE) == Some(n.node.as_str()) && r.tag(TAG_MASTER) == Some(&ctx.master_id)
-                        })
-                        .map(|r| r.external_id)
-                        .collect(),
-                };
-                for id in &ids {
-                    bounded(driver.delete(id)).await.map_err(|e| format!("deleting {id}: {e}"))?;
-                }
-                ctx.trust.delete_join_tokens_of(&n.node).await.map_err(|e| format!("its join token: {e}"))?;
-                if ctx.trust.cert_of(&n.node).is_some_and(|c| c.revoked_at.is_none()) {
-                    ctx.trust.revoke(&n.node).await.map_err(|e| format!("revoking its certificate: {e}"))?;
-                }
-                if let Some(link) = ctx.links.get(&n.node) {
-                    link.close_for_good();
-                }
-                Ok(())
-            }
-            .await;
-            Done::Unwound { node, result }
-        });
-    }
-
-    /// `n` is unwound: tried again if its request still holds it, else
-    /// forgotten (kept `failed` while held).
-    async fn unwound(&mut self, mut n: PoolNodeRecord) -> Result<(), StorageError> {
-        let mut forget = self.forget_registered(&n.node);
-        let backoff = Duration::from_secs(1u64 << n.attempt.min(5)).min(MAX_BACKOFF);
-        let active = n.request.as_ref().and_then(|id| self.requests.get(id)).is_some_and(|r| !r.state.is_done());
-        if active {
-            n.attempt += 1;
-            n.external_id = None;
-            self.set_state(&mut n, Lifecycle::Launching);
-            forget.push(node_event("node.launching", &n, json!({"attempt": n.attempt}))?);
-            self.commit_node(n.clone(), forget).await?;
-            self.due.insert(n.node.clone(), Instant::now() + backoff);
-            return Ok(());
-        }
-        if n.held_until.is_some_and(|t| t > OffsetDateTime::now_utc()) {
-            self.set_state(&mut n, Lifecycle::Failed);
-            forget.push(node_event("node.failed", &n, json!({"held_until": n.held_until.map(rfc3339)}))?);
-            return self.commit_node(n, forget).await;
-        }
-        forget.push(WriteOp::delete_pool_node(&n.node));
-        forget.push(node_event("node.gone", &n, json!({}))?);
-        self.ctx.store.commit(forget).await?;
-        self.nodes.remove(&n.node);
-        if self.ctx.read_model.node(&n.node).is_some_and(|e| e.instance_count() == 0) {
-            self.ctx.read_model.forget_node(&n.node);
-        }
-        Ok(())
-    }
-
-    /// The writes that drop `node` from the node registry (its agent is
-    /// gone and its certificate revoked), if it ever registered and holds
-    /// no instance.
-    fn forget_registered(&self, node: &NodeId) -> Vec<WriteOp> {
-        match self.ctx.read_model.node(node) {
-            Some(e) if e.instance_count() == 0 => vec![WriteOp::delete_node(node)],
-            _ => vec![],
-        }
     }
 
     // ---------------------------------------------------------------- shared

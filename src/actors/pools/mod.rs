@@ -16,6 +16,7 @@
 pub mod cleanup;
 pub mod launcher;
 mod requests;
+mod tries;
 
 pub use requests::{MIN_READY_PRIORITY, waiting_for};
 
@@ -183,7 +184,7 @@ impl Pools {
         self.check(&r)?;
         let (answer, answered) = oneshot::channel();
         self.send(Command::Request(r, answer))?;
-        answered.await.map_err(|_| Error::unavailable("the pool launcher restarted; retry"))?
+        wait(answered).await
     }
 
     /// Keeps provider node `node` out of every cleanup until `until`
@@ -194,13 +195,29 @@ impl Pools {
         }
         let (answer, answered) = oneshot::channel();
         self.send(Command::Hold(node.clone(), until, answer))?;
-        answered.await.map_err(|_| Error::unavailable("the pool launcher restarted; retry"))?
+        wait(answered).await
     }
 
     fn send(&self, c: Command) -> Result<(), Error> {
         self.tx.try_send(c).map_err(|_| Error::overloaded("the pool launcher has too many requests waiting"))
     }
 }
+
+/// The launcher's answer, within [`ANSWER_WITHIN`] (it may be restarting,
+/// or listing a slow provider at its start).
+async fn wait<T>(answered: oneshot::Receiver<Result<T, Error>>) -> Result<T, Error> {
+    match tokio::time::timeout(ANSWER_WITHIN, answered).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => Err(Error::unavailable("the pool launcher restarted; retry")),
+        Err(_) => Err(Error::unavailable(format!(
+            "the pool launcher did not answer within {} s (starting, or a provider is slow); retry",
+            ANSWER_WITHIN.as_secs()
+        ))),
+    }
+}
+
+/// How long a request or a hold waits for the launcher.
+const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `k=v,k=v` (or `any` for none).
 pub fn shown(labels: &BTreeMap<String, String>) -> String {
@@ -230,9 +247,13 @@ pub fn start(
     agent_addr: std::net::SocketAddr,
 ) -> Result<Arc<Pools>, crate::providers::pool_config::PoolConfigError> {
     let master_id = hex::encode(&trust.ca_fingerprint()[..8]);
+    crate::providers::check_local_pools(&cfg.node_pools, &cfg.data_dir, &master_id)?;
     let mut pools = Vec::new();
+    let mut locals = 0;
     for config in &cfg.node_pools {
-        let real = crate::providers::build(config, &cfg.data_dir, &master_id)?;
+        let index = if config.driver == "local" { locals } else { 0 };
+        locals += usize::from(config.driver == "local");
+        let real = crate::providers::build(config, index, &cfg.data_dir, &master_id)?;
         let (driver, faulty) = if cfg.test_hooks {
             let f = Arc::new(Faulty::new(real));
             (f.clone() as Arc<dyn Driver>, Some(f))

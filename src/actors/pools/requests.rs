@@ -64,23 +64,37 @@ impl Launcher {
             updated_at: now,
         };
         let mut writes = vec![WriteOp::put_node_request(&record)?, request_event("node_request.requested", &record)?];
-        writes.extend(self.prune_done());
+        let pruned = self.prunable();
+        writes.extend(pruned.iter().map(|id| WriteOp::delete_node_request(id)));
         self.ctx.store.commit(writes).await?;
+        for id in &pruned {
+            self.requests.remove(id);
+        }
         self.requests.insert(record.id.clone(), record.clone());
         self.publish();
         Ok(record)
     }
 
-    /// Drops the oldest done requests past [`DONE_REQUESTS_KEPT`].
-    fn prune_done(&mut self) -> Vec<WriteOp> {
+    /// The oldest done requests past [`DONE_REQUESTS_KEPT`] (dropped in
+    /// the caller's commit).
+    fn prunable(&self) -> Vec<String> {
         let done: Vec<String> = self.requests.values().filter(|r| r.state.is_done()).map(|r| r.id.clone()).collect();
         let over = done.len().saturating_sub(DONE_REQUESTS_KEPT);
-        done.into_iter()
-            .take(over)
-            .map(|id| {
-                self.requests.remove(&id);
-                WriteOp::delete_node_request(&id)
-            })
+        done.into_iter().take(over).collect()
+    }
+
+    /// The pools that may still serve `r`, by priority: they offer its
+    /// labels and have not declined it (a min-ready request: its own pool
+    /// only).
+    fn candidates(&self, r: &NodeRequestRecord) -> Vec<(String, u32)> {
+        let min_ready = r.requestor.starts_with("min-ready:");
+        self.ctx
+            .pools
+            .pools
+            .iter()
+            .filter(|p| p.config.offers(&r.labels) && !r.declined_by.contains(&p.config.name))
+            .filter(|p| !min_ready || r.requestor == min_ready_of(&p.config.name))
+            .map(|p| (p.config.name.clone(), p.config.max_nodes))
             .collect()
     }
 
@@ -99,15 +113,11 @@ impl Launcher {
             let min_ready = r.requestor.starts_with("min-ready:");
             let mut taken = None;
             let mut could_later = false;
-            let candidates: Vec<(String, u32)> = self
-                .ctx
-                .pools
-                .pools
-                .iter()
-                .filter(|p| p.config.offers(&r.labels) && !r.declined_by.contains(&p.config.name))
-                .filter(|p| !min_ready || r.requestor == min_ready_of(&p.config.name))
-                .map(|p| (p.config.name.clone(), p.config.max_nodes))
-                .collect();
+            let candidates = self.candidates(&r);
+            if candidates.is_empty() {
+                // Every pool that could serve it declined it.
+                self.fail(&mut r, &mut writes)?;
+            }
             for (name, max_nodes) in candidates {
                 let health = self.health.get(&name).cloned().unwrap_or_default();
                 let cap = max_nodes;
@@ -198,6 +208,9 @@ impl Launcher {
         why: String,
         writes: &mut Vec<WriteOp>,
     ) -> Result<(), StorageError> {
+        if r.state.is_done() || r.declined_by.iter().any(|p| p == pool) {
+            return Ok(());
+        }
         r.declined_by.push(pool.to_string());
         r.reasons.push(format!("{pool}: {why}"));
         r.state = RequestState::Requested;
@@ -208,9 +221,7 @@ impl Launcher {
             None,
             json!({"request": r.id, "pool": pool, "reason": why, "requestor": r.requestor}),
         ))?);
-        let left =
-            self.ctx.pools.pools.iter().any(|p| p.config.offers(&r.labels) && !r.declined_by.contains(&p.config.name));
-        if !left {
+        if self.candidates(r).is_empty() {
             self.fail(r, writes)?;
         }
         Ok(())
@@ -220,29 +231,6 @@ impl Launcher {
         r.state = RequestState::Failed;
         r.updated_at = OffsetDateTime::now_utc();
         writes.push(request_event("node_request.failed", r)?);
-        Ok(())
-    }
-
-    /// Node `node` of request `id` is ready: counted; the request is
-    /// fulfilled with its last node.
-    pub(super) async fn count_ready(&mut self, id: &str, node: &NodeId) -> Result<(), StorageError> {
-        let Some(mut r) = self.requests.get(id).cloned() else { return Ok(()) };
-        if r.nodes.contains(node) || r.state.is_done() {
-            return Ok(());
-        }
-        r.nodes.push(node.clone());
-        r.updated_at = OffsetDateTime::now_utc();
-        let mut writes = Vec::new();
-        if r.nodes.len() as u32 >= r.count {
-            r.state = RequestState::Fulfilled;
-            if r.pool.is_none() {
-                r.pool = self.nodes.get(node).map(|n| n.pool.clone());
-            }
-            writes.push(request_event("node_request.fulfilled", &r)?);
-        }
-        writes.push(WriteOp::put_node_request(&r)?);
-        self.ctx.store.commit(writes).await?;
-        self.requests.insert(r.id.clone(), r);
         Ok(())
     }
 
@@ -311,7 +299,7 @@ impl Launcher {
         self.nodes.values().filter(|n| n.request.as_deref() == Some(id) && n.state != Lifecycle::Ready).count() as u32
     }
 
-    fn new_node_id(&self, pool: &str) -> Result<NodeId, StorageError> {
+    pub(super) fn new_node_id(&self, pool: &str) -> Result<NodeId, StorageError> {
         // Pool names are at most 63 characters; the id keeps within the
         // node id rule.
         let head: String = pool.chars().take(50).collect();
@@ -325,7 +313,7 @@ impl Launcher {
     }
 }
 
-fn request_event(kind: &str, r: &NodeRequestRecord) -> Result<WriteOp, StorageError> {
+pub(super) fn request_event(kind: &str, r: &NodeRequestRecord) -> Result<WriteOp, StorageError> {
     events::append(&events::event(
         kind,
         None,
