@@ -311,7 +311,6 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
             }
         });
     }
-    actix::spawn(dump_on_sigusr2(read_model.clone()));
     // Listed in `GET /actors` under the root, as the tree declares it.
     let writer = ActorStats::new("store_writer", "store_writer", Some("master".into()));
     read_model.register_actor(&writer);
@@ -394,6 +393,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         });
     }
     let pools = crate::actors::pools::start(&shared, trust.clone(), &cfg, agent_addr).map_err(MasterError::Pools)?;
+    actix::spawn(dump_on_sigusr2(read_model.clone(), pools.clone()));
     if cfg.test_hooks {
         tracing::warn!(
             "test hooks are on (test_hooks): /test-hooks/... injects faults into actors; never in production"
@@ -536,7 +536,7 @@ impl Drop for ExitGuard {
 /// `kill -USR2 <master>`: every actor's state, mailbox depth, oldest
 /// message and what it handles now, and every running operation's step,
 /// to the log.
-async fn dump_on_sigusr2(rm: Arc<ReadModel>) {
+async fn dump_on_sigusr2(rm: Arc<ReadModel>, pools: Arc<crate::actors::pools::Pools>) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut usr2) = signal(SignalKind::user_defined2()) else { return };
     while usr2.recv().await.is_some() {
@@ -562,6 +562,7 @@ async fn dump_on_sigusr2(rm: Arc<ReadModel>) {
             let step = step.map_or("between steps", |s| s.name.as_str());
             tracing::info!(target: "flotilla::dump", "operation {} {:?} on {}: {:?}, {step}", op.id, op.kind, op.cluster, op.status);
         }
+        pools.dump();
     }
 }
 

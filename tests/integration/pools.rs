@@ -239,6 +239,14 @@ async fn a_request_launches_real_agents_that_enroll_and_take_a_cluster_placed_by
     assert_eq!(failed["declined_by"], json!(["big"]), "{failed:#}");
     assert!(failed["reasons"][0].as_str().unwrap().contains("needs 4 nodes, the pool holds at most 3"), "{failed:#}");
 
+    // SIGUSR2 dumps every pool with the actors.
+    env.signal_master(nix::sys::signal::Signal::SIGUSR2);
+    env.until(10, "the pools in the dump", async || {
+        let log = env.master_log();
+        if log.contains("pool big (local): ok, 2 of at most 3 nodes") { Ok(()) } else { Err("not yet".into()) }
+    })
+    .await;
+
     // The CLI shows the same.
     let table = cli(&env, &["pool", "ls"]);
     assert!(

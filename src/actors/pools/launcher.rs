@@ -430,6 +430,15 @@ impl Launcher {
     }
 
     pub(super) fn publish(&self) {
+        for pool in &self.ctx.pools.pools {
+            let name = &pool.config.name;
+            for state in
+                [Lifecycle::Launching, Lifecycle::Enrolling, Lifecycle::Ready, Lifecycle::Deleting, Lifecycle::Failed]
+            {
+                let n = self.nodes.values().filter(|n| &n.pool == name && n.state == state).count();
+                metrics::gauge!("flotilla_pool_nodes", "pool" => name.clone(), "state" => state.as_str()).set(n as f64);
+            }
+        }
         self.ctx.pools.publish(PoolsView {
             nodes: self.nodes.clone(),
             requests: self.requests.clone(),

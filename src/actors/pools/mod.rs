@@ -198,6 +198,42 @@ impl Pools {
         wait(answered).await
     }
 
+    /// Logs every pool, its open requests and its launches in flight
+    /// (`SIGUSR2`, with the actors).
+    pub fn dump(&self) {
+        let view = self.view();
+        let now = OffsetDateTime::now_utc();
+        for p in &self.pools {
+            let c = &p.config;
+            let health = view.health.get(&c.name).cloned().unwrap_or_default();
+            let nodes = view.nodes.values().filter(|n| n.pool == c.name).count();
+            tracing::info!(
+                target: "flotilla::dump",
+                "pool {} ({}): {}, {nodes} of at most {} nodes{}",
+                c.name,
+                c.driver,
+                health.summary(now),
+                c.max_nodes,
+                health.last_error.map(|e| format!(", last error: {e}")).unwrap_or_default()
+            );
+        }
+        for r in view.requests.values().filter(|r| !r.state.is_done()) {
+            tracing::info!(
+                target: "flotilla::dump",
+                "node request {} for {} x {{{}}} by {}: {}, pool {:?}, {} ready, declined by {:?}",
+                r.id, r.count, shown(&r.labels), r.requestor, r.state.as_str(), r.pool, r.nodes.len(), r.declined_by
+            );
+        }
+        for n in view.nodes.values().filter(|n| n.state != crate::storage::pool_records::Lifecycle::Ready) {
+            tracing::info!(
+                target: "flotilla::dump",
+                "node {} of pool {}: {} since {}, try {}, external id {:?}{}",
+                n.node, n.pool, n.state.as_str(), n.state_since, n.attempt, n.external_id,
+                n.last_error.as_deref().map(|e| format!(", last error: {e}")).unwrap_or_default()
+            );
+        }
+    }
+
     fn send(&self, c: Command) -> Result<(), Error> {
         self.tx.try_send(c).map_err(|_| Error::overloaded("the pool launcher has too many requests waiting"))
     }
