@@ -15,10 +15,10 @@ import { Pager, age, badge, coalescer, fill, h, sequencer, table, when } from '.
 const PAGE = 200;
 const REQUEST_PAGE = 50;
 /** A pool node's lifecycle states, in order. */
-const LIFECYCLE = ['launching', 'enrolling', 'ready', 'deleting', 'failed'];
+const LIFECYCLE = ['launching', 'enrolling', 'ready', 'draining', 'deleting', 'failed'];
 /** The events of pool nodes (`node.status` is an agent's link, not these). */
 const POOL_NODE_EVENTS = new Set(['node.launching', 'node.enrolling', 'node.ready', 'node.launch_failed', 'node.adopted',
-  'node.gone', 'node.failed', 'node.held', 'node.released', 'node.leak_found', 'node.leak_removed']);
+  'node.gone', 'node.failed', 'node.draining', 'node.deleting', 'node.remove_refused', 'node.held', 'node.released', 'node.leak_found', 'node.leak_removed']);
 const isPoolEvent = (kind) => kind.startsWith('node_request.') || POOL_NODE_EVENTS.has(kind);
 
 const labelText = (labels) => Object.entries(labels || {}).map(([k, v]) => `${k}=${v}`).join(' ');

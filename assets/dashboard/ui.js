@@ -38,7 +38,7 @@ const STATUS_CLASS = {
   Undone: 'warn', Unknown: 'warn', RolledBack: 'warn', Cancelled: 'warn', stopped: 'warn',
   Failed: 'bad', Lost: 'bad', Error: 'bad', Down: 'bad', UndoFailed: 'bad', failed: 'bad', escalated: 'bad',
   // a node's lifecycle, a pool's health, a node request's state
-  ready: 'ok', launching: 'busy', enrolling: 'busy', deleting: 'busy', cordoned: 'warn',
+  ready: 'ok', launching: 'busy', enrolling: 'busy', draining: 'busy', deleting: 'busy', cordoned: 'warn',
   ok: 'ok', paused: 'warn', no_capacity: 'warn', broken: 'bad', unhealthy: 'bad',
   pending: 'busy', fulfilled: 'ok',
 };

@@ -56,6 +56,9 @@ pub enum NodeCmd {
         #[arg(long)]
         release: bool,
     },
+    /// Remove a node a pool launched: cordoned, drained (it must hold no
+    /// instance), deleted through its driver, forgotten.
+    Remove { id: String },
     /// Node requests: ls, create.
     Request {
         #[command(subcommand)]
@@ -162,6 +165,16 @@ pub async fn node(cmd: NodeCmd, target: &Target) -> Result<(), CliError> {
             });
         }
         NodeCmd::Token { cmd } => return super::join_token::run(cmd, &client, target).await,
+        NodeCmd::Remove { id } => {
+            crate::ids::validate_name(&id).map_err(|m| CliError::Usage(format!("node id {id:?}: {m}")))?;
+            let v = client.call(reqwest::Method::POST, &format!("/nodes/{id}/remove"), None).await?;
+            show(target, &v, |v| {
+                format!(
+                    "node {id} is {}: it is deleted once seen empty (follow it with `flotilla pool ls`)",
+                    field(v, "state")
+                )
+            });
+        }
         NodeCmd::Request { cmd } => return super::pools::request(cmd, &client, target).await,
         NodeCmd::Hold { id, for_, until, release } => {
             return super::pools::hold(&client, target, &id, for_, until, release).await;

@@ -132,6 +132,7 @@ api_routes! {
     "/nodes/{id}/cordon" => [post cordons::cordon => Admin],
     "/nodes/{id}/uncordon" => [post cordons::uncordon => Admin],
     "/nodes/{id}/hold" => [post pools::hold => Admin],
+    "/nodes/{id}/remove" => [post pools::remove => Admin],
     "/pools" => [get pools::list => Read],
     "/node-requests" => [get pools::list_requests => Read, post pools::create_request => Admin],
     "/operations" => [get status::list_operations => Read],

@@ -64,6 +64,7 @@ use crate::scope::Scope;
         super::cordons::cordon,
         super::cordons::uncordon,
         super::pools::hold,
+        super::pools::remove,
         super::pools::list,
         super::pools::list_requests,
         super::pools::create_request,

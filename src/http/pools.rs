@@ -50,7 +50,7 @@ pub struct PoolDto {
 pub struct PoolNodeDto {
     pub node: String,
     pub pool: String,
-    /// `launching`, `enrolling`, `ready`, `deleting` or `failed`.
+    /// `launching`, `enrolling`, `ready`, `draining`, `deleting` or `failed`.
     pub state: String,
     pub external_id: Option<String>,
     pub request: Option<String>,
@@ -60,6 +60,8 @@ pub struct PoolNodeDto {
     pub last_error: Option<String>,
     #[serde(with = "time::serde::rfc3339::option")]
     pub held_until: Option<OffsetDateTime>,
+    /// Why it is being removed (while `draining` or `deleting`).
+    pub removal: Option<String>,
 }
 
 impl From<&PoolNodeRecord> for PoolNodeDto {
@@ -74,6 +76,7 @@ impl From<&PoolNodeRecord> for PoolNodeDto {
             state_since: n.state_since,
             last_error: n.last_error.clone(),
             held_until: n.held_until,
+            removal: n.removal.clone(),
         }
     }
 }
@@ -309,6 +312,32 @@ pub async fn hold(
         .await
         .map_err(|e| Error::Internal { message: format!("hold task: {e}") })??;
     Ok(HttpResponse::Ok().json(PoolNodeDto::from(&record)))
+}
+
+/// Removes a provider node
+///
+/// Journals its removal: the node is cordoned and `draining`, then, seen
+/// empty, deleted through its driver, its certificate revoked and the node
+/// forgotten (a master restart in the middle finishes it). Refused while
+/// it holds instances (`409 node_not_empty`: move them first), while it
+/// is still launching (`409 node_busy`), and beyond the pool's
+/// `max_disrupting` (`409 disruption_budget`). A held failed launch is
+/// deleted at once.
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/remove", operation_id = "remove_node", tag = "nodes",
+    params(("id" = String, Path, description = "The node's id")),
+    responses(
+        (status = 202, description = "Its removal is journaled", body = PoolNodeDto),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 503, response = super::error::Unavailable)))]
+pub async fn remove(state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let node = NodeId::new(id.into_inner());
+    let pools = state.pools.clone();
+    let record = tokio::spawn(async move { pools.remove(&node).await })
+        .await
+        .map_err(|e| Error::Internal { message: format!("remove task: {e}") })??;
+    tracing::warn!(node = %record.node, pool = %record.pool, "node removal journaled");
+    Ok(HttpResponse::Accepted().json(PoolNodeDto::from(&record)))
 }
 
 /// Where a node came from (`GET /nodes`).

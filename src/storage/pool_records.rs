@@ -23,6 +23,9 @@ pub enum Lifecycle {
     Enrolling,
     /// Its agent said hello: placement may use it.
     Ready,
+    /// Being removed (an operator's `remove`, an idle or old spare):
+    /// cordoned, and deleted once it is seen to hold nothing.
+    Draining,
     /// Being taken down (a retry's unwind, a removal, an idle spare).
     Deleting,
     /// Its launch failed for good; kept only while held (for debugging).
@@ -35,6 +38,7 @@ impl Lifecycle {
             Lifecycle::Launching => "launching",
             Lifecycle::Enrolling => "enrolling",
             Lifecycle::Ready => "ready",
+            Lifecycle::Draining => "draining",
             Lifecycle::Deleting => "deleting",
             Lifecycle::Failed => "failed",
         }
@@ -63,6 +67,8 @@ pub struct PoolNodeRecord {
     /// Out of every cleanup until then (`flotilla node hold`).
     #[serde(with = "time::serde::rfc3339::option")]
     pub held_until: Option<OffsetDateTime>,
+    /// Why it is being removed (`draining`, then `deleting`).
+    pub removal: Option<String>,
 }
 
 /// Where a node request is.

@@ -554,3 +554,97 @@ async fn min_ready_keeps_a_spare_and_a_request_at_quota_waits() {
     let (_, s) = env.post_empty("/clusters/s/stop").await;
     env.wait_op(s["operation"]["id"].as_str().unwrap()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_is_refused_while_the_node_holds_instances_then_drains_and_deletes_it() {
+    let space = Space::new();
+    let config = pool(&space, "rm", "labels = { tier = \"r\" }\nmax_disrupting = 1");
+    let env = TestEnv::start_with_config("pools-remove", &FAST, &config, 0).await;
+    let space = space;
+    let id = request(&env, json!({"tier": "r"}), 2).await;
+    let done = until_request(&env, &id, "fulfilled", 90).await;
+    let nodes: Vec<String> =
+        done["nodes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect();
+    env.upload(&PackageBuilder::sleeper("rmp")).await;
+    let c = env
+        .create_active(json!({"name": "r", "package": {"name": "rmp", "version": "1.0.0"},
+            "roles": {"svc": {"count": 1, "nodes": [nodes[0]]}}}))
+        .await;
+    assert_eq!(role_instances(&c, "svc").len(), 1);
+
+    // Holding an instance: refused, nothing changed.
+    let (status, v) = env.post_empty(&format!("/nodes/{}/remove", nodes[0])).await;
+    assert_eq!((status.as_u16(), error_code(&v)), (409, "node_not_empty"), "{v:#}");
+    let (_, n) = env.get(&format!("/nodes/{}", nodes[0])).await;
+    assert_eq!((n["lifecycle"].as_str(), n["cordon"].is_null()), (Some("ready"), true), "{n:#}");
+
+    // The empty one: journaled (draining, cordoned), then deleted and forgotten.
+    let out = cli(&env, &["node", "remove", &nodes[1]]);
+    assert!(out.contains("draining"), "{out}");
+    let (_, n) = env.get(&format!("/nodes/{}", nodes[1])).await;
+    assert_eq!(n["lifecycle"], "draining", "{n:#}");
+    assert!(n["cordon"]["reason"].as_str().unwrap_or("").contains("being removed"), "{n:#}");
+    // A second removal while one is under way: the budget (max_disrupting = 1).
+    let (status, v) = env.post_empty(&format!("/nodes/{}/remove", nodes[0])).await;
+    assert_eq!(status.as_u16(), 409, "{v:#}");
+    env.until(60, "the removed node gone", async || {
+        let (status, n) = env.get(&format!("/nodes/{}", nodes[1])).await;
+        if status == 404 && space.namespaces().len() == 1 { Ok(()) } else { Err(n.to_string()) }
+    })
+    .await;
+    let (_, certs) = env.get(&format!("/nodes/{}", nodes[0])).await;
+    assert_eq!(certs["status"], "Ready", "the other node is untouched: {certs:#}");
+    let p = pool_of(&env, "rm").await;
+    assert_eq!(p["nodes"].as_array().map(|a| a.len()), Some(1), "{p:#}");
+    let (_, s) = env.post_empty("/clusters/r/stop").await;
+    env.wait_op(s["operation"]["id"].as_str().unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_node_beyond_min_ready_is_given_back_and_an_old_spare_replaced() {
+    let (space, aged) = (Space::new(), Space::new());
+    let config = format!(
+        "{}\n{}",
+        pool(&space, "idle", "labels = { k = \"i\" }\nidle_timeout = \"2s\""),
+        pool(&aged, "aged", "labels = { k = \"a\" }\nmin_ready = 1\nmax_ready_age = \"4s\"")
+    );
+    let env = TestEnv::start_with_config("pools-idle", &FAST, &config, 0).await;
+    let (space, _aged) = (space, aged);
+    let id = request(&env, json!({"k": "i"}), 1).await;
+    until_request(&env, &id, "fulfilled", 90).await;
+    env.until(30, "the idle node given back", async || {
+        let p = pool_of(&env, "idle").await;
+        if p["nodes"].as_array().is_some_and(|a| a.is_empty()) { Ok(()) } else { Err(p.to_string()) }
+    })
+    .await;
+    assert!(space.namespaces().is_empty(), "its machine deleted");
+    // The aged pool's spare is replaced once older than max_ready_age.
+    let first = env
+        .until(60, "a spare", async || {
+            let p = pool_of(&env, "aged").await;
+            match p["nodes"].as_array().and_then(|a| a.iter().find(|n| n["state"] == "ready")) {
+                Some(n) => Ok(n["node"].as_str().unwrap().to_string()),
+                None => Err(p.to_string()),
+            }
+        })
+        .await;
+    env.until(60, "a fresh spare in its place", async || {
+        let p = pool_of(&env, "aged").await;
+        let ready: Vec<&str> = p["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["state"] == "ready")
+            .filter_map(|n| n["node"].as_str())
+            .collect();
+        if ready.len() == 1
+            && ready[0] != first
+            && !p["nodes"].as_array().unwrap().iter().any(|n| n["node"] == first.as_str())
+        {
+            Ok(())
+        } else {
+            Err(p.to_string())
+        }
+    })
+    .await;
+}

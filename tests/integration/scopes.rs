@@ -68,6 +68,7 @@ const POLICY: &[(&str, &str, Scope)] = &[
     ("POST", "/api/v1/nodes/{id}/cordon", Admin),
     ("POST", "/api/v1/nodes/{id}/uncordon", Admin),
     ("POST", "/api/v1/nodes/{id}/hold", Admin),
+    ("POST", "/api/v1/nodes/{id}/remove", Admin),
     ("GET", "/api/v1/pools", Read),
     ("GET", "/api/v1/node-requests", Read),
     ("POST", "/api/v1/node-requests", Admin),

@@ -77,6 +77,8 @@ pub(super) struct Launcher {
     /// Pools being listed for the leak pass.
     pub(super) listing: BTreeSet<String>,
     pub(super) last_cleanup: Instant,
+    /// Since when each spare has been empty (`idle_timeout`).
+    pub(super) empty_since: BTreeMap<NodeId, Instant>,
     pub(super) work: JoinSet<Done>,
 }
 
@@ -134,6 +136,7 @@ impl Launcher {
             sightings: BTreeMap::new(),
             listing: BTreeSet::new(),
             last_cleanup: Instant::now(),
+            empty_since: BTreeMap::new(),
             work: JoinSet::new(),
         };
         l.resume(&listed).await?;
@@ -196,7 +199,7 @@ impl Launcher {
                         self.requests.insert(r.id.clone(), r);
                     }
                 }
-                Lifecycle::Enrolling | Lifecycle::Failed => {}
+                Lifecycle::Enrolling | Lifecycle::Failed | Lifecycle::Draining => {}
             }
         }
         Ok(())
@@ -208,6 +211,10 @@ impl Launcher {
         match c {
             Command::Request(r, answer) => {
                 let result = self.file(r).await;
+                let _ = answer.send(result);
+            }
+            Command::Remove(node, answer) => {
+                let result = self.remove(&node).await;
                 let _ = answer.send(result);
             }
             Command::Hold(node, until, answer) => {
@@ -299,6 +306,8 @@ impl Launcher {
         }
         self.expired_holds().await?;
         self.enrollments().await?;
+        self.drains().await?;
+        self.idle_and_old().await?;
         self.assign().await?;
         self.min_ready().await?;
         if now.duration_since(self.last_cleanup) >= self.ctx.cleanup_every {

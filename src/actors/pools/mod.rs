@@ -16,9 +16,11 @@
 pub mod cleanup;
 pub mod launcher;
 mod requests;
+mod retire;
 mod tries;
 
 pub use requests::{MIN_READY_PRIORITY, waiting_for};
+pub use retire::{DO_NOT_DISRUPT, SETTLE};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -107,6 +109,7 @@ pub struct NewRequest {
 pub(crate) enum Command {
     Request(NewRequest, oneshot::Sender<Result<NodeRequestRecord, Error>>),
     Hold(NodeId, Option<OffsetDateTime>, oneshot::Sender<Result<PoolNodeRecord, Error>>),
+    Remove(NodeId, oneshot::Sender<Result<PoolNodeRecord, Error>>),
 }
 
 /// The pools of this master: their settings and drivers, what the
@@ -232,6 +235,17 @@ impl Pools {
                 n.last_error.as_deref().map(|e| format!(", last error: {e}")).unwrap_or_default()
             );
         }
+    }
+
+    /// Removes provider node `node` (`retire`): answered once its
+    /// removal is journaled (`draining`).
+    pub async fn remove(&self, node: &NodeId) -> Result<PoolNodeRecord, Error> {
+        if self.node(node).is_none() {
+            return Err(Error::not_found("provider node (one a pool launched)", node));
+        }
+        let (answer, answered) = oneshot::channel();
+        self.send(Command::Remove(node.clone(), answer))?;
+        wait(answered).await
     }
 
     fn send(&self, c: Command) -> Result<(), Error> {

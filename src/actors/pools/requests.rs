@@ -169,6 +169,7 @@ impl Launcher {
                         state_since: now,
                         last_error: None,
                         held_until: None,
+                        removal: None,
                     };
                     writes.push(WriteOp::put_pool_node(&n)?);
                     writes.push(node_event("node.launching", &n, json!({}))?);

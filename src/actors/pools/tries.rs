@@ -148,6 +148,7 @@ impl Launcher {
             state_since: now,
             last_error: None,
             held_until: None,
+            removal: None,
         })
     }
 

@@ -1,0 +1,227 @@
+//! Taking ready nodes out of a pool: an operator's `POST
+//! /nodes/{id}/remove`, an empty node idle past the pool's `idle_timeout`
+//! beyond its `min_ready`, a spare older than `max_ready_age`.
+//!
+//! A removal is journaled in the node's record: `draining` (with its
+//! reason, and a cordon, in one commit), then, once [`SETTLE`] has passed
+//! and the node is seen to hold nothing (no instance on it, none an
+//! operation in flight is to put there), `deleting`, and the usual unwind
+//! (resource, join token, certificate, registry). A master restarted in
+//! the middle takes it up where the record says. A node that turns out
+//! to hold something is put back (`ready`, its cordon lifted) with an
+//! event saying why: moving members off a node is the cluster's business
+//! (a scale-in, a delete), not the pool's. At most `max_disrupting` nodes
+//! of a pool are drained or deleted for a removal at once; the automatic
+//! ones never pick a node labelled `do-not-disrupt=true`.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use time::OffsetDateTime;
+
+use super::launcher::{Launcher, node_event};
+use crate::error::Error;
+use crate::ids::NodeId;
+use crate::storage::pool_records::{Lifecycle, PoolNodeRecord};
+use crate::storage::records::{CordonRecord, RECORD_VERSION};
+use crate::storage::{StorageError, WriteOp};
+
+/// How long a draining node waits before it is judged empty: longer than
+/// a placement made just before its cordon takes to be journaled.
+pub const SETTLE: Duration = Duration::from_secs(2);
+/// The label that keeps a node out of every automatic removal.
+pub const DO_NOT_DISRUPT: &str = "do-not-disrupt";
+
+/// The cordon reason of a node being removed.
+fn cordon_reason(why: &str) -> String {
+    format!("being removed by its pool: {why}")
+}
+
+impl Launcher {
+    /// Nodes of `pool` being removed (draining, or deleting for a removal).
+    fn disrupting(&self, pool: &str) -> u32 {
+        self.nodes
+            .values()
+            .filter(|n| n.pool == pool && n.removal.is_some())
+            .filter(|n| matches!(n.state, Lifecycle::Draining | Lifecycle::Deleting))
+            .count() as u32
+    }
+
+    /// What an instance or an operation in flight holds on `node`.
+    fn holding(&self, node: &NodeId) -> usize {
+        let placed = self.ctx.read_model.node(node).map(|e| e.instance_count()).unwrap_or(0);
+        let coming: usize = self
+            .ctx
+            .read_model
+            .running_operations()
+            .values()
+            .filter_map(|o| o.resume.as_ref())
+            .map(|r| r.pending.iter().filter(|i| &i.node == node).count())
+            .sum();
+        placed + coming
+    }
+
+    /// An operator's removal of `node`.
+    pub(super) async fn remove(&mut self, node: &NodeId) -> Result<PoolNodeRecord, Error> {
+        let n = self.nodes.get(node).cloned().ok_or_else(|| Error::not_found("provider node", node))?;
+        let max = self.pool(&n.pool).map(|p| p.config.max_disrupting).unwrap_or(1);
+        match n.state {
+            Lifecycle::Ready => {}
+            Lifecycle::Failed => {
+                // A failed launch (held): unwound now.
+                let mut n = n;
+                n.held_until = None;
+                n.removal = Some("removed by an operator".into());
+                self.set_state(&mut n, Lifecycle::Deleting);
+                let ev = node_event("node.deleting", &n, json!({"reason": "removed by an operator"}))?;
+                self.commit_node(n.clone(), vec![ev]).await?;
+                self.unwind(&n.node);
+                return Ok(n);
+            }
+            Lifecycle::Draining | Lifecycle::Deleting => return Ok(n),
+            other => {
+                return Err(Error::conflict(
+                    "node_busy",
+                    format!("node {node} is {}: remove it once it is ready (or failed)", other.as_str()),
+                ));
+            }
+        }
+        let holds = self.holding(node);
+        if holds > 0 {
+            return Err(Error::conflict(
+                "node_not_empty",
+                format!(
+                    "node {node} holds {holds} instance(s): move them first (scale their clusters in, or delete them), then remove it"
+                ),
+            ));
+        }
+        if self.disrupting(&n.pool) >= max {
+            return Err(Error::conflict(
+                "disruption_budget",
+                format!(
+                    "pool {} is removing {max} node(s) already (max_disrupting = {max}); retry once one is gone",
+                    n.pool
+                ),
+            ));
+        }
+        Ok(self.retire(n, "removed by an operator").await?)
+    }
+
+    /// Starts removing `n` (ready): draining, cordoned, in one commit.
+    async fn retire(&mut self, mut n: PoolNodeRecord, why: &str) -> Result<PoolNodeRecord, StorageError> {
+        let mut writes = Vec::new();
+        let cordon = match self.ctx.read_model.cordon_of(&n.node) {
+            Some(_) => None,
+            None => Some(CordonRecord {
+                version: RECORD_VERSION,
+                node: n.node.clone(),
+                reason: cordon_reason(why),
+                since: OffsetDateTime::now_utc(),
+            }),
+        };
+        if let Some(c) = &cordon {
+            writes.push(WriteOp::put_cordon(c)?);
+        }
+        n.removal = Some(why.to_string());
+        self.set_state(&mut n, Lifecycle::Draining);
+        writes.push(node_event("node.draining", &n, json!({"reason": why}))?);
+        self.commit_node(n.clone(), writes).await?;
+        if let Some(c) = cordon {
+            self.ctx.read_model.put_cordon(c);
+        }
+        Ok(n)
+    }
+
+    /// Draining nodes past [`SETTLE`]: deleted when empty, put back when not.
+    pub(super) async fn drains(&mut self) -> Result<(), StorageError> {
+        let now = OffsetDateTime::now_utc();
+        let settled: Vec<PoolNodeRecord> = self
+            .nodes
+            .values()
+            .filter(|n| n.state == Lifecycle::Draining && now - n.state_since >= SETTLE)
+            .cloned()
+            .collect();
+        for mut n in settled {
+            let holds = self.holding(&n.node);
+            if holds == 0 {
+                self.set_state(&mut n, Lifecycle::Deleting);
+                let ev = node_event("node.deleting", &n, json!({"reason": n.removal}))?;
+                self.commit_node(n.clone(), vec![ev]).await?;
+                self.unwind(&n.node);
+                continue;
+            }
+            // Something was placed on it after all: it stays.
+            let why = n.removal.take().unwrap_or_default();
+            let ours = self.ctx.read_model.cordon_of(&n.node).is_some_and(|c| c.reason == cordon_reason(&why));
+            self.set_state(&mut n, Lifecycle::Ready);
+            let mut writes = vec![node_event(
+                "node.remove_refused",
+                &n,
+                json!({"reason": format!("it holds {holds} instance(s) placed before its cordon")}),
+            )?];
+            if ours {
+                writes.push(WriteOp::delete_cordon(&n.node));
+            }
+            self.commit_node(n.clone(), writes).await?;
+            if ours {
+                self.ctx.read_model.remove_cordon(&n.node);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back empty nodes idle past `idle_timeout` beyond `min_ready`,
+    /// and replaces spares older than `max_ready_age` (min-ready then
+    /// files a request for a fresh one). Never a node labelled
+    /// `do-not-disrupt=true`, never past `max_disrupting`. How long a node
+    /// has been empty is kept in memory: a master restart starts it over
+    /// (a give-back is delayed by it, never hastened).
+    pub(super) async fn idle_and_old(&mut self) -> Result<(), StorageError> {
+        let now = Instant::now();
+        let spares_by_pool: Vec<(String, Vec<NodeId>)> =
+            self.ctx.pools.pools.iter().map(|p| (p.config.name.clone(), self.spares(&p.config.name))).collect();
+        let all: Vec<NodeId> = spares_by_pool.iter().flat_map(|(_, s)| s.iter().cloned()).collect();
+        self.empty_since.retain(|n, _| all.contains(n));
+        for n in &all {
+            self.empty_since.entry(n.clone()).or_insert(now);
+        }
+        for (pool, spares) in spares_by_pool {
+            let Some(config) = self.pool(&pool).map(|p| p.config.clone()) else { continue };
+            let mut room = config.max_disrupting.saturating_sub(self.disrupting(&pool));
+            let mut left = spares.len() as u32;
+            for node in spares {
+                if room == 0 {
+                    break;
+                }
+                let Some(n) = self.nodes.get(&node).cloned() else { continue };
+                let protected = self
+                    .ctx
+                    .read_model
+                    .node(&node)
+                    .is_some_and(|e| e.record().labels.get(DO_NOT_DISRUPT).is_some_and(|v| v == "true"));
+                if protected || n.held_until.is_some_and(|t| t > OffsetDateTime::now_utc()) {
+                    continue;
+                }
+                let idle = self.empty_since.get(&node).map(|t| now.duration_since(*t)).unwrap_or_default();
+                let age = (OffsetDateTime::now_utc() - n.state_since).unsigned_abs();
+                let why = if config.idle_timeout.is_some_and(|t| idle >= t) && left > config.min_ready {
+                    format!(
+                        "empty for {} (idle_timeout)",
+                        humantime::format_duration(Duration::from_secs(idle.as_secs()))
+                    )
+                } else if config.max_ready_age.is_some_and(|t| age >= t) {
+                    format!(
+                        "a spare older than max_ready_age ({})",
+                        humantime::format_duration(Duration::from_secs(age.as_secs()))
+                    )
+                } else {
+                    continue;
+                };
+                self.retire(n, &why).await?;
+                room -= 1;
+                left -= 1;
+            }
+        }
+        Ok(())
+    }
+}
