@@ -5,7 +5,8 @@
 # integration tests, packaged by examples/components/zookeeper/build.sh),
 # curl, and for the dashboard's browser test Debian's chromium, Node.js and
 # npm's playwright-core (pinned in tests/browser/package-lock.json);
-# iproute2 and nsenter for the network-partition test.
+# iproute2 and nsenter for the network-partition test; openssh-server and
+# openssh-client for the static (SSH) driver's tests.
 # Safe to run again; does nothing when all is there.
 set -euo pipefail
 
@@ -23,6 +24,10 @@ command -v npm >/dev/null 2>&1 || need+=(npm)
 # and runs an agent in one (nsenter, util-linux).
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+# The static driver's tests run Debian's sshd in namespaces and bootstrap
+# hosts with the OpenSSH client (ssh, scp, ssh-keygen).
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null 2>&1 && command -v scp >/dev/null 2>&1 || need+=(openssh-client)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   SUDO=""

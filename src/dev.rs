@@ -314,8 +314,8 @@ async fn installation(client: &reqwest::Client, api: &str) -> Result<String, Dev
 /// namespaces, agents and instances): dev mode leaves nothing behind.
 async fn delete_pool_nodes(pools: &[crate::providers::pool_config::PoolConfig], master_dir: &Path, install: &str) {
     use crate::providers::driver::TAG_MASTER;
-    for (index, p) in pools.iter().filter(|p| p.driver == "local").enumerate() {
-        let driver = match crate::providers::build(p, index, master_dir, install) {
+    for p in pools.iter().filter(|p| p.driver == "local") {
+        let driver = match crate::providers::build(p, master_dir, install) {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("flotilla dev: cannot clean pool {}: {e}", p.name);

@@ -311,6 +311,10 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
             }
         });
     }
+    // From the start (SIGUSR2's default action would end the master); the
+    // pools join the dump once they run.
+    let pools_for_dump: Arc<std::sync::OnceLock<Arc<crate::actors::pools::Pools>>> = Arc::default();
+    actix::spawn(dump_on_sigusr2(read_model.clone(), pools_for_dump.clone()));
     // Listed in `GET /actors` under the root, as the tree declares it.
     let writer = ActorStats::new("store_writer", "store_writer", Some("master".into()));
     read_model.register_actor(&writer);
@@ -392,8 +396,9 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
             }
         });
     }
-    let pools = crate::actors::pools::start(&shared, trust.clone(), &cfg, agent_addr).map_err(MasterError::Pools)?;
-    actix::spawn(dump_on_sigusr2(read_model.clone(), pools.clone()));
+    let pools = crate::actors::pools::start(&shared, trust.clone(), cordons.lock(), &cfg, agent_addr)
+        .map_err(MasterError::Pools)?;
+    let _ = pools_for_dump.set(pools.clone());
     if cfg.test_hooks {
         tracing::warn!(
             "test hooks are on (test_hooks): /test-hooks/... injects faults into actors; never in production"
@@ -536,7 +541,7 @@ impl Drop for ExitGuard {
 /// `kill -USR2 <master>`: every actor's state, mailbox depth, oldest
 /// message and what it handles now, and every running operation's step,
 /// to the log.
-async fn dump_on_sigusr2(rm: Arc<ReadModel>, pools: Arc<crate::actors::pools::Pools>) {
+async fn dump_on_sigusr2(rm: Arc<ReadModel>, pools: Arc<std::sync::OnceLock<Arc<crate::actors::pools::Pools>>>) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut usr2) = signal(SignalKind::user_defined2()) else { return };
     while usr2.recv().await.is_some() {
@@ -562,7 +567,9 @@ async fn dump_on_sigusr2(rm: Arc<ReadModel>, pools: Arc<crate::actors::pools::Po
             let step = step.map_or("between steps", |s| s.name.as_str());
             tracing::info!(target: "flotilla::dump", "operation {} {:?} on {}: {:?}, {step}", op.id, op.kind, op.cluster, op.status);
         }
-        pools.dump();
+        if let Some(p) = pools.get() {
+            p.dump();
+        }
     }
 }
 

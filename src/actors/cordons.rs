@@ -28,6 +28,12 @@ pub struct Cordons {
 }
 
 impl Cordons {
+    /// The lock every cordon change takes (the pools' launcher writes its
+    /// own cordons under it too).
+    pub fn lock(&self) -> Arc<tokio::sync::Mutex<()>> {
+        self.lock.clone()
+    }
+
     /// Loads the stored cordons into the read model (at the master's start).
     pub fn load(
         store: Arc<dyn MetaStore>,

@@ -64,9 +64,22 @@ pub async fn cordon(
     responses(
         (status = 200, description = "Uncordoned (or was not cordoned)", body = CordonAnswer),
         (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
         (status = 503, response = super::error::Unavailable)))]
 pub async fn uncordon(state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let node = NodeId::new(id.into_inner());
+    // A node its pool is removing stays out of placement until it is gone.
+    if let Some(n) = state.pools.node(&node).filter(|n| n.removal.is_some()) {
+        return Err(crate::error::Error::conflict(
+            "node_being_removed",
+            format!(
+                "node {node} is {} for its removal ({}): it is not uncordoned",
+                n.state.as_str(),
+                n.removal.unwrap_or_default()
+            ),
+        )
+        .into());
+    }
     let changed = state.cordons.uncordon(&node).await?;
     if changed {
         tracing::warn!(%node, "node uncordoned");

@@ -19,26 +19,22 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::net::Ipv4Addr;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 
 use super::driver::{Driver, DriverError, DriverQuota, ErrorClass, LaunchSpec, Resource, ResourceState};
+#[cfg(test)]
+use super::netns::pids_in;
+use super::netns::{NETNS_DIR, NsInode, fs_error, ns_inode, processes, stop_processes};
 
-/// Where `ip netns` keeps its namespaces (bind mounts of nsfs inodes).
-const NETNS_DIR: &str = "/run/netns";
 /// How long a deleted node's processes get after SIGTERM (its agent stops
 /// its instances on exit) before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(20);
-/// How long after SIGKILL the processes get to vanish before delete fails.
-const KILL_WAIT: Duration = Duration::from_secs(5);
 /// A created agent must still live this long after its spawn.
 const ALIVE_AFTER: Duration = Duration::from_millis(100);
 
@@ -167,10 +163,6 @@ impl Drop for SlotGuard {
     }
 }
 
-/// A namespace's nsfs inode, as `stat` shows it for `/run/netns/{ns}` and
-/// for `/proc/PID/ns/net` of every process in it.
-type NsInode = (u64, u64);
-
 impl LocalDriver {
     /// A driver for `settings`, refused as [`LocalSettings::check`] does.
     /// Nothing is made or looked at on the host until a method is called.
@@ -241,7 +233,7 @@ impl Driver for LocalDriver {
 }
 
 impl Inner {
-    /// `{prefix}-{slot}-{nonce}`: the nonce (4 random hex digits) makes
+    /// `{prefix}-{slot}-{nonce}`: the nonce (8 random hex digits) makes
     /// each create's id its own, so a stale delete of a node whose slot
     /// was taken again since finds nothing to take down.
     fn ns_name(&self, slot: u32, nonce: &str) -> String {
@@ -257,13 +249,13 @@ impl Inner {
         self.s.data_dir.join(ns)
     }
 
-    /// The slot of a namespace name of this pool (`{prefix}-{digits}-{4
+    /// The slot of a namespace name of this pool (`{prefix}-{digits}-{8
     /// hex}`, as create writes it), else `None`.
     fn slot_of(&self, name: &str) -> Option<u32> {
         let rest = name.strip_prefix(&self.s.prefix)?.strip_prefix('-')?;
         let (digits, nonce) = rest.split_once('-')?;
         let slot: u32 = digits.parse().ok()?;
-        let canonical = nonce.len() == 4 && nonce.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let canonical = nonce.len() == 8 && nonce.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         (canonical && self.ns_name(slot, nonce) == name).then_some(slot)
     }
 
@@ -329,7 +321,7 @@ impl Inner {
 
     fn create(this: &Arc<Inner>, spec: &LaunchSpec) -> Result<String, DriverError> {
         let guard = Inner::hold_for_create(this)?;
-        let mut nonce = [0u8; 2];
+        let mut nonce = [0u8; 4];
         getrandom::fill(&mut nonce).map_err(|e| DriverError::transient(format!("no randomness: {e}")))?;
         let ns = this.ns_name(guard.slot, &hex::encode(nonce));
         let master = spec.master_addr.ip();
@@ -524,78 +516,6 @@ impl Inner {
     }
 }
 
-/// The nsfs inode of the namespace `ns`, `None` when it does not exist.
-fn ns_inode(ns: &str) -> Result<Option<NsInode>, DriverError> {
-    let path = Path::new(NETNS_DIR).join(ns);
-    match fs::metadata(&path) {
-        Ok(m) => Ok(Some((m.dev(), m.ino()))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(fs_error("stat", &path, e)),
-    }
-}
-
-/// Every process with its network namespace, from `/proc` (as `ip netns
-/// pids` finds them). Processes gone meanwhile, and zombies (which have no
-/// namespace left), are skipped.
-fn processes() -> Result<Vec<(i32, NsInode)>, DriverError> {
-    let entries = fs::read_dir("/proc").map_err(|e| DriverError::transient(format!("cannot read /proc: {e}")))?;
-    let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        if let Some(inode) = net_of(pid) {
-            found.push((pid, inode));
-        }
-    }
-    Ok(found)
-}
-
-fn net_of(pid: i32) -> Option<NsInode> {
-    fs::metadata(format!("/proc/{pid}/ns/net")).ok().map(|m| (m.dev(), m.ino()))
-}
-
-fn pids_in(ns: NsInode) -> Result<Vec<i32>, DriverError> {
-    Ok(processes()?.into_iter().filter(|(_, i)| *i == ns).map(|(p, _)| p).collect())
-}
-
-/// Signals `pid` if it is (still) in the namespace `ns`: never a process
-/// of anyone else. The check and the signal are two steps, as with `ip
-/// netns pids` and `kill`; a pid is only reused after the pid space wraps.
-fn signal_in(ns: NsInode, pid: i32, sig: Signal) {
-    if net_of(pid) == Some(ns) {
-        let _ = kill(Pid::from_raw(pid), sig);
-    }
-}
-
-/// SIGTERM to every process in `ns`, up to `grace` for them to exit, then
-/// SIGKILL to what is left; an error when some outlive that too.
-fn stop_processes(ns: NsInode, grace: Duration) -> Result<(), DriverError> {
-    let wait_empty = |limit: Duration| -> Result<Vec<i32>, DriverError> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let left = pids_in(ns)?;
-            if left.is_empty() || Instant::now() >= deadline {
-                return Ok(left);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    let mut left = pids_in(ns)?;
-    if !grace.is_zero() && !left.is_empty() {
-        left.iter().for_each(|p| signal_in(ns, *p, Signal::SIGTERM));
-        left = wait_empty(grace)?;
-    }
-    if left.is_empty() {
-        return Ok(());
-    }
-    left.iter().for_each(|p| signal_in(ns, *p, Signal::SIGKILL));
-    let left = wait_empty(KILL_WAIT)?;
-    if left.is_empty() {
-        Ok(())
-    } else {
-        Err(DriverError::transient(format!("processes {left:?} outlived SIGKILL in the namespace")))
-    }
-}
-
 /// Runs `ip args`: a failure is transient, except a missing `ip` or a
 /// missing privilege, which no retry mends.
 fn ip(args: &[&str]) -> Result<(), DriverError> {
@@ -631,10 +551,6 @@ fn searchable_dir(dir: &Path) -> io::Result<()> {
         fs::set_permissions(d, fs::Permissions::from_mode(0o711))?;
     }
     Ok(())
-}
-
-fn fs_error(what: &str, path: &Path, e: io::Error) -> DriverError {
-    DriverError::transient(format!("cannot {what} {}: {e}", path.display()))
 }
 
 /// The last lines of a log, for an error message.

@@ -7,6 +7,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use std::time::Instant;
+
+use nix::unistd::Pid;
+
 use super::*;
 use crate::ids::NodeId;
 use crate::providers::driver::{TAG_MASTER, TAG_NODE, TAG_POOL};
@@ -158,7 +162,7 @@ async fn create_runs_an_agent_in_its_namespace_and_delete_takes_all_of_it_down()
     let mut slots = vec![pool.inner().slot_of(&a).unwrap(), pool.inner().slot_of(&b).unwrap()];
     slots.sort();
     assert_eq!(slots, vec![0, 1]);
-    assert!(a.starts_with(&format!("{}-", pool.prefix)) && a.len() == pool.prefix.len() + 7, "{a}");
+    assert!(a.starts_with(&format!("{}-", pool.prefix)) && a.len() == pool.prefix.len() + 11, "{a}");
 
     let mut addresses = Vec::new();
     for (id, spec) in [(&a, &sa), (&b, &sb)] {
@@ -226,8 +230,8 @@ async fn create_runs_an_agent_in_its_namespace_and_delete_takes_all_of_it_down()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_without_its_tag_file_lists_with_empty_tags_and_a_bad_tag_file_fails_the_listing() {
     let pool = Pool::new('b', 24, None, agent_binary());
-    let id = format!("{}-3-0000", pool.prefix);
-    for ns in [id.as_str(), &format!("{}-x", pool.prefix), &format!("{}-03-0000", pool.prefix)] {
+    let id = format!("{}-3-00000000", pool.prefix);
+    for ns in [id.as_str(), &format!("{}-x", pool.prefix), &format!("{}-03-00000000", pool.prefix)] {
         assert!(Command::new("ip").args(["netns", "add", ns]).status().unwrap().success(), "ip netns add {ns}");
     }
     let listed = pool.driver.list().await.unwrap();
@@ -274,7 +278,7 @@ async fn a_full_network_or_max_nodes_is_a_quota_refusal() {
     let full = Pool::new('e', 24, None, agent_binary());
     assert_eq!(full.driver.quota().await.unwrap(), DriverQuota { max_nodes: Some(64) });
     for slot in (0..64).filter(|s| *s != 41) {
-        let ns = full.inner().ns_name(slot, "0000");
+        let ns = full.inner().ns_name(slot, "00000000");
         assert!(Command::new("ip").args(["netns", "add", &ns]).status().unwrap().success(), "ip netns add {ns}");
     }
     let id = full.driver.create(&full.spec("a", "0.0.0.0:7700")).await.expect("the one free /30");
@@ -353,19 +357,20 @@ fn names_fit_the_kernel_and_only_canonical_ids_are_ours() {
 
     let d = LocalDriver::new(settings("p", "192.168.0.0/24")).unwrap();
     assert_eq!(d.inner.net.slots(), 64);
-    assert_eq!(d.inner.slot_of("p-0-ab12"), Some(0));
-    assert_eq!(d.inner.slot_of("p-63-0000"), Some(63));
+    assert_eq!(d.inner.slot_of("p-0-ab12cd34"), Some(0));
+    assert_eq!(d.inner.slot_of("p-63-00000000"), Some(63));
     for not_ours in [
         "p-",
         "p-0",
-        "p-01-ab12",
-        "p-+1-ab12",
-        "p-1-AB12",
-        "p-1-ab1",
-        "p-1-ab123",
-        "px-1-ab12",
-        "q-1-ab12",
-        "p-99999999999-ab12",
+        "p-01-ab12cd34",
+        "p-+1-ab12cd34",
+        "p-1-AB12CD34",
+        "p-1-ab12",
+        "p-1-ab12cd3",
+        "p-1-ab12cd345",
+        "px-1-ab12cd34",
+        "q-1-ab12cd34",
+        "p-99999999999-ab12cd34",
     ] {
         assert_eq!(d.inner.slot_of(not_ours), None, "{not_ours}");
     }

@@ -1,5 +1,6 @@
 //! Where nodes come from: the driver interface ([`driver`]) and the
-//! drivers that make machines (`local`: network namespaces on this host),
+//! drivers that make machines (`local`: network namespaces on this host;
+//! `static`: a list of hosts bootstrapped over SSH, [`ssh`]),
 //! the fault-injecting wrapper the launcher's tests put around a real
 //! driver ([`faulty`]), and the pools' settings ([`pool_config`]). The
 //! policy (requests, retries, timeouts, quota, leak cleanup) is the
@@ -8,7 +9,9 @@
 pub mod driver;
 pub mod faulty;
 pub mod local;
+mod netns;
 pub mod pool_config;
+pub mod ssh;
 
 pub use driver::{Driver, DriverError, DriverQuota, ErrorClass, LaunchSpec, Resource, ResourceState};
 
@@ -32,17 +35,10 @@ struct LocalKeys {
 /// directory is private, and the nodes' instances, running as users of
 /// their own, must reach their directories). `install`: this
 /// installation's id, which names the local pool's namespaces by default.
-/// `local`: the `index`-th local pool of the config (its default network
-/// is the `index`-th /20 of 10.213.0.0/16).
-pub fn build(
-    config: &PoolConfig,
-    index: usize,
-    data_dir: &Path,
-    install: &str,
-) -> Result<Arc<dyn Driver>, PoolConfigError> {
+pub fn build(config: &PoolConfig, data_dir: &Path, install: &str) -> Result<Arc<dyn Driver>, PoolConfigError> {
     match config.driver.as_str() {
         "local" => {
-            let settings = local_settings(config, index, data_dir, install)?;
+            let settings = local_settings(config, data_dir, install)?;
             // Searchable by others (0711), not readable: the nodes'
             // instances run as users of their own and reach their
             // directories through these.
@@ -58,6 +54,14 @@ pub fn build(
             let driver = local::LocalDriver::new(settings).map_err(|m| setting_error(config, "", m))?;
             Ok(Arc::new(driver))
         }
+        "static" => {
+            let settings = static_settings(config, data_dir)?;
+            std::fs::create_dir_all(pools_dir(data_dir))
+                .and_then(|()| crate::private_file::private_dir(&settings.dir))
+                .map_err(|e| setting_error(config, "", format!("cannot make {}: {e}", settings.dir.display())))?;
+            let driver = ssh::StaticDriver::new(settings).map_err(|m| setting_error(config, "", m))?;
+            Ok(Arc::new(driver))
+        }
         other => Err(setting_error(config, "", format!("no driver {other:?}"))),
     }
 }
@@ -70,10 +74,15 @@ fn setting_error(config: &PoolConfig, key: &str, message: String) -> PoolConfigE
     }
 }
 
-/// A local pool's settings, defaults filled in and checked.
+/// A local pool's settings, defaults filled in and checked. The defaults
+/// come from the pool's name (never its place in the file: reordering the
+/// pools must not rename their namespaces): the network is one of the 16
+/// /20s of 10.213.0.0/16, picked by a hash of the name, and the prefix
+/// carries the installation's id, two hex digits of that hash and the
+/// name; two pools that land on the same ones are refused at start
+/// ([`check_local_pools`]): give one its own `network` or `prefix`.
 pub fn local_settings(
     config: &PoolConfig,
-    index: usize,
     data_dir: &Path,
     install: &str,
 ) -> Result<local::LocalSettings, PoolConfigError> {
@@ -82,15 +91,15 @@ pub fn local_settings(
     let keys: LocalKeys = serde_path_to_error::deserialize(value)
         .map_err(|e| bad(&e.path().to_string().replace('.', ""), e.inner().to_string()))?;
     let short: String = config.name.chars().filter(|c| c.is_ascii_alphanumeric()).take(12).collect();
-    let network = match keys.network {
-        Some(n) => n,
-        None if index < 16 => format!("10.213.{}.0/20", index * 16),
-        None => return Err(bad("network", "more than 16 local pools: give each its own network".into())),
+    let hash = {
+        use sha2::Digest;
+        sha2::Sha256::digest(config.name.as_bytes())[0]
     };
+    let network = keys.network.unwrap_or_else(|| format!("10.213.{}.0/20", (hash % 16) as u32 * 16));
     let settings = local::LocalSettings {
-        prefix: keys
-            .prefix
-            .unwrap_or_else(|| format!("f{}{index}-{}", &install[..install.len().min(6)], short.to_ascii_lowercase())),
+        prefix: keys.prefix.unwrap_or_else(|| {
+            format!("f{}{hash:02x}-{}", &install[..install.len().min(6)], short.to_ascii_lowercase())
+        }),
         data_dir: pools_dir(data_dir).join(&config.name),
         agent_binary: match keys.agent_binary {
             Some(p) => p,
@@ -107,12 +116,20 @@ pub fn local_settings(
     Ok(settings)
 }
 
+/// A static pool's settings, checked: its per-host logs and pinned
+/// known_hosts files go to `<data_dir>-pools/<pool>/`.
+pub fn static_settings(config: &PoolConfig, data_dir: &Path) -> Result<ssh::StaticSettings, PoolConfigError> {
+    let value = if config.settings.is_null() { serde_json::json!({}) } else { config.settings.clone() };
+    ssh::StaticSettings::from_value(value, &config.labels, pools_dir(data_dir).join(&config.name))
+        .map_err(|(key, m)| setting_error(config, &key, m))
+}
+
 /// Local pools must not share a prefix or a network (their namespaces or
 /// addresses would collide).
 pub fn check_local_pools(pools: &[PoolConfig], data_dir: &Path, install: &str) -> Result<(), PoolConfigError> {
     let mut seen: Vec<(&PoolConfig, local::LocalSettings)> = Vec::new();
-    for (index, p) in pools.iter().filter(|p| p.driver == "local").enumerate() {
-        let s = local_settings(p, index, data_dir, install)?;
+    for p in pools.iter().filter(|p| p.driver == "local") {
+        let s = local_settings(p, data_dir, install)?;
         for (other, o) in &seen {
             let clash = |key: &str, what: &str| PoolConfigError {
                 pool: p.name.clone(),
@@ -171,12 +188,17 @@ mod tests {
     fn local_pools_get_networks_of_their_own_and_a_clash_is_named() {
         let dir = Path::new("/var/lib/flotilla/master");
         let (a, b) = (local("a", serde_json::Value::Null), local("b", serde_json::Value::Null));
-        check_local_pools(&[a.clone(), b.clone()], dir, "0123456789abcdef").expect("defaults never clash");
-        let sa = local_settings(&a, 0, dir, "0123456789abcdef").unwrap();
-        let sb = local_settings(&b, 1, dir, "0123456789abcdef").unwrap();
-        assert_eq!((sa.network.as_str(), sb.network.as_str()), ("10.213.0.0/20", "10.213.16.0/20"));
+        check_local_pools(&[a.clone(), b.clone()], dir, "0123456789abcdef").expect("these defaults do not clash");
+        let sa = local_settings(&a, dir, "0123456789abcdef").unwrap();
+        let sb = local_settings(&b, dir, "0123456789abcdef").unwrap();
+        assert_ne!(sa.network, sb.network);
+        assert!(sa.network.starts_with("10.213.") && sa.network.ends_with(".0/20"), "{}", sa.network);
+        // The same whatever the pool's place in the file.
+        assert_eq!(local_settings(&a, dir, "0123456789abcdef").unwrap().prefix, sa.prefix);
+        check_local_pools(&[b.clone(), a.clone()], dir, "0123456789abcdef").unwrap();
         assert_eq!(sa.data_dir, Path::new("/var/lib/flotilla/master-pools/a"), "beside the master's private dir");
-        let c = local("c", serde_json::json!({"network": "10.213.20.0/24"}));
+        let inside = sb.network.replace(".0/20", ".0/24");
+        let c = local("c", serde_json::json!({"network": inside}));
         let err = check_local_pools(&[a.clone(), b.clone(), c], dir, "0123456789abcdef").unwrap_err();
         assert_eq!((err.pool.as_str(), err.key.as_str()), ("c", "settings.network"), "{err}");
         let d = local("d", serde_json::json!({"prefix": "same"}));
@@ -184,7 +206,7 @@ mod tests {
         let err = check_local_pools(&[d, e], dir, "0123456789abcdef").unwrap_err();
         assert_eq!(err.key, "settings.prefix", "{err}");
         let bad = local("f", serde_json::json!({"netwrok": "10.1.0.0/24"}));
-        let err = local_settings(&bad, 0, dir, "x").unwrap_err();
+        let err = local_settings(&bad, dir, "x").unwrap_err();
         assert!(err.to_string().contains("netwrok"), "an unknown key is named: {err}");
     }
 }

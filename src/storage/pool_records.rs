@@ -23,13 +23,14 @@ pub enum Lifecycle {
     Enrolling,
     /// Its agent said hello: placement may use it.
     Ready,
-    /// Being removed (an operator's `remove`, an idle or old spare):
-    /// cordoned, and deleted once it is seen to hold nothing.
-    Draining,
     /// Being taken down (a retry's unwind, a removal, an idle spare).
     Deleting,
     /// Its launch failed for good; kept only while held (for debugging).
     Failed,
+    /// Being removed (an operator's `remove`, an idle or old spare):
+    /// cordoned, and deleted once it is seen to hold nothing. (Last: the
+    /// codec numbers variants by their place.)
+    Draining,
 }
 
 impl Lifecycle {

@@ -500,9 +500,9 @@ async fn a_held_failed_launch_keeps_its_machine_until_released() {
     .await;
 }
 
-/// A namespace `{prefix}-{slot}-0000` made by hand, with `tags` in its tag file.
+/// A namespace `{prefix}-{slot}-00000000` made by hand, with `tags` in its tag file.
 fn make_ns(space: &Space, slot: u32, dir: &Path, tags: Option<Value>) -> String {
-    let name = format!("{}-{slot}-0000", space.prefix);
+    let name = format!("{}-{slot}-00000000", space.prefix);
     let out = std::process::Command::new("ip").args(["netns", "add", &name]).output().expect("ip netns add");
     assert!(out.status.success(), "{out:?}");
     std::fs::create_dir_all(dir.join(&name)).unwrap();
@@ -561,7 +561,7 @@ async fn a_removal_is_refused_while_the_node_holds_instances_then_drains_and_del
     let config = pool(&space, "rm", "labels = { tier = \"r\" }\nmax_disrupting = 1");
     let env = TestEnv::start_with_config("pools-remove", &FAST, &config, 0).await;
     let space = space;
-    let id = request(&env, json!({"tier": "r"}), 2).await;
+    let id = request(&env, json!({"tier": "r"}), 3).await;
     let done = until_request(&env, &id, "fulfilled", 90).await;
     let nodes: Vec<String> =
         done["nodes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect();
@@ -584,40 +584,60 @@ async fn a_removal_is_refused_while_the_node_holds_instances_then_drains_and_del
     let (_, n) = env.get(&format!("/nodes/{}", nodes[1])).await;
     assert_eq!(n["lifecycle"], "draining", "{n:#}");
     assert!(n["cordon"]["reason"].as_str().unwrap_or("").contains("being removed"), "{n:#}");
-    // A second removal while one is under way: the budget (max_disrupting = 1).
-    let (status, v) = env.post_empty(&format!("/nodes/{}/remove", nodes[0])).await;
-    assert_eq!(status.as_u16(), 409, "{v:#}");
+    // A second removal (of an empty node) while one is under way: the
+    // budget (max_disrupting = 1).
+    let (status, v) = env.post_empty(&format!("/nodes/{}/remove", nodes[2])).await;
+    assert_eq!((status.as_u16(), error_code(&v)), (409, "disruption_budget"), "{v:#}");
+    // Its cordon cannot be lifted while it is removed.
+    let (status, v) = env.post_empty(&format!("/nodes/{}/uncordon", nodes[1])).await;
+    assert_eq!((status.as_u16(), error_code(&v)), (409, "node_being_removed"), "{v:#}");
     env.until(60, "the removed node gone", async || {
         let (status, n) = env.get(&format!("/nodes/{}", nodes[1])).await;
-        if status == 404 && space.namespaces().len() == 1 { Ok(()) } else { Err(n.to_string()) }
+        if status == 404 && space.namespaces().len() == 2 { Ok(()) } else { Err(n.to_string()) }
     })
     .await;
     let (_, certs) = env.get(&format!("/nodes/{}", nodes[0])).await;
     assert_eq!(certs["status"], "Ready", "the other node is untouched: {certs:#}");
     let p = pool_of(&env, "rm").await;
-    assert_eq!(p["nodes"].as_array().map(|a| a.len()), Some(1), "{p:#}");
+    assert_eq!(p["nodes"].as_array().map(|a| a.len()), Some(2), "{p:#}");
+    // Once the first removal is done, the budget lets the next one in.
+    let (status, v) = env.post_empty(&format!("/nodes/{}/remove", nodes[2])).await;
+    assert_eq!(status.as_u16(), 202, "{v:#}");
     let (_, s) = env.post_empty("/clusters/r/stop").await;
     env.wait_op(s["operation"]["id"].as_str().unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_node_beyond_min_ready_is_given_back_and_an_old_spare_replaced() {
-    let (space, aged) = (Space::new(), Space::new());
+    let (space, aged, keep) = (Space::new(), Space::new(), Space::new());
     let config = format!(
-        "{}\n{}",
-        pool(&space, "idle", "labels = { k = \"i\" }\nidle_timeout = \"2s\""),
-        pool(&aged, "aged", "labels = { k = \"a\" }\nmin_ready = 1\nmax_ready_age = \"4s\"")
+        "{}\n{}\n{}",
+        pool(&space, "idle", "labels = { k = \"i\" }\nidle_timeout = \"2s\"\nmin_ready = 1"),
+        pool(&aged, "aged", "labels = { k = \"a\" }\nmin_ready = 1\nmax_ready_age = \"4s\""),
+        pool(&keep, "keep", "labels = { k = \"d\", do-not-disrupt = \"true\" }\nidle_timeout = \"1s\"")
     );
     let env = TestEnv::start_with_config("pools-idle", &FAST, &config, 0).await;
-    let (space, _aged) = (space, aged);
+    let (space, _aged, keep) = (space, aged, keep);
+    // One node asked for beyond the pool's min_ready spare: once its
+    // request is done and it sits empty past idle_timeout, one of the two
+    // is given back, never the last.
     let id = request(&env, json!({"k": "i"}), 1).await;
     until_request(&env, &id, "fulfilled", 90).await;
-    env.until(30, "the idle node given back", async || {
-        let p = pool_of(&env, "idle").await;
-        if p["nodes"].as_array().is_some_and(|a| a.is_empty()) { Ok(()) } else { Err(p.to_string()) }
+    let ready = async || pool_of(&env, "idle").await["nodes_by_state"]["ready"].as_u64().unwrap_or(0);
+    env.until(60, "two ready, then one given back", async || {
+        let (n, ns) = (ready().await, space.namespaces().len());
+        if n == 1 && ns == 1 { Ok(()) } else { Err(format!("{n} ready, {ns} namespaces")) }
     })
     .await;
-    assert!(space.namespaces().is_empty(), "its machine deleted");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!((ready().await, space.namespaces().len()), (1, 1), "min_ready's spare is kept");
+    // A node labelled do-not-disrupt is never given back.
+    let id = request(&env, json!({"k": "d"}), 1).await;
+    until_request(&env, &id, "fulfilled", 90).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let p = pool_of(&env, "keep").await;
+    assert_eq!(p["nodes_by_state"]["ready"], 1, "{p:#}");
+    assert_eq!(keep.namespaces().len(), 1);
     // The aged pool's spare is replaced once older than max_ready_age.
     let first = env
         .until(60, "a spare", async || {

@@ -146,6 +146,13 @@ impl ClusterOps {
                 .filter_map(|id| core.pending.get(id).cloned())
                 .collect()
         };
+        // Counted in until the instances are indexed on their nodes: a pool
+        // removing one of them waits for it, or has marked it first and
+        // this allocation fails (`read_model::removals`).
+        let nodes: Vec<_> = records.iter().map(|r| r.node.clone()).collect();
+        let _allocating = self.shared.read_model.removals.begin_allocate(&nodes).map_err(|node| {
+            fail(format!("node {node} is being removed by its pool; place the instances again (a new operation)"))
+        })?;
         let mut ops = Vec::with_capacity(records.len());
         for r in &records {
             ops.push(WriteOp::put_instance(r).map_err(|e| fail(e.to_string()))?);

@@ -45,6 +45,9 @@ pub struct Ctx {
     pub trust: Arc<Trust>,
     pub pools: Arc<Pools>,
     pub links: crate::actors::node_link::NodeLinks,
+    /// Cordon changes' lock (`Cordons::lock`): a removal's cordon is
+    /// written under it.
+    pub cordon_lock: Arc<tokio::sync::Mutex<()>>,
     /// Tags every resource of this installation (`flotilla-master`).
     pub master_id: String,
     /// The agent listener, as bound.
@@ -189,7 +192,13 @@ impl Launcher {
                     self.set_state(&mut n, Lifecycle::Enrolling);
                     self.commit_node(n, vec![]).await?;
                 }
-                Lifecycle::Deleting => self.unwind(&n.node),
+                Lifecycle::Deleting => {
+                    if n.removal.is_some() {
+                        // Past its check before the restart.
+                        self.ctx.read_model.removals.mark(&n.node);
+                    }
+                    self.unwind(&n.node)
+                }
                 // Counted on its request if the last incarnation could not.
                 Lifecycle::Ready => {
                     if let Some(id) = &n.request
@@ -213,10 +222,17 @@ impl Launcher {
                 let result = self.file(r).await;
                 let _ = answer.send(result);
             }
-            Command::Remove(node, answer) => {
-                let result = self.remove(&node).await;
-                let _ = answer.send(result);
-            }
+            Command::Remove(node, answer) => match self.remove(&node).await {
+                Ok(result) => {
+                    let _ = answer.send(result);
+                }
+                // A write that failed: answered, then the incarnation ends
+                // (the next starts from what is durable).
+                Err(e) => {
+                    let _ = answer.send(Err(Error::unavailable(format!("the removal could not be written: {e}"))));
+                    return Err(e);
+                }
+            },
             Command::Hold(node, until, answer) => {
                 let Some(mut n) = self.nodes.get(&node).cloned() else {
                     let _ = answer.send(Err(Error::not_found("provider node", &node)));
@@ -225,8 +241,11 @@ impl Launcher {
                 n.held_until = until;
                 let kind = if until.is_some() { "node.held" } else { "node.released" };
                 let ev = node_event(kind, &n, json!({"until": until.map(rfc3339)}))?;
-                let result = self.commit_node(n.clone(), vec![ev]).await.map(|()| n).map_err(Error::from);
-                let _ = answer.send(result);
+                if let Err(e) = self.commit_node(n.clone(), vec![ev]).await {
+                    let _ = answer.send(Err(Error::unavailable(format!("the hold could not be written: {e}"))));
+                    return Err(e);
+                }
+                let _ = answer.send(Ok(n));
             }
         }
         self.publish();

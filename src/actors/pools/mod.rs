@@ -293,17 +293,15 @@ pub(crate) fn class_name(c: ErrorClass) -> &'static str {
 pub fn start(
     shared: &crate::actors::Shared,
     trust: Arc<crate::actors::trust::Trust>,
+    cordon_lock: Arc<tokio::sync::Mutex<()>>,
     cfg: &crate::config::MasterConfig,
     agent_addr: std::net::SocketAddr,
 ) -> Result<Arc<Pools>, crate::providers::pool_config::PoolConfigError> {
     let master_id = hex::encode(&trust.ca_fingerprint()[..8]);
     crate::providers::check_local_pools(&cfg.node_pools, &cfg.data_dir, &master_id)?;
     let mut pools = Vec::new();
-    let mut locals = 0;
     for config in &cfg.node_pools {
-        let index = if config.driver == "local" { locals } else { 0 };
-        locals += usize::from(config.driver == "local");
-        let real = crate::providers::build(config, index, &cfg.data_dir, &master_id)?;
+        let real = crate::providers::build(config, &cfg.data_dir, &master_id)?;
         let (driver, faulty) = if cfg.test_hooks {
             let f = Arc::new(Faulty::new(real));
             (f.clone() as Arc<dyn Driver>, Some(f))
@@ -322,6 +320,7 @@ pub fn start(
         trust,
         pools: pools.clone(),
         links: shared.links.clone(),
+        cordon_lock,
         master_id,
         master_addr: agent_addr,
         cleanup_every: cfg.pool_cleanup_interval,

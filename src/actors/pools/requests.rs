@@ -100,6 +100,23 @@ impl Launcher {
 
     /// Gives each waiting request to a pool, or declines it.
     pub(super) async fn assign(&mut self) -> Result<(), StorageError> {
+        // A pending request that lost a node it was waiting for (a try
+        // given up, a node its pool no longer launches) goes back to the
+        // pools for what it misses.
+        let short: Vec<NodeRequestRecord> = self
+            .requests
+            .values()
+            .filter(|r| r.state == RequestState::Pending)
+            .filter(|r| r.count > r.nodes.len() as u32 + self.launching_for(&r.id))
+            .cloned()
+            .collect();
+        for mut r in short {
+            r.state = RequestState::Requested;
+            r.pool = None;
+            r.updated_at = OffsetDateTime::now_utc();
+            self.ctx.store.commit(vec![WriteOp::put_node_request(&r)?]).await?;
+            self.requests.insert(r.id.clone(), r);
+        }
         let mut waiting: Vec<NodeRequestRecord> =
             self.requests.values().filter(|r| r.state == RequestState::Requested).cloned().collect();
         waiting.sort_by(|a, b| (a.priority, &a.id).cmp(&(b.priority, &b.id)));
@@ -281,6 +298,8 @@ impl Launcher {
         self.nodes
             .values()
             .filter(|n| n.pool == pool && n.state == Lifecycle::Ready)
+            // A node of a request not done yet is its requestor's.
+            .filter(|n| n.request.as_ref().and_then(|id| self.requests.get(id)).is_none_or(|r| r.state.is_done()))
             .filter(|n| self.link_status(&n.node) == Some(NodeStatus::Ready))
             .filter(|n| self.ctx.read_model.cordon_of(&n.node).is_none())
             .filter(|n| self.ctx.read_model.node(&n.node).is_some_and(|e| e.instance_count() == 0))

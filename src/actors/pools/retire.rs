@@ -3,16 +3,20 @@
 //! beyond its `min_ready`, a spare older than `max_ready_age`.
 //!
 //! A removal is journaled in the node's record: `draining` (with its
-//! reason, and a cordon, in one commit), then, once [`SETTLE`] has passed
-//! and the node is seen to hold nothing (no instance on it, none an
-//! operation in flight is to put there), `deleting`, and the usual unwind
-//! (resource, join token, certificate, registry). A master restarted in
-//! the middle takes it up where the record says. A node that turns out
-//! to hold something is put back (`ready`, its cordon lifted) with an
-//! event saying why: moving members off a node is the cluster's business
-//! (a scale-in, a delete), not the pool's. At most `max_disrupting` nodes
-//! of a pool are drained or deleted for a removal at once; the automatic
-//! ones never pick a node labelled `do-not-disrupt=true`.
+//! reason, detached from its request, and a cordon, in one commit), then,
+//! once [`SETTLE`] has passed, the node is marked removed through the
+//! allocation gate (`read_model::removals`: only when it holds no instance
+//! and no allocation is under way on it; from then on an allocation onto
+//! it fails, naming it), `deleting`, and the usual unwind (resource, join
+//! token, certificate, registry). A master restarted in the middle takes
+//! it up where the record says. A node that turns out to hold something is
+//! put back (`ready`, its cordon lifted if the pool set it) with an event
+//! saying why: moving members off a node is the cluster's business (a
+//! scale-in, a delete), not the pool's. At most `max_disrupting` nodes of
+//! a pool are drained or deleted for a removal at once; the automatic ones
+//! never pick a node labelled `do-not-disrupt=true`. Cordon writes take
+//! the cordons' lock, so an operator's cordon at the same moment is never
+//! lost or overwritten.
 
 use std::time::{Duration, Instant};
 
@@ -47,23 +51,18 @@ impl Launcher {
             .count() as u32
     }
 
-    /// What an instance or an operation in flight holds on `node`.
+    /// Instances indexed on `node`.
     fn holding(&self, node: &NodeId) -> usize {
-        let placed = self.ctx.read_model.node(node).map(|e| e.instance_count()).unwrap_or(0);
-        let coming: usize = self
-            .ctx
-            .read_model
-            .running_operations()
-            .values()
-            .filter_map(|o| o.resume.as_ref())
-            .map(|r| r.pending.iter().filter(|i| &i.node == node).count())
-            .sum();
-        placed + coming
+        self.ctx.read_model.node(node).map(|e| e.instance_count()).unwrap_or(0)
     }
 
     /// An operator's removal of `node`.
-    pub(super) async fn remove(&mut self, node: &NodeId) -> Result<PoolNodeRecord, Error> {
-        let n = self.nodes.get(node).cloned().ok_or_else(|| Error::not_found("provider node", node))?;
+    /// The outer error is a write that failed (the launcher starts over);
+    /// the inner one a refusal.
+    pub(super) async fn remove(&mut self, node: &NodeId) -> Result<Result<PoolNodeRecord, Error>, StorageError> {
+        let Some(n) = self.nodes.get(node).cloned() else {
+            return Ok(Err(Error::not_found("provider node", node)));
+        };
         let max = self.pool(&n.pool).map(|p| p.config.max_disrupting).unwrap_or(1);
         match n.state {
             Lifecycle::Ready => {}
@@ -76,39 +75,52 @@ impl Launcher {
                 let ev = node_event("node.deleting", &n, json!({"reason": "removed by an operator"}))?;
                 self.commit_node(n.clone(), vec![ev]).await?;
                 self.unwind(&n.node);
-                return Ok(n);
+                return Ok(Ok(n));
             }
-            Lifecycle::Draining | Lifecycle::Deleting => return Ok(n),
+            Lifecycle::Draining => return Ok(Ok(n)),
+            Lifecycle::Deleting => {
+                // Unwinding a failed try: never launched again now.
+                let mut n = n;
+                if n.removal.is_none() {
+                    n.removal = Some("removed by an operator".into());
+                    n.request = None;
+                    self.commit_node(n.clone(), vec![]).await?;
+                }
+                return Ok(Ok(n));
+            }
             other => {
-                return Err(Error::conflict(
+                return Ok(Err(Error::conflict(
                     "node_busy",
                     format!("node {node} is {}: remove it once it is ready (or failed)", other.as_str()),
-                ));
+                )));
             }
         }
         let holds = self.holding(node);
         if holds > 0 {
-            return Err(Error::conflict(
+            return Ok(Err(Error::conflict(
                 "node_not_empty",
                 format!(
                     "node {node} holds {holds} instance(s): move them first (scale their clusters in, or delete them), then remove it"
                 ),
-            ));
+            )));
         }
         if self.disrupting(&n.pool) >= max {
-            return Err(Error::conflict(
+            return Ok(Err(Error::conflict(
                 "disruption_budget",
                 format!(
                     "pool {} is removing {max} node(s) already (max_disrupting = {max}); retry once one is gone",
                     n.pool
                 ),
-            ));
+            )));
         }
-        Ok(self.retire(n, "removed by an operator").await?)
+        Ok(Ok(self.retire(n, "removed by an operator").await?))
     }
 
-    /// Starts removing `n` (ready): draining, cordoned, in one commit.
+    /// Starts removing `n` (ready): draining, detached from its request,
+    /// cordoned, in one commit.
     async fn retire(&mut self, mut n: PoolNodeRecord, why: &str) -> Result<PoolNodeRecord, StorageError> {
+        let lock = self.ctx.cordon_lock.clone();
+        let _cordons = lock.lock_owned().await;
         let mut writes = Vec::new();
         let cordon = match self.ctx.read_model.cordon_of(&n.node) {
             Some(_) => None,
@@ -123,6 +135,7 @@ impl Launcher {
             writes.push(WriteOp::put_cordon(c)?);
         }
         n.removal = Some(why.to_string());
+        n.request = None;
         self.set_state(&mut n, Lifecycle::Draining);
         writes.push(node_event("node.draining", &n, json!({"reason": why}))?);
         self.commit_node(n.clone(), writes).await?;
@@ -143,7 +156,9 @@ impl Launcher {
             .collect();
         for mut n in settled {
             let holds = self.holding(&n.node);
-            if holds == 0 {
+            let read_model = self.ctx.read_model.clone();
+            let node = n.node.clone();
+            if read_model.removals.try_mark(&node, || read_model.node(&node).is_none_or(|e| e.instance_count() == 0)) {
                 self.set_state(&mut n, Lifecycle::Deleting);
                 let ev = node_event("node.deleting", &n, json!({"reason": n.removal}))?;
                 self.commit_node(n.clone(), vec![ev]).await?;
@@ -151,13 +166,17 @@ impl Launcher {
                 continue;
             }
             // Something was placed on it after all: it stays.
+            let lock = self.ctx.cordon_lock.clone();
+            let _cordons = lock.lock_owned().await;
             let why = n.removal.take().unwrap_or_default();
             let ours = self.ctx.read_model.cordon_of(&n.node).is_some_and(|c| c.reason == cordon_reason(&why));
             self.set_state(&mut n, Lifecycle::Ready);
             let mut writes = vec![node_event(
                 "node.remove_refused",
                 &n,
-                json!({"reason": format!("it holds {holds} instance(s) placed before its cordon")}),
+                json!({"reason": format!(
+                    "it holds {holds} instance(s), or one was being allocated, placed before its cordon"
+                )}),
             )?];
             if ours {
                 writes.push(WriteOp::delete_cordon(&n.node));
@@ -202,18 +221,13 @@ impl Launcher {
                 if protected || n.held_until.is_some_and(|t| t > OffsetDateTime::now_utc()) {
                     continue;
                 }
+                // How long it has sat empty (in memory: a restart starts it over).
                 let idle = self.empty_since.get(&node).map(|t| now.duration_since(*t)).unwrap_or_default();
-                let age = (OffsetDateTime::now_utc() - n.state_since).unsigned_abs();
+                let shown = humantime::format_duration(Duration::from_secs(idle.as_secs()));
                 let why = if config.idle_timeout.is_some_and(|t| idle >= t) && left > config.min_ready {
-                    format!(
-                        "empty for {} (idle_timeout)",
-                        humantime::format_duration(Duration::from_secs(idle.as_secs()))
-                    )
-                } else if config.max_ready_age.is_some_and(|t| age >= t) {
-                    format!(
-                        "a spare older than max_ready_age ({})",
-                        humantime::format_duration(Duration::from_secs(age.as_secs()))
-                    )
+                    format!("empty for {shown} (idle_timeout)")
+                } else if config.max_ready_age.is_some_and(|t| idle >= t) {
+                    format!("a spare unused for {shown} (max_ready_age)")
                 } else {
                     continue;
                 };

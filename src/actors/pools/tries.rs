@@ -215,7 +215,7 @@ impl Launcher {
     /// this pool, else forgotten (with its registry entry, if it holds no
     /// instance).
     pub(super) async fn unwound(&mut self, mut n: PoolNodeRecord) -> Result<(), StorageError> {
-        if self.holds(&n) {
+        if n.removal.is_none() && self.holds(&n) {
             n.attempt += 1;
             n.external_id = None;
             self.set_state(&mut n, Lifecycle::Launching);
@@ -236,6 +236,7 @@ impl Launcher {
             self.ctx.read_model.forget_node(&n.node);
             self.ctx.read_model.remove_cordon(&n.node);
         }
+        self.ctx.read_model.removals.unmark(&n.node);
         Ok(())
     }
 

@@ -23,6 +23,7 @@
 pub mod actor_stats;
 pub mod cluster_view;
 pub mod nodes;
+pub mod removals;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,6 +92,8 @@ pub struct ReadModel {
     leaked: Map<(NodeId, InstanceId), Arc<Leaked>>,
     cordons: Map<NodeId, Arc<CordonRecord>>,
     running: Map<OperationId, Arc<OperationRecord>>,
+    /// Nodes a pool is removing, against allocations under way.
+    pub removals: removals::Removals,
     actors: Mutex<BTreeMap<String, Arc<ActorStats>>>,
     store: Arc<dyn MetaStore>,
     pub counters: Counters,
@@ -155,6 +158,7 @@ impl ReadModel {
             leaked: empty(),
             cordons: empty(),
             running: empty(),
+            removals: Default::default(),
             actors: Mutex::default(),
             store,
             counters: Counters::default(),

@@ -64,8 +64,11 @@ pub fn place_instances(
         }
         None => {
             let ready: Vec<NodeId> = nodes.keys().filter(|id| ready(id)).cloned().collect();
-            let open: Vec<NodeId> =
-                ready.iter().filter(|id| shared.read_model.cordon_of(id).is_none()).cloned().collect();
+            let open: Vec<NodeId> = ready
+                .iter()
+                .filter(|id| shared.read_model.cordon_of(id).is_none() && !shared.read_model.removals.is_marked(id))
+                .cloned()
+                .collect();
             if open.is_empty() && !ready.is_empty() {
                 return Err(Error::conflict(
                     "no_matching_nodes",

@@ -1,0 +1,188 @@
+//! How the `static` driver reaches its hosts: ssh and scp with the host's
+//! key pinned, each call killed past its time, its failure classed by what
+//! ssh said; and the per-host log.
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::io::AsyncWriteExt;
+
+use super::scripts::{LIB, indent, sq};
+use super::{Inner, LOG_MAX};
+use crate::providers::driver::DriverError;
+
+/// What ssh answered.
+pub(super) struct Out {
+    pub(super) code: i32,
+    pub(super) stdout: String,
+    pub(super) stderr: String,
+}
+
+impl Inner {
+    pub(super) fn ssh_options(&self, i: usize, port_flag: &str) -> Vec<String> {
+        let h = self.host(i);
+        let mut v: Vec<String> = vec!["-F".into(), "/dev/null".into()];
+        let fixed = [
+            "BatchMode=yes",
+            "StrictHostKeyChecking=yes",
+            "GlobalKnownHostsFile=/dev/null",
+            "UpdateHostKeys=no",
+            "CheckHostIP=no",
+            "IdentitiesOnly=yes",
+            "IdentityAgent=none",
+            "ServerAliveInterval=5",
+            "ServerAliveCountMax=3",
+            "LogLevel=ERROR",
+        ];
+        let known = format!("UserKnownHostsFile=\"{}\"", self.known_hosts[i].display());
+        let timeout = format!("ConnectTimeout={}", self.s.connect_timeout.as_secs().max(1));
+        for o in fixed.iter().map(|s| s.to_string()).chain([known, timeout]) {
+            v.extend(["-o".into(), o]);
+        }
+        v.extend(["-i".into(), h.key.display().to_string(), port_flag.into(), h.port.to_string()]);
+        v
+    }
+
+    /// Runs `body` (after [`LIB`] and `d=remote_dir`) on host `i` by `sh
+    /// -c` (under `sudo -n` for a user other than root), `$1` being the
+    /// host's `$SSH_CONNECTION`. `logged`: into the host's log.
+    pub(super) async fn ssh(
+        &self,
+        i: usize,
+        step: &str,
+        body: &str,
+        stdin: Option<&[u8]>,
+        limit: Duration,
+        logged: bool,
+    ) -> Result<Out, DriverError> {
+        let h = self.host(i);
+        let script = format!("{LIB}d={}\n{body}", sq(&self.s.remote_dir));
+        let sudo = if h.user == "root" { "" } else { "sudo -n " };
+        let mut cmd = tokio::process::Command::new("ssh");
+        cmd.args(self.ssh_options(i, "-p")).arg(format!("{}@{}", h.user, h.address));
+        cmd.arg(format!("{sudo}sh -c {} sh \"$SSH_CONNECTION\"", sq(&script)));
+        if logged {
+            self.log(i, &format!("$ ssh {}@{} -p {} [{step}]\n{}", h.user, h.address, h.port, indent(body)));
+        }
+        self.run(i, step, cmd, stdin, limit, logged).await
+    }
+
+    /// Runs ssh or scp, killed past `limit` plus the connect timeout; an
+    /// ssh failure (ssh's 255, any scp failure) is classed by what it said.
+    pub(super) async fn run(
+        &self,
+        i: usize,
+        step: &str,
+        mut cmd: tokio::process::Command,
+        stdin: Option<&[u8]>,
+        limit: Duration,
+        logged: bool,
+    ) -> Result<Out, DriverError> {
+        let name = self.host(i).name();
+        let program = cmd.as_std().get_program().to_string_lossy().into_owned();
+        cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => DriverError::config(format!(
+                "cannot run {program} (openssh-client, installed by scripts/setup.sh): {e}"
+            )),
+            _ => DriverError::transient(format!("cannot run {program}: {e}")),
+        })?;
+        let (pipe, input) = (child.stdin.take(), stdin.map(<[u8]>::to_vec));
+        let work = async move {
+            if let (Some(mut pipe), Some(input)) = (pipe, input) {
+                // A host that stops reading shows in the exit status.
+                let _ = pipe.write_all(&input).await;
+            }
+            child.wait_with_output().await
+        };
+        let (limit, started) = (limit + self.s.connect_timeout, Instant::now());
+        let result = tokio::time::timeout(limit, work).await;
+        let output = match result {
+            Err(_) => {
+                let e = format!("host {name}: {step}: no answer within {}", humantime::format_duration(limit));
+                if logged {
+                    self.log(i, &format!("  {e} (killed)"));
+                }
+                return Err(DriverError::transient(e));
+            }
+            Ok(Err(e)) => return Err(DriverError::transient(format!("host {name}: {step}: {e}"))),
+            Ok(Ok(o)) => o,
+        };
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let out = Out {
+            code: output.status.code().unwrap_or(-1),
+            stdout: text(&output.stdout),
+            stderr: text(&output.stderr),
+        };
+        if logged {
+            let took = started.elapsed().as_secs_f64();
+            let mut line = format!("  exit {} after {took:.1}s", out.code);
+            for (what, s) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+                if !s.trim().is_empty() {
+                    line.push_str(&format!("\n  {what}:\n{}", indent(s)));
+                }
+            }
+            self.log(i, &line);
+        }
+        if out.code == 255 || (program == "scp" && out.code != 0) {
+            return Err(self.ssh_failure(i, step, &out.stderr));
+        }
+        Ok(out)
+    }
+
+    fn ssh_failure(&self, i: usize, step: &str, stderr: &str) -> DriverError {
+        let h = self.host(i);
+        let said = stderr.lines().map(str::trim).rfind(|l| !l.is_empty() && !l.starts_with('@'));
+        let said = said.unwrap_or("(nothing on stderr)");
+        let has = |words: &[&str]| words.iter().any(|w| stderr.contains(w));
+        if has(&["Host key verification failed", "IDENTIFICATION HAS CHANGED", "host key is known for"]) {
+            return DriverError::config(format!(
+                "host {}: its SSH host key is not the pinned one (hosts[{i}].host_key), refused: {said}",
+                h.name()
+            ));
+        }
+        if has(&["Permission denied", "Too many authentication failures", "Load key", "UNPROTECTED PRIVATE KEY"]) {
+            return DriverError::config(format!(
+                "host {}: ssh cannot log in as {} with {}: {said}",
+                h.name(),
+                h.user,
+                h.key.display()
+            ));
+        }
+        DriverError::transient(format!("host {} unreachable ({step}): {said}", h.name()))
+    }
+
+    /// `out`'s stdout when the script succeeded.
+    pub(super) fn ok(&self, i: usize, step: &str, out: Out) -> Result<String, DriverError> {
+        if out.code == 0 {
+            return Ok(out.stdout);
+        }
+        let name = self.host(i).name();
+        let said = out.stderr.trim();
+        if said.contains("sudo:") && said.contains("password") {
+            return Err(DriverError::config(format!(
+                "host {name}: user {} needs sudo without a password: {said}",
+                self.host(i).user
+            )));
+        }
+        Err(DriverError::transient(format!("host {name}: {step} failed (exit {}): {said}", out.code)))
+    }
+
+    /// Appends to the host's log (`<address>_<port>.log` in the driver's
+    /// directory); never holds the token (it only travels on ssh's stdin).
+    pub(super) fn log(&self, i: usize, text: &str) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let h = self.host(i);
+        let path = self.s.dir.join(format!("{}_{}.log", h.address, h.port));
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() > LOG_MAX) {
+            let _ = std::fs::rename(&path, path.with_extension("log.1"));
+        }
+        let line = format!("{} {}\n", humantime::format_rfc3339_seconds(SystemTime::now()), text.trim_end());
+        let file = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&path);
+        if let Err(e) = file.and_then(|mut f| f.write_all(line.as_bytes())) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write a static host's log");
+        }
+    }
+}

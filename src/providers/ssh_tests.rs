@@ -1,0 +1,579 @@
+//! The `static` driver for real: each "host" is Debian's sshd running in a
+//! network namespace the test makes (joined to this one by a veth pair),
+//! in a mount namespace of its own where the test's per-host directory is
+//! bind-mounted over the pool's remote base, so every host has a
+//! `remote_dir` of its own although they share this machine's files. The
+//! agents are the real debug `flotilla`; no master runs (they keep trying
+//! to enroll). Root, iproute2, util-linux and OpenSSH (client and server,
+//! installed by scripts/setup.sh) are needed: a missing one fails the test.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::*;
+use crate::ids::NodeId;
+use crate::providers::driver::{TAG_MASTER, TAG_NODE, TAG_POOL};
+use crate::providers::pool_config::PoolConfig;
+
+const BUILT: &str = "/root/.cache/flotilla-target/x86_64-unknown-linux-gnu/debug/flotilla";
+const SSHD: &str = "/usr/sbin/sshd";
+/// A well-formed ed25519 public key (the unit tests pin it; no sshd holds it).
+const SOME_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJFJ0Ikt/Ktq5u9iJCqPUDVv2E2k/Z86qp6d3A1tMGBG";
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+fn agent_binary() -> PathBuf {
+    let p = PathBuf::from(BUILT);
+    assert!(p.is_file(), "these tests run a real agent: no flotilla binary at {BUILT}; run `cargo build` first");
+    p
+}
+
+/// Runs `cmd`; panics with its stderr unless it succeeds.
+fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (installed by scripts/setup.sh; these tests need root): {e}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd:?} failed (these tests need root and network namespaces): {err}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn ip(args: &[&str]) {
+    run(Command::new("ip").args(args));
+}
+
+/// An ed25519 key pair at `path`: its public line, `<type> <base64>`.
+fn keygen(path: &Path) -> String {
+    run(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-C", "flotilla-test", "-f"]).arg(path));
+    let public = fs::read_to_string(path.with_extension("pub")).expect("the public key");
+    public.split_whitespace().take(2).collect::<Vec<_>>().join(" ")
+}
+
+fn net_of(pid: &str) -> Option<(u64, u64)> {
+    fs::metadata(format!("/proc/{pid}/ns/net")).ok().map(|m| (m.dev(), m.ino()))
+}
+
+fn cmdline(pid: i32) -> Vec<String> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
+}
+
+fn has_pair(args: &[String], flag: &str, value: &str) -> bool {
+    args.windows(2).any(|w| w[0] == flag && w[1] == value)
+}
+
+/// One host: a namespace with sshd listening on `ns_ip:port`.
+struct Host {
+    ns: String,
+    host_if: String,
+    peer_if: String,
+    host_ip: String,
+    ns_ip: String,
+    port: u16,
+    /// What this host sees as the pool's remote base.
+    root: PathBuf,
+    host_key: String,
+    sshd: Option<Child>,
+}
+
+impl Host {
+    fn start(lab_dir: &Path, base: &Path, authorized: &Path) -> Host {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        let tag = format!("{}{n}", pid % 100_000);
+        let net = format!("172.29.{}.{}", pid % 250, 4 * (n % 64));
+        let last = |k: u32| format!("{}.{}", net.rsplit_once('.').unwrap().0, 4 * (n % 64) + k);
+        let dir = lab_dir.join(format!("host{n}"));
+        fs::create_dir_all(dir.join("root")).unwrap();
+        let mut host = Host {
+            ns: format!("fss-{tag}"),
+            host_if: format!("fsh{tag}"),
+            peer_if: format!("fsn{tag}"),
+            host_ip: last(1),
+            ns_ip: last(2),
+            port: 2222,
+            root: dir.join("root"),
+            host_key: keygen(&dir.join("host_key")),
+            sshd: None,
+        };
+        ip(&["netns", "add", &host.ns]);
+        ip(&["link", "add", &host.host_if, "type", "veth", "peer", "name", &host.peer_if]);
+        ip(&["link", "set", &host.peer_if, "netns", &host.ns]);
+        ip(&["addr", "add", &format!("{}/30", host.host_ip), "dev", &host.host_if]);
+        ip(&["link", "set", &host.host_if, "up"]);
+        ip(&["-n", &host.ns, "addr", "add", &format!("{}/30", host.ns_ip), "dev", &host.peer_if]);
+        ip(&["-n", &host.ns, "link", "set", &host.peer_if, "up"]);
+        ip(&["-n", &host.ns, "link", "set", "lo", "up"]);
+        let config = dir.join("sshd_config");
+        let text = format!(
+            "Port {}\nListenAddress {}\nHostKey {}\nPermitRootLogin prohibit-password\nAuthorizedKeysFile {}\n\
+             PidFile {}\nUsePAM no\nStrictModes no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+             Subsystem sftp internal-sftp\nPrintMotd no\nMaxStartups 100\nLogLevel VERBOSE\n",
+            host.port,
+            host.ns_ip,
+            dir.join("host_key").display(),
+            authorized.display(),
+            dir.join("sshd.pid").display()
+        );
+        fs::write(&config, text).unwrap();
+        fs::create_dir_all("/run/sshd").unwrap();
+        let log = fs::File::create(dir.join("sshd.log")).unwrap();
+        // In the namespace, in a mount namespace of its own where this
+        // host's directory is the pool's remote base.
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", host.ns))
+            .args(["unshare", "--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!("mount --bind \"$0\" \"$1\" && exec {SSHD} -D -e -f \"$2\""))
+            .args([&host.root, base, &config])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("nsenter (util-linux, installed by scripts/setup.sh)");
+        host.sshd = Some(child);
+        let addr: SocketAddr = format!("{}:{}", host.ns_ip, host.port).parse().unwrap();
+        let t = Instant::now();
+        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            let exited = host.sshd.as_mut().unwrap().try_wait().unwrap();
+            if exited.is_some() || t.elapsed() > Duration::from_secs(10) {
+                let said = fs::read_to_string(dir.join("sshd.log")).unwrap_or_default();
+                panic!("sshd did not listen on {addr} ({exited:?}): {said}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        host
+    }
+
+    fn name(&self) -> String {
+        format!("{}:{}", self.ns_ip, self.port)
+    }
+
+    fn inode(&self) -> (u64, u64) {
+        let m = fs::metadata(format!("/run/netns/{}", self.ns)).expect("the namespace");
+        (m.dev(), m.ino())
+    }
+
+    /// The node's directory on this host, as this machine sees it.
+    fn node_dir(&self) -> PathBuf {
+        self.root.join("flotilla-node")
+    }
+
+    /// Every process in the namespace.
+    fn pids(&self) -> Vec<i32> {
+        let ns = self.inode();
+        let entries = fs::read_dir("/proc").unwrap().flatten();
+        let pids = entries.filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()));
+        pids.filter(|p| net_of(&p.to_string()) == Some(ns)).collect()
+    }
+
+    /// The agent of `node` in this namespace.
+    fn agent(&self, node: &str) -> Option<i32> {
+        self.pids().into_iter().find(|p| {
+            let args = cmdline(*p);
+            args.get(1).map(String::as_str) == Some("agent") && has_pair(&args, "--node-id", node)
+        })
+    }
+
+    /// sshd gone and every packet to the host lost: the address leaves the
+    /// namespace, and a permanent neighbour entry keeps this side sending.
+    fn vanish(&mut self) {
+        if let Some(mut c) = self.sshd.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let link = run(Command::new("ip").args(["-n", &self.ns, "-o", "link", "show", &self.peer_if]));
+        let mac =
+            link.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).expect("the peer's MAC").to_string();
+        ip(&["-n", &self.ns, "addr", "del", &format!("{}/30", self.ns_ip), "dev", &self.peer_if]);
+        ip(&["neigh", "replace", &self.ns_ip, "lladdr", &mac, "dev", &self.host_if, "nud", "permanent"]);
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.sshd.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if fs::metadata(format!("/run/netns/{}", self.ns)).is_ok() {
+            for _ in 0..50 {
+                let left = self.pids();
+                if left.is_empty() {
+                    break;
+                }
+                left.iter().for_each(|p| {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*p), nix::sys::signal::Signal::SIGKILL);
+                });
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let _ = Command::new("ip").args(["link", "del", &self.host_if]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
+
+/// A test's hosts, its client key and its pool's directory; everything
+/// taken down when dropped (the hosts first).
+struct Lab {
+    hosts: Vec<Host>,
+    nodes: Mutex<Vec<String>>,
+    dir: tempfile::TempDir,
+    client_key: PathBuf,
+}
+
+impl Lab {
+    fn new(count: usize) -> Lab {
+        for (tool, hint) in [(SSHD, "openssh-server"), ("/usr/bin/ssh-keygen", "openssh-client")] {
+            assert!(Path::new(tool).is_file(), "{tool} is missing: install {hint} (scripts/setup.sh does)");
+        }
+        agent_binary();
+        let dir = tempfile::Builder::new().prefix("flotilla-ssh-").tempdir().unwrap();
+        let client_key = dir.path().join("client_key");
+        let public = keygen(&client_key);
+        let authorized = dir.path().join("authorized_keys");
+        fs::write(&authorized, format!("{public}\n")).unwrap();
+        let base = dir.path().join("remote");
+        fs::create_dir_all(&base).unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let hosts = (0..count).map(|_| Host::start(dir.path(), &base, &authorized)).collect();
+        Lab { hosts, nodes: Mutex::new(Vec::new()), dir, client_key }
+    }
+
+    fn settings(&self, hosts: &[&Host]) -> serde_json::Value {
+        let list: Vec<serde_json::Value> = hosts
+            .iter()
+            .enumerate()
+            .map(|(k, h)| {
+                serde_json::json!({
+                    "address": h.ns_ip, "port": h.port, "user": "root", "key": self.client_key,
+                    "host_key": h.host_key, "labels": {"rack": format!("r{k}")},
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "hosts": list,
+            "agent_binary": BUILT,
+            "remote_dir": self.dir.path().join("remote/flotilla-node"),
+            "port_range": "21000-21999",
+            "connect_timeout": "3s",
+        })
+    }
+
+    fn driver(&self, settings: serde_json::Value) -> StaticDriver {
+        let labels = BTreeMap::from([("zone".to_string(), "a".to_string())]);
+        let s =
+            StaticSettings::from_value(settings, &labels, self.dir.path().join("master-pools/p")).expect("settings");
+        StaticDriver::new(s).expect("driver")
+    }
+
+    fn log(&self, host: &Host) -> String {
+        fs::read_to_string(self.dir.path().join(format!("master-pools/p/{}_{}.log", host.ns_ip, host.port)))
+            .unwrap_or_default()
+    }
+
+    fn spec(&self, n: &str) -> LaunchSpec {
+        let node = format!("s{}-{n}", std::process::id() % 100_000);
+        self.nodes.lock().unwrap().push(node.clone());
+        let tags = [(TAG_MASTER, "0123456789abcdef"), (TAG_POOL, "p"), (TAG_NODE, node.as_str())];
+        LaunchSpec {
+            node: NodeId::new(node.clone()),
+            pool: "p".into(),
+            labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+            tags: tags.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            join_token: format!("flj_{}_{}_{}", "a1".repeat(6), "b2".repeat(16), "c3".repeat(32)),
+            master_addr: "0.0.0.0:7700".parse().unwrap(),
+        }
+    }
+
+    /// The host an id names.
+    fn host_of(&self, id: &str) -> &Host {
+        self.hosts.iter().find(|h| id.starts_with(&format!("{}/", h.name()))).unwrap_or_else(|| panic!("{id}"))
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.hosts.clear();
+        // The agents' cgroup scopes (named by their node ids), if empty.
+        for node in self.nodes.lock().unwrap().iter() {
+            for root in ["/sys/fs/cgroup/unified/flotilla", "/sys/fs/cgroup/flotilla"] {
+                let _ = fs::remove_dir(Path::new(root).join(node));
+            }
+        }
+    }
+}
+
+#[test]
+fn settings_are_checked_and_each_bad_key_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("id");
+    fs::write(&key, "a key").unwrap();
+    let host = |extra: serde_json::Value| {
+        let mut h = serde_json::json!({"address": "10.1.2.3", "key": key, "host_key": SOME_KEY});
+        h.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        h
+    };
+    let labels = BTreeMap::from([("zone".to_string(), "a".to_string())]);
+    let parse = |v: serde_json::Value| StaticSettings::from_value(v, &labels, dir.path().to_path_buf());
+    let good = parse(serde_json::json!({"hosts": [host(serde_json::json!({}))], "agent_binary": "/bin/sh"})).unwrap();
+    let h = &good.hosts[0];
+    assert_eq!((h.port, h.user.as_str(), h.host_key.as_str()), (22, "root", SOME_KEY));
+    assert_eq!((good.remote_dir.as_str(), good.port_range.as_str()), ("/var/lib/flotilla-node", "20000-29999"));
+    assert_eq!((good.max_parallel, good.connect_timeout), (20, Duration::from_secs(10)));
+
+    let other_type = SOME_KEY.replace("ssh-ed25519", "ssh-rsa");
+    for (hosts, top, named) in [
+        (vec![], serde_json::json!({}), "hosts"),
+        (vec![host(serde_json::json!({"address": "-oProxyCommand=x"}))], serde_json::json!({}), "hosts[0].address"),
+        (vec![host(serde_json::json!({"port": 0}))], serde_json::json!({}), "hosts[0].port"),
+        (vec![host(serde_json::json!({"port": 70000}))], serde_json::json!({}), "hosts[0].port"),
+        (vec![host(serde_json::json!({"user": "root;id"}))], serde_json::json!({}), "hosts[0].user"),
+        (vec![host(serde_json::json!({"key": "/nonexistent/id"}))], serde_json::json!({}), "hosts[0].key"),
+        (vec![host(serde_json::json!({"labels": {"zone": "b"}}))], serde_json::json!({}), "hosts[0].labels.zone"),
+        (vec![host(serde_json::json!({"labels": {"Bad": "x"}}))], serde_json::json!({}), "hosts[0].labels"),
+        (vec![host(serde_json::json!({})), host(serde_json::json!({}))], serde_json::json!({}), "hosts[1].address"),
+        (
+            vec![host(serde_json::json!({"address": "10.0.0.1"})), host(serde_json::json!({"host_key": other_type}))],
+            serde_json::json!({}),
+            "hosts[1].host_key",
+        ),
+        (vec![host(serde_json::json!({"host_key": "ssh-ed25519 !!!"}))], serde_json::json!({}), "hosts[0].host_key"),
+        (
+            vec![host(serde_json::json!({"host_key": "10.1.2.3 ssh-ed25519 AAAA"}))],
+            serde_json::json!({}),
+            "hosts[0].host_key",
+        ),
+        (vec![host(serde_json::json!({"adress": "x"}))], serde_json::json!({}), "adress"),
+        (vec![host(serde_json::json!({}))], serde_json::json!({"remote_dir": "/var/lib"}), "remote_dir"),
+        (vec![host(serde_json::json!({}))], serde_json::json!({"remote_dir": "/opt"}), "remote_dir"),
+        (vec![host(serde_json::json!({}))], serde_json::json!({"remote_dir": "/opt/../etc"}), "remote_dir"),
+        (vec![host(serde_json::json!({}))], serde_json::json!({"remote_dir": "/opt/a b"}), "remote_dir"),
+        (vec![host(serde_json::json!({}))], serde_json::json!({"remote_dir": "opt/fl"}), "remote_dir"),
+        (vec![host(serde_json::json!({}))], serde_json::json!({"port_range": "9-1"}), "port_range"),
+        (vec![host(serde_json::json!({}))], serde_json::json!({"max_parallel": 0}), "max_parallel"),
+        (vec![host(serde_json::json!({}))], serde_json::json!({"connect_timeout": "0s"}), "connect_timeout"),
+        (vec![host(serde_json::json!({}))], serde_json::json!({"agent_binary": "/nonexistent"}), "agent_binary"),
+        (vec![host(serde_json::json!({}))], serde_json::json!({"hostz": []}), "hostz"),
+    ] {
+        let mut v = serde_json::json!({"hosts": hosts, "agent_binary": "/bin/sh"});
+        v.as_object_mut().unwrap().extend(top.as_object().unwrap().clone());
+        let (key, message) = parse(v.clone()).expect_err(named);
+        assert!(key.starts_with(named) || message.contains(named), "{v}: {key}: {message}");
+    }
+
+    // Through the pool's config, as the master loads it: the whole key.
+    let text = "name = \"p\"\ndriver = \"static\"\nmax_nodes = 2\n";
+    let mut config: PoolConfig = toml::from_str(text).unwrap();
+    config.check().expect("static is a driver");
+    let bad_key = serde_json::json!({"address": "10.0.0.9", "key": key, "host_key": "ssh-ed25519 AAAA"});
+    config.settings = serde_json::json!({"hosts": [host(serde_json::json!({})), host(serde_json::json!({"address": "10.0.0.8"})), bad_key]});
+    let err = crate::providers::static_settings(&config, dir.path()).unwrap_err().to_string();
+    assert!(err.starts_with("node_pools[p].settings.hosts[2].host_key: "), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wrong_host_key_is_refused_and_nothing_is_left_on_the_host() {
+    let lab = Lab::new(1);
+    let host = &lab.hosts[0];
+    let mut settings = lab.settings(&[host]);
+    let impostor = keygen(&lab.dir.path().join("other_key"));
+    settings["hosts"][0]["host_key"] = impostor.into();
+    let driver = lab.driver(settings);
+    let spec = lab.spec("k");
+    let err = driver.create(&spec).await.expect_err("a host key that is not the pinned one");
+    assert_eq!(err.class, ErrorClass::Config, "{err}");
+    assert!(err.message.contains(&host.name()) && err.message.contains("host key"), "names the host: {err}");
+    assert_eq!(fs::read_dir(&host.root).unwrap().count(), 0, "nothing is made on the host");
+    assert_eq!(host.agent(spec.node.as_str()), None);
+    let err = driver.list().await.expect_err("nor is it listed");
+    assert_eq!(err.class, ErrorClass::Config, "{err}");
+    assert!(lab.log(host).contains("Host key verification failed"), "{}", lab.log(host));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn create_runs_the_agent_on_its_host_and_delete_gives_the_host_back() {
+    let lab = Lab::new(1);
+    let host = &lab.hosts[0];
+    let driver = lab.driver(lab.settings(&[host]));
+    assert_eq!(driver.quota().await.unwrap(), DriverQuota { max_nodes: Some(1) });
+    let spec = lab.spec("a");
+    let id = driver.create(&spec).await.expect("create");
+    assert!(id.starts_with(&format!("{}/", host.name())) && id.len() == host.name().len() + 9, "{id}");
+
+    let pid = host.agent(spec.node.as_str()).expect("the agent runs in the host's namespace");
+    let args = cmdline(pid);
+    let remote = lab.dir.path().join("remote/flotilla-node");
+    assert_eq!(args[0], remote.join("bin/flotilla").display().to_string(), "{args:?}");
+    assert!(
+        has_pair(&args, "--master", &format!("{}:7700", host.host_ip)),
+        "the master as the host reaches it: {args:?}"
+    );
+    assert!(has_pair(&args, "--address", &host.ns_ip), "{args:?}");
+    assert!(has_pair(&args, "--data-dir", &remote.join("agent").display().to_string()), "{args:?}");
+    assert!(has_pair(&args, "--port-range", "21000-21999"), "{args:?}");
+    assert!(has_pair(&args, "--label", "zone=a") && has_pair(&args, "--label", "rack=r0"), "{args:?}");
+    assert!(!args.iter().any(|a| a.contains(&spec.join_token)), "the token on the command line: {args:?}");
+    let environ = fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let wanted = format!("FLOTILLA_AGENT_JOIN_TOKEN={}", spec.join_token);
+    assert!(environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes()), "the token is in the agent's environment");
+    let env_file = host.node_dir().join("agent.env");
+    assert_eq!(fs::metadata(&env_file).unwrap().permissions().mode() & 0o777, 0o600, "the token file is private");
+    assert_eq!(fs::read_to_string(&env_file).unwrap(), format!("{wanted}\n"));
+    assert_eq!(driver.status(&id).await.unwrap(), ResourceState::Running);
+
+    let listed = driver.list().await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let (r, mut tags) = (&listed[0], spec.tags.clone());
+    assert_eq!((r.external_id.as_str(), r.state), (id.as_str(), ResourceState::Running));
+    let cores: u32 = r.tag("cores").expect("cores").parse().unwrap();
+    let memory: u64 = r.tag("memory_bytes").expect("memory_bytes").parse().unwrap();
+    assert!(cores >= 1 && memory > 64 << 20, "{r:?}");
+    tags.extend([("cores".to_string(), cores.to_string()), ("memory_bytes".to_string(), memory.to_string())]);
+    assert_eq!(r.tags, tags);
+
+    let err = driver.create(&lab.spec("b")).await.expect_err("the one host is in use");
+    assert_eq!(err.class, ErrorClass::Quota, "{err}");
+    assert!(err.message.contains("every host of the pool is in use"), "{err}");
+
+    driver.delete(&id).await.expect("delete");
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the agent {pid} remains: {:?}", cmdline(pid));
+    assert_eq!(host.agent(spec.node.as_str()), None);
+    assert!(!host.node_dir().exists(), "the remote dir is gone");
+    assert_eq!(driver.status(&id).await.unwrap(), ResourceState::Gone);
+    assert_eq!(driver.list().await.unwrap(), vec![]);
+    driver.delete(&id).await.expect("a second delete is a success");
+    let err = driver.delete("10.9.9.9:22/00000000").await.expect_err("not a host of the pool");
+    assert_eq!(err.class, ErrorClass::Config, "{err}");
+
+    let log = lab.log(host);
+    assert!(log.contains("bootstrap done") && log.contains("[delete]"), "{log}");
+    assert!(!log.contains(&spec.join_token), "the token is never logged");
+
+    // The host is the pool's again; a stale delete of the old id leaves
+    // the new node alone.
+    let again = driver.create(&lab.spec("c")).await.expect("the host is free again");
+    assert_ne!(again, id);
+    driver.delete(&id).await.expect("a stale delete is a success");
+    assert_eq!(driver.status(&again).await.unwrap(), ResourceState::Running);
+    driver.delete(&again).await.expect("delete");
+    assert!(!host.node_dir().exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_with_a_foreign_tag_file_is_skipped_and_one_with_a_foreign_agent_refused() {
+    let lab = Lab::new(2);
+    let (tagged, busy) = (&lab.hosts[0], &lab.hosts[1]);
+    let foreign_tags = r#"{"flotilla-master":"ffffffffffffffff","flotilla-node":"theirs","flotilla-pool":"q"}"#;
+    fs::create_dir_all(tagged.node_dir()).unwrap();
+    fs::write(tagged.node_dir().join("tags.json"), foreign_tags).unwrap();
+    fs::write(tagged.node_dir().join("id"), "0badc0de\n").unwrap();
+    let theirs = lab.spec("theirs");
+    let mut agent = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", busy.ns))
+        .args([BUILT, "agent", "--node-id", theirs.node.as_str(), "--master", "127.0.0.1:1", "--address", &busy.ns_ip])
+        .arg("--data-dir")
+        .arg(lab.dir.path().join("foreign"))
+        .args(["--port-range", "22000-22010"])
+        .env("FLOTILLA_AGENT_JOIN_TOKEN", &theirs.join_token)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while busy.agent(theirs.node.as_str()).is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "the foreign agent did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let driver = lab.driver(lab.settings(&[tagged, busy]));
+    let err = driver.create(&lab.spec("a")).await.expect_err("no host to take");
+    let _ = (agent.kill(), agent.wait());
+    assert_eq!(err.class, ErrorClass::Config, "{err}");
+    assert!(err.message.contains(&busy.name()) && err.message.contains("agent runs there"), "{err}");
+    assert!(!err.message.contains(&tagged.name()), "the tagged host is in use, not refused: {err}");
+    assert_eq!(fs::read_to_string(tagged.node_dir().join("tags.json")).unwrap(), foreign_tags, "left alone");
+    assert!(!busy.node_dir().exists(), "nothing made on the refused host");
+    let listed = driver.list().await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].external_id, format!("{}/0badc0de", tagged.name()));
+    assert_eq!((listed[0].tag(TAG_NODE), listed[0].state), (Some("theirs"), ResourceState::Stopping));
+
+    // Its agent gone, the host is free; the tagged one still is not.
+    let spec = lab.spec("b");
+    let id = driver.create(&spec).await.expect("the freed host");
+    assert!(id.starts_with(&format!("{}/", busy.name())), "{id}");
+    driver.delete(&id).await.expect("delete");
+    assert!(tagged.node_dir().join("tags.json").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_hosts_are_bootstrapped_in_parallel() {
+    let lab = Lab::new(3);
+    let driver = lab.driver(lab.settings(&lab.hosts.iter().collect::<Vec<_>>()));
+    let specs = [lab.spec("a"), lab.spec("b"), lab.spec("c")];
+    let t = Instant::now();
+    let (a, b, c) = tokio::join!(driver.create(&specs[0]), driver.create(&specs[1]), driver.create(&specs[2]));
+    let ids = [a.expect("create a"), b.expect("create b"), c.expect("create c")];
+    eprintln!("three bootstraps at once: {:?}", t.elapsed());
+    let mut names: Vec<String> = ids.iter().map(|id| lab.host_of(id).name()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 3, "three distinct hosts: {ids:?}");
+    for (id, spec) in ids.iter().zip(&specs) {
+        let host = lab.host_of(id);
+        assert!(host.agent(spec.node.as_str()).is_some(), "{id}: the agent runs in its host's namespace");
+        for other in lab.hosts.iter().filter(|h| h.ns != host.ns) {
+            assert_eq!(other.agent(spec.node.as_str()), None);
+        }
+    }
+    let listed = driver.list().await.unwrap();
+    assert_eq!(listed.iter().filter(|r| r.state == ResourceState::Running).count(), 3, "{listed:?}");
+    let (a, b, c) = tokio::join!(driver.delete(&ids[0]), driver.delete(&ids[1]), driver.delete(&ids[2]));
+    a.unwrap();
+    b.unwrap();
+    c.unwrap();
+    assert!(lab.hosts.iter().all(|h| !h.node_dir().exists()));
+    assert_eq!(driver.list().await.unwrap(), vec![]);
+}
+
+async fn timed(driver: &StaticDriver, spec: &LaunchSpec) -> (Result<String, DriverError>, Duration) {
+    let t = Instant::now();
+    (driver.create(spec).await, t.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_host_fails_its_own_create_within_the_connect_timeout_and_stalls_no_other() {
+    let mut lab = Lab::new(3);
+    lab.hosts[2].vanish();
+    let driver = lab.driver(lab.settings(&lab.hosts.iter().collect::<Vec<_>>()));
+    let specs = [lab.spec("a"), lab.spec("b"), lab.spec("c")];
+    let (a, b, c) = tokio::join!(timed(&driver, &specs[0]), timed(&driver, &specs[1]), timed(&driver, &specs[2]));
+    let results = [a, b, c];
+    eprintln!("{:?}", results.iter().map(|(r, t)| (r.as_ref().map_err(|e| e.to_string()), t)).collect::<Vec<_>>());
+    let dead = lab.hosts[2].name();
+    let failed: Vec<_> = results.iter().filter(|(r, _)| r.is_err()).collect();
+    assert_eq!(failed.len(), 1, "only the create that met the dead host fails");
+    let (err, took) = (failed[0].0.as_ref().unwrap_err(), failed[0].1);
+    assert_eq!(err.class, ErrorClass::Transient, "{err}");
+    assert!(err.message.contains(&dead), "names the dead host: {err}");
+    assert!(took >= Duration::from_millis(2500) && took < Duration::from_secs(3 + 10), "{took:?}");
+    for (r, _) in results.iter().filter(|(r, _)| r.is_ok()) {
+        assert_ne!(lab.host_of(r.as_ref().unwrap()).name(), dead);
+    }
+    // A listing costs one connect timeout however many hosts are dead,
+    // and is no listing at all.
+    let t = Instant::now();
+    let err = driver.list().await.expect_err("a host could not be listed");
+    assert!(err.message.contains(&dead) && t.elapsed() < Duration::from_secs(3 + 5), "{err} after {:?}", t.elapsed());
+    for (r, _) in &results {
+        if let Ok(id) = r {
+            driver.delete(id).await.expect("delete");
+        }
+    }
+    assert!(lab.hosts.iter().all(|h| !h.node_dir().exists()));
+    lab.hosts.clear();
+}
