@@ -668,3 +668,48 @@ async fn an_idle_node_beyond_min_ready_is_given_back_and_an_old_spare_replaced()
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_survive_a_master_restart_and_a_paused_pool_still_declines() {
+    let space = Space::new();
+    let config = pool(&space, "rs", "");
+    let mut env = TestEnv::start_with_config("pools-restart", &FAST, &config, 0).await;
+    let space = space;
+    // Creates that take 3 s: the master is killed while both are in flight.
+    faults(&env, "rs", json!({"create_delay_before": 3000})).await;
+    let id = request(&env, json!({}), 2).await;
+    env.until(10, "the request pending", async || {
+        let r = request_of(&env, &id).await;
+        if r["state"] == "pending" { Ok(()) } else { Err(r.to_string()) }
+    })
+    .await;
+    env.kill_master();
+    env.start_master_again().await;
+    // The next master takes the request up from the store: fulfilled, each
+    // node made once (the cut creates unwound and tried again).
+    let done = until_request(&env, &id, "fulfilled", 90).await;
+    assert_eq!(done["nodes"].as_array().map(|a| a.len()), Some(2), "{done:#}");
+    assert_eq!(space.namespaces().len(), 2, "one machine per node: {:?}", space.namespaces());
+
+    // A quota error pauses the pool (its third node refused by the
+    // provider); a request it can never serve is still
+    // declined at once (and fails, no other pool offering it), one it could
+    // serve later waits.
+    faults(&env, "rs", json!({"create_errors": ["quota"]})).await;
+    let (_, s) = env.post("/node-requests", json!({"labels": {}, "count": 1})).await;
+    let waiting = s["id"].as_str().unwrap().to_string();
+    env.until(20, "the pool paused", async || {
+        let p = pool_of(&env, "rs").await;
+        if p["health"] == "paused" || p["health_detail"]["paused_until"].is_string() {
+            Ok(())
+        } else {
+            Err(p.to_string())
+        }
+    })
+    .await;
+    let big = request(&env, json!({}), 4).await;
+    let failed = until_request(&env, &big, "failed", 10).await;
+    assert!(failed["reasons"][0].as_str().unwrap().contains("needs 4 nodes, the pool holds at most 3"), "{failed:#}");
+    let r = request_of(&env, &waiting).await;
+    assert_eq!(r["state"], "requested", "at quota, it waits: {r:#}");
+}
