@@ -11,12 +11,24 @@
 //!
 //! Every host's key is pinned: ssh runs with a known_hosts file of the
 //! driver's own holding that one key and `StrictHostKeyChecking=yes`, so an
-//! unknown or changed key is refused (a `Config` error naming the host).
+//! unknown or changed key is refused. `remote_dir` and its parents must be
+//! root's and writable by no one else, on every host, each time.
+//!
+//! A host that refuses (its key, its login, a foreign agent, an unsafe
+//! `remote_dir`) or fails its bootstrap is skipped, its reason logged, and
+//! tried after the others for a while; `create` goes on with the next free
+//! host. With none left it answers `Quota` when every host was merely in
+//! use, else `Transient` naming each host's reason (the launcher retries);
+//! `Config` (the whole pool broken) only for what no host can help: no
+//! local `ssh` or `scp`, no readable agent binary, a listener the hosts
+//! cannot reach.
+//!
 //! Every ssh call is bounded in time (the child is killed past it); at most
 //! `max_parallel` bootstraps run at once and no lock is held across an ssh
 //! call, so a dead host costs its own create one connect timeout and
 //! nothing else. `create` and `delete` run as tasks of their own: a
-//! cancelled future leaves them to finish (and unwind) on their own.
+//! cancelled delete finishes on its own; a cancelled create stops before it
+//! claims a host or starts an agent and unwinds what it made.
 //!
 //! The external id is `<address>:<port>/<nonce>`: the nonce (written to
 //! `remote_dir/id`) makes a stale delete of a node whose host was taken
@@ -29,6 +41,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -45,6 +58,8 @@ const COPY: Duration = Duration::from_secs(600);
 const SLOW: Duration = Duration::from_secs(90);
 /// A host that did not answer is tried after the others for this long.
 const UNREACHABLE_MEMORY: Duration = Duration::from_secs(60);
+/// A host that refused or failed a bootstrap, for this long.
+const BAD_MEMORY: Duration = Duration::from_secs(300);
 /// A host's log is rotated (to `.log.1`) past this size.
 const LOG_MAX: u64 = 4 << 20;
 
@@ -56,6 +71,7 @@ mod scripts;
 mod settings;
 
 use scripts::*;
+use settings::check_spec;
 pub use settings::{StaticHost, StaticSettings};
 
 /// What holds a host in this process.
@@ -76,8 +92,9 @@ struct Inner {
     held: Mutex<HashMap<usize, Hold>>,
     released: Notify,
     bootstraps: Semaphore,
-    /// When each host last failed to answer.
-    unreachable: Mutex<HashMap<usize, Instant>>,
+    /// Until when each host that failed to answer, refused or failed a
+    /// bootstrap is tried after the others.
+    avoided: Mutex<HashMap<usize, Instant>>,
     /// The agent binary's length, mtime and sha256.
     binary_sum: Mutex<Option<(u64, Option<SystemTime>, String)>>,
 }
@@ -132,11 +149,29 @@ impl StaticDriver {
             known_hosts,
             held: Mutex::new(HashMap::new()),
             released: Notify::new(),
-            unreachable: Mutex::new(HashMap::new()),
+            avoided: Mutex::new(HashMap::new()),
             binary_sum: Mutex::new(None),
         };
         Ok(StaticDriver { inner: Arc::new(inner) })
     }
+}
+
+/// Set when the caller's future is dropped: a create checks it before it
+/// claims a host and before it starts the agent.
+struct Cancel(Arc<AtomicBool>);
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// An error when the caller of a create gave up.
+fn check_cancel(cancelled: &AtomicBool) -> Result<(), DriverError> {
+    if cancelled.load(Ordering::SeqCst) {
+        return Err(DriverError::transient("the create was cancelled (its caller gave up)"));
+    }
+    Ok(())
 }
 
 /// Runs `f` as a task of its own, so a cancelled caller does not cut it short.
@@ -152,7 +187,12 @@ impl Driver for StaticDriver {
     }
 
     fn create<'a>(&'a self, spec: &'a LaunchSpec) -> BoxFuture<'a, Result<String, DriverError>> {
-        Box::pin(detached(self.inner.clone().create(spec.clone())))
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let (cancel, task) = (Cancel(cancelled.clone()), detached(self.inner.clone().create(spec.clone(), cancelled)));
+        Box::pin(async move {
+            let _cancel = cancel;
+            task.await
+        })
     }
 
     /// `Gone` when the host holds no node of this id, `Pending` while a
@@ -210,23 +250,6 @@ impl Driver for StaticDriver {
         let max_nodes = u32::try_from(self.inner.s.hosts.len()).ok();
         Box::pin(async move { Ok(DriverQuota { max_nodes }) })
     }
-}
-
-/// The node id, labels and token go into file names, command lines and an
-/// environment file: plain characters only.
-fn check_spec(spec: &LaunchSpec) -> Result<(), DriverError> {
-    let plain = |s: &str| {
-        !s.is_empty() && s.len() <= 1024 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-    };
-    if !plain(spec.node.as_str()) || spec.node.as_str().starts_with(['-', '.']) {
-        return Err(DriverError::config(format!("node id {:?}: not a plain name", spec.node.as_str())));
-    }
-    crate::ids::validate_labels(spec.labels.iter())
-        .map_err(|(k, m)| DriverError::config(format!("label {}: {m}", k.unwrap_or_default())))?;
-    if !plain(&spec.join_token) {
-        return Err(DriverError::config("the join token holds characters an environment file cannot"));
-    }
-    Ok(())
 }
 
 impl Inner {
@@ -297,57 +320,68 @@ impl Inner {
         Ok(sum)
     }
 
-    async fn create(self: Arc<Self>, spec: LaunchSpec) -> Result<String, DriverError> {
+    async fn create(self: Arc<Self>, spec: LaunchSpec, cancelled: Arc<AtomicBool>) -> Result<String, DriverError> {
         check_spec(&spec)?;
         let _permit = self.bootstraps.acquire().await.map_err(|e| DriverError::transient(e.to_string()))?;
+        check_cancel(&cancelled)?;
         let sum = self.binary_sum().await?;
-        let mut order: Vec<usize> = (0..self.s.hosts.len()).collect();
-        {
-            let unreachable = self.unreachable.lock().unwrap_or_else(|e| e.into_inner());
-            order.sort_by_key(|i| unreachable.get(i).is_some_and(|t| t.elapsed() < UNREACHABLE_MEMORY));
-        }
-        let (mut unreachable, mut refused) = (Vec::new(), Vec::new());
-        for i in order {
-            let Some(guard) = Inner::try_hold(&self, i, Hold::Create) else { continue };
-            let probe = self.probe(i).await;
-            {
-                let mut memory = self.unreachable.lock().unwrap_or_else(|e| e.into_inner());
-                match &probe {
-                    Err(e) if e.class == ErrorClass::Transient => memory.insert(i, Instant::now()),
-                    _ => memory.remove(&i),
-                };
+        let (mut in_use, mut failed) = (0, Vec::new());
+        for i in self.order() {
+            check_cancel(&cancelled)?;
+            if self.held(i).is_some() {
+                in_use += 1;
+                continue;
             }
-            let probe = match probe {
+            let p = match self.probe(i).await {
                 Ok(p) => p,
+                Err(e) if e.class == ErrorClass::Config => return Err(e),
                 Err(e) => {
-                    tracing::warn!(host = %self.host(i).name(), error = %e, "static host skipped");
-                    if e.class == ErrorClass::Transient { &mut unreachable } else { &mut refused }.push(e.message);
+                    failed.push(self.skipped(i, e.message));
                     continue;
                 }
             };
-            if let Some(why) = self.foreign(&probe) {
-                let e = format!("host {}: {why}", self.host(i).name());
-                tracing::warn!(error = %e, "static host refused");
-                self.log(i, &format!("refused: {why}"));
-                refused.push(e);
+            if !p.has("tags").is_empty() {
+                in_use += 1;
                 continue;
             }
-            if !probe.has("tags").is_empty() {
+            if let Some(why) = self.foreign(&p) {
+                self.remember(i, BAD_MEMORY);
+                failed.push(self.skipped(i, format!("host {}: {why}", self.host(i).name())));
                 continue;
             }
-            if let Some(id) = self.bootstrap(i, &spec, &probe, &sum).await? {
-                drop(guard);
-                return Ok(id);
+            // Held only once found free: a node running there stays
+            // `Running` to status() and list() meanwhile.
+            let Some(_guard) = Inner::try_hold(&self, i, Hold::Create) else {
+                in_use += 1;
+                continue;
+            };
+            match self.bootstrap(i, &spec, &p, &sum, &cancelled).await {
+                Ok(Some(id)) => {
+                    self.forgive(i);
+                    return Ok(id);
+                }
+                Ok(None) => in_use += 1,
+                Err(e) if e.class == ErrorClass::Config || cancelled.load(Ordering::SeqCst) => return Err(e),
+                Err(e) => {
+                    self.remember(i, BAD_MEMORY);
+                    failed.push(self.skipped(i, e.message));
+                }
             }
         }
         let n = self.s.hosts.len();
-        Err(if !refused.is_empty() {
-            DriverError::config(format!("no free host: {}", refused.join("; ")))
-        } else if !unreachable.is_empty() {
-            DriverError::transient(format!("no free host reached: {}", unreachable.join("; ")))
-        } else {
+        Err(if failed.is_empty() {
             DriverError::new(ErrorClass::Quota, format!("every host of the pool is in use ({n} hosts)"))
+        } else {
+            let failed = failed.join("; ");
+            DriverError::transient(format!("no host could take the node ({in_use} of {n} in use): {failed}"))
         })
+    }
+
+    /// Logs why host `i` was skipped; `why`.
+    fn skipped(&self, i: usize, why: String) -> String {
+        tracing::warn!(host = %self.host(i).name(), error = %why, "static host skipped");
+        self.log(i, &format!("skipped: {why}"));
+        why
     }
 
     async fn probe(&self, i: usize) -> Result<Probe, DriverError> {
@@ -357,7 +391,10 @@ impl Inner {
             stdout.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.into(), v.trim().into())).collect();
         let get = |k: &str| vars.iter().find(|(x, _)| x == k).map(|(_, v)| v.as_str()).unwrap_or("");
         let name = self.host(i).name();
-        let bad = |what: &str| DriverError::transient(format!("host {name}: the probe found no {what}: {stdout:?}"));
+        let bad = |what: &str| {
+            self.remember(i, BAD_MEMORY);
+            DriverError::transient(format!("host {name}: the probe found no {what}: {stdout:?}"))
+        };
         let conn: Vec<&str> = get("conn").split_whitespace().collect();
         let (client, server) = match conn.as_slice() {
             [c, _, s, _] => (c.parse().ok(), s.parse().ok()),
@@ -375,6 +412,9 @@ impl Inner {
         if !p.has("tags").is_empty() {
             return None;
         }
+        if let Some(why) = p.has("unsafe").first() {
+            return Some(format!("{d} is not safe to use: {}", why.trim_start_matches("refused: ")));
+        }
         let agents = p.has("agent");
         if !agents.is_empty() {
             return Some(format!(
@@ -391,13 +431,15 @@ impl Inner {
 
     /// Claims host `i` and starts the node's agent there: its id, or
     /// `None` when another master claimed the host meanwhile. Whatever a
-    /// failed try made on the host is removed before the answer.
+    /// failed or cancelled try made on the host is removed before the
+    /// answer.
     async fn bootstrap(
         &self,
         i: usize,
         spec: &LaunchSpec,
         probe: &Probe,
         sum: &str,
+        cancelled: &AtomicBool,
     ) -> Result<Option<String>, DriverError> {
         let h = self.host(i);
         let master_ip = if spec.master_addr.ip().is_unspecified() { probe.client } else { spec.master_addr.ip() };
@@ -414,52 +456,50 @@ impl Inner {
         let mut tags = spec.tags.clone();
         tags.insert("cores".into(), probe.cores.to_string());
         tags.insert("memory_bytes".into(), probe.memory_bytes.to_string());
+        let json = serde_json::to_vec(&tags).map_err(|e| DriverError::transient(format!("tags: {e}")))?;
         let mut nonce = [0u8; 4];
         getrandom::fill(&mut nonce).map_err(|e| DriverError::transient(format!("no randomness: {e}")))?;
         let nonce = hex::encode(nonce);
+        check_cancel(cancelled)?;
         self.log(i, &format!("bootstrap of node {} as {}/{nonce}, master {master}", spec.node.as_str(), h.name()));
         let made = async {
-            let json = serde_json::to_vec(&tags).map_err(|e| DriverError::transient(format!("tags: {e}")))?;
             let out = self.ssh(i, "claim", &format!("n={}\n{CLAIM}", sq(&nonce)), Some(&json), QUICK, true).await?;
+            if out.code == 7 {
+                // Refused before anything was made: nothing to unwind.
+                return Ok(Err(DriverError::transient(format!("host {}: {}", h.name(), out.stderr.trim()))));
+            }
             if self.ok(i, "claim", out)?.trim() == "taken" {
-                return Ok(false);
+                return Ok(Ok(false));
             }
-            self.install(i, spec, probe, sum, master, &nonce).await.map(|()| true)
+            self.install(i, spec, sum, &nonce).await?;
+            check_cancel(cancelled)?;
+            self.start(i, spec, probe, master).await?;
+            // The caller gone, nobody would learn the id: take it down.
+            check_cancel(cancelled).map(|()| Ok(true))
         };
-        match made.await {
-            Ok(true) => {
+        let e = match made.await {
+            Ok(Ok(true)) => {
                 self.log(i, "bootstrap done");
-                Ok(Some(format!("{}/{nonce}", h.name())))
+                return Ok(Some(format!("{}/{nonce}", h.name())));
             }
-            Ok(false) => {
+            Ok(Ok(false)) => {
                 self.log(i, "taken by another master meanwhile");
-                Ok(None)
+                return Ok(None);
             }
-            Err(e) => {
-                self.log(i, &format!("bootstrap failed, unwinding: {e}"));
-                match self.remove(i, &nonce, "unwind").await {
-                    Ok(()) => Err(e),
-                    Err(u) => {
-                        Err(DriverError::new(e.class, format!("{}; unwinding it failed: {}", e.message, u.message)))
-                    }
-                }
-            }
+            Ok(Err(refused)) => return Err(refused),
+            Err(e) => e,
+        };
+        self.log(i, &format!("bootstrap failed, unwinding: {e}"));
+        match self.remove(i, &nonce, "unwind").await {
+            Ok(()) => Err(e),
+            Err(u) => Err(DriverError::new(e.class, format!("{}; unwinding it failed: {}", e.message, u.message))),
         }
     }
 
-    /// Copies and checks the binary, writes the token, starts the agent.
-    async fn install(
-        &self,
-        i: usize,
-        spec: &LaunchSpec,
-        probe: &Probe,
-        sum: &str,
-        master: SocketAddr,
-        nonce: &str,
-    ) -> Result<(), DriverError> {
+    /// Copies and checks the binary, writes the token.
+    async fn install(&self, i: usize, spec: &LaunchSpec, sum: &str, nonce: &str) -> Result<(), DriverError> {
         let (h, d) = (self.host(i), &self.s.remote_dir);
-        let src =
-            if h.user == "root" { format!("{d}/bin/flotilla.part") } else { format!(".flotilla-agent-{nonce}.part") };
+        let src = if h.user == "root" { format!("{d}/bin/flotilla.part") } else { self.part(i, nonce) };
         let target = if h.address.contains(':') { format!("[{}]", h.address) } else { h.address.clone() };
         let mut scp = tokio::process::Command::new("scp");
         scp.arg("-q").args(self.ssh_options(i, "-P")).arg(&self.s.agent_binary);
@@ -471,8 +511,12 @@ impl Inner {
         self.ok(i, "install", out)?;
         let env = format!("FLOTILLA_AGENT_JOIN_TOKEN={}\n", spec.join_token);
         let out = self.ssh(i, "token", ENV, Some(env.as_bytes()), QUICK, true).await?;
-        self.ok(i, "token", out)?;
+        self.ok(i, "token", out).map(drop)
+    }
 
+    /// Starts the agent, under systemd where PID 1 is systemd.
+    async fn start(&self, i: usize, spec: &LaunchSpec, probe: &Probe, master: SocketAddr) -> Result<(), DriverError> {
+        let (h, d) = (self.host(i), &self.s.remote_dir);
         let mut labels = spec.labels.clone();
         for (k, v) in &h.labels {
             labels.entry(k.clone()).or_insert_with(|| v.clone());
@@ -487,7 +531,7 @@ impl Inner {
             args.extend(["--label".into(), format!("{k}={v}")]);
         }
         let node = spec.node.as_str();
-        let (body, file) = if probe.has("systemd").is_empty() {
+        let (body, file) = if probe.has("systemd").is_empty() || !self.s.use_systemd {
             let quoted: Vec<String> = args.iter().map(|a| sq(a)).collect();
             (START_PROCESS.to_string(), supervisor(node, d, &quoted.join(" ")))
         } else {
@@ -496,16 +540,19 @@ impl Inner {
             (format!("u={}\n{START_SYSTEMD}", sq(&unit)), unit_file(node, d, &args.join(" ")))
         };
         let out = self.ssh(i, "start", &body, Some(file.as_bytes()), QUICK, true).await?;
-        if out.code == 6 {
-            return Err(DriverError::config(format!("host {}: {}", h.name(), out.stderr.trim())));
-        }
         self.ok(i, "start", out).map(drop)
+    }
+
+    /// Where a non-root user's copy of the binary goes (in its home).
+    fn part(&self, i: usize, nonce: &str) -> String {
+        if self.host(i).user == "root" { String::new() } else { format!(".flotilla-agent-{nonce}.part") }
     }
 
     /// Stops node `nonce`'s agent on host `i` and removes what it had;
     /// a host holding no such node is a success.
     async fn remove(&self, i: usize, nonce: &str, step: &str) -> Result<(), DriverError> {
-        let out = self.ssh(i, step, &format!("n={}\n{REMOVE}", sq(nonce)), None, SLOW, true).await?;
+        let body = format!("n={}\npart={}\n{REMOVE}", sq(nonce), sq(&self.part(i, nonce)));
+        let out = self.ssh(i, step, &body, None, SLOW, true).await?;
         let said = self.ok(i, step, out)?;
         match said.lines().last().unwrap_or("").trim() {
             "removed" | "gone" | "other" => Ok(()),
@@ -516,24 +563,28 @@ impl Inner {
         }
     }
 
-    /// Host `i`'s node as `list()` shows it, `None` when it holds none.
+    /// Host `i`'s node as `list()` shows it, `None` when it holds none;
+    /// an error when what it holds cannot be read whole.
     async fn list_host(self: &Arc<Self>, i: usize) -> Result<Option<Resource>, DriverError> {
         let out = self.ssh(i, "list", LIST, None, QUICK, false).await?;
         let out = self.ok(i, "list", out)?;
-        let get = |k: &str| out.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix('=')).unwrap_or("").trim();
-        if out.trim() == "absent" || get("tags").is_empty() {
+        if out.trim() == "absent" {
             return Ok(None);
         }
-        let tags: BTreeMap<String, String> = serde_json::from_str(get("tags")).map_err(|e| {
-            let name = self.host(i).name();
-            DriverError::transient(format!("host {name}: cannot parse {}/tags.json: {e}", self.s.remote_dir))
-        })?;
+        let get = |k: &str| out.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix('=')).unwrap_or("").trim();
+        let (name, d) = (self.host(i).name(), &self.s.remote_dir);
+        let tags: BTreeMap<String, String> = serde_json::from_str(get("tags"))
+            .map_err(|e| DriverError::transient(format!("host {name}: cannot parse {d}/tags.json: {e}")))?;
+        let id = get("id");
+        if id.len() != 8 || !id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err(DriverError::transient(format!("host {name}: {d}/id holds {id:?}, not a node's id")));
+        }
         let state = match get("state") {
             _ if self.held(i) == Some(Hold::Create) => ResourceState::Pending,
             "running" => ResourceState::Running,
             _ => ResourceState::Stopping,
         };
-        Ok(Some(Resource { external_id: format!("{}/{}", self.host(i).name(), get("id")), tags, state }))
+        Ok(Some(Resource { external_id: format!("{name}/{id}"), tags, state }))
     }
 }
 

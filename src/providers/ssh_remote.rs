@@ -1,6 +1,8 @@
 //! How the `static` driver reaches its hosts: ssh and scp with the host's
-//! key pinned, each call killed past its time, its failure classed by what
-//! ssh said; and the per-host log.
+//! key pinned, each call killed past its time, its failure told by what
+//! ssh said; the hosts it remembers as unreachable or failing; and the
+//! per-host log. A host's failure is never `Config` (that would mark the
+//! whole pool broken): only a missing local `ssh` or `scp` is.
 
 use std::io::Write;
 use std::process::Stdio;
@@ -9,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::io::AsyncWriteExt;
 
 use super::scripts::{LIB, indent, sq};
-use super::{Inner, LOG_MAX};
+use super::{BAD_MEMORY, Inner, LOG_MAX, UNREACHABLE_MEMORY};
 use crate::providers::driver::DriverError;
 
 /// What ssh answered.
@@ -105,6 +107,7 @@ impl Inner {
                 if logged {
                     self.log(i, &format!("  {e} (killed)"));
                 }
+                self.remember(i, UNREACHABLE_MEMORY);
                 return Err(DriverError::transient(e));
             }
             Ok(Err(e)) => return Err(DriverError::transient(format!("host {name}: {step}: {e}"))),
@@ -127,31 +130,37 @@ impl Inner {
             self.log(i, &line);
         }
         if out.code == 255 || (program == "scp" && out.code != 0) {
-            return Err(self.ssh_failure(i, step, &out.stderr));
+            return Err(self.ssh_failure(i, step, out.code, &out.stderr));
         }
         Ok(out)
     }
 
-    fn ssh_failure(&self, i: usize, step: &str, stderr: &str) -> DriverError {
+    /// What an ssh (255) or scp failure means, the host remembered as
+    /// failing (its key, the login, a remote write) or unreachable.
+    fn ssh_failure(&self, i: usize, step: &str, code: i32, stderr: &str) -> DriverError {
         let h = self.host(i);
-        let said = stderr.lines().map(str::trim).rfind(|l| !l.is_empty() && !l.starts_with('@'));
-        let said = said.unwrap_or("(nothing on stderr)");
-        let has = |words: &[&str]| words.iter().any(|w| stderr.contains(w));
-        if has(&["Host key verification failed", "IDENTIFICATION HAS CHANGED", "host key is known for"]) {
-            return DriverError::config(format!(
-                "host {}: its SSH host key is not the pinned one (hosts[{i}].host_key), refused: {said}",
-                h.name()
-            ));
+        // scp's own remote errors start with "scp: " (e.g. "scp: dest open
+        // ...: Permission denied"); ssh's login failure names the methods.
+        let ssh_lines: Vec<&str> = stderr.lines().map(str::trim).filter(|l| !l.starts_with("scp:")).collect();
+        let has = |words: &[&str]| ssh_lines.iter().any(|l| words.iter().any(|w| l.contains(w)));
+        fn last<'a>(lines: &[&'a str]) -> &'a str {
+            lines.iter().rfind(|l| !l.is_empty() && !l.starts_with('@')).copied().unwrap_or("(nothing on stderr)")
         }
-        if has(&["Permission denied", "Too many authentication failures", "Load key", "UNPROTECTED PRIVATE KEY"]) {
-            return DriverError::config(format!(
-                "host {}: ssh cannot log in as {} with {}: {said}",
-                h.name(),
-                h.user,
-                h.key.display()
-            ));
-        }
-        DriverError::transient(format!("host {} unreachable ({step}): {said}", h.name()))
+        let said = last(&stderr.lines().map(str::trim).collect::<Vec<_>>());
+        let ssh_said = last(&ssh_lines);
+        let (why, memory) =
+            if has(&["Host key verification failed", "IDENTIFICATION HAS CHANGED", "host key is known for"]) {
+                let why = format!("its SSH host key is not the pinned one (hosts[{i}].host_key), refused: {ssh_said}");
+                (why, BAD_MEMORY)
+            } else if has(&["Permission denied (", "Too many authentication failures", "Load key", "UNPROTECTED"]) {
+                (format!("ssh cannot log in as {} with {}: {ssh_said}", h.user, h.key.display()), BAD_MEMORY)
+            } else if code == 255 {
+                (format!("unreachable ({step}): {said}"), UNREACHABLE_MEMORY)
+            } else {
+                (format!("{step} failed (scp's exit {code}): {said}"), BAD_MEMORY)
+            };
+        self.remember(i, memory);
+        DriverError::transient(format!("host {}: {why}", h.name()))
     }
 
     /// `out`'s stdout when the script succeeded.
@@ -162,12 +171,34 @@ impl Inner {
         let name = self.host(i).name();
         let said = out.stderr.trim();
         if said.contains("sudo:") && said.contains("password") {
-            return Err(DriverError::config(format!(
+            self.remember(i, BAD_MEMORY);
+            return Err(DriverError::transient(format!(
                 "host {name}: user {} needs sudo without a password: {said}",
                 self.host(i).user
             )));
         }
         Err(DriverError::transient(format!("host {name}: {step} failed (exit {}): {said}", out.code)))
+    }
+
+    /// Host `i` is tried after the others for `memory` (or longer, if it
+    /// is remembered longer already).
+    pub(super) fn remember(&self, i: usize, memory: Duration) {
+        let until = Instant::now() + memory;
+        let mut avoided = self.avoided.lock().unwrap_or_else(|e| e.into_inner());
+        avoided.entry(i).and_modify(|t| *t = (*t).max(until)).or_insert(until);
+    }
+
+    pub(super) fn forgive(&self, i: usize) {
+        self.avoided.lock().unwrap_or_else(|e| e.into_inner()).remove(&i);
+    }
+
+    /// Host indices, the hosts remembered as unreachable or failing last.
+    pub(super) fn order(&self) -> Vec<usize> {
+        let now = Instant::now();
+        let avoided = self.avoided.lock().unwrap_or_else(|e| e.into_inner());
+        let mut order: Vec<usize> = (0..self.s.hosts.len()).collect();
+        order.sort_by_key(|i| avoided.get(i).is_some_and(|t| *t > now));
+        order
     }
 
     /// Appends to the host's log (`<address>_<port>.log` in the driver's
@@ -179,7 +210,7 @@ impl Inner {
         if std::fs::metadata(&path).is_ok_and(|m| m.len() > LOG_MAX) {
             let _ = std::fs::rename(&path, path.with_extension("log.1"));
         }
-        let line = format!("{} {}\n", humantime::format_rfc3339_seconds(SystemTime::now()), text.trim_end());
+        let line = format!("{} {}\n", humantime::format_rfc3339_millis(SystemTime::now()), text.trim_end());
         let file = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&path);
         if let Err(e) = file.and_then(|mut f| f.write_all(line.as_bytes())) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write a static host's log");

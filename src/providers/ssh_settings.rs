@@ -22,6 +22,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::providers::driver::{DriverError, LaunchSpec};
+
 const REMOTE_DIR: &str = "/var/lib/flotilla-node";
 const KEY_TYPES: [&str; 7] = [
     "ssh-ed25519",
@@ -64,6 +66,9 @@ pub struct StaticSettings {
     pub port_range: String,
     pub max_parallel: usize,
     pub connect_timeout: Duration,
+    /// Whether an agent may run under systemd where PID 1 is systemd (the
+    /// tests turn it off: they must never write real units).
+    pub use_systemd: bool,
     /// The driver's own directory on the master: one log per host and the
     /// pinned known_hosts files.
     pub dir: PathBuf,
@@ -176,8 +181,34 @@ impl StaticSettings {
                 .filter(|d| (Duration::from_secs(1)..=Duration::from_secs(300)).contains(d))
                 .ok_or_else(|| bad("connect_timeout".into(), format!("{s:?}: expected a duration of 1s to 300s")))?,
         };
-        Ok(StaticSettings { hosts, agent_binary, remote_dir, port_range, max_parallel, connect_timeout, dir })
+        Ok(StaticSettings {
+            hosts,
+            agent_binary,
+            remote_dir,
+            port_range,
+            max_parallel,
+            connect_timeout,
+            use_systemd: true,
+            dir,
+        })
     }
+}
+
+/// The node id, labels and token go into file names, command lines and an
+/// environment file: plain characters only.
+pub(super) fn check_spec(spec: &LaunchSpec) -> Result<(), DriverError> {
+    let plain = |s: &str| {
+        !s.is_empty() && s.len() <= 1024 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+    };
+    if !plain(spec.node.as_str()) || spec.node.as_str().starts_with(['-', '.']) {
+        return Err(DriverError::config(format!("node id {:?}: not a plain name", spec.node.as_str())));
+    }
+    crate::ids::validate_labels(spec.labels.iter())
+        .map_err(|(k, m)| DriverError::config(format!("label {}: {m}", k.unwrap_or_default())))?;
+    if !plain(&spec.join_token) {
+        return Err(DriverError::config("the join token holds characters an environment file cannot"));
+    }
+    Ok(())
 }
 
 fn check_address(a: &str) -> Result<(), String> {
@@ -192,7 +223,8 @@ fn check_address(a: &str) -> Result<(), String> {
 }
 
 /// A directory `rm -rf` may take: absolute, plain characters, two levels
-/// deep at least and not a system directory.
+/// deep at least, not a system directory and not under a tree others may
+/// write to (the scripts check the host's owners and modes again).
 fn check_remote_dir(d: &str) -> Result<(), String> {
     if !d.starts_with('/') || d.len() > 200 {
         return Err("must be an absolute path of at most 200 characters".into());
@@ -204,7 +236,16 @@ fn check_remote_dir(d: &str) -> Result<(), String> {
     if parts.iter().any(|p| p.is_empty() || *p == "." || *p == "..") {
         return Err("no empty, '.' or '..' component, no trailing '/'".into());
     }
-    let system = ["/usr/bin", "/usr/lib", "/usr/local", "/usr/sbin", "/usr/share", "/var/lib", "/var/log", "/var/tmp"];
+    // Anyone may plant a symlink in these (or their owner, in /home): a
+    // root shell must never trust what it finds there.
+    let shared = ["/tmp", "/var/tmp", "/dev/shm", "/dev", "/run/shm", "/run/lock", "/var/lock", "/home"];
+    if let Some(tree) = shared.iter().find(|t| d == **t || d.starts_with(&format!("{t}/"))) {
+        return Err(format!(
+            "{tree} is writable by others than root: give a directory only root can write to, e.g. \
+             /var/lib/flotilla-node"
+        ));
+    }
+    let system = ["/usr/bin", "/usr/lib", "/usr/local", "/usr/sbin", "/usr/share", "/var/lib", "/var/log"];
     if parts.len() < 2 || system.contains(&d) || d.starts_with("/etc/") || d.starts_with("/proc/") {
         return Err("deleting a node removes it whole: give a directory of its own, e.g. /var/lib/flotilla-node".into());
     }
@@ -249,4 +290,91 @@ fn base64(s: &str) -> Option<Vec<u8>> {
         }
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::fs;
+    use std::time::Duration;
+
+    use crate::providers::pool_config::PoolConfig;
+    use serde_json::json as j;
+
+    /// A well-formed ed25519 public key (no sshd holds it).
+    const SOME_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJFJ0Ikt/Ktq5u9iJCqPUDVv2E2k/Z86qp6d3A1tMGBG";
+
+    #[test]
+    fn settings_are_checked_and_each_bad_key_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("id");
+        fs::write(&key, "a key").unwrap();
+        let host = |extra: serde_json::Value| {
+            let mut h = j!({"address": "10.1.2.3", "key": key, "host_key": SOME_KEY});
+            h.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            h
+        };
+        let labels = BTreeMap::from([("zone".to_string(), "a".to_string())]);
+        let parse = |v: serde_json::Value| super::StaticSettings::from_value(v, &labels, dir.path().to_path_buf());
+        let good = parse(j!({"hosts": [host(j!({}))], "agent_binary": "/bin/sh"})).unwrap();
+        let h = &good.hosts[0];
+        assert_eq!((h.port, h.user.as_str(), h.host_key.as_str()), (22, "root", SOME_KEY));
+        assert_eq!((good.remote_dir.as_str(), good.port_range.as_str()), ("/var/lib/flotilla-node", "20000-29999"));
+        assert_eq!((good.max_parallel, good.connect_timeout), (20, Duration::from_secs(10)));
+
+        let other_type = SOME_KEY.replace("ssh-ed25519", "ssh-rsa");
+        // (the host's keys, the top keys over them (`hosts` too), the key named)
+        let mut cases = vec![
+            (j!({}), j!({"hosts": []}), "hosts"),
+            (j!({"address": "-oProxyCommand=x"}), j!({}), "hosts[0].address"),
+            (j!({"port": 0}), j!({}), "hosts[0].port"),
+            (j!({"port": 70000}), j!({}), "hosts[0].port"),
+            (j!({"user": "root;id"}), j!({}), "hosts[0].user"),
+            (j!({"key": "/nonexistent/id"}), j!({}), "hosts[0].key"),
+            (j!({"labels": {"zone": "b"}}), j!({}), "hosts[0].labels.zone"),
+            (j!({"labels": {"Bad": "x"}}), j!({}), "hosts[0].labels.Bad"),
+            (j!({}), j!({"hosts": [host(j!({})), host(j!({}))]}), "hosts[1].address"),
+            (
+                j!({}),
+                j!({"hosts": [host(j!({"address": "10.0.0.1"})), host(j!({"host_key": other_type}))]}),
+                "hosts[1].host_key",
+            ),
+            (j!({"host_key": "ssh-ed25519 !!!"}), j!({}), "hosts[0].host_key"),
+            (j!({"host_key": "10.1.2.3 ssh-ed25519 AAAA"}), j!({}), "hosts[0].host_key"),
+            (j!({"adress": "x"}), j!({}), "hosts[0].adress"),
+            (j!({}), j!({"port_range": "9-1"}), "port_range"),
+            (j!({}), j!({"max_parallel": 0}), "max_parallel"),
+            (j!({}), j!({"connect_timeout": "0s"}), "connect_timeout"),
+            (j!({}), j!({"agent_binary": "/nonexistent"}), "agent_binary"),
+            (j!({}), j!({"hostz": []}), "hostz"),
+        ];
+        for d in [
+            "/var/lib",
+            "/opt",
+            "/opt/../etc",
+            "/opt/a b",
+            "opt/fl",
+            "/tmp/fl",
+            "/var/tmp/x",
+            "/dev/shm/x",
+            "/home/u/x",
+        ] {
+            cases.push((j!({}), j!({"remote_dir": d}), "remote_dir"));
+        }
+        for (one, top, named) in cases {
+            let mut v = j!({"hosts": [host(one)], "agent_binary": "/bin/sh"});
+            v.as_object_mut().unwrap().extend(top.as_object().unwrap().clone());
+            let (key, message) = parse(v.clone()).expect_err(named);
+            assert_eq!(key, named, "{v}: {message}");
+        }
+
+        // Through the pool's config, as the master loads it: the whole key.
+        let text = "name = \"p\"\ndriver = \"static\"\nmax_nodes = 2\n";
+        let mut config: PoolConfig = toml::from_str(text).unwrap();
+        config.check().expect("static is a driver");
+        let bad_key = j!({"address": "10.0.0.9", "key": key, "host_key": "ssh-ed25519 AAAA"});
+        config.settings = j!({"hosts": [host(j!({})), host(j!({"address": "10.0.0.8"})), bad_key]});
+        let err = crate::providers::static_settings(&config, dir.path()).unwrap_err().to_string();
+        assert!(err.starts_with("node_pools[p].settings.hosts[2].host_key: "), "{err}");
+    }
 }

@@ -1,11 +1,14 @@
 //! The `static` driver for real: each "host" is Debian's sshd running in a
 //! network namespace the test makes (joined to this one by a veth pair),
 //! in a mount namespace of its own where the test's per-host directory is
-//! bind-mounted over the pool's remote base, so every host has a
+//! bind-mounted over the pool's remote base (an empty directory of root's
+//! under /var/lib: the driver refuses /tmp), so every host has a
 //! `remote_dir` of its own although they share this machine's files. The
-//! agents are the real debug `flotilla`; no master runs (they keep trying
-//! to enroll). Root, iproute2, util-linux and OpenSSH (client and server,
-//! installed by scripts/setup.sh) are needed: a missing one fails the test.
+//! agents are the real debug `flotilla`, never under systemd (the tests
+//! turn `use_systemd` off: they write no real unit); no master runs (they
+//! keep trying to enroll). Root, iproute2, util-linux and OpenSSH (client
+//! and server, installed by scripts/setup.sh) are needed: a missing one
+//! fails the test.
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -16,14 +19,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use super::*;
 use crate::ids::NodeId;
 use crate::providers::driver::{TAG_MASTER, TAG_NODE, TAG_POOL};
-use crate::providers::pool_config::PoolConfig;
 
 const BUILT: &str = "/root/.cache/flotilla-target/x86_64-unknown-linux-gnu/debug/flotilla";
 const SSHD: &str = "/usr/sbin/sshd";
-/// A well-formed ed25519 public key (the unit tests pin it; no sshd holds it).
-const SOME_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJFJ0Ikt/Ktq5u9iJCqPUDVv2E2k/Z86qp6d3A1tMGBG";
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
+static LABS: AtomicU32 = AtomicU32::new(0);
 
 fn agent_binary() -> PathBuf {
     let p = PathBuf::from(BUILT);
@@ -81,7 +82,9 @@ struct Host {
 }
 
 impl Host {
-    fn start(lab_dir: &Path, base: &Path, authorized: &Path) -> Host {
+    /// sshd on `port`, the remote base mounted with `options` on top of
+    /// `bind` (e.g. `noexec`) unless empty.
+    fn start(lab_dir: &Path, base: &Path, authorized: &Path, port: u16, options: &str) -> Host {
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let pid = std::process::id();
         let tag = format!("{}{n}", pid % 100_000);
@@ -89,13 +92,14 @@ impl Host {
         let last = |k: u32| format!("{}.{}", net.rsplit_once('.').unwrap().0, 4 * (n % 64) + k);
         let dir = lab_dir.join(format!("host{n}"));
         fs::create_dir_all(dir.join("root")).unwrap();
+        fs::set_permissions(dir.join("root"), fs::Permissions::from_mode(0o755)).unwrap();
         let mut host = Host {
             ns: format!("fss-{tag}"),
             host_if: format!("fsh{tag}"),
             peer_if: format!("fsn{tag}"),
             host_ip: last(1),
             ns_ip: last(2),
-            port: 2222,
+            port,
             root: dir.join("root"),
             host_key: keygen(&dir.join("host_key")),
             sshd: None,
@@ -127,8 +131,11 @@ impl Host {
         let child = Command::new("nsenter")
             .arg(format!("--net=/run/netns/{}", host.ns))
             .args(["unshare", "--mount", "--propagation", "private", "sh", "-c"])
-            .arg(format!("mount --bind \"$0\" \"$1\" && exec {SSHD} -D -e -f \"$2\""))
-            .args([&host.root, base, &config])
+            .arg(format!(
+                "mount --bind \"$0\" \"$1\" && {{ [ -z \"$3\" ] || mount -o \"remount,bind,$3\" \"$1\"; }} && \
+                 exec {SSHD} -D -e -f \"$2\""
+            ))
+            .args([&host.root, base, &config, Path::new(options)])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -222,11 +229,18 @@ struct Lab {
     hosts: Vec<Host>,
     nodes: Mutex<Vec<String>>,
     dir: tempfile::TempDir,
+    /// The pool's remote base, as the hosts see it.
+    base: PathBuf,
     client_key: PathBuf,
 }
 
 impl Lab {
     fn new(count: usize) -> Lab {
+        Lab::with(&vec![(2222, ""); count])
+    }
+
+    /// A host per `(sshd's port, mount options of its remote base)`.
+    fn with(hosts: &[(u16, &str)]) -> Lab {
         for (tool, hint) in [(SSHD, "openssh-server"), ("/usr/bin/ssh-keygen", "openssh-client")] {
             assert!(Path::new(tool).is_file(), "{tool} is missing: install {hint} (scripts/setup.sh does)");
         }
@@ -236,11 +250,17 @@ impl Lab {
         let public = keygen(&client_key);
         let authorized = dir.path().join("authorized_keys");
         fs::write(&authorized, format!("{public}\n")).unwrap();
-        let base = dir.path().join("remote");
+        let n = LABS.fetch_add(1, Ordering::SeqCst);
+        let base = PathBuf::from(format!("/var/lib/flotilla-ssh-test-{}-{n}", std::process::id()));
         fs::create_dir_all(&base).unwrap();
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-        let hosts = (0..count).map(|_| Host::start(dir.path(), &base, &authorized)).collect();
-        Lab { hosts, nodes: Mutex::new(Vec::new()), dir, client_key }
+        let hosts = hosts.iter().map(|(port, o)| Host::start(dir.path(), &base, &authorized, *port, o)).collect();
+        Lab { hosts, nodes: Mutex::new(Vec::new()), dir, base, client_key }
+    }
+
+    fn remote_dir(&self) -> PathBuf {
+        self.base.join("flotilla-node")
     }
 
     fn settings(&self, hosts: &[&Host]) -> serde_json::Value {
@@ -257,7 +277,7 @@ impl Lab {
         serde_json::json!({
             "hosts": list,
             "agent_binary": BUILT,
-            "remote_dir": self.dir.path().join("remote/flotilla-node"),
+            "remote_dir": self.remote_dir(),
             "port_range": "21000-21999",
             "connect_timeout": "3s",
         })
@@ -265,8 +285,9 @@ impl Lab {
 
     fn driver(&self, settings: serde_json::Value) -> StaticDriver {
         let labels = BTreeMap::from([("zone".to_string(), "a".to_string())]);
-        let s =
+        let mut s =
             StaticSettings::from_value(settings, &labels, self.dir.path().join("master-pools/p")).expect("settings");
+        s.use_systemd = false;
         StaticDriver::new(s).expect("driver")
     }
 
@@ -298,6 +319,7 @@ impl Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         self.hosts.clear();
+        let _ = fs::remove_dir(&self.base);
         // The agents' cgroup scopes (named by their node ids), if empty.
         for node in self.nodes.lock().unwrap().iter() {
             for root in ["/sys/fs/cgroup/unified/flotilla", "/sys/fs/cgroup/flotilla"] {
@@ -307,91 +329,49 @@ impl Drop for Lab {
     }
 }
 
-#[test]
-fn settings_are_checked_and_each_bad_key_is_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("id");
-    fs::write(&key, "a key").unwrap();
-    let host = |extra: serde_json::Value| {
-        let mut h = serde_json::json!({"address": "10.1.2.3", "key": key, "host_key": SOME_KEY});
-        h.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        h
-    };
-    let labels = BTreeMap::from([("zone".to_string(), "a".to_string())]);
-    let parse = |v: serde_json::Value| StaticSettings::from_value(v, &labels, dir.path().to_path_buf());
-    let good = parse(serde_json::json!({"hosts": [host(serde_json::json!({}))], "agent_binary": "/bin/sh"})).unwrap();
-    let h = &good.hosts[0];
-    assert_eq!((h.port, h.user.as_str(), h.host_key.as_str()), (22, "root", SOME_KEY));
-    assert_eq!((good.remote_dir.as_str(), good.port_range.as_str()), ("/var/lib/flotilla-node", "20000-29999"));
-    assert_eq!((good.max_parallel, good.connect_timeout), (20, Duration::from_secs(10)));
-
-    let other_type = SOME_KEY.replace("ssh-ed25519", "ssh-rsa");
-    for (hosts, top, named) in [
-        (vec![], serde_json::json!({}), "hosts"),
-        (vec![host(serde_json::json!({"address": "-oProxyCommand=x"}))], serde_json::json!({}), "hosts[0].address"),
-        (vec![host(serde_json::json!({"port": 0}))], serde_json::json!({}), "hosts[0].port"),
-        (vec![host(serde_json::json!({"port": 70000}))], serde_json::json!({}), "hosts[0].port"),
-        (vec![host(serde_json::json!({"user": "root;id"}))], serde_json::json!({}), "hosts[0].user"),
-        (vec![host(serde_json::json!({"key": "/nonexistent/id"}))], serde_json::json!({}), "hosts[0].key"),
-        (vec![host(serde_json::json!({"labels": {"zone": "b"}}))], serde_json::json!({}), "hosts[0].labels.zone"),
-        (vec![host(serde_json::json!({"labels": {"Bad": "x"}}))], serde_json::json!({}), "hosts[0].labels"),
-        (vec![host(serde_json::json!({})), host(serde_json::json!({}))], serde_json::json!({}), "hosts[1].address"),
-        (
-            vec![host(serde_json::json!({"address": "10.0.0.1"})), host(serde_json::json!({"host_key": other_type}))],
-            serde_json::json!({}),
-            "hosts[1].host_key",
-        ),
-        (vec![host(serde_json::json!({"host_key": "ssh-ed25519 !!!"}))], serde_json::json!({}), "hosts[0].host_key"),
-        (
-            vec![host(serde_json::json!({"host_key": "10.1.2.3 ssh-ed25519 AAAA"}))],
-            serde_json::json!({}),
-            "hosts[0].host_key",
-        ),
-        (vec![host(serde_json::json!({"adress": "x"}))], serde_json::json!({}), "adress"),
-        (vec![host(serde_json::json!({}))], serde_json::json!({"remote_dir": "/var/lib"}), "remote_dir"),
-        (vec![host(serde_json::json!({}))], serde_json::json!({"remote_dir": "/opt"}), "remote_dir"),
-        (vec![host(serde_json::json!({}))], serde_json::json!({"remote_dir": "/opt/../etc"}), "remote_dir"),
-        (vec![host(serde_json::json!({}))], serde_json::json!({"remote_dir": "/opt/a b"}), "remote_dir"),
-        (vec![host(serde_json::json!({}))], serde_json::json!({"remote_dir": "opt/fl"}), "remote_dir"),
-        (vec![host(serde_json::json!({}))], serde_json::json!({"port_range": "9-1"}), "port_range"),
-        (vec![host(serde_json::json!({}))], serde_json::json!({"max_parallel": 0}), "max_parallel"),
-        (vec![host(serde_json::json!({}))], serde_json::json!({"connect_timeout": "0s"}), "connect_timeout"),
-        (vec![host(serde_json::json!({}))], serde_json::json!({"agent_binary": "/nonexistent"}), "agent_binary"),
-        (vec![host(serde_json::json!({}))], serde_json::json!({"hostz": []}), "hostz"),
-    ] {
-        let mut v = serde_json::json!({"hosts": hosts, "agent_binary": "/bin/sh"});
-        v.as_object_mut().unwrap().extend(top.as_object().unwrap().clone());
-        let (key, message) = parse(v.clone()).expect_err(named);
-        assert!(key.starts_with(named) || message.contains(named), "{v}: {key}: {message}");
-    }
-
-    // Through the pool's config, as the master loads it: the whole key.
-    let text = "name = \"p\"\ndriver = \"static\"\nmax_nodes = 2\n";
-    let mut config: PoolConfig = toml::from_str(text).unwrap();
-    config.check().expect("static is a driver");
-    let bad_key = serde_json::json!({"address": "10.0.0.9", "key": key, "host_key": "ssh-ed25519 AAAA"});
-    config.settings = serde_json::json!({"hosts": [host(serde_json::json!({})), host(serde_json::json!({"address": "10.0.0.8"})), bad_key]});
-    let err = crate::providers::static_settings(&config, dir.path()).unwrap_err().to_string();
-    assert!(err.starts_with("node_pools[p].settings.hosts[2].host_key: "), "{err}");
-}
-
+/// A wrong host key, an unsafe remote_dir (a symlink; a parent not
+/// root's) and a failed bootstrap (a noexec remote_dir: the agent cannot
+/// start) each skip their host, leave nothing there and mark no pool broken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_wrong_host_key_is_refused_and_nothing_is_left_on_the_host() {
-    let lab = Lab::new(1);
-    let host = &lab.hosts[0];
-    let mut settings = lab.settings(&[host]);
-    let impostor = keygen(&lab.dir.path().join("other_key"));
-    settings["hosts"][0]["host_key"] = impostor.into();
+async fn failing_hosts_are_skipped_for_the_next_and_are_no_config_error() {
+    let lab = Lab::with(&[(2222, ""), (2222, ""), (2222, ""), (2222, "noexec"), (2222, "")]);
+    let [wrong_key, linked, not_roots, noexec, good] = [0, 1, 2, 3, 4].map(|k| &lab.hosts[k]);
+    let mut settings = lab.settings(&lab.hosts.iter().collect::<Vec<_>>());
+    settings["hosts"][0]["host_key"] = keygen(&lab.dir.path().join("other_key")).into();
+    fs::create_dir(linked.root.join("elsewhere")).unwrap();
+    std::os::unix::fs::symlink(linked.root.join("elsewhere"), linked.node_dir()).unwrap();
+    std::os::unix::fs::chown(&not_roots.root, Some(1000), None).unwrap();
     let driver = lab.driver(settings);
-    let spec = lab.spec("k");
-    let err = driver.create(&spec).await.expect_err("a host key that is not the pinned one");
-    assert_eq!(err.class, ErrorClass::Config, "{err}");
-    assert!(err.message.contains(&host.name()) && err.message.contains("host key"), "names the host: {err}");
-    assert_eq!(fs::read_dir(&host.root).unwrap().count(), 0, "nothing is made on the host");
-    assert_eq!(host.agent(spec.node.as_str()), None);
-    let err = driver.list().await.expect_err("nor is it listed");
-    assert_eq!(err.class, ErrorClass::Config, "{err}");
-    assert!(lab.log(host).contains("Host key verification failed"), "{}", lab.log(host));
+    let spec = lab.spec("a");
+    let id = driver.create(&spec).await.expect("the one good host");
+    assert_eq!(lab.host_of(&id).name(), good.name(), "{id}");
+    for (h, dir) in
+        [(wrong_key, &wrong_key.root), (linked, &linked.root.join("elsewhere")), (not_roots, &not_roots.root)]
+    {
+        assert_eq!(fs::read_dir(dir).unwrap().count(), 0, "nothing is made on {}", h.name());
+    }
+    assert_eq!(fs::read_dir(&noexec.root).unwrap().count(), 0, "the failed bootstrap is unwound");
+    assert!(lab.log(wrong_key).contains("Host key verification failed"), "{}", lab.log(wrong_key));
+    let log = lab.log(noexec);
+    assert!(log.contains("bootstrap failed, unwinding") && log.contains("skipped: "), "{log}");
+    assert!(lab.hosts[..4].iter().all(|h| h.agent(spec.node.as_str()).is_none()));
+
+    let err = driver.create(&lab.spec("b")).await.expect_err("no host left");
+    assert_eq!(err.class, ErrorClass::Transient, "one host's fault breaks no pool: {err}");
+    for (h, why) in [
+        (wrong_key, "host key"),
+        (linked, "is a symbolic link"),
+        (not_roots, "owned by uid 1000"),
+        (noexec, "does not run a second after its start"),
+    ] {
+        let part = err.message.split("; ").find(|p| p.contains(&h.name())).unwrap_or_else(|| panic!("{err}"));
+        assert!(part.contains(why), "{}: {why:?} in {err}", h.name());
+    }
+    assert!(err.message.contains("(1 of 5 in use)") && !err.message.contains(&good.name()), "{err}");
+    let err = driver.list().await.expect_err("the host of the wrong key cannot be listed");
+    assert!(err.class != ErrorClass::Config && err.message.contains(&wrong_key.name()), "{err}");
+    driver.delete(&id).await.expect("delete");
+    assert!(!good.node_dir().exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -406,7 +386,7 @@ async fn create_runs_the_agent_on_its_host_and_delete_gives_the_host_back() {
 
     let pid = host.agent(spec.node.as_str()).expect("the agent runs in the host's namespace");
     let args = cmdline(pid);
-    let remote = lab.dir.path().join("remote/flotilla-node");
+    let remote = lab.remote_dir();
     assert_eq!(args[0], remote.join("bin/flotilla").display().to_string(), "{args:?}");
     assert!(
         has_pair(&args, "--master", &format!("{}:7700", host.host_ip)),
@@ -492,7 +472,7 @@ async fn a_host_with_a_foreign_tag_file_is_skipped_and_one_with_a_foreign_agent_
     let driver = lab.driver(lab.settings(&[tagged, busy]));
     let err = driver.create(&lab.spec("a")).await.expect_err("no host to take");
     let _ = (agent.kill(), agent.wait());
-    assert_eq!(err.class, ErrorClass::Config, "{err}");
+    assert_eq!(err.class, ErrorClass::Transient, "one host's fault breaks no pool: {err}");
     assert!(err.message.contains(&busy.name()) && err.message.contains("agent runs there"), "{err}");
     assert!(!err.message.contains(&tagged.name()), "the tagged host is in use, not refused: {err}");
     assert_eq!(fs::read_to_string(tagged.node_dir().join("tags.json")).unwrap(), foreign_tags, "left alone");
@@ -512,13 +492,24 @@ async fn a_host_with_a_foreign_tag_file_is_skipped_and_one_with_a_foreign_agent_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_hosts_are_bootstrapped_in_parallel() {
-    let lab = Lab::new(3);
+    // One sshd on port 22 (its known_hosts line has no `[address]:port`).
+    let lab = Lab::with(&[(22, ""), (2222, ""), (2222, "")]);
     let driver = lab.driver(lab.settings(&lab.hosts.iter().collect::<Vec<_>>()));
     let specs = [lab.spec("a"), lab.spec("b"), lab.spec("c")];
     let t = Instant::now();
     let (a, b, c) = tokio::join!(driver.create(&specs[0]), driver.create(&specs[1]), driver.create(&specs[2]));
     let ids = [a.expect("create a"), b.expect("create b"), c.expect("create c")];
-    eprintln!("three bootstraps at once: {:?}", t.elapsed());
+    // Each host's log: when its bootstrap began and ended (ms).
+    let at = |h: &Host, what: &str| {
+        let log = lab.log(h);
+        let line = log.lines().find(|l| l.contains(what)).unwrap_or_else(|| panic!("{what:?} in {log}"));
+        humantime::parse_rfc3339(line.split(' ').next().unwrap()).unwrap()
+    };
+    let spans: Vec<_> = lab.hosts.iter().map(|h| (at(h, "bootstrap of node"), at(h, "bootstrap done"))).collect();
+    let took: Vec<_> = spans.iter().map(|(a, b)| b.duration_since(*a).unwrap()).collect();
+    eprintln!("three bootstraps at once: {:?}, each {took:?}", t.elapsed());
+    let (last_start, first_end) = (spans.iter().map(|s| s.0).max(), spans.iter().map(|s| s.1).min());
+    assert!(last_start < first_end, "the three bootstraps ran at once: {spans:?}");
     let mut names: Vec<String> = ids.iter().map(|id| lab.host_of(id).name()).collect();
     names.sort();
     names.dedup();
@@ -538,6 +529,33 @@ async fn three_hosts_are_bootstrapped_in_parallel() {
     c.unwrap();
     assert!(lab.hosts.iter().all(|h| !h.node_dir().exists()));
     assert_eq!(driver.list().await.unwrap(), vec![]);
+}
+
+/// A create dropped by its caller (the launcher's launch_timeout) while it
+/// copies the binary starts no agent and leaves nothing on the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancelled_create_starts_no_agent_and_unwinds() {
+    let lab = Lab::new(1);
+    let host = &lab.hosts[0];
+    let driver = lab.driver(lab.settings(&[host]));
+    let spec = lab.spec("a");
+    let copying = async {
+        while !lab.log(host).contains("$ scp") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        r = driver.create(&spec) => panic!("the create ended before the copy began: {r:?}"),
+        () = copying => {}
+    }
+    let t = Instant::now();
+    while !lab.log(host).contains("[unwind]") || host.node_dir().exists() {
+        assert!(t.elapsed() < Duration::from_secs(60), "not unwound: {}", lab.log(host));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = lab.log(host);
+    assert!(log.contains("the create was cancelled") && !log.contains("[start]"), "{log}");
+    assert_eq!(host.agent(spec.node.as_str()), None);
 }
 
 async fn timed(driver: &StaticDriver, spec: &LaunchSpec) -> (Result<String, DriverError>, Duration) {
