@@ -25,6 +25,15 @@ impl MasterProc {
     /// kernel, with `env` (e.g. `FLOTILLA_MASTER_ACTOR_THREADS`), and waits
     /// until it listens.
     pub async fn spawn(dir: &Path, env: &[(String, String)]) -> Result<MasterProc, String> {
+        MasterProc::spawn_with_config(dir, env, None).await
+    }
+
+    /// [`spawn`](Self::spawn) with a `--config` file.
+    pub async fn spawn_with_config(
+        dir: &Path,
+        env: &[(String, String)],
+        config: Option<&Path>,
+    ) -> Result<MasterProc, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let endpoints = dir.join("endpoints.json");
         let _ = std::fs::remove_file(&endpoints);
@@ -41,6 +50,7 @@ impl MasterProc {
             .arg("--init")
             .arg("--token-file")
             .arg(&token_file)
+            .args(config.iter().flat_map(|c| [std::ffi::OsStr::new("--config"), c.as_os_str()]))
             .env("RUST_LOG", std::env::var("FLOTILLA_BENCH_MASTER_LOG").unwrap_or_else(|_| "warn".into()))
             .stderr(log)
             .kill_on_drop(true);

@@ -16,6 +16,7 @@ pub mod client;
 pub mod linearity;
 pub mod master_proc;
 pub mod package;
+pub mod pools;
 pub mod real;
 pub mod report;
 pub mod scale;
@@ -111,6 +112,10 @@ pub enum BenchMode {
     /// Places a tenth of `--instances`, then all of them, each on a fresh
     /// master, and compares what one instance costs (CPU, memory, time).
     Linearity,
+    /// Node requests served by a pool of simulated machines (`sim`
+    /// driver): requests fulfilled per second, request -> node ready, the
+    /// master's CPU per launch.
+    Pools(pools::PoolsArgs),
 }
 
 /// Concurrent committers of the store probe: as many instance commands as
@@ -127,6 +132,19 @@ pub struct Setup {
 
 /// Runs the benchmark; the report is printed (and written with `--json`).
 pub async fn run(args: BenchArgs) -> Result<Report, String> {
+    if let Some(BenchMode::Pools(p)) = &args.mode {
+        crate::fd_limit::raise();
+        let dir = args
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("flotilla-bench-pools-{}", std::process::id())));
+        let figures = pools::run(p, &dir).await;
+        if args.data_dir.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        return Ok(Report { mode: "pools".into(), cores, pools: Some(figures?), ..Report::default() });
+    }
     check_workload(&args)?;
     // The simulated agents' sockets.
     crate::fd_limit::raise();
@@ -183,6 +201,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
             report.mode = "linearity".into();
             linearity::run(&args, &mut setup, &mut report).await
         }
+        Some(BenchMode::Pools(_)) => Err("bench pools runs apart (see `run`)".into()),
     };
     progress.finish_and_clear();
     let reads = api.reads.summary();

@@ -84,6 +84,9 @@ pub struct Report {
     /// `flotilla bench linearity` figures.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub linearity: Option<Value>,
+    /// `flotilla bench pools` figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pools: Option<Value>,
     /// Each target of issue 7 this run can judge: the figure, the target, met or not.
     pub targets: BTreeMap<String, Value>,
 }
@@ -135,6 +138,30 @@ impl Report {
     pub fn table(&self) -> String {
         let mut s = String::new();
         let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<34} {v}\n"));
+        if let Some(p) = &self.pools {
+            row(
+                "node requests (one node each)",
+                format!("{} filed, {} fulfilled, {} failed", p["requests"], p["fulfilled"], p["failed"]),
+            );
+            row(
+                "simulated create",
+                format!("{}-{} ms (mean {} ms)", p["create_ms"][0], p["create_ms"][1], p["mean_create_ms"]),
+            );
+            row(
+                "fulfilled per second",
+                format!("{} (ceiling {}: all at once, the slowest create)", p["fulfilled_per_s"], p["ceiling_per_s"]),
+            );
+            let l = &p["request_to_ready_ms"];
+            row("request -> node ready", format!("p50 {} ms, p99 {} ms, max {} ms", l["p50"], l["p99"], l["max"]));
+            row(
+                "master CPU per launch",
+                format!(
+                    "{} ms ({} s in all, {} cores)",
+                    p["master_cpu_ms_per_launch"], p["master_cpu_secs"], self.cores
+                ),
+            );
+            return s;
+        }
         if let Some(real) = &self.real {
             let pct = |v: &Value| format!("p50 {} ms, p99 {} ms ({} samples)", v["p50"], v["p99"], v["count"]);
             let cgroups = if real["cgroups"] == true { "instances in cgroups" } else { "process groups, no cgroups" };

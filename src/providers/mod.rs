@@ -11,6 +11,7 @@ pub mod faulty;
 pub mod local;
 mod netns;
 pub mod pool_config;
+pub mod sim;
 pub mod ssh;
 
 pub use driver::{Driver, DriverError, DriverQuota, ErrorClass, LaunchSpec, Resource, ResourceState};
@@ -53,6 +54,24 @@ pub fn build(config: &PoolConfig, data_dir: &Path, install: &str) -> Result<Arc<
             }
             let driver = local::LocalDriver::new(settings).map_err(|m| setting_error(config, "", m))?;
             Ok(Arc::new(driver))
+        }
+        "sim" => {
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Keys {
+                spool: std::path::PathBuf,
+                #[serde(default)]
+                create_ms: Option<String>,
+            }
+            let keys: Keys = serde_path_to_error::deserialize(config.settings.clone())
+                .map_err(|e| setting_error(config, &e.path().to_string(), e.inner().to_string()))?;
+            let range = keys.create_ms.as_deref().unwrap_or("1000-5000");
+            let create_ms = range
+                .split_once('-')
+                .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
+                .ok_or_else(|| setting_error(config, "create_ms", format!("{range:?}: expected LOW-HIGH in ms")))?;
+            let settings = sim::SimSettings { spool: keys.spool, create_ms, max_nodes: config.max_nodes };
+            Ok(Arc::new(sim::SimDriver::new(settings).map_err(|m| setting_error(config, "", m))?))
         }
         "static" => {
             let settings = static_settings(config, data_dir)?;

@@ -466,3 +466,23 @@ async fn bench_refuses_a_workload_its_flags_cannot_describe_before_starting_anyt
         assert_eq!(run.group_left, Vec::new(), "processes of the bench's process group still ran after it exited");
     }
 }
+
+/// `flotilla bench pools` end to end, small: a master with a `sim` pool,
+/// the bench playing the machines; every request fulfilled, the figures
+/// printed.
+#[test]
+fn bench_pools_serves_every_request_and_prints_its_figures() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["bench", "--data-dir"])
+        .arg(dir.path())
+        .args(["pools", "--requests", "30", "--create-ms", "50-300"])
+        .output()
+        .expect("run flotilla bench pools");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("30 filed, 30 fulfilled, 0 failed"), "{text}");
+    for row in ["fulfilled per second", "request -> node ready", "master CPU per launch"] {
+        assert!(text.contains(row), "{row}: {text}");
+    }
+}
