@@ -82,6 +82,8 @@ pub(super) struct Launcher {
     pub(super) last_cleanup: Instant,
     /// Since when each spare has been empty (`idle_timeout`).
     pub(super) empty_since: BTreeMap<NodeId, Instant>,
+    /// When each pool's last min-ready request failed.
+    pub(super) min_ready_failed: BTreeMap<String, Instant>,
     pub(super) work: JoinSet<Done>,
 }
 
@@ -140,6 +142,7 @@ impl Launcher {
             listing: BTreeSet::new(),
             last_cleanup: Instant::now(),
             empty_since: BTreeMap::new(),
+            min_ready_failed: BTreeMap::new(),
             work: JoinSet::new(),
         };
         l.resume(&listed).await?;

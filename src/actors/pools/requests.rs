@@ -24,6 +24,8 @@ use crate::storage::pool_records::{Lifecycle, NodeRequestRecord, PoolNodeRecord,
 use crate::storage::records::{NodeStatus, RECORD_VERSION};
 use crate::storage::{StorageError, WriteOp, events};
 
+/// A pool whose min-ready request failed files the next one this much later.
+const MIN_READY_PAUSE: std::time::Duration = std::time::Duration::from_secs(60);
 /// The priority of min-ready requests (after any other).
 pub const MIN_READY_PRIORITY: u8 = 200;
 /// Requestor of the min-ready requests of `pool`.
@@ -246,6 +248,11 @@ impl Launcher {
     }
 
     fn fail(&mut self, r: &mut NodeRequestRecord, writes: &mut Vec<WriteOp>) -> Result<(), StorageError> {
+        if let Some(pool) = r.requestor.strip_prefix("min-ready:") {
+            // Its pool files no spare for a while (not one failing launch
+            // after another).
+            self.min_ready_failed.insert(pool.to_string(), std::time::Instant::now());
+        }
         r.state = RequestState::Failed;
         r.updated_at = OffsetDateTime::now_utc();
         writes.push(request_event("node_request.failed", r)?);
@@ -264,6 +271,9 @@ impl Launcher {
             }
             let health = self.health.get(&c.name).cloned().unwrap_or_default();
             if health.summary(now) != "ok" && health.summary(now) != "unhealthy" {
+                continue;
+            }
+            if self.min_ready_failed.get(&c.name).is_some_and(|t| t.elapsed() < MIN_READY_PAUSE) {
                 continue;
             }
             let spares = self.spares(&c.name).len() as u32;
