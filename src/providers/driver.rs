@@ -49,6 +49,23 @@ impl std::fmt::Debug for LaunchSpec {
     }
 }
 
+#[cfg(test)]
+impl LaunchSpec {
+    /// A launch of `node` in pool `p`, labelled `zone=a`, tagged as this
+    /// installation's drivers tag, with a well-formed token (drivers' tests).
+    pub fn for_test(node: &str, master: &str) -> LaunchSpec {
+        let tags = [(TAG_MASTER, "0123456789abcdef"), (TAG_POOL, "p"), (TAG_NODE, node)];
+        LaunchSpec {
+            node: NodeId::new(node),
+            pool: "p".into(),
+            labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+            tags: tags.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            join_token: format!("flj_{}_{}_{}", "a1".repeat(6), "b2".repeat(16), "c3".repeat(32)),
+            master_addr: master.parse().expect("a socket address"),
+        }
+    }
+}
+
 /// Where a resource is, as its provider sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

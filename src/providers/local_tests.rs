@@ -12,8 +12,6 @@ use std::time::Instant;
 use nix::unistd::Pid;
 
 use super::*;
-use crate::ids::NodeId;
-use crate::providers::driver::{TAG_MASTER, TAG_NODE, TAG_POOL};
 
 const BUILT: &str = "/root/.cache/flotilla-target/x86_64-unknown-linux-gnu/debug/flotilla";
 
@@ -29,10 +27,6 @@ fn agent_binary() -> PathBuf {
 }
 
 /// A well-formed join token (no master checks it here).
-fn token() -> String {
-    format!("flj_{}_{}_{}", "a1".repeat(6), "b2".repeat(16), "c3".repeat(32))
-}
-
 /// One test's pool: its driver, and the guard that takes down everything
 /// named with its prefix when dropped, whatever the test did.
 struct Pool {
@@ -70,16 +64,7 @@ impl Pool {
     }
 
     fn spec(&self, n: &str, master: &str) -> LaunchSpec {
-        let node = self.node(n);
-        let tags = [(TAG_MASTER, "0123456789abcdef"), (TAG_POOL, "p"), (TAG_NODE, node.as_str())];
-        LaunchSpec {
-            node: NodeId::new(node.clone()),
-            pool: "p".into(),
-            labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
-            tags: tags.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            join_token: token(),
-            master_addr: master.parse().unwrap(),
-        }
+        LaunchSpec::for_test(&self.node(n), master)
     }
 
     /// The namespaces in /run/netns with this pool's prefix, any suffix.

@@ -17,8 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::*;
-use crate::ids::NodeId;
-use crate::providers::driver::{TAG_MASTER, TAG_NODE, TAG_POOL};
+use crate::providers::driver::TAG_NODE;
 
 const BUILT: &str = "/root/.cache/flotilla-target/x86_64-unknown-linux-gnu/debug/flotilla";
 const SSHD: &str = "/usr/sbin/sshd";
@@ -299,15 +298,7 @@ impl Lab {
     fn spec(&self, n: &str) -> LaunchSpec {
         let node = format!("s{}-{n}", std::process::id() % 100_000);
         self.nodes.lock().unwrap().push(node.clone());
-        let tags = [(TAG_MASTER, "0123456789abcdef"), (TAG_POOL, "p"), (TAG_NODE, node.as_str())];
-        LaunchSpec {
-            node: NodeId::new(node.clone()),
-            pool: "p".into(),
-            labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
-            tags: tags.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            join_token: format!("flj_{}_{}_{}", "a1".repeat(6), "b2".repeat(16), "c3".repeat(32)),
-            master_addr: "0.0.0.0:7700".parse().unwrap(),
-        }
+        LaunchSpec::for_test(&node, "0.0.0.0:7700")
     }
 
     /// The host an id names.

@@ -192,38 +192,44 @@ pub fn master_2_to_3(db: &DB) -> Result<(), StorageError> {
 /// 3 -> 4: API tokens gain a scope. Every token stored before keeps what
 /// it could do, everything: `admin`.
 pub fn master_3_to_4(db: &DB) -> Result<(), StorageError> {
-    let mut batch = WriteBatch::default();
-    let tokens = cf(db, master_cf::TOKENS)?;
-    for item in db.iterator_cf(tokens, IteratorMode::Start) {
-        let (k, v) = item.map_err(StorageError::Rocks)?;
-        let old: TokenRecordV3 = db::decode_value(master_cf::TOKENS, &k, &v)?;
-        let new = TokenRecord {
-            version: 4,
-            id: old.id,
-            name: old.name,
-            secret_sha256: old.secret_sha256,
-            created_at: old.created_at,
-            scope: Scope::Admin,
-        };
-        batch.put_cf(tokens, &k, codec::encode(&new)?);
-    }
+    let batch = rewrite(db, master_cf::TOKENS, |old: TokenRecordV3| TokenRecord {
+        version: 4,
+        id: old.id,
+        name: old.name,
+        secret_sha256: old.secret_sha256,
+        created_at: old.created_at,
+        scope: Scope::Admin,
+    })?;
     write_with_version(db, batch, 4)
+}
+
+/// A batch that rewrites every value of column family `name` from its old
+/// shape to its new one (`step`), under the same key.
+fn rewrite<Old: serde::de::DeserializeOwned, New: serde::Serialize>(
+    db: &DB,
+    name: &'static str,
+    step: impl Fn(Old) -> New,
+) -> Result<WriteBatch, StorageError> {
+    let mut batch = WriteBatch::default();
+    let family = cf(db, name)?;
+    for item in db.iterator_cf(family, IteratorMode::Start) {
+        let (k, v) = item.map_err(StorageError::Rocks)?;
+        let old: Old = db::decode_value(name, &k, &v)?;
+        batch.put_cf(family, &k, codec::encode(&step(old))?);
+    }
+    Ok(batch)
 }
 
 /// 4 -> 5: a cluster's roles gain the node labels its create gave them.
 /// Every cluster stored before keeps its spec's (`None`).
 pub fn master_4_to_5(db: &DB) -> Result<(), StorageError> {
-    let mut batch = WriteBatch::default();
-    let clusters = cf(db, master_cf::CLUSTERS)?;
-    for item in db.iterator_cf(clusters, IteratorMode::Start) {
-        let (k, v) = item.map_err(StorageError::Rocks)?;
-        let old: ClusterRecordV4 = db::decode_value(master_cf::CLUSTERS, &k, &v)?;
+    let batch = rewrite(db, master_cf::CLUSTERS, |old: ClusterRecordV4| {
         let roles = old
             .roles
             .into_iter()
             .map(|(name, r)| (name, RoleState { next_ordinal: r.next_ordinal, limits: r.limits, node_labels: None }))
             .collect();
-        let new = ClusterRecord {
+        ClusterRecord {
             version: old.version,
             id: old.id,
             name: old.name,
@@ -235,32 +241,24 @@ pub fn master_4_to_5(db: &DB) -> Result<(), StorageError> {
             operation: old.operation,
             created_at: old.created_at,
             updated_at: old.updated_at,
-        };
-        batch.put_cf(clusters, &k, codec::encode(&new)?);
-    }
+        }
+    })?;
     write_with_version(db, batch, 5)
 }
 
 /// 5 -> 6: a join token may be bound to one node id. Every token stored
 /// before enrolls any node id, as it did (`None`).
 pub fn master_5_to_6(db: &DB) -> Result<(), StorageError> {
-    let mut batch = WriteBatch::default();
-    let tokens = cf(db, master_cf::JOIN_TOKENS)?;
-    for item in db.iterator_cf(tokens, IteratorMode::Start) {
-        let (k, v) = item.map_err(StorageError::Rocks)?;
-        let old: JoinTokenRecordV5 = db::decode_value(master_cf::JOIN_TOKENS, &k, &v)?;
-        let new = JoinTokenRecord {
-            version: old.version,
-            id: old.id,
-            name: old.name,
-            secret_sha256: old.secret_sha256,
-            created_at: old.created_at,
-            expires_at: old.expires_at,
-            uses_left: old.uses_left,
-            node: None,
-        };
-        batch.put_cf(tokens, &k, codec::encode(&new)?);
-    }
+    let batch = rewrite(db, master_cf::JOIN_TOKENS, |old: JoinTokenRecordV5| JoinTokenRecord {
+        version: old.version,
+        id: old.id,
+        name: old.name,
+        secret_sha256: old.secret_sha256,
+        created_at: old.created_at,
+        expires_at: old.expires_at,
+        uses_left: old.uses_left,
+        node: None,
+    })?;
     write_with_version(db, batch, 6)
 }
 
