@@ -297,6 +297,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         link_arbiters: Arc::new(link_arbiters.clone()),
         chunk_budget: Arc::new(tokio::sync::Semaphore::new(crate::actors::node_link::CHUNK_BUDGET)),
         tasks: Arc::default(),
+        pools: Arc::default(),
     };
     for l in &snapshot.leftovers {
         shared.ports.reserve(&l.node, l.ports.iter().copied());
@@ -313,8 +314,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     }
     // From the start (SIGUSR2's default action would end the master); the
     // pools join the dump once they run.
-    let pools_for_dump: Arc<std::sync::OnceLock<Arc<crate::actors::pools::Pools>>> = Arc::default();
-    actix::spawn(dump_on_sigusr2(read_model.clone(), pools_for_dump.clone()));
+    actix::spawn(dump_on_sigusr2(read_model.clone(), shared.pools.clone()));
     // Listed in `GET /actors` under the root, as the tree declares it.
     let writer = ActorStats::new("store_writer", "store_writer", Some("master".into()));
     read_model.register_actor(&writer);
@@ -398,7 +398,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     }
     let pools = crate::actors::pools::start(&shared, trust.clone(), cordons.lock(), &cfg, agent_addr)
         .map_err(MasterError::Pools)?;
-    let _ = pools_for_dump.set(pools.clone());
+    let _ = shared.pools.set(pools.clone());
     if cfg.test_hooks {
         tracing::warn!(
             "test hooks are on (test_hooks): /test-hooks/... injects faults into actors; never in production"

@@ -49,6 +49,21 @@ function results(step) {
   return t;
 }
 
+/** The node requests an operation waits for (its `await-nodes-<role>` steps). */
+function requests(op) {
+  if (!op.node_requests?.length) return '';
+  const { table: t, body } = table([['Node request'], ['Labels'], ['Count', 'num'], ['State'], ['Pool'], ['Nodes'], ['Declined']], { class: 'op-requests' });
+  fill(body, op.node_requests.map((r) => h('tr', { dataset: { request: r.id } },
+    h('td', { class: 'mono' }, h('a', { href: '#/pools' }, r.id)),
+    h('td', { class: 'mono' }, Object.entries(r.labels).map(([k, v]) => `${k}=${v}`).join(',') || '(any)'),
+    h('td', { class: 'num' }, `${r.nodes.length}/${r.count}`),
+    h('td', {}, badge(r.state)),
+    h('td', {}, r.pool ?? '–'),
+    h('td', { class: 'mono' }, r.nodes.join(', ') || '–'),
+    h('td', {}, r.declined_by.map((p, i) => `${p}: ${r.reasons[i] ?? ''}`).join('; ') || '–'))));
+  return h('div', {}, h('h3', {}, 'Waiting for nodes'), t);
+}
+
 /**
  * One operation, kept live: `{el, dispose}`. `onEnd(op)` runs once when it
  * has ended (for the cluster page to re-read).
@@ -89,6 +104,7 @@ export function operationPanel(id, live, { onEnd } = {}) {
         h('span', { class: 'muted' }, 'Duration'), h('span', {}, duration(op.created_at, op.ended_at)),
         h('span', { class: 'muted' }, 'Parameters'), h('code', {}, JSON.stringify(op.params))),
       op.error ? h('p', { class: 'error-text' }, op.error) : '',
+      requests(op),
       t);
   }
 
@@ -120,6 +136,8 @@ export function operationPanel(id, live, { onEnd } = {}) {
   // What an event says is kept even before the first read has answered,
   // and merged into every read (see `load`).
   const off = live.subscribe((e) => {
+    // A node request it filed moved: read the operation again.
+    if (e.kind.startsWith('node_request.') && `${e.data?.requestor}`.startsWith(`operation:${id}/`)) { soon(id, load); return; }
     if (e.data?.operation !== id) return;
     const d = e.data;
     if (e.kind === 'operation.progress') {

@@ -108,6 +108,9 @@ pub struct Shared {
     /// Each cluster's instance commands queued or running (outlives its
     /// actor: `instance::in_flight`).
     pub in_flight: instance::in_flight::InFlights,
+    /// The node pools, once they run (set after the agent listener is
+    /// bound; placement files node requests through them).
+    pub pools: Arc<std::sync::OnceLock<Arc<pools::Pools>>>,
 }
 
 impl Shared {

@@ -213,6 +213,7 @@ impl Harness {
         let shared = Shared {
             in_flight: Default::default(),
             tasks: Arc::default(),
+            pools: Arc::default(),
             store: meta,
             blobs: Arc::new(BlobStore::open(&dir.path().join("packages")).expect("blobs")),
             read_model,

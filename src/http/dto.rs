@@ -378,6 +378,25 @@ pub struct OperationDto {
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339::option")]
     pub ended_at: Option<OffsetDateTime>,
+    /// The node requests it filed (a placement waiting for nodes: its
+    /// `await-nodes-<role>` step), as the pools see them now.
+    pub node_requests: Vec<super::pools::NodeRequestDto>,
+}
+
+impl OperationDto {
+    /// Fills each operation's node requests (requestor
+    /// `operation:<id>/<role>`): one pass over the requests.
+    pub fn attach_requests(ops: &mut [OperationDto], pools: &crate::actors::pools::Pools) {
+        let view = pools.view();
+        let at: std::collections::HashMap<String, usize> =
+            ops.iter().enumerate().map(|(i, o)| (o.id.clone(), i)).collect();
+        for r in view.requests.values() {
+            let op = r.requestor.strip_prefix("operation:").and_then(|rest| rest.split_once('/')).map(|(op, _)| op);
+            if let Some(&i) = op.and_then(|op| at.get(op)) {
+                ops[i].node_requests.push(super::pools::NodeRequestDto::from(r));
+            }
+        }
+    }
 }
 
 impl From<&OperationRecord> for OperationDto {
@@ -403,6 +422,7 @@ impl From<&OperationRecord> for OperationDto {
             error: o.error.clone(),
             created_at: o.created_at,
             ended_at: o.ended_at,
+            node_requests: Vec::new(),
         }
     }
 }

@@ -217,7 +217,8 @@ pub async fn list_operations(state: web::Data<AppState>, q: web::Query<OpsQuery>
         .map_err(|e| Error::unavailable(format!("reading operations: {e}")))?
         .map_err(Error::from)?;
     let next = (page.len() == limit).then(|| page.last().map(|o| o.id.to_string())).flatten();
-    let dtos: Vec<OperationDto> = page.iter().map(OperationDto::from).collect();
+    let mut dtos: Vec<OperationDto> = page.iter().map(OperationDto::from).collect();
+    OperationDto::attach_requests(&mut dtos, &state.pools);
     Ok(HttpResponse::Ok().json(OperationPage { operations: dtos, next }))
 }
 
@@ -280,7 +281,10 @@ pub async fn get_operation(
             return Err(ApiError(Error::not_found("operation", id)));
         };
         if op.status.is_terminal() || tokio::time::Instant::now() >= deadline {
-            return Ok(HttpResponse::Ok().json(OperationEnvelope { operation: OperationDto::from(&*op) }));
+            let mut operation = [OperationDto::from(&*op)];
+            OperationDto::attach_requests(&mut operation, &state.pools);
+            let [operation] = operation;
+            return Ok(HttpResponse::Ok().json(OperationEnvelope { operation }));
         }
         let _ = tokio::time::timeout_at(deadline, notified).await;
     }

@@ -9,12 +9,14 @@
 //! This module knows nothing of actix or HTTP: the cluster actor implements
 //! `OperationContext`, and the unit tests use a fake one. Each file below
 //! builds the plans of some operations (`create`, `lifecycle`, `scale`,
-//! `change`: config, upgrade, resize; `delete`); `world` (tests only) is a
+//! `change`: config, upgrade, resize; `delete`; `await_nodes`: placement
+//! waiting for a node request); `world` (tests only) is a
 //! model of a cluster on which every plan is failed at each step (the real
 //! system's counterpart, with each step also run twice across a master
 //! restart, is `tests/integration/faults_steps/`). A plan is journaled with
 //! its operation, so a master restart resumes it (see [`runner::run`]).
 
+pub mod await_nodes;
 pub mod change;
 pub mod create;
 pub mod delete;

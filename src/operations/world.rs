@@ -116,6 +116,8 @@ impl World {
                     continue;
                 }
                 // A member its node does not hold is left to the start after.
+                // Places, nothing more: the allocate after it adds them.
+                Action::AwaitNodes { .. } => continue,
                 Action::RefreshFiles(_) => {
                     if let Some(a) = s.agents.get_mut(id) {
                         a.files = render;

@@ -95,6 +95,20 @@ pub enum Action {
     /// member in line is not touched. (Appended last: stored plans name
     /// actions by position.)
     RefreshFiles(Rolling),
+    /// Placement waiting for nodes: files a node request for `nodes` more
+    /// nodes carrying the labels role `role` requires (requestor
+    /// `operation:<id>/<role>`), waits until the pools have served it, then
+    /// places `ids` (ordinals from `first_ordinal`, reserved when the plan
+    /// was made) and journals where they go; the `allocate` step after it
+    /// creates them. Run again after a master restart, it finds its request
+    /// rather than filing another. Nothing to undo: the nodes belong to
+    /// their pool, which gives them back by its own rules. (Appended last.)
+    AwaitNodes {
+        role: String,
+        first_ordinal: u32,
+        nodes: u32,
+        ids: Vec<InstanceId>,
+    },
 }
 
 impl Action {
@@ -115,6 +129,7 @@ impl Action {
             Action::SetConfig(_) => "set_config",
             Action::SetLimits { .. } => "set_limits",
             Action::RefreshFiles(_) => "refresh_files",
+            Action::AwaitNodes { .. } => "await_nodes",
         }
     }
 
@@ -131,7 +146,8 @@ impl Action {
             | Action::Reconfigure(Rolling { ids: v, .. })
             | Action::RefreshFiles(Rolling { ids: v, .. })
             | Action::Roll(Rolling { ids: v, .. })
-            | Action::Hook { ids: v, .. } => v,
+            | Action::Hook { ids: v, .. }
+            | Action::AwaitNodes { ids: v, .. } => v,
             Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => &[],
         }
     }

@@ -21,7 +21,9 @@
 //!   rolling in batches
 //! - [`failures`]: members failing: observations, `Error`, failures kept
 //!   while an operation runs
+//! - [`await_nodes`]: placement waiting for a node request (the pools)
 
+mod await_nodes;
 mod failures;
 mod ops;
 mod prepare;
@@ -60,6 +62,7 @@ use crate::storage::records::{
 use crate::storage::{WriteOp, events};
 
 pub use failures::InstanceObserved;
+use prepare::new_groups;
 pub use prepare::{MAX_BATCH, group_by_order};
 pub use preview::{PlacedInstance, PlanPreview, Preview, PreviewCreate, PreviewStep};
 pub use request::{Accepted, OpRequest, RoleToPlace, RunOperation};
@@ -219,11 +222,21 @@ impl ClusterActor {
             journaled: Default::default(),
             running: Default::default(),
             ended: Default::default(),
+            plan: Default::default(),
         }
     }
 
     fn spawn_operation(&mut self, ctx: &mut Context<Self>, prepared: Prepared, op: OperationRecord) {
         let ops = self.ops(Some(&prepared));
+        *ops.plan.borrow_mut() = Some((
+            op.id,
+            Resumable {
+                plan: prepared.plan.clone(),
+                pending: prepared.pending.clone(),
+                on_success: prepared.on_success,
+                force: prepared.force,
+            },
+        ));
         // A resumed operation's steps were announced before the restart.
         *ops.journaled.borrow_mut() = op.steps.iter().map(|s| s.status).collect();
         let plan = prepared.plan;

@@ -50,6 +50,10 @@ pub(super) struct ClusterOps {
     pub running: RefCell<Option<(String, usize)>>,
     /// The operation's end is durable (and published).
     pub ended: std::cell::Cell<bool>,
+    /// The running operation and what a master restart resumes it from,
+    /// as journaled (`op_plans`): a step placing instances after a node
+    /// request writes it again.
+    pub plan: RefCell<Option<(crate::ids::OperationId, crate::storage::records::Resumable)>>,
 }
 
 /// How often a running step's progress may become an event.
@@ -371,6 +375,9 @@ impl ClusterOps {
             Action::RefreshFiles(r) => self.refresh_files(r).await,
             Action::Roll(r) => self.roll(r).await,
             Action::SetPackage(_) | Action::SetConfig(_) | Action::SetLimits { .. } => self.define(action).await,
+            Action::AwaitNodes { role, first_ordinal, nodes, ids } => {
+                self.await_nodes(role, *first_ordinal, *nodes, ids).await
+            }
         }
     }
 }
@@ -582,6 +589,15 @@ impl OperationContext for ClusterOps {
             Action::Reconfigure(_) | Action::Start(_) => base + stop + start + hook,
             // Stop, install, start.
             Action::Roll(_) => base * 2 + stop + start,
+            // Each launch try of the slowest pool offering the labels, with
+            // nothing of its request changing meanwhile.
+            Action::AwaitNodes { role, .. } => {
+                let labels = spec
+                    .role(role)
+                    .map(|r| crate::actors::supervisor::wanted_labels(&self.core.borrow().record, r).clone());
+                let quiet = self.shared.pools.get().zip(labels).map(|(p, l)| p.longest_quiet(&l)).unwrap_or_default();
+                base + quiet
+            }
             _ => base,
         }
     }

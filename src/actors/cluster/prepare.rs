@@ -7,10 +7,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::{ClusterActor, OpRequest, Prepared};
+use crate::actors::supervisor::NewPlacement;
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::lifecycle::InstanceVerb;
-use crate::operations::{self, Rolling};
+use crate::operations::{self, Action, Rolling};
 use crate::spec::ComponentSpec;
 use crate::storage::records::{
     ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, Limits, OperationKind, PackageRef, PendingRestart,
@@ -34,15 +35,21 @@ impl ClusterActor {
         let all: Vec<InstanceId> = self.core.borrow().members().iter().map(|m| m.id.clone()).collect();
         Ok(match req {
             OpRequest::Create { roles, params } => {
-                let pending = {
+                let placed = {
                     let core = self.core.borrow();
                     crate::actors::supervisor::place_new_cluster(&self.shared, &core.record, spec, &roles)?
                 };
-                let groups = group_by_order(spec, pending.iter());
+                let groups = new_groups(spec, &placed.pending, &placed.waits);
+                let plan = operations::await_nodes::first(
+                    placed.waits,
+                    Some(ClusterStatus::Validating),
+                    false,
+                    operations::create::plan(&groups),
+                );
                 Prepared {
                     params,
-                    pending,
-                    ..simple(OperationKind::Create, operations::create::plan(&groups), Some(ClusterStatus::Active))
+                    pending: placed.pending,
+                    ..simple(OperationKind::Create, plan, Some(ClusterStatus::Active))
                 }
             }
             OpRequest::Start => {
@@ -89,17 +96,19 @@ impl ClusterActor {
             }
             OpRequest::ScaleOut { role, add, nodes } => {
                 require_active(status, "scale")?;
-                let pending = self.place_new(spec, &role, add, nodes.as_deref())?;
-                let new = group_by_order(spec, pending.iter());
+                let placed = self.place_new(spec, &role, add, nodes.as_deref())?;
+                let new = new_groups(spec, &placed.pending, &placed.waits);
                 let params = serde_json::json!({ "role": role, "add": add }).to_string();
+                let plan = operations::await_nodes::first(
+                    placed.waits,
+                    Some(ClusterStatus::Scaling),
+                    true,
+                    operations::scale::scale_out(&new, &all, self.membership_rolling(spec, &all)),
+                );
                 Prepared {
                     params,
-                    pending,
-                    ..simple(
-                        OperationKind::ScaleOut,
-                        operations::scale::scale_out(&new, &all, self.membership_rolling(spec, &all)),
-                        Some(ClusterStatus::Active),
-                    )
+                    pending: placed.pending,
+                    ..simple(OperationKind::ScaleOut, plan, Some(ClusterStatus::Active))
                 }
             }
             OpRequest::ScaleIn { role, remove } => {
@@ -261,7 +270,7 @@ impl ClusterActor {
         role: &str,
         add: u32,
         nodes: Option<&[NodeId]>,
-    ) -> Result<Vec<InstanceRecord>, Error> {
+    ) -> Result<NewPlacement, Error> {
         if add == 0 {
             return Err(Error::invalid("invalid_request", "add: must be at least 1"));
         }
@@ -287,22 +296,43 @@ impl ClusterActor {
         }
         let next = record.roles.get(role).map(|r| r.next_ordinal).unwrap_or(1);
         let mut in_cluster: std::collections::BTreeMap<NodeId, usize> = std::collections::BTreeMap::new();
+        let mut taken: BTreeSet<NodeId> = BTreeSet::new();
         for m in self.members() {
             *in_cluster.entry(m.node.clone()).or_default() += 1;
+            if *m.role == *role {
+                taken.insert(m.node.clone());
+            }
         }
-        let pending = crate::actors::supervisor::place_instances(
-            &self.shared,
-            &record,
-            role_spec,
-            next,
-            add,
-            nodes,
-            &in_cluster,
-        )?;
+        use crate::actors::supervisor::{await_nodes, nodes_short, place_instances};
+        let placed = match nodes_short(&self.shared, &record, role_spec, add, nodes.is_some(), &taken) {
+            Some(short) => {
+                NewPlacement { pending: vec![], waits: vec![await_nodes(&record, role_spec, next, add, short)] }
+            }
+            None => NewPlacement {
+                pending: place_instances(&self.shared, &record, role_spec, next, add, nodes, &in_cluster)?,
+                waits: vec![],
+            },
+        };
         let mut core = self.core.borrow_mut();
         core.record.roles.entry(role.to_string()).or_default().next_ordinal = next + add;
-        Ok(pending)
+        Ok(placed)
     }
+}
+
+/// The new instances by their role's order, ascending: those placed now
+/// and those a step waits for nodes to place (`waits`).
+pub(super) fn new_groups(
+    spec: &ComponentSpec,
+    pending: &[InstanceRecord],
+    waits: &[Action],
+) -> Vec<(i32, Vec<InstanceId>)> {
+    let mut all: Vec<(&str, u32, &InstanceId)> = pending.iter().map(|i| (&*i.role, i.ordinal, &i.id)).collect();
+    for w in waits {
+        if let Action::AwaitNodes { role, first_ordinal, ids, .. } = w {
+            all.extend(ids.iter().enumerate().map(|(k, id)| (role.as_str(), first_ordinal + k as u32, id)));
+        }
+    }
+    group_ids(spec, all.into_iter())
 }
 
 /// Groups instances by their role's order, ascending; ids sorted within a group.
@@ -310,10 +340,18 @@ pub fn group_by_order<'a>(
     spec: &ComponentSpec,
     instances: impl Iterator<Item = &'a InstanceRecord>,
 ) -> Vec<(i32, Vec<InstanceId>)> {
-    let mut groups: std::collections::BTreeMap<i32, Vec<(Arc<str>, u32, InstanceId)>> = Default::default();
-    for i in instances {
-        let order = spec.role(&i.role).map(|r| r.order).unwrap_or_default();
-        groups.entry(order).or_default().push((i.role.clone(), i.ordinal, i.id.clone()));
+    group_ids(spec, instances.map(|i| (&*i.role, i.ordinal, &i.id)))
+}
+
+/// [`group_by_order`] of (role, ordinal, id).
+fn group_ids<'a>(
+    spec: &ComponentSpec,
+    instances: impl Iterator<Item = (&'a str, u32, &'a InstanceId)>,
+) -> Vec<(i32, Vec<InstanceId>)> {
+    let mut groups: std::collections::BTreeMap<i32, Vec<(&str, u32, InstanceId)>> = Default::default();
+    for (role, ordinal, id) in instances {
+        let order = spec.role(role).map(|r| r.order).unwrap_or_default();
+        groups.entry(order).or_default().push((role, ordinal, id.clone()));
     }
     groups
         .into_iter()

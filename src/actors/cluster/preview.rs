@@ -27,7 +27,7 @@ use super::{ClusterActor, Prepared};
 use crate::actors::instance::ChangeRule;
 use crate::actors::read_model::Reservation;
 use crate::actors::render::RenderBase;
-use crate::actors::supervisor::{CreateCluster, Supervisor};
+use crate::actors::supervisor::{CreateCluster, NewPlacement, Supervisor};
 use crate::error::Error;
 use crate::ids::InstanceId;
 use crate::operations::Action;
@@ -274,13 +274,14 @@ fn roll(spec: &ComponentSpec, after: &ClusterRecord, m: &InstanceRecord, must_ru
 
 /// The preview of a create the supervisor validated and placed
 /// (`pending`, whose ports the caller gives back).
-fn create_preview(spec: &ComponentSpec, pending: Vec<InstanceRecord>, params: String) -> PlanPreview {
-    let groups = super::group_by_order(spec, pending.iter());
+fn create_preview(spec: &ComponentSpec, placed: NewPlacement, params: String) -> PlanPreview {
+    let groups = super::new_groups(spec, &placed.pending, &placed.waits);
+    let plan = crate::operations::create::plan(&groups);
     let p = Prepared {
         kind: crate::storage::records::OperationKind::Create,
-        plan: crate::operations::create::plan(&groups),
+        plan: crate::operations::await_nodes::first(placed.waits, None, false, plan),
         params,
-        pending,
+        pending: placed.pending,
         on_success: None,
         force: false,
     };
@@ -343,12 +344,12 @@ impl Handler<PreviewCreate> for Supervisor {
                 .read_model
                 .package(&record.package.name, &record.package.version)
                 .ok_or_else(|| Error::not_found("package", &record.package))?;
-            let pending = crate::actors::supervisor::place_new_cluster(self.shared(), &record, &view.spec, &roles)?;
-            for p in &pending {
+            let placed = crate::actors::supervisor::place_new_cluster(self.shared(), &record, &view.spec, &roles)?;
+            for p in &placed.pending {
                 self.shared().ports.release(&p.node, p.ports.values().copied());
             }
             let params = req.params(&record.config);
-            Ok(create_preview(&view.spec, pending, params))
+            Ok(create_preview(&view.spec, placed, params))
         });
         self.stats().refused_if(answer.is_err());
         answer

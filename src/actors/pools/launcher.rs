@@ -474,6 +474,7 @@ impl Launcher {
             nodes: self.nodes.clone(),
             requests: self.requests.clone(),
             health: self.health.clone(),
+            loaded: true,
         });
     }
 

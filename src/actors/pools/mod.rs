@@ -42,6 +42,9 @@ pub const MAX_OPEN_REQUESTS: usize = 10_000;
 pub const MAX_REQUEST_COUNT: u32 = 1_000;
 /// Done requests kept (the oldest are dropped past it).
 pub const DONE_REQUESTS_KEPT: usize = 1_000;
+/// The priority of the requests placement files for an operation: ahead
+/// of the API's default (100) and of min-ready spares.
+pub const OPERATION_PRIORITY: u8 = 50;
 
 /// One configured pool and its driver.
 pub struct Pool {
@@ -95,6 +98,9 @@ pub struct PoolsView {
     pub nodes: BTreeMap<NodeId, PoolNodeRecord>,
     pub requests: BTreeMap<String, NodeRequestRecord>,
     pub health: BTreeMap<String, PoolHealth>,
+    /// The launcher has loaded the store (and published at least once):
+    /// until then no request is known, filed or not.
+    pub loaded: bool,
 }
 
 /// A request for nodes, as the API or placement files it.
@@ -170,6 +176,27 @@ impl Pools {
             ));
         }
         Ok(())
+    }
+
+    /// The longest a request for `labels` may go unchanged while a pool
+    /// offering them launches its nodes: every try of its launch (past
+    /// `launch_timeout`, then `enroll_timeout`, then a backoff), in the
+    /// slowest such pool. Zero when none offers them.
+    pub fn longest_quiet(&self, labels: &BTreeMap<String, String>) -> std::time::Duration {
+        self.pools
+            .iter()
+            .filter(|p| p.config.offers(labels))
+            .map(|p| {
+                let c = &p.config;
+                (c.launch_timeout + c.enroll_timeout + tries::MAX_BACKOFF) * (c.launch_retries + 1)
+            })
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The newest request filed by `requestor`.
+    pub fn request_of(&self, requestor: &str) -> Option<NodeRequestRecord> {
+        self.view.load().requests.values().filter(|r| r.requestor == requestor).max_by_key(|r| r.created_at).cloned()
     }
 
     /// What each pool offers, for a message.

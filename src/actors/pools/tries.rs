@@ -30,7 +30,7 @@ const QUOTA_PAUSE: Duration = Duration::from_secs(30);
 /// A pool whose provider had no capacity declines requests for this long.
 const CAPACITY_MEMORY: Duration = Duration::from_secs(60);
 /// The longest wait between two tries of a launch.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 impl Launcher {
     /// Whether `n`'s request still wants it from its pool (pending there).

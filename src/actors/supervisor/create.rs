@@ -3,6 +3,78 @@
 //! durable.
 
 use super::*;
+use crate::storage::plan::Action;
+
+/// The labels role `role` requires in `cluster`, each with its value: the
+/// cluster's own, else the spec's.
+pub fn wanted_labels<'a>(cluster: &'a ClusterRecord, role: &'a RoleSpec) -> &'a BTreeMap<String, String> {
+    cluster.roles.get(&role.name).and_then(|r| r.node_labels.as_ref()).unwrap_or(&role.node_labels)
+}
+
+/// The nodes placement may use now: every `Ready` one, those of them open
+/// (uncordoned, not being removed by their pool), and those of the open
+/// ones that carry `wanted`.
+struct Eligible {
+    ready: Vec<NodeId>,
+    open: Vec<NodeId>,
+    fit: Vec<NodeId>,
+}
+
+fn eligible(shared: &Shared, wanted: &BTreeMap<String, String>) -> Eligible {
+    let timing = shared.timing;
+    let now = std::time::Instant::now();
+    let nodes = shared.read_model.nodes();
+    let ready: Vec<NodeId> = nodes
+        .iter()
+        .filter(|(_, e)| e.live.status_at(now, timing.node_unknown_after, timing.node_down_after) == NodeStatus::Ready)
+        .map(|(id, _)| id.clone())
+        .collect();
+    let open: Vec<NodeId> = ready
+        .iter()
+        .filter(|id| shared.read_model.cordon_of(id).is_none() && !shared.read_model.removals.is_marked(id))
+        .cloned()
+        .collect();
+    let fit =
+        open.iter().filter(|id| nodes.get(*id).is_some_and(|e| carries(&e.record().labels, wanted))).cloned().collect();
+    Eligible { ready, open, fit }
+}
+
+/// The open `Ready` nodes carrying `wanted`.
+pub fn fitting_nodes(shared: &Shared, wanted: &BTreeMap<String, String>) -> Vec<NodeId> {
+    eligible(shared, wanted).fit
+}
+
+fn carries(labels: &BTreeMap<String, String>, wanted: &BTreeMap<String, String>) -> bool {
+    wanted.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// How many more nodes `n` new instances of `role` need when a node pool
+/// offers the labels the role requires: each new instance wants a node of
+/// its own, open, carrying the labels and holding none of the role's
+/// instances (`taken`). `Some(k)`: a node request for `k` is filed and the
+/// instances are placed once it is served (`Action::AwaitNodes`); `None`:
+/// placed now, on the nodes there are (as without pools; a pinned
+/// placement never waits).
+pub fn nodes_short(
+    shared: &Shared,
+    cluster: &ClusterRecord,
+    role: &RoleSpec,
+    n: u32,
+    pinned: bool,
+    taken: &BTreeSet<NodeId>,
+) -> Option<u32> {
+    if pinned || n == 0 {
+        return None;
+    }
+    let pools = shared.pools.get()?;
+    let wanted = wanted_labels(cluster, role);
+    if !pools.pools.iter().any(|p| p.config.offers(wanted)) {
+        return None;
+    }
+    let free = eligible(shared, wanted).fit.iter().filter(|id| !taken.contains(*id)).count() as u32;
+    let short = n.saturating_sub(free);
+    (short > 0).then_some(short.min(crate::actors::pools::MAX_REQUEST_COUNT))
+}
 
 /// Places `n` new instances of `role` (ordinals from `first_ordinal`),
 /// allocating their ports. `in_cluster`: how many instances of the cluster
@@ -24,15 +96,7 @@ pub fn place_instances(
             e.live.status_at(now, timing.node_unknown_after, timing.node_down_after) == NodeStatus::Ready
         })
     };
-    // The labels the role requires here, each with its value: the
-    // cluster's own, else the spec's.
-    let wanted = cluster.roles.get(&role.name).and_then(|r| r.node_labels.as_ref()).unwrap_or(&role.node_labels);
-    let carries = |id: &NodeId| {
-        nodes.get(id).is_some_and(|e| {
-            let labels = &e.record().labels;
-            wanted.iter().all(|(k, v)| labels.get(k) == Some(v))
-        })
-    };
+    let wanted = wanted_labels(cluster, role);
     let pairs: Vec<String> = wanted.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let shown = || pairs.join(",");
     let ids: Vec<NodeId> = match pinned {
@@ -53,7 +117,7 @@ pub fn place_instances(
                         format!("node {id} is cordoned ({}); uncordon it first", why(&c.reason)),
                     ));
                 }
-                if !carries(id) {
+                if !nodes.get(id).is_some_and(|e| carries(&e.record().labels, wanted)) {
                     return Err(Error::spec(
                         "nodes",
                         format!("node {id} lacks the labels role {} requires ({})", role.name, shown()),
@@ -63,26 +127,27 @@ pub fn place_instances(
             list.to_vec()
         }
         None => {
-            let ready: Vec<NodeId> = nodes.keys().filter(|id| ready(id)).cloned().collect();
-            let open: Vec<NodeId> = ready
-                .iter()
-                .filter(|id| shared.read_model.cordon_of(id).is_none() && !shared.read_model.removals.is_marked(id))
-                .cloned()
-                .collect();
+            let Eligible { ready, open, fit } = eligible(shared, wanted);
             if open.is_empty() && !ready.is_empty() {
                 return Err(Error::conflict(
                     "no_matching_nodes",
                     format!("every Ready node ({}) is cordoned: uncordon one, or start another agent", ready.len()),
                 ));
             }
-            let fit: Vec<NodeId> = open.iter().filter(|id| carries(id)).cloned().collect();
-            if fit.is_empty() && !ready.is_empty() {
+            let pools = shared.pools.get().filter(|p| !p.pools.iter().any(|x| x.config.offers(wanted)));
+            let pools = pools.filter(|p| !p.pools.is_empty());
+            if fit.is_empty() && (!ready.is_empty() || pools.is_some()) {
                 // Not a moment's wait (no `Retry-After`): a node with
-                // them must be started first.
+                // them must be started first (a pool offering them would
+                // have been asked: see `nodes_short`).
+                let offered = match pools {
+                    Some(p) => format!(", and no node pool offers them ({})", p.offered()),
+                    None => String::new(),
+                };
                 return Err(Error::conflict(
                     "no_matching_nodes",
                     format!(
-                        "no Ready node carries the labels role {} requires ({}): none of the {} Ready uncordoned nodes does; an agent started with --label {} would",
+                        "no Ready node carries the labels role {} requires ({}): none of the {} Ready uncordoned nodes does{offered}; an agent started with --label {} would",
                         role.name,
                         shown(),
                         open.len(),
@@ -156,38 +221,61 @@ pub fn place_instances(
     Ok(out)
 }
 
+/// Where a new cluster's instances go: placed now (`pending`, with their
+/// ports), or, for a role a node pool must first give nodes to, a step
+/// that waits for them (`waits`, each an [`Action::AwaitNodes`]).
+#[derive(Default)]
+pub struct NewPlacement {
+    pub pending: Vec<InstanceRecord>,
+    pub waits: Vec<Action>,
+}
+
 /// Places every role of a new cluster (`record`, already validated), in
 /// the spec's role order, each spread over the nodes the earlier roles
-/// left emptiest. On a refusal, the ports taken so far are given back.
+/// left emptiest; a role short of nodes a pool offers waits for them. On
+/// a refusal, the ports taken so far are given back.
 pub fn place_new_cluster(
     shared: &Shared,
     record: &ClusterRecord,
     spec: &ComponentSpec,
     roles: &[RoleToPlace],
-) -> Result<Vec<InstanceRecord>, Error> {
-    let mut pending: Vec<InstanceRecord> = Vec::new();
+) -> Result<NewPlacement, Error> {
+    let mut out = NewPlacement::default();
     let mut in_cluster: BTreeMap<NodeId, usize> = BTreeMap::new();
     for r in roles.iter().filter(|r| r.count > 0) {
         let placed = spec
             .role(&r.role)
             .ok_or_else(|| Error::spec(format!("roles.{}", r.role), "no such role"))
-            .and_then(|role| place_instances(shared, record, role, 1, r.count, r.nodes.as_deref(), &in_cluster));
+            .and_then(|role| match nodes_short(shared, record, role, r.count, r.nodes.is_some(), &BTreeSet::new()) {
+                Some(nodes) => {
+                    out.waits.push(await_nodes(record, role, 1, r.count, nodes));
+                    Ok(vec![])
+                }
+                None => place_instances(shared, record, role, 1, r.count, r.nodes.as_deref(), &in_cluster),
+            });
         match placed {
             Ok(v) => {
                 for i in &v {
                     *in_cluster.entry(i.node.clone()).or_default() += 1;
                 }
-                pending.extend(v)
+                out.pending.extend(v)
             }
             Err(e) => {
-                for p in &pending {
+                for p in &out.pending {
                     shared.ports.release(&p.node, p.ports.values().copied());
                 }
                 return Err(e);
             }
         }
     }
-    Ok(pending)
+    Ok(out)
+}
+
+/// The step action placing `count` instances of `role` (ordinals from
+/// `first`) once a node request for `nodes` is served.
+pub fn await_nodes(cluster: &ClusterRecord, role: &RoleSpec, first: u32, count: u32, nodes: u32) -> Action {
+    let ids = (first..first + count).map(|o| InstanceId::generate(&cluster.name, &cluster.id, &role.name, o)).collect();
+    Action::AwaitNodes { role: role.name.clone(), first_ordinal: first, nodes, ids }
 }
 
 impl Supervisor {

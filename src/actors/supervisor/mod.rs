@@ -9,7 +9,7 @@
 //! registry, and agents' reports go from their node manager straight to the
 //! instance's cluster.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -22,7 +22,9 @@ mod inject;
 mod nodes;
 
 pub use children::{ActorVerb, ActorVerbAnswer, Fault, Verb};
-pub use create::{place_instances, place_new_cluster};
+pub use create::{
+    NewPlacement, await_nodes, fitting_nodes, nodes_short, place_instances, place_new_cluster, wanted_labels,
+};
 pub use nodes::{NodeDown, NodeInventory};
 
 use super::Shared;
