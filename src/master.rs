@@ -226,6 +226,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         node_unknown_after: cfg.node_unknown_after,
         node_down_after: cfg.node_down_after,
         step_idle_margin: crate::actors::STEP_IDLE_MARGIN,
+        pool_quiet: crate::actors::pools::longest_quiet(&cfg.node_pools),
     };
     let limits = Limits {
         cluster_mailbox: cfg.mailbox_capacity,

@@ -60,8 +60,8 @@ function requests(op) {
     h('td', {}, badge(r.state)),
     h('td', {}, r.pool ?? '–'),
     h('td', { class: 'mono' }, r.nodes.join(', ') || '–'),
-    h('td', {}, r.declined_by.map((p, i) => `${p}: ${r.reasons[i] ?? ''}`).join('; ') || '–'))));
-  return h('div', {}, h('h3', {}, 'Waiting for nodes'), t);
+    h('td', {}, r.reasons.join('; ') || '–'))));
+  return h('div', {}, h('h3', {}, 'Node requests it filed'), t);
 }
 
 /**

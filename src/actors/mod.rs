@@ -154,6 +154,10 @@ pub struct Timing {
     /// What a step's watchdog allows beyond the reply deadline
     /// ([`STEP_IDLE_MARGIN`]; tests shorten it).
     pub step_idle_margin: Duration,
+    /// The longest a node request may go unchanged while a pool launches
+    /// for it (every try of the slowest pool: `pools::longest_quiet`): what
+    /// a step waiting for nodes allows beyond [`Timing::step_idle`].
+    pub pool_quiet: Duration,
 }
 
 /// See [`Timing::step_idle`].

@@ -227,6 +227,7 @@ impl Harness {
                 node_unknown_after: Duration::from_secs(3),
                 node_down_after: Duration::from_secs(6),
                 step_idle_margin: crate::actors::STEP_IDLE_MARGIN,
+                pool_quiet: Duration::ZERO,
             },
             limits: Limits::default(),
             supervisor: ActorStats::new("supervisor", "supervisor", None),

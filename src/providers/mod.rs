@@ -1,12 +1,15 @@
 //! Where nodes come from: the driver interface ([`driver`]) and the
 //! drivers that make machines (`local`: network namespaces on this host;
-//! `static`: a list of hosts bootstrapped over SSH, [`ssh`]),
+//! `static`: a list of hosts bootstrapped over SSH, [`ssh`]; `ec2`: EC2
+//! instances through the Query API, [`ec2`]),
 //! the fault-injecting wrapper the launcher's tests put around a real
 //! driver ([`faulty`]), and the pools' settings ([`pool_config`]). The
 //! policy (requests, retries, timeouts, quota, leak cleanup) is the
 //! launcher's, in `actors::pools`.
 
 pub mod driver;
+pub mod ec2;
+pub mod ec2_api;
 pub mod faulty;
 pub mod local;
 mod netns;
@@ -80,6 +83,12 @@ pub fn build(config: &PoolConfig, data_dir: &Path, install: &str) -> Result<Arc<
                 .map_err(|e| setting_error(config, "", format!("cannot make {}: {e}", settings.dir.display())))?;
             let driver = ssh::StaticDriver::new(settings).map_err(|m| setting_error(config, "", m))?;
             Ok(Arc::new(driver))
+        }
+        "ec2" => {
+            let value = if config.settings.is_null() { serde_json::json!({}) } else { config.settings.clone() };
+            let settings = ec2::Ec2Settings::from_value(value, install, &config.name)
+                .map_err(|(key, m)| setting_error(config, &key, m))?;
+            Ok(Arc::new(ec2::Ec2Driver::new(settings).map_err(|m| setting_error(config, "", m))?))
         }
         other => Err(setting_error(config, "", format!("no driver {other:?}"))),
     }

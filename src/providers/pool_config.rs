@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 /// The drivers a pool may name.
-pub const DRIVERS: [&str; 3] = ["local", "static", "sim"];
+pub const DRIVERS: [&str; 4] = ["local", "static", "ec2", "sim"];
 /// At most this many pools.
 pub const MAX_POOLS: usize = 64;
 /// At most this many nodes in one pool.

@@ -66,7 +66,7 @@ const LOG_MAX: u64 = 4 << 20;
 #[path = "ssh_remote.rs"]
 mod remote;
 #[path = "ssh_scripts.rs"]
-mod scripts;
+pub(super) mod scripts;
 #[path = "ssh_settings.rs"]
 mod settings;
 

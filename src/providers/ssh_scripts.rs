@@ -2,7 +2,7 @@
 //! after [`LIB`] and `d=<remote_dir>`), and the files it writes there.
 
 /// Shell-quotes `s` (POSIX single quotes).
-pub(super) fn sq(s: &str) -> String {
+pub(in crate::providers) fn sq(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
@@ -215,7 +215,7 @@ pub(super) fn indent(s: &str) -> String {
 }
 
 /// The script that runs the agent again whenever it exits (no systemd).
-pub(super) fn supervisor(node: &str, d: &str, args: &str) -> String {
+pub(in crate::providers) fn supervisor(node: &str, d: &str, args: &str) -> String {
     let (env, pid, bin) =
         (sq(&format!("{d}/agent.env")), sq(&format!("{d}/agent.pid")), sq(&format!("{d}/bin/flotilla")));
     format!(
@@ -240,7 +240,7 @@ done
     )
 }
 
-pub(super) fn unit_file(node: &str, d: &str, args: &str) -> String {
+pub(in crate::providers) fn unit_file(node: &str, d: &str, args: &str) -> String {
     format!(
         "[Unit]\nDescription=flotilla agent of node {node}\nWants=network-online.target\n\
          After=network-online.target\n\n[Service]\nEnvironmentFile={d}/agent.env\n\

@@ -47,8 +47,16 @@ impl ClusterOps {
             if known.len() == ids.len() {
                 return Ok(known.iter().map(|(id, n)| InstanceResult::ok(id, format!("placed on {n}"))).collect());
             }
+            // A role's instances are placed together: never some of them.
+            if !known.is_empty() {
+                return Err(fail(format!("{} of the {} instances are placed already", known.len(), ids.len())));
+            }
         }
         let op = self.plan.borrow().as_ref().map(|(op, _)| *op).ok_or_else(|| fail("no operation runs".into()))?;
+        // The nodes placed on already (other roles, at validation) stay
+        // out of their pools' retirement while this waits.
+        let placed_nodes: Vec<NodeId> = self.core.borrow().pending.values().map(|p| p.node.clone()).collect();
+        self.hold(&placed_nodes)?;
         let requestor = format!("operation:{op}/{role}");
         let pools = self.loaded_pools().await;
         let current = self.current().map_err(fail)?;
@@ -82,16 +90,30 @@ impl ClusterOps {
                 RequestState::Fulfilled => break r.clone(),
                 RequestState::Failed => {
                     // Each reason names its pool.
-                    let why = r.reasons.join("; ");
                     return Err(fail(format!(
-                        "node request {id} for {nodes} node(s) carrying {shown} failed, every pool declined it: {why}"
+                        "node request {id} for {nodes} node(s) carrying {shown} failed, every pool declined it: {}",
+                        r.reasons.join("; ")
                     )));
                 }
                 _ => tokio::time::sleep(POLL).await,
             }
         };
-        // On the request's nodes, and on any other open node with the
-        // labels that holds none of the role's instances.
+        self.hold(&served.nodes)?;
+        // Served before a master restart: its agents reconnect first (each
+        // until it would count as Down, as a resumed operation waits for
+        // its nodes).
+        let patience = tokio::time::Instant::now() + self.shared.timing.node_down_after;
+        let mut on_served = loop {
+            let fitting = fitting_nodes(&self.shared, &labels);
+            let ready: Vec<NodeId> = served.nodes.iter().filter(|n| fitting.contains(n)).cloned().collect();
+            if ready.len() == served.nodes.len() || tokio::time::Instant::now() >= patience {
+                break ready;
+            }
+            self.env.progress.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(POLL).await;
+        };
+        // On the request's nodes first; on other open nodes with the labels
+        // that hold none of the role's instances only for what they lack.
         let (in_cluster, taken) = {
             let core = self.core.borrow();
             let mut in_cluster = std::collections::BTreeMap::<NodeId, usize>::new();
@@ -107,28 +129,45 @@ impl ClusterOps {
             }
             (in_cluster, taken)
         };
-        let on: Vec<NodeId> = fitting_nodes(&self.shared, &labels)
-            .into_iter()
-            .filter(|n| served.nodes.contains(n) || !taken.contains(n))
-            .collect();
-        if on.is_empty() {
+        if on_served.len() < ids.len() {
+            let others = fitting_nodes(&self.shared, &labels)
+                .into_iter()
+                .filter(|n| !served.nodes.contains(n) && !taken.contains(n));
+            on_served.extend(others.take(ids.len() - on_served.len()));
+        }
+        if on_served.is_empty() {
             return Err(fail(format!(
                 "node request {id} was served ({}), but none of its nodes is Ready and open now",
                 served.nodes.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
             )));
         }
-        let placed =
-            place_instances(&self.shared, &record, spec, first_ordinal, ids.len() as u32, Some(&on), &in_cluster)
-                .map_err(|e| fail(format!("placing after node request {id}: {e}")))?;
-        let release = |placed: &[crate::storage::records::InstanceRecord]| {
-            for p in placed {
+        let placed = place_instances(
+            &self.shared,
+            &record,
+            spec,
+            first_ordinal,
+            ids.len() as u32,
+            Some(&on_served),
+            &in_cluster,
+        )
+        .map_err(|e| fail(format!("placing after node request {id}: {e}")))?;
+        if placed.iter().map(|p| &p.id).ne(ids.iter()) {
+            for p in &placed {
                 self.shared.ports.release(&p.node, p.ports.values().copied());
             }
-        };
-        if placed.iter().map(|p| &p.id).ne(ids.iter()) {
-            release(&placed);
             return Err(fail("the placed instances are not those the plan names".into()));
         }
+        let on: Vec<NodeId> = placed.iter().map(|p| p.node.clone()).collect();
+        // In the operation's pending instances at once: whatever ends it
+        // (a failed write below, the watchdog dropping this step) gives
+        // their ports back with the rest (`complete`).
+        {
+            let mut core = self.core.borrow_mut();
+            for p in &placed {
+                core.pending.insert(p.id.clone(), p.clone());
+            }
+        }
+        self.hold(&on)?;
         // Journaled with the plan before the allocate step may count on it.
         let plan = {
             let mut guard = self.plan.borrow_mut();
@@ -141,17 +180,23 @@ impl ClusterOps {
         if let Err(e) =
             commit_retrying(&self.shared, vec![write], &JOURNAL_RETRIES, "a placement after a node request").await
         {
-            release(&placed);
             return Err(fail(format!("cannot journal the placement: {}", crate::error::ErrorChain(&e))));
         }
-        let mut core = self.core.borrow_mut();
         let pool = served.pool.as_deref().unwrap_or("?");
-        let mut results = Vec::with_capacity(placed.len());
-        for p in placed {
-            results.push(InstanceResult::ok(&p.id, format!("placed on {} (node request {id}, pool {pool})", p.node)));
-            core.pending.insert(p.id.clone(), p);
-        }
-        Ok(results)
+        Ok(placed
+            .iter()
+            .map(|p| InstanceResult::ok(&p.id, format!("placed on {} (node request {id}, pool {pool})", p.node)))
+            .collect())
+    }
+
+    /// Counts the operation in on `nodes` in the removal gate until it
+    /// ends; a node its pool is removing fails the step, naming it.
+    fn hold(&self, nodes: &[NodeId]) -> Result<(), StepFailure> {
+        let guard = self.shared.read_model.removals.begin_allocate(nodes).map_err(|node| {
+            fail(format!("node {node} is being removed by its pool; place the instances again (a new operation)"))
+        })?;
+        self.holds.borrow_mut().push(guard);
+        Ok(())
     }
 
     /// The pools once they run and their launcher has loaded the store (a

@@ -223,6 +223,7 @@ impl ClusterActor {
             running: Default::default(),
             ended: Default::default(),
             plan: Default::default(),
+            holds: Default::default(),
         }
     }
 

@@ -54,6 +54,10 @@ pub(super) struct ClusterOps {
     /// as journaled (`op_plans`): a step placing instances after a node
     /// request writes it again.
     pub plan: RefCell<Option<(crate::ids::OperationId, crate::storage::records::Resumable)>>,
+    /// Nodes the operation has placed instances on that are not created
+    /// yet, counted in the removal gate until it ends, so no pool retires
+    /// them meanwhile (`read_model::removals`).
+    pub holds: RefCell<Vec<crate::actors::read_model::removals::Allocating>>,
 }
 
 /// How often a running step's progress may become an event.
@@ -415,6 +419,11 @@ impl OperationContext for ClusterOps {
         let kind = format!("{:?}", self.kind);
         metrics::counter!("flotilla_operations_total", "kind" => kind, "result" => format!("{:?}", record.status))
             .increment(1);
+        // A node request it filed and no longer waits for is cancelled.
+        if let Some(pools) = self.shared.pools.get() {
+            let why = format!("operation {} ended {:?}", record.id, record.status);
+            pools.cancel(format!("operation:{}/", record.id), why);
+        }
         // An ended operation keeps no plan: nothing will resume it.
         let mut ended = record.clone();
         ended.resume = None;
@@ -589,15 +598,10 @@ impl OperationContext for ClusterOps {
             Action::Reconfigure(_) | Action::Start(_) => base + stop + start + hook,
             // Stop, install, start.
             Action::Roll(_) => base * 2 + stop + start,
-            // Each launch try of the slowest pool offering the labels, with
-            // nothing of its request changing meanwhile.
-            Action::AwaitNodes { role, .. } => {
-                let labels = spec
-                    .role(role)
-                    .map(|r| crate::actors::supervisor::wanted_labels(&self.core.borrow().record, r).clone());
-                let quiet = self.shared.pools.get().zip(labels).map(|(p, l)| p.longest_quiet(&l)).unwrap_or_default();
-                base + quiet
-            }
+            // Every launch try of the slowest pool, with nothing of its
+            // request changing meanwhile (known from the config: a step
+            // resumed at boot starts before the pools run).
+            Action::AwaitNodes { .. } => base + self.shared.timing.pool_quiet,
             _ => base,
         }
     }

@@ -303,16 +303,16 @@ impl ClusterActor {
                 taken.insert(m.node.clone());
             }
         }
-        use crate::actors::supervisor::{await_nodes, nodes_short, place_instances};
-        let placed = match nodes_short(&self.shared, &record, role_spec, add, nodes.is_some(), &taken) {
-            Some(short) => {
-                NewPlacement { pending: vec![], waits: vec![await_nodes(&record, role_spec, next, add, short)] }
-            }
-            None => NewPlacement {
-                pending: place_instances(&self.shared, &record, role_spec, next, add, nodes, &in_cluster)?,
-                waits: vec![],
-            },
-        };
+        let placed = crate::actors::supervisor::place_or_wait(
+            &self.shared,
+            &record,
+            role_spec,
+            next,
+            add,
+            nodes,
+            &taken,
+            &in_cluster,
+        )?;
         let mut core = self.core.borrow_mut();
         core.record.roles.entry(role.to_string()).or_default().next_ordinal = next + add;
         Ok(placed)

@@ -236,6 +236,7 @@ impl Launcher {
                     return Err(e);
                 }
             },
+            Command::Cancel(prefix, why) => self.cancel(&prefix, &why).await?,
             Command::Hold(node, until, answer) => {
                 let Some(mut n) = self.nodes.get(&node).cloned() else {
                     let _ = answer.send(Err(Error::not_found("provider node", &node)));

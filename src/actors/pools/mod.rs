@@ -116,6 +116,9 @@ pub(crate) enum Command {
     Request(NewRequest, oneshot::Sender<Result<NodeRequestRecord, Error>>),
     Hold(NodeId, Option<OffsetDateTime>, oneshot::Sender<Result<PoolNodeRecord, Error>>),
     Remove(NodeId, oneshot::Sender<Result<PoolNodeRecord, Error>>),
+    /// Fails every open request whose requestor starts with the prefix,
+    /// with the reason (their operation ended).
+    Cancel(String, String),
 }
 
 /// The pools of this master: their settings and drivers, what the
@@ -176,22 +179,6 @@ impl Pools {
             ));
         }
         Ok(())
-    }
-
-    /// The longest a request for `labels` may go unchanged while a pool
-    /// offering them launches its nodes: every try of its launch (past
-    /// `launch_timeout`, then `enroll_timeout`, then a backoff), in the
-    /// slowest such pool. Zero when none offers them.
-    pub fn longest_quiet(&self, labels: &BTreeMap<String, String>) -> std::time::Duration {
-        self.pools
-            .iter()
-            .filter(|p| p.config.offers(labels))
-            .map(|p| {
-                let c = &p.config;
-                (c.launch_timeout + c.enroll_timeout + tries::MAX_BACKOFF) * (c.launch_retries + 1)
-            })
-            .max()
-            .unwrap_or_default()
     }
 
     /// The newest request filed by `requestor`.
@@ -275,6 +262,18 @@ impl Pools {
         wait(answered).await
     }
 
+    /// Cancels the open requests filed by `requestor_prefix` (an operation
+    /// that ended without them): they fail with `why`; nodes already
+    /// launching for them become spares. Best effort, not awaited: a
+    /// master restarted first leaves them to be served.
+    pub fn cancel(&self, requestor_prefix: String, why: String) {
+        let open =
+            self.view().requests.values().any(|r| !r.state.is_done() && r.requestor.starts_with(&requestor_prefix));
+        if open && let Err(e) = self.send(Command::Cancel(requestor_prefix, why)) {
+            tracing::warn!(error = %e, "a node request of an ended operation could not be cancelled");
+        }
+    }
+
     fn send(&self, c: Command) -> Result<(), Error> {
         self.tx.try_send(c).map_err(|_| Error::overloaded("the pool launcher has too many requests waiting"))
     }
@@ -312,6 +311,17 @@ pub(crate) fn class_name(c: ErrorClass) -> &'static str {
         ErrorClass::Config => "config",
         ErrorClass::Transient => "transient",
     }
+}
+
+/// The longest a node request may go unchanged while one of `pools`
+/// launches for it: every try (past `launch_timeout`, then
+/// `enroll_timeout`, then a backoff) of the slowest pool.
+pub fn longest_quiet(pools: &[PoolConfig]) -> std::time::Duration {
+    pools
+        .iter()
+        .map(|c| (c.launch_timeout + c.enroll_timeout + tries::MAX_BACKOFF) * (c.launch_retries + 1))
+        .max()
+        .unwrap_or_default()
 }
 
 /// Makes every configured pool's driver (wrapped with faults when test

@@ -247,6 +247,22 @@ impl Launcher {
         Ok(())
     }
 
+    /// Fails every open request filed by `prefix` with `why`.
+    pub(super) async fn cancel(&mut self, prefix: &str, why: &str) -> Result<(), StorageError> {
+        let open: Vec<NodeRequestRecord> =
+            self.requests.values().filter(|r| !r.state.is_done() && r.requestor.starts_with(prefix)).cloned().collect();
+        for mut r in open {
+            r.reasons.push(format!("cancelled: {why}"));
+            let mut writes = vec![];
+            self.fail(&mut r, &mut writes)?;
+            writes.push(WriteOp::put_node_request(&r)?);
+            self.ctx.store.commit(writes).await?;
+            self.requests.insert(r.id.clone(), r);
+        }
+        self.publish();
+        Ok(())
+    }
+
     fn fail(&mut self, r: &mut NodeRequestRecord, writes: &mut Vec<WriteOp>) -> Result<(), StorageError> {
         if let Some(pool) = r.requestor.strip_prefix("min-ready:") {
             // Its pool files no spare for a while (not one failing launch

@@ -48,32 +48,65 @@ fn carries(labels: &BTreeMap<String, String>, wanted: &BTreeMap<String, String>)
     wanted.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
-/// How many more nodes `n` new instances of `role` need when a node pool
-/// offers the labels the role requires: each new instance wants a node of
-/// its own, open, carrying the labels and holding none of the role's
-/// instances (`taken`). `Some(k)`: a node request for `k` is filed and the
-/// instances are placed once it is served (`Action::AwaitNodes`); `None`:
-/// placed now, on the nodes there are (as without pools; a pinned
-/// placement never waits).
-pub fn nodes_short(
+/// Where `n` new instances of `role` go when a node pool offers the
+/// labels the role requires: each wants a node of its own, open, carrying
+/// the labels and holding none of the role's instances (`taken`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Room {
+    /// No pool offers the labels (or the nodes are pinned): placed on the
+    /// nodes there are, as without pools.
+    AsIs,
+    /// Enough free nodes: placed on these.
+    On(Vec<NodeId>),
+    /// This many nodes short: a node request is filed and the instances
+    /// are placed once it is served (`Action::AwaitNodes`).
+    Short(u32),
+}
+
+pub fn room(
     shared: &Shared,
     cluster: &ClusterRecord,
     role: &RoleSpec,
     n: u32,
     pinned: bool,
     taken: &BTreeSet<NodeId>,
-) -> Option<u32> {
+) -> Room {
     if pinned || n == 0 {
-        return None;
+        return Room::AsIs;
     }
-    let pools = shared.pools.get()?;
+    let Some(pools) = shared.pools.get() else { return Room::AsIs };
     let wanted = wanted_labels(cluster, role);
     if !pools.pools.iter().any(|p| p.config.offers(wanted)) {
-        return None;
+        return Room::AsIs;
     }
-    let free = eligible(shared, wanted).fit.iter().filter(|id| !taken.contains(*id)).count() as u32;
-    let short = n.saturating_sub(free);
-    (short > 0).then_some(short.min(crate::actors::pools::MAX_REQUEST_COUNT))
+    let free: Vec<NodeId> = eligible(shared, wanted).fit.into_iter().filter(|id| !taken.contains(id)).collect();
+    match n.saturating_sub(free.len() as u32) {
+        0 => Room::On(free),
+        short => Room::Short(short.min(crate::actors::pools::MAX_REQUEST_COUNT)),
+    }
+}
+
+/// Places `n` instances of `role` (ordinals from `first`) as [`room`]
+/// says: now, or once a node request is served (a wait for the plan).
+#[allow(clippy::too_many_arguments)]
+pub fn place_or_wait(
+    shared: &Shared,
+    cluster: &ClusterRecord,
+    role: &RoleSpec,
+    first: u32,
+    n: u32,
+    pinned: Option<&[NodeId]>,
+    taken: &BTreeSet<NodeId>,
+    in_cluster: &BTreeMap<NodeId, usize>,
+) -> Result<NewPlacement, Error> {
+    let placed = |on: Option<&[NodeId]>| place_instances(shared, cluster, role, first, n, on, in_cluster);
+    Ok(match room(shared, cluster, role, n, pinned.is_some(), taken) {
+        Room::AsIs => NewPlacement { pending: placed(pinned)?, waits: vec![] },
+        Room::On(free) => NewPlacement { pending: placed(Some(&free))?, waits: vec![] },
+        Room::Short(nodes) => {
+            NewPlacement { pending: vec![], waits: vec![await_nodes(cluster, role, first, n, nodes)] }
+        }
+    })
 }
 
 /// Places `n` new instances of `role` (ordinals from `first_ordinal`),
@@ -136,7 +169,7 @@ pub fn place_instances(
             }
             let pools = shared.pools.get().filter(|p| !p.pools.iter().any(|x| x.config.offers(wanted)));
             let pools = pools.filter(|p| !p.pools.is_empty());
-            if fit.is_empty() && (!ready.is_empty() || pools.is_some()) {
+            if fit.is_empty() && !ready.is_empty() {
                 // Not a moment's wait (no `Retry-After`): a node with
                 // them must be started first (a pool offering them would
                 // have been asked: see `nodes_short`).
@@ -246,19 +279,16 @@ pub fn place_new_cluster(
         let placed = spec
             .role(&r.role)
             .ok_or_else(|| Error::spec(format!("roles.{}", r.role), "no such role"))
-            .and_then(|role| match nodes_short(shared, record, role, r.count, r.nodes.is_some(), &BTreeSet::new()) {
-                Some(nodes) => {
-                    out.waits.push(await_nodes(record, role, 1, r.count, nodes));
-                    Ok(vec![])
-                }
-                None => place_instances(shared, record, role, 1, r.count, r.nodes.as_deref(), &in_cluster),
+            .and_then(|role| {
+                place_or_wait(shared, record, role, 1, r.count, r.nodes.as_deref(), &BTreeSet::new(), &in_cluster)
             });
         match placed {
             Ok(v) => {
-                for i in &v {
+                for i in &v.pending {
                     *in_cluster.entry(i.node.clone()).or_default() += 1;
                 }
-                out.pending.extend(v)
+                out.pending.extend(v.pending);
+                out.waits.extend(v.waits);
             }
             Err(e) => {
                 for p in &out.pending {
