@@ -6,7 +6,8 @@
 # curl, and for the dashboard's browser test Debian's chromium, Node.js and
 # npm's playwright-core (pinned in tests/browser/package-lock.json);
 # iproute2 and nsenter for the network-partition test; openssh-server and
-# openssh-client for the static (SSH) driver's tests.
+# openssh-client for the static (SSH) driver's tests; PyPI's moto[server]
+# (a real EC2 Query API on loopback) for the ec2 driver's tests.
 # Safe to run again; does nothing when all is there.
 set -euo pipefail
 
@@ -56,4 +57,12 @@ if ! command -v schemathesis >/dev/null 2>&1; then
   # Debian's own python3 refuses pip installs outside a venv (PEP 668) unless told.
   python3 -m pip install --quiet 'schemathesis==4.32.5' \
     || python3 -m pip install --quiet --break-system-packages 'schemathesis==4.32.5'
+fi
+
+# --- moto, for the ec2 driver's tests (issue 24) ----------------------------
+# tests/integration/pools/ec2.rs runs `python3 -m moto.server`; pinned here.
+if ! python3 -c 'import moto.server' >/dev/null 2>&1; then
+  echo "setup: installing moto[server] 5.1.0 (pip)" >&2
+  python3 -m pip install --quiet 'moto[server]==5.1.0' \
+    || python3 -m pip install --quiet --break-system-packages 'moto[server]==5.1.0'
 fi

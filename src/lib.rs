@@ -23,7 +23,7 @@
 //! | [`protocol`] | master <-> agent frames, messages, codec, handshake; TLS: the master's CA, agent credentials (`protocol::tls`) |
 //! | [`actors`] | master-side actors: supervisor, cluster, instance, node manager, read model; node pools' launcher (`actors::pools`) |
 //! | [`operations`] | multi-step cluster operations as step lists with undo, and their runner |
-//! | [`providers`] | where nodes come from: the driver trait, the `local` driver (a network namespace and a real agent per node), the fault wrapper, `[[node_pools]]` settings; the launcher's policy is in `actors::pools` |
+//! | [`providers`] | where nodes come from: the driver trait, the `local` driver (a network namespace and a real agent per node), `static` (SSH hosts), `ec2` (the EC2 Query API, SigV4), `sim` (load tests), the fault wrapper, `[[node_pools]]` settings; the launcher's policy is in `actors::pools` |
 //! | [`http`] | the actix-web admin API: routes, DTOs, error mapping |
 //! | [`agent`] | the node manager: connection, installer, process control, local state; every file operation inside an instance directory in `agent::beneath` (never through the instance's links), each cluster's dynamic user in `agent::node::dynamic_users` |
 //! | [`master`] | wiring that starts a master: storage, actors, listeners, the first API token (`--init`) |

@@ -186,8 +186,7 @@ pub struct Ec2Driver {
 }
 
 impl Ec2Driver {
-    pub fn new(s: Ec2Settings) -> Result<Ec2Driver, String> {
-        let creds = Credentials::from_env()?;
+    pub fn new(s: Ec2Settings, creds: Credentials) -> Result<Ec2Driver, String> {
         let api = Client::new(s.endpoint.clone(), s.region.clone(), creds, s.calls_per_second)?;
         Ok(Ec2Driver { s, api: Arc::new(api) })
     }
@@ -406,3 +405,7 @@ impl Driver for Ec2Driver {
         Box::pin(async { Ok(DriverQuota::default()) })
     }
 }
+
+#[cfg(test)]
+#[path = "ec2_tests.rs"]
+mod tests;

@@ -88,7 +88,8 @@ pub fn build(config: &PoolConfig, data_dir: &Path, install: &str) -> Result<Arc<
             let value = if config.settings.is_null() { serde_json::json!({}) } else { config.settings.clone() };
             let settings = ec2::Ec2Settings::from_value(value, install, &config.name)
                 .map_err(|(key, m)| setting_error(config, &key, m))?;
-            Ok(Arc::new(ec2::Ec2Driver::new(settings).map_err(|m| setting_error(config, "", m))?))
+            let creds = ec2_api::Credentials::from_env().map_err(|m| setting_error(config, "", m))?;
+            Ok(Arc::new(ec2::Ec2Driver::new(settings, creds).map_err(|m| setting_error(config, "", m))?))
         }
         other => Err(setting_error(config, "", format!("no driver {other:?}"))),
     }

@@ -16,6 +16,7 @@
 //! grace, never another installation's nor an untagged one, never after a
 //! failed listing; `min_ready` keeps a spare; a request at quota waits.
 
+mod ec2;
 mod launching;
 mod placement;
 mod support;
