@@ -58,6 +58,7 @@ mod integration {
     mod partition;
     mod pools;
     mod protocol_battery;
+    mod replace;
     mod resize;
     mod retention;
     mod rolling;

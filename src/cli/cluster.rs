@@ -49,6 +49,9 @@ pub enum ClusterCmd {
     Stop(Verb),
     /// Restart a cluster (or one instance).
     Restart(Verb),
+    /// Move one instance to another node: `replace demo --instance ID` adds
+    /// a replacement elsewhere, then removes it.
+    Replace(Verb),
     /// Change config values: `config demo greeting=bonjour`.
     Config {
         name: String,
@@ -195,6 +198,12 @@ pub async fn run(cmd: ClusterCmd, target: &Target) -> Result<(), CliError> {
         ClusterCmd::Start(v) => verb(&client, target, "start", v).await?,
         ClusterCmd::Stop(v) => verb(&client, target, "stop", v).await?,
         ClusterCmd::Restart(v) => verb(&client, target, "restart", v).await?,
+        ClusterCmd::Replace(v) => {
+            if v.instance.is_none() {
+                return Err(CliError::Usage("replace: name the instance with --instance ID".into()));
+            }
+            verb(&client, target, "replace", v).await?
+        }
         ClusterCmd::Config { name, values, batch, no_wait } => {
             let mut body = json!({ "config": pairs(&values, "config")? });
             if let Some(b) = batch {

@@ -342,3 +342,18 @@ pub async fn restart_instance(
 ) -> Result<HttpResponse, ApiError> {
     instance_verb(&state, path, q, InstanceVerb::Restart).await
 }
+
+/// Moves one instance to another node: a replacement is added (scale-out),
+/// then the instance removed (scale-in), in one operation. `409
+/// unsafe_replace` for a quorum role while another member is not running;
+/// `409 no_matching_nodes` when no other node may take it.
+#[utoipa::path(post, path = "/api/v1/clusters/{name}/instances/{id}/replace", operation_id = "replace_instance", tag = "instances",
+    params(("name" = String, Path, description = "The cluster's name", example = "demo"), ("id" = String, Path, description = "The instance's id"), DryRun), responses(Mutation))]
+pub async fn replace_instance(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    q: web::Query<DryRun>,
+) -> Result<HttpResponse, ApiError> {
+    let (name, id) = path.into_inner();
+    run(&state, &name, OpRequest::Replace { id: InstanceId::new(id) }, q.dry_run).await
+}

@@ -154,6 +154,7 @@ api_routes! {
     "/clusters/{name}/instances/{id}/start" => [post clusters::start_instance => Operate],
     "/clusters/{name}/instances/{id}/stop" => [post clusters::stop_instance => Operate],
     "/clusters/{name}/instances/{id}/restart" => [post clusters::restart_instance => Operate],
+    "/clusters/{name}/instances/{id}/replace" => [post clusters::replace_instance => Operate],
 }
 
 /// A path that answers `405` to any method but `methods`.

@@ -90,6 +90,7 @@ use crate::scope::Scope;
         clusters::start_instance,
         clusters::stop_instance,
         clusters::restart_instance,
+        clusters::replace_instance,
         metrics::scrape,
     ),
     components(

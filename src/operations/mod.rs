@@ -10,7 +10,7 @@
 //! `OperationContext`, and the unit tests use a fake one. Each file below
 //! builds the plans of some operations (`create`, `lifecycle`, `scale`,
 //! `change`: config, upgrade, resize; `delete`; `await_nodes`: placement
-//! waiting for a node request); `world` (tests only) is a
+//! waiting for a node request; `replace`: a member moved to another node); `world` (tests only) is a
 //! model of a cluster on which every plan is failed at each step (the real
 //! system's counterpart, with each step also run twice across a master
 //! restart, is `tests/integration/faults_steps/`). A plan is journaled with
@@ -21,6 +21,7 @@ pub mod change;
 pub mod create;
 pub mod delete;
 pub mod lifecycle;
+pub mod replace;
 pub mod runner;
 #[cfg(test)]
 mod runner_props;

@@ -331,6 +331,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_replace_rolls_back_up_to_its_scale_out_hook_then_fails_with_both_members_running() {
+        use crate::operations::replace::{Replace, plan};
+        let three = ids(&["s1", "s2", "s3"]);
+        let remaining = ids(&["s1", "s2", "s4"]);
+        let before = State::running(&three);
+        let replace = plan(Replace {
+            new: (0, InstanceId::new("s4")),
+            old: (0, InstanceId::new("s3")),
+            existing: &three,
+            remaining: &remaining,
+            grow: rolling(&three),
+            shrink: rolling(&remaining),
+            gone: false,
+        });
+        let after = run_once(&before, &replace).await;
+        assert_eq!(after.agents.keys().cloned().collect::<Vec<_>>(), remaining);
+        assert!(after.agents.values().all(|a| a.running && a.files.contains("s4") && !a.files.contains("s3")));
+        assert!(all_in_line(&after));
+        // Up to the scale-out hook (whose effects stay), a failure puts
+        // everything back; past it and until the old member's data is
+        // deleted, it fails honestly with both members running, rendered
+        // from one membership (n + 1, never fewer than n); after, it fails.
+        let hook = replace.steps.iter().position(|s| s.name == "add-scale-out-hook").unwrap();
+        let delete = replace.steps.iter().position(|s| s.name == "remove-delete-instances").unwrap();
+        for (k, outcome, after) in fail_each_step(&before, &replace).await {
+            let step = replace.steps[k].name.as_str();
+            if k <= hook {
+                assert!(matches!(outcome, Outcome::Failed { undone: true, .. }), "{step}: {outcome:?}");
+                assert_eq!(after, before, "{step}");
+            } else {
+                assert!(matches!(outcome, Outcome::Failed { rolled_back: false, .. }), "{step}: {outcome:?}");
+            }
+            if k > hook && k < delete {
+                assert_eq!(after.agents.len(), 4, "{step}: {after:?}");
+                assert!(after.agents.values().all(|a| a.running), "{step}: {after:?}");
+                assert!(all_in_line(&after), "{step}: {after:?}");
+            }
+        }
+    }
+
+    #[tokio::test]
     async fn scale_in_rolls_back_until_data_is_deleted_then_fails_honestly() {
         let three = ids(&["s1", "s2", "s3"]);
         let before = State::running(&three);

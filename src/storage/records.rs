@@ -311,6 +311,10 @@ pub enum OperationKind {
     Upgrade,
     /// Vertical scale: new resource limits for a role.
     Resize,
+    /// One member moved to another node (a scale-out of its replacement,
+    /// then a scale-in of it). Appended last: stored records name kinds by
+    /// position.
+    Replace,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

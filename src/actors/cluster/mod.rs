@@ -28,6 +28,7 @@ mod failures;
 mod ops;
 mod prepare;
 mod preview;
+mod replace;
 mod request;
 mod run_operation;
 mod steps;

@@ -166,6 +166,7 @@ impl ClusterActor {
                     )
                 }
             }
+            OpRequest::Replace { id } => self.prepare_replace(spec, id)?,
             OpRequest::Resize { role, limits, batch } => {
                 require_active(status, "resize")?;
                 let asked = batch;
@@ -209,7 +210,7 @@ impl ClusterActor {
     /// template reads the membership; else only those that owe a restart
     /// or are not running (the configure step brings those in line, as it
     /// would have), since no other member's files can change.
-    fn membership_rolling(&self, spec: &ComponentSpec, ids: &[InstanceId]) -> Rolling {
+    pub(super) fn membership_rolling(&self, spec: &ComponentSpec, ids: &[InstanceId]) -> Rolling {
         if spec.templates.uses_members() {
             return self.rolling(ids, 0);
         }

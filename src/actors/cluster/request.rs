@@ -64,6 +64,11 @@ pub enum OpRequest {
         id: InstanceId,
         verb: InstanceVerb,
     },
+    /// Moves member `id` to another node (`POST
+    /// /clusters/{name}/instances/{id}/replace`, a node's removal, a repair).
+    Replace {
+        id: InstanceId,
+    },
 }
 
 impl OpRequest {
@@ -81,6 +86,7 @@ impl OpRequest {
             OpRequest::Upgrade { .. } => "Upgrade",
             OpRequest::Resize { .. } => "Resize",
             OpRequest::Instance { .. } => "Instance",
+            OpRequest::Replace { .. } => "Replace",
         }
     }
 }

@@ -54,6 +54,7 @@ impl Handler<RunOperation> for ClusterActor {
                 | OpRequest::Reconfigure { .. }
                 | OpRequest::Upgrade { .. }
                 | OpRequest::Resize { .. }
+                | OpRequest::Replace { .. }
         );
         let prepared = self.package().and_then(|(_, spec)| self.prepare(req, &spec));
         let prepared = match prepared {

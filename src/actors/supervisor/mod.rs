@@ -22,7 +22,10 @@ mod inject;
 mod nodes;
 
 pub use children::{ActorVerb, ActorVerbAnswer, Fault, Verb};
-pub use create::{NewPlacement, fitting_nodes, place_instances, place_new_cluster, place_or_wait, wanted_labels};
+pub use create::{
+    NewPlacement, Room, await_nodes, fitting_nodes, place_instances, place_new_cluster, place_or_wait, room,
+    wanted_labels,
+};
 pub use nodes::{NodeDown, NodeInventory};
 
 use super::Shared;

@@ -1,0 +1,124 @@
+//! A replace request checked and built into a plan
+//! (`operations::replace`): the member's replacement is placed on another
+//! node (one of its own when a pool offers the role's labels, after a node
+//! request when there is none), with the next ordinal of its role.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::prepare::require_active;
+use super::{ClusterActor, Prepared};
+use crate::actors::supervisor::{NewPlacement, Room, await_nodes, fitting_nodes, place_instances, room, wanted_labels};
+use crate::error::Error;
+use crate::ids::{InstanceId, NodeId};
+use crate::operations::{self, Rolling};
+use crate::spec::ComponentSpec;
+use crate::storage::records::{ClusterStatus, DesiredState, InstanceStatus, NodeStatus, OperationKind};
+
+impl ClusterActor {
+    pub(super) fn prepare_replace(&mut self, spec: &ComponentSpec, id: InstanceId) -> Result<Prepared, Error> {
+        require_active(self.core.borrow().record.status, "replace")?;
+        let members = self.core.borrow().members();
+        let old = members.iter().find(|m| m.id == id).cloned().ok_or_else(|| Error::not_found("instance", &id))?;
+        let role = spec.role(&old.role).ok_or_else(|| Error::spec("role", format!("no role {:?}", old.role)))?;
+        let now = std::time::Instant::now();
+        let t = self.shared.timing;
+        let gone = self
+            .shared
+            .read_model
+            .node(&old.node)
+            .is_none_or(|n| n.live.status_at(now, t.node_unknown_after, t.node_down_after) == NodeStatus::Down);
+        // A quorum role keeps a majority of its old membership only if
+        // every other member runs.
+        if role.count.odd
+            && let Some(m) = members.iter().find(|m| {
+                *m.role == *old.role
+                    && m.id != id
+                    && (m.status != InstanceStatus::Running || m.desired != DesiredState::Running)
+            })
+        {
+            return Err(Error::conflict(
+                "unsafe_replace",
+                format!(
+                    "role {} is a quorum; member {} is {:?}: replacing {id} now could leave it without a majority; bring {} back first",
+                    old.role, m.id, m.status, m.id
+                ),
+            ));
+        }
+        let record = self.core.borrow().record.clone();
+        let next = record.roles.get(&*old.role).map(|r| r.next_ordinal).unwrap_or(1);
+        let mut in_cluster: BTreeMap<NodeId, usize> = BTreeMap::new();
+        let mut taken: BTreeSet<NodeId> = BTreeSet::new();
+        for m in &members {
+            *in_cluster.entry(m.node.clone()).or_default() += 1;
+            if m.role == old.role {
+                taken.insert(m.node.clone());
+            }
+        }
+        let placed = match room(&self.shared, &record, role, 1, false, &taken) {
+            Room::Short(nodes) => {
+                NewPlacement { pending: vec![], waits: vec![await_nodes(&record, role, next, 1, nodes)] }
+            }
+            Room::On(free) => NewPlacement {
+                pending: place_instances(&self.shared, &record, role, next, 1, Some(&free), &in_cluster)?,
+                waits: vec![],
+            },
+            Room::AsIs => {
+                let others: Vec<NodeId> = fitting_nodes(&self.shared, wanted_labels(&record, role))
+                    .into_iter()
+                    .filter(|n| *n != old.node)
+                    .collect();
+                if others.is_empty() {
+                    return Err(Error::conflict(
+                        "no_matching_nodes",
+                        format!(
+                            "no other Ready, uncordoned node carries what role {} requires: {id} has nowhere to go",
+                            old.role
+                        ),
+                    ));
+                }
+                NewPlacement {
+                    pending: place_instances(&self.shared, &record, role, next, 1, Some(&others), &in_cluster)?,
+                    waits: vec![],
+                }
+            }
+        };
+        self.core.borrow_mut().record.roles.entry(old.role.to_string()).or_default().next_ordinal = next + 1;
+        let new_id = InstanceId::generate(&record.name, &record.id, &old.role, next);
+        let all: Vec<InstanceId> = members.iter().map(|m| m.id.clone()).collect();
+        // A member on a Down node is reached by nothing: no hook, no render.
+        let existing: Vec<InstanceId> = all.iter().filter(|m| !gone || **m != id).cloned().collect();
+        let others: Vec<InstanceId> = all.iter().filter(|m| **m != id).cloned().collect();
+        let mut remaining = others.clone();
+        remaining.push(new_id.clone());
+        let grow = self.membership_rolling(spec, &existing);
+        let shrink = {
+            let r = self.membership_rolling(spec, &others);
+            let mut ids = r.ids;
+            let mut running = r.running;
+            // The replacement runs by then; its files name the old member.
+            ids.push(new_id.clone());
+            running.push(new_id.clone());
+            Rolling { ids, batch: r.batch, running }
+        };
+        let plan = operations::replace::plan(operations::replace::Replace {
+            new: (role.order, new_id.clone()),
+            old: (role.order, id.clone()),
+            existing: &existing,
+            remaining: &remaining,
+            grow,
+            shrink,
+            gone,
+        });
+        let params =
+            serde_json::json!({ "instance": id.as_str(), "replacement": new_id.as_str(), "role": &*old.role, "node_down": gone })
+                .to_string();
+        Ok(Prepared {
+            kind: OperationKind::Replace,
+            plan: operations::await_nodes::first(placed.waits, Some(ClusterStatus::Scaling), true, plan),
+            params,
+            pending: placed.pending,
+            on_success: Some(ClusterStatus::Active),
+            force: false,
+        })
+    }
+}
