@@ -318,18 +318,29 @@ impl Driver for Ec2Driver {
             let mut last = None;
             for wait in [0u64, 1, 2] {
                 tokio::time::sleep(std::time::Duration::from_secs(wait)).await;
-                match self.api.call("RunInstances", &params).await {
-                    Ok(xml) => {
-                        let (made, _) = instances(&xml)?;
-                        let first = made
-                            .into_iter()
-                            .next()
-                            .ok_or_else(|| DriverError::transient("RunInstances answered no instance"))?;
-                        return Ok(first.id);
-                    }
+                // An answer lost or unreadable is asked again with the same
+                // token: EC2 answers it with the instance it made, if any.
+                let made = match self.api.call("RunInstances", &params).await {
+                    Ok(xml) => instances(&xml, "RunInstances"),
+                    Err(e) => Err(e),
+                };
+                match made {
+                    Ok((made, _)) if !made.is_empty() => return Ok(made[0].id.clone()),
+                    Ok(_) => last = Some(DriverError::transient("RunInstances answered no instance")),
                     Err(e) if e.class == ErrorClass::Transient => last = Some(e),
                     Err(e) => return Err(e),
                 }
+            }
+            // Before giving up: an instance this token made, if EC2 shows one.
+            let by_token = [
+                ("Filter.1.Name".to_string(), "client-token".to_string()),
+                ("Filter.1.Value.1".to_string(), token.clone()),
+            ];
+            if let Ok(xml) = self.api.call("DescribeInstances", &by_token).await
+                && let Ok((found, _)) = instances(&xml, "DescribeInstances")
+                && let Some(i) = found.into_iter().find(|i| i.state != "terminated")
+            {
+                return Ok(i.id);
             }
             Err(last.unwrap_or_else(|| DriverError::transient("RunInstances: no answer")))
         })
@@ -340,7 +351,7 @@ impl Driver for Ec2Driver {
             let params = [("InstanceId.1".to_string(), external_id.to_string())];
             match self.api.call("DescribeInstances", &params).await {
                 Ok(xml) => {
-                    let (found, _) = instances(&xml)?;
+                    let (found, _) = instances(&xml, "DescribeInstances")?;
                     Ok(found
                         .iter()
                         .find(|i| i.id == external_id)
@@ -386,7 +397,7 @@ impl Driver for Ec2Driver {
                 if let Some(t) = &next {
                     p.push(("NextToken".into(), t.clone()));
                 }
-                let (page, more) = instances(&self.api.call("DescribeInstances", &p).await?)?;
+                let (page, more) = instances(&self.api.call("DescribeInstances", &p).await?, "DescribeInstances")?;
                 out.extend(page.into_iter().map(|i| Resource {
                     external_id: i.id,
                     state: state_of(&i.state),

@@ -123,7 +123,9 @@ impl Client {
         if status.is_success() {
             return Ok(text);
         }
-        let (code, message) = error_of(&text).unwrap_or_else(|| (String::new(), text.chars().take(300).collect()));
+        let (code, message) = error_of(&text).unwrap_or_else(|| (String::new(), text.clone()));
+        // Bounded: it lands in events, the pool's last error and logs.
+        let (code, message): (String, String) = (code.chars().take(100).collect(), message.chars().take(300).collect());
         let class = if code.is_empty() && status.is_server_error() { ErrorClass::Transient } else { classify(&code) };
         Err(DriverError::new(class, format!("{action}: {status} {code}: {message}")))
     }
@@ -161,6 +163,13 @@ pub fn classify(code: &str) -> ErrorClass {
         | "ServiceUnavailable"
         | "Unavailable"
         | "IdempotentParameterMismatch" => ErrorClass::Transient,
+        // Credentials that stopped working (or a clock far off): no retry
+        // mends them; the pool is broken until the master is given others.
+        "ExpiredToken"
+        | "RequestExpired"
+        | "MissingAuthenticationToken"
+        | "UnrecognizedClientException"
+        | "InvalidClientTokenId" => ErrorClass::Config,
         c if c.starts_with("Invalid")
             || c.starts_with("Unauthorized")
             || c.starts_with("AuthFailure")
@@ -267,16 +276,24 @@ pub struct Instance {
     pub tags: BTreeMap<String, String>,
 }
 
-/// The instances of a `DescribeInstances` (or `RunInstances`) answer, and
-/// its `nextToken`.
-pub fn instances(xml: &str) -> Result<(Vec<Instance>, Option<String>), DriverError> {
+/// The instances of a `DescribeInstances` or `RunInstances` answer
+/// (`action`), and its `nextToken`. An answer that is not that action's
+/// (another root, no `reservationSet` or `instancesSet`) is an error,
+/// never an empty listing.
+pub fn instances(xml: &str, action: &str) -> Result<(Vec<Instance>, Option<String>), DriverError> {
     let doc = roxmltree::Document::parse(xml)
         .map_err(|e| DriverError::transient(format!("an answer that is not XML: {e}")))?;
     let root = doc.root_element();
+    let wrong = |what: &str| DriverError::transient(format!("{action}: an answer without {what}"));
+    if root.tag_name().name() != format!("{action}Response") {
+        return Err(wrong(&format!("<{action}Response>")));
+    }
     // RunInstances answers one reservation's `instancesSet` at the root.
-    let sets: Vec<roxmltree::Node<'_, '_>> = match child(root, "reservationSet") {
-        Some(r) => items(r).filter_map(|r| child(r, "instancesSet")).collect(),
-        None => child(root, "instancesSet").into_iter().collect(),
+    let sets: Vec<roxmltree::Node<'_, '_>> = if action == "RunInstances" {
+        vec![child(root, "instancesSet").ok_or_else(|| wrong("instancesSet"))?]
+    } else {
+        let reservations = child(root, "reservationSet").ok_or_else(|| wrong("reservationSet"))?;
+        items(reservations).filter_map(|r| child(r, "instancesSet")).collect()
     };
     let mut out = Vec::new();
     for i in sets.into_iter().flat_map(items) {

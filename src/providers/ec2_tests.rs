@@ -64,7 +64,7 @@ const DESCRIBE: &str = r#"<DescribeInstancesResponse xmlns="http://ec2.amazonaws
 
 #[test]
 fn answers_are_read_whatever_item_nesting_they_carry() {
-    let (found, next) = instances(DESCRIBE).unwrap();
+    let (found, next) = instances(DESCRIBE, "DescribeInstances").unwrap();
     let ids: Vec<&str> = found.iter().map(|i| i.id.as_str()).collect();
     assert_eq!(ids, ["i-1", "i-2", "i-3"], "block devices' items are no instances");
     assert_eq!(found[0].tags.get("flotilla-node").map(String::as_str), Some("e-1"));
@@ -72,11 +72,16 @@ fn answers_are_read_whatever_item_nesting_they_carry() {
     assert_eq!(next.as_deref(), Some("page-2"));
     let run = r#"<RunInstancesResponse><instancesSet><item><instanceId>i-9</instanceId>
         <instanceState><name>pending</name></instanceState></item></instancesSet></RunInstancesResponse>"#;
-    assert_eq!(instances(run).unwrap().0[0].id, "i-9");
-    // Hostile answers: an error, never a panic.
-    assert!(instances("<oops").is_err());
-    assert!(instances("<R><instancesSet><item><x/></item></instancesSet></R>").is_err(), "an instance without id");
-    assert_eq!(instances("<R/>").unwrap(), (vec![], None));
+    assert_eq!(instances(run, "RunInstances").unwrap().0[0].id, "i-9");
+    let empty = "<DescribeInstancesResponse><reservationSet/></DescribeInstancesResponse>";
+    assert_eq!(instances(empty, "DescribeInstances").unwrap(), (vec![], None), "no instance: an empty listing");
+    // Hostile or wrong answers: an error, never a panic, never an empty listing.
+    assert!(instances("<oops", "DescribeInstances").is_err());
+    let no_id = "<RunInstancesResponse><instancesSet><item><x/></item></instancesSet></RunInstancesResponse>";
+    assert!(instances(no_id, "RunInstances").is_err(), "an instance without id");
+    assert!(instances("<DescribeInstancesResponse/>", "DescribeInstances").is_err(), "no reservationSet");
+    assert!(instances("<html><body>proxy error</body></html>", "DescribeInstances").is_err(), "another answer");
+    assert!(instances(DESCRIBE, "RunInstances").is_err(), "another action's answer");
 }
 
 #[test]
@@ -96,6 +101,8 @@ fn ec2_error_codes_become_the_launchers_classes() {
         ("InvalidAMIID.NotFound", ErrorClass::Config),
         ("UnauthorizedOperation", ErrorClass::Config),
         ("AuthFailure", ErrorClass::Config),
+        ("ExpiredToken", ErrorClass::Config),
+        ("RequestExpired", ErrorClass::Config),
         ("SomethingNew", ErrorClass::Transient),
     ] {
         assert_eq!(classify(code), class, "{code}");

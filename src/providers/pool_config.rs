@@ -60,6 +60,11 @@ pub struct PoolConfig {
     /// Nodes of the pool disrupted (removed, replaced) at once.
     #[serde(default = "one")]
     pub max_disrupting: u32,
+    /// A ready node `Down` this long is removed, its members replaced on
+    /// other nodes (repair), unless more than a fifth of the pool is
+    /// `Down`; `"off"`: never.
+    #[serde(default = "fifteen_minutes", deserialize_with = "duration_or_off")]
+    pub replace_after: Option<Duration>,
     /// The driver's own settings (checked by the driver).
     #[serde(default)]
     pub settings: serde_json::Value,
@@ -76,6 +81,19 @@ fn default_retries() -> u32 {
 }
 fn one() -> u32 {
     1
+}
+fn fifteen_minutes() -> Option<Duration> {
+    Some(Duration::from_secs(15 * 60))
+}
+
+fn duration_or_off<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s = String::deserialize(d)?;
+    if s == "off" {
+        return Ok(None);
+    }
+    humantime::parse_duration(&s)
+        .map(Some)
+        .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration like \"15m\" (or \"off\"): {e}")))
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -125,9 +143,14 @@ impl PoolConfig {
                 return Err(self.bad(key, "must be between 100ms and 24h"));
             }
         }
-        for (key, d) in [("idle_timeout", self.idle_timeout), ("max_ready_age", self.max_ready_age)] {
+        for (key, d) in [
+            ("idle_timeout", self.idle_timeout),
+            ("max_ready_age", self.max_ready_age),
+            ("replace_after", self.replace_after),
+        ] {
             if d.is_some_and(|d| d < Duration::from_secs(1)) {
-                return Err(self.bad(key, "must be at least 1s (leave it out to turn it off)"));
+                let off = if key == "replace_after" { "\"off\" turns it off" } else { "leave it out to turn it off" };
+                return Err(self.bad(key, format!("must be at least 1s ({off})")));
             }
         }
         if self.launch_retries > 100 {
@@ -190,6 +213,7 @@ mod tests {
         assert_eq!(ok[0].priority, 100);
         assert_eq!(ok[0].launch_timeout, Duration::from_secs(120));
         assert_eq!(ok[0].idle_timeout, None, "idle give-back is off unless set");
+        assert_eq!(ok[0].replace_after, Some(Duration::from_secs(900)), "repair is on: 15 minutes");
         assert!(ok[0].offers(&BTreeMap::from([("class".into(), "big".into())])));
         assert!(!ok[0].offers(&BTreeMap::from([("class".into(), "small".into())])));
         let base = "[[node_pools]]\nname = \"p\"\ndriver = \"local\"\nmax_nodes = 2\n";
@@ -199,10 +223,14 @@ mod tests {
             ("labels = { \"bad key\" = \"x\" }\n", "node_pools[p].labels"),
             ("max_disrupting = 0\n", "node_pools[p].max_disrupting"),
             ("idle_timeout = \"0s\"\n", "node_pools[p].idle_timeout"),
+            ("replace_after = \"0s\"\n", "node_pools[p].replace_after: must be at least 1s (\"off\" turns it off)"),
+            ("replace_after = \"soon\"\n", "(or \"off\")"),
         ] {
             let err = parse(&format!("{base}{extra}")).unwrap_err();
             assert!(err.contains(named), "{extra}: {err}");
         }
+        let off = parse(&format!("{base}replace_after = \"off\"\n")).unwrap();
+        assert_eq!(off[0].replace_after, None);
         let err = parse("[[node_pools]]\nname = \"p\"\ndriver = \"gce\"\nmax_nodes = 2\n").unwrap_err();
         assert!(err.contains("node_pools[p].driver: \"gce\" is not a driver"), "{err}");
         let err = parse(&format!("{base}{base}")).unwrap_err();

@@ -32,6 +32,7 @@ mod replace;
 mod request;
 mod run_operation;
 mod steps;
+pub mod submit;
 mod writes;
 
 use std::cell::RefCell;

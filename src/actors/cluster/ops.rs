@@ -470,6 +470,7 @@ impl OperationContext for ClusterOps {
                         | OperationKind::Upgrade
                         | OperationKind::Reconfigure
                         | OperationKind::Resize
+                        | OperationKind::Replace
                 ) =>
             {
                 // Sahara: a change rolled back (or vetoed by a hook before it

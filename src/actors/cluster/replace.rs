@@ -12,35 +12,59 @@ use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::operations::{self, Rolling};
 use crate::spec::ComponentSpec;
-use crate::storage::records::{ClusterStatus, DesiredState, InstanceStatus, NodeStatus, OperationKind};
+use crate::storage::records::{ClusterStatus, DesiredState, InstanceRecord, InstanceStatus, NodeStatus, OperationKind};
 
 impl ClusterActor {
     pub(super) fn prepare_replace(&mut self, spec: &ComponentSpec, id: InstanceId) -> Result<Prepared, Error> {
-        require_active(self.core.borrow().record.status, "replace")?;
         let members = self.core.borrow().members();
         let old = members.iter().find(|m| m.id == id).cloned().ok_or_else(|| Error::not_found("instance", &id))?;
         let role = spec.role(&old.role).ok_or_else(|| Error::spec("role", format!("no role {:?}", old.role)))?;
         let now = std::time::Instant::now();
         let t = self.shared.timing;
-        let gone = self
-            .shared
-            .read_model
-            .node(&old.node)
-            .is_none_or(|n| n.live.status_at(now, t.node_unknown_after, t.node_down_after) == NodeStatus::Down);
+        let reachable = |m: &InstanceRecord| {
+            self.shared
+                .read_model
+                .node(&m.node)
+                .is_some_and(|n| n.live.status_at(now, t.node_unknown_after, t.node_down_after) == NodeStatus::Ready)
+        };
+        let broken = |m: &InstanceRecord| matches!(m.status, InstanceStatus::Failed | InstanceStatus::Lost);
+        // Members nothing can reach (their node not Ready): no hook, no
+        // render is sent to them.
+        let unreachable: BTreeSet<InstanceId> =
+            members.iter().filter(|m| !reachable(m)).map(|m| m.id.clone()).collect();
+        // The member itself: on a Down node, or not running (a crash
+        // loop, a lost process), it is stopped and deleted best effort and
+        // left out of the hooks and renders.
+        let gone = unreachable.contains(&id) || old.status != InstanceStatus::Running;
+        // Active; or in Error for no other member than this one (or one
+        // no node holds any more): replacing it is the repair.
+        let status = self.core.borrow().record.status;
+        let repairable = status == ClusterStatus::Error
+            && members.iter().filter(|m| broken(m)).all(|m| m.id == id || unreachable.contains(&m.id));
+        if !repairable {
+            require_active(status, "replace")?;
+        }
         // A quorum role keeps a majority of its old membership only if
-        // every other member runs.
+        // every other member runs, on a node that answers.
         if role.count.odd
             && let Some(m) = members.iter().find(|m| {
                 *m.role == *old.role
                     && m.id != id
-                    && (m.status != InstanceStatus::Running || m.desired != DesiredState::Running)
+                    && (m.status != InstanceStatus::Running
+                        || m.desired != DesiredState::Running
+                        || unreachable.contains(&m.id))
             })
         {
+            let why = if unreachable.contains(&m.id) {
+                "on a node that does not answer".to_string()
+            } else {
+                format!("{:?}", m.status)
+            };
             return Err(Error::conflict(
                 "unsafe_replace",
                 format!(
-                    "role {} is a quorum; member {} is {:?}: replacing {id} now could leave it without a majority; bring {} back first",
-                    old.role, m.id, m.status, m.id
+                    "role {} is a quorum; member {} is {why}: replacing {id} now could leave it without a majority; bring {} back first",
+                    old.role, m.id, m.id
                 ),
             ));
         }
@@ -85,9 +109,11 @@ impl ClusterActor {
         self.core.borrow_mut().record.roles.entry(old.role.to_string()).or_default().next_ordinal = next + 1;
         let new_id = InstanceId::generate(&record.name, &record.id, &old.role, next);
         let all: Vec<InstanceId> = members.iter().map(|m| m.id.clone()).collect();
-        // A member on a Down node is reached by nothing: no hook, no render.
-        let existing: Vec<InstanceId> = all.iter().filter(|m| !gone || **m != id).cloned().collect();
-        let others: Vec<InstanceId> = all.iter().filter(|m| **m != id).cloned().collect();
+        let touched = |m: &&InstanceId| **m != id && !unreachable.contains(*m);
+        // The scale-out hook's and the first render's: every member that
+        // answers, the old one too unless it is gone.
+        let existing: Vec<InstanceId> = all.iter().filter(|m| touched(m) || (!gone && **m == id)).cloned().collect();
+        let others: Vec<InstanceId> = all.iter().filter(touched).cloned().collect();
         let mut remaining = others.clone();
         remaining.push(new_id.clone());
         let grow = self.membership_rolling(spec, &existing);
@@ -109,9 +135,9 @@ impl ClusterActor {
             shrink,
             gone,
         });
-        let params =
-            serde_json::json!({ "instance": id.as_str(), "replacement": new_id.as_str(), "role": &*old.role, "node_down": gone })
-                .to_string();
+        let params = serde_json::json!({ "instance": id.as_str(), "replacement": new_id.as_str(), "role": &*old.role,
+                "node_down": unreachable.contains(&id), "best_effort": gone })
+        .to_string();
         Ok(Prepared {
             kind: OperationKind::Replace,
             plan: operations::await_nodes::first(placed.waits, Some(ClusterStatus::Scaling), true, plan),

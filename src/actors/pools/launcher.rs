@@ -21,12 +21,13 @@ use serde_json::json;
 use time::OffsetDateTime;
 use tokio::task::JoinSet;
 
+use super::evacuate::NotMoved;
 use super::{Command, Pool, PoolHealth, Pools, PoolsView};
 use crate::actors::read_model::ReadModel;
 use crate::actors::trust::Trust;
 use crate::actors::trust::join_tokens::JoinTokenSpec;
 use crate::error::Error;
-use crate::ids::NodeId;
+use crate::ids::{InstanceId, NodeId};
 use crate::providers::driver::{TAG_MASTER, TAG_NODE, TAG_POOL};
 use crate::providers::{DriverError, LaunchSpec, Resource, ResourceState};
 use crate::storage::pool_records::{Lifecycle, NodeRequestRecord, PoolNodeRecord};
@@ -56,14 +57,38 @@ pub struct Ctx {
     pub leak_grace: Duration,
     pub node_unknown_after: Duration,
     pub node_down_after: Duration,
+    /// The master's actors (a removal asks clusters to move members).
+    pub shared: crate::actors::Shared,
 }
 
 /// The end of a driver call the launcher started.
 pub(super) enum Done {
-    Created { node: NodeId, took: Duration, result: Result<String, DriverError> },
-    Unwound { node: NodeId, result: Result<(), String> },
-    Listed { pool: String, result: Result<Vec<Resource>, DriverError> },
-    LeakDeleted { pool: String, external_id: String, result: Result<(), DriverError> },
+    Created {
+        node: NodeId,
+        took: Duration,
+        result: Result<String, DriverError>,
+    },
+    Unwound {
+        node: NodeId,
+        result: Result<(), String>,
+    },
+    Listed {
+        pool: String,
+        result: Result<Vec<Resource>, DriverError>,
+    },
+    LeakDeleted {
+        pool: String,
+        external_id: String,
+        result: Result<(), DriverError>,
+    },
+    /// A member's move off a node being removed ended (the replace's
+    /// operation id, or why not).
+    Moved {
+        node: NodeId,
+        instance: InstanceId,
+        cluster: String,
+        result: Result<String, NotMoved>,
+    },
 }
 
 pub(super) struct Launcher {
@@ -84,6 +109,14 @@ pub(super) struct Launcher {
     pub(super) empty_since: BTreeMap<NodeId, Instant>,
     /// When each pool's last min-ready request failed.
     pub(super) min_ready_failed: BTreeMap<String, Instant>,
+    /// Nodes with a member being moved off (`evacuate`), and when a busy
+    /// cluster is to be asked again.
+    pub(super) evacuating: BTreeSet<NodeId>,
+    pub(super) evacuate_due: BTreeMap<NodeId, Instant>,
+    /// Since when each ready node has been seen `Down` (repair).
+    pub(super) down_since: BTreeMap<NodeId, Instant>,
+    /// Pools whose repair is held (too many nodes `Down`), announced once.
+    pub(super) repair_held: BTreeSet<String>,
     pub(super) work: JoinSet<Done>,
 }
 
@@ -143,6 +176,10 @@ impl Launcher {
             last_cleanup: Instant::now(),
             empty_since: BTreeMap::new(),
             min_ready_failed: BTreeMap::new(),
+            evacuating: BTreeSet::new(),
+            evacuate_due: BTreeMap::new(),
+            down_since: BTreeMap::new(),
+            repair_held: BTreeSet::new(),
             work: JoinSet::new(),
         };
         l.resume(&listed).await?;
@@ -285,6 +322,7 @@ impl Launcher {
                     Ok(()) => self.unwound(n).await?,
                 }
             }
+            Done::Moved { node, instance, cluster, result } => self.moved(node, instance, cluster, result).await?,
             Done::Listed { pool, result } => {
                 self.listing.remove(&pool);
                 self.leak_pass(&pool, result).await?;
@@ -329,6 +367,7 @@ impl Launcher {
         }
         self.expired_holds().await?;
         self.enrollments().await?;
+        self.repairs().await?;
         self.drains().await?;
         self.idle_and_old().await?;
         self.assign().await?;

@@ -12,9 +12,16 @@
 //! call finds the resource by its tag at the next start and adopts it.
 //! Readers (`GET /pools`, `/node-requests`) see [`PoolsView`], swapped in
 //! after each commit.
+//!
+//! Beside the launcher's loop: `requests` (assignment, declines,
+//! min-ready), `tries` (failed tries, unwinding), `retire` (removals, idle
+//! and old spares), `evacuate` (members moved off a node being removed),
+//! `repair` (nodes `Down` past `replace_after`), `cleanup` (leaks).
 
 pub mod cleanup;
+mod evacuate;
 pub mod launcher;
+mod repair;
 mod requests;
 mod retire;
 mod tries;
@@ -364,6 +371,7 @@ pub fn start(
         leak_grace: cfg.pool_leak_grace,
         node_unknown_after: cfg.node_unknown_after,
         node_down_after: cfg.node_down_after,
+        shared: shared.clone(),
     });
     crate::actors::supervised::task(shared, "pool_launcher", move || launcher::run(ctx.clone()));
     Ok(pools)

@@ -9,10 +9,11 @@
 //! and no allocation is under way on it; from then on an allocation onto
 //! it fails, naming it), `deleting`, and the usual unwind (resource, join
 //! token, certificate, registry). A master restarted in the middle takes
-//! it up where the record says. A node that turns out to hold something is
-//! put back (`ready`, its cordon lifted if the pool set it) with an event
-//! saying why: moving members off a node is the cluster's business (a
-//! scale-in, a delete), not the pool's. At most `max_disrupting` nodes of
+//! it up where the record says. A node that holds members has them moved
+//! off first, one at a time, by their clusters' normal replace
+//! (`evacuate`); one that cannot be moved puts the node back (`ready`,
+//! its cordon lifted if the pool set it) with an event saying why. At
+//! most `max_disrupting` nodes of
 //! a pool are drained or deleted for a removal at once; the automatic ones
 //! never pick a node labelled `do-not-disrupt=true`. Cordon writes take
 //! the cordons' lock, so an operator's cordon at the same moment is never
@@ -43,12 +44,23 @@ fn cordon_reason(why: &str) -> String {
 
 impl Launcher {
     /// Nodes of `pool` being removed (draining, or deleting for a removal).
-    fn disrupting(&self, pool: &str) -> u32 {
+    pub(super) fn disrupting(&self, pool: &str) -> u32 {
         self.nodes
             .values()
             .filter(|n| n.pool == pool && n.removal.is_some())
             .filter(|n| matches!(n.state, Lifecycle::Draining | Lifecycle::Deleting))
             .count() as u32
+    }
+
+    /// Never chosen for an automatic removal: labelled
+    /// `do-not-disrupt=true`, or held.
+    pub(super) fn protected(&self, node: &NodeId) -> bool {
+        let label = self
+            .ctx
+            .read_model
+            .node(node)
+            .is_some_and(|e| e.record().labels.get(DO_NOT_DISRUPT).is_some_and(|v| v == "true"));
+        label || self.nodes.get(node).is_some_and(|n| n.held_until.is_some_and(|t| t > OffsetDateTime::now_utc()))
     }
 
     /// Instances indexed on `node`.
@@ -95,15 +107,6 @@ impl Launcher {
                 )));
             }
         }
-        let holds = self.holding(node);
-        if holds > 0 {
-            return Ok(Err(Error::conflict(
-                "node_not_empty",
-                format!(
-                    "node {node} holds {holds} instance(s): move them first (scale their clusters in, or delete them), then remove it"
-                ),
-            )));
-        }
         if self.disrupting(&n.pool) >= max {
             return Ok(Err(Error::conflict(
                 "disruption_budget",
@@ -118,7 +121,7 @@ impl Launcher {
 
     /// Starts removing `n` (ready): draining, detached from its request,
     /// cordoned, in one commit.
-    async fn retire(&mut self, mut n: PoolNodeRecord, why: &str) -> Result<PoolNodeRecord, StorageError> {
+    pub(super) async fn retire(&mut self, mut n: PoolNodeRecord, why: &str) -> Result<PoolNodeRecord, StorageError> {
         let lock = self.ctx.cordon_lock.clone();
         let _cordons = lock.lock_owned().await;
         let mut writes = Vec::new();
@@ -145,7 +148,9 @@ impl Launcher {
         Ok(n)
     }
 
-    /// Draining nodes past [`SETTLE`]: deleted when empty, put back when not.
+    /// Draining nodes past [`SETTLE`]: their members moved off one at a
+    /// time (`evacuate`), then, once empty with no allocation under way,
+    /// deleted.
     pub(super) async fn drains(&mut self) -> Result<(), StorageError> {
         let now = OffsetDateTime::now_utc();
         let settled: Vec<PoolNodeRecord> = self
@@ -155,36 +160,43 @@ impl Launcher {
             .cloned()
             .collect();
         for mut n in settled {
-            let holds = self.holding(&n.node);
+            if self.evacuating.contains(&n.node) {
+                continue;
+            }
+            if self.holding(&n.node) > 0 {
+                self.evacuate(&n);
+                continue;
+            }
             let read_model = self.ctx.read_model.clone();
             let node = n.node.clone();
+            // Not yet when an operation is allocating onto it (placed
+            // before its cordon): that member is moved off next.
             if read_model.removals.try_mark(&node, || read_model.node(&node).is_none_or(|e| e.instance_count() == 0)) {
                 self.set_state(&mut n, Lifecycle::Deleting);
                 let ev = node_event("node.deleting", &n, json!({"reason": n.removal}))?;
                 self.commit_node(n.clone(), vec![ev]).await?;
                 self.unwind(&n.node);
-                continue;
             }
-            // Something was placed on it after all: it stays.
-            let lock = self.ctx.cordon_lock.clone();
-            let _cordons = lock.lock_owned().await;
-            let why = n.removal.take().unwrap_or_default();
-            let ours = self.ctx.read_model.cordon_of(&n.node).is_some_and(|c| c.reason == cordon_reason(&why));
-            self.set_state(&mut n, Lifecycle::Ready);
-            let mut writes = vec![node_event(
-                "node.remove_refused",
-                &n,
-                json!({"reason": format!(
-                    "it holds {holds} instance(s), or one was being allocated, placed before its cordon"
-                )}),
-            )?];
-            if ours {
-                writes.push(WriteOp::delete_cordon(&n.node));
-            }
-            self.commit_node(n.clone(), writes).await?;
-            if ours {
-                self.ctx.read_model.remove_cordon(&n.node);
-            }
+        }
+        Ok(())
+    }
+
+    /// Gives up removing `n`: ready again, its cordon lifted if the
+    /// removal set it, an event saying why.
+    pub(super) async fn put_back(&mut self, mut n: PoolNodeRecord, reason: &str) -> Result<(), StorageError> {
+        let lock = self.ctx.cordon_lock.clone();
+        let _cordons = lock.lock_owned().await;
+        let why = n.removal.take().unwrap_or_default();
+        let ours = self.ctx.read_model.cordon_of(&n.node).is_some_and(|c| c.reason == cordon_reason(&why));
+        self.set_state(&mut n, Lifecycle::Ready);
+        n.last_error = Some(reason.to_string());
+        let mut writes = vec![node_event("node.remove_refused", &n, json!({"reason": reason}))?];
+        if ours {
+            writes.push(WriteOp::delete_cordon(&n.node));
+        }
+        self.commit_node(n.clone(), writes).await?;
+        if ours {
+            self.ctx.read_model.remove_cordon(&n.node);
         }
         Ok(())
     }
@@ -213,12 +225,7 @@ impl Launcher {
                     break;
                 }
                 let Some(n) = self.nodes.get(&node).cloned() else { continue };
-                let protected = self
-                    .ctx
-                    .read_model
-                    .node(&node)
-                    .is_some_and(|e| e.record().labels.get(DO_NOT_DISRUPT).is_some_and(|v| v == "true"));
-                if protected || n.held_until.is_some_and(|t| t > OffsetDateTime::now_utc()) {
+                if self.protected(&node) {
                     continue;
                 }
                 // How long it has sat empty (in memory: a restart starts it over).

@@ -247,11 +247,17 @@ struct Machines {
     master_ip: String,
     stop: Arc<std::sync::atomic::AtomicBool>,
     log: Arc<Mutex<Vec<String>>>,
+    shim: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Machines {
+    /// The shim stopped first (it boots no machine after this), then the
+    /// master's address taken off the loopback.
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.shim.take() {
+            let _ = t.join();
+        }
         let _ = Command::new("ip").args(["addr", "del", &self.dummy, "dev", "lo"]).output();
     }
 }
@@ -273,7 +279,7 @@ impl Machines {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let log = Arc::new(Mutex::new(Vec::new()));
         let (s, l, prefix) = (stop.clone(), log.clone(), space.prefix.clone());
-        std::thread::spawn(move || {
+        let shim = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async move {
                 let moto = Moto { child: None, url: moto };
@@ -301,7 +307,7 @@ impl Machines {
                 }
             });
         });
-        Machines { dummy, master_ip, stop, log }
+        Machines { dummy, master_ip, stop, log, shim: Some(shim) }
     }
 }
 
@@ -335,9 +341,15 @@ async fn boot(moto: &Moto, id: &str, ns: &str, net: &str, k: u32, dir: &std::pat
             return format!("{args:?}: {}", String::from_utf8_lossy(&out.stderr));
         }
     }
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{ns}"))
-        .args(["sh", file.to_str().unwrap()])
+    // In a mount namespace of its own with an empty /run/systemd: on a
+    // host run by systemd, the script's systemd branch must not install a
+    // unit on the host.
+    let run = format!(
+        "mount -t tmpfs tmpfs /run/systemd 2>/dev/null; exec nsenter --net=/run/netns/{ns} sh {}",
+        file.display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &run])
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -387,7 +399,9 @@ async fn an_ec2_pool_launches_instances_that_enroll_take_a_cluster_are_terminate
     let agents = dir.path().join("nodes");
     let config = ec2_pool("e", &moto.url, &machines.master_ip, agents.to_str().unwrap(), "");
     let env = TestEnv::start_with_config("pools-ec2", &env_with_aws(), &config, 0).await;
-    let space = space;
+    // Dropped in this order: the shim, the machines' namespaces, the master.
+    let _space = space;
+    let machines = machines;
     let id = request(&env, json!({"cloud": "ec2"}), 1).await;
     let done = env
         .until(90, "the request fulfilled", async || {
@@ -466,8 +480,6 @@ async fn an_ec2_pool_launches_instances_that_enroll_take_a_cluster_are_terminate
         if status == 404 && (s == "terminated" || s == "shutting-down") { Ok(()) } else { Err(format!("{status} {s}")) }
     })
     .await;
-    drop(machines);
-    drop(space);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -485,7 +497,9 @@ async fn a_capacity_error_moves_the_request_to_the_next_ec2_pool_and_a_quota_err
         ec2_pool("second", &endpoint, &machines.master_ip, agents, "priority = 2")
     );
     let env = TestEnv::start_with_config("pools-ec2-faults", &env_with_aws(), &config, 0).await;
-    let space = space;
+    // Dropped in this order: the shim, the machines' namespaces, the master.
+    let _space = space;
+    let machines = machines;
     // The first pool's RunInstances: no capacity. The request moves on.
     faults.lock().unwrap().push_back(("RunInstances".into(), "InsufficientInstanceCapacity".into()));
     let id = request(&env, json!({"cloud": "ec2"}), 1).await;
@@ -522,6 +536,4 @@ async fn a_capacity_error_moves_the_request_to_the_next_ec2_pool_and_a_quota_err
     let r = request_of(&env, &waiting).await;
     assert!(["requested", "pending"].contains(&r["state"].as_str().unwrap()), "at quota it waits: {r:#}");
     assert!(faults.lock().unwrap().is_empty(), "both injected errors were answered");
-    drop(machines);
-    drop(space);
 }

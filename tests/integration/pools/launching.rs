@@ -365,7 +365,7 @@ async fn min_ready_keeps_a_spare_and_a_request_at_quota_waits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_removal_is_refused_while_the_node_holds_instances_then_drains_and_deletes_it() {
+async fn a_removal_drains_the_node_moves_its_members_off_then_deletes_it() {
     let space = Space::new();
     let config = pool(&space, "rm", "labels = { tier = \"r\" }\nmax_disrupting = 1");
     let env = TestEnv::start_with_config("pools-remove", &FAST, &config, 0).await;
@@ -379,22 +379,15 @@ async fn a_removal_is_refused_while_the_node_holds_instances_then_drains_and_del
         .create_active(json!({"name": "r", "package": {"name": "rmp", "version": "1.0.0"},
             "roles": {"svc": {"count": 1, "nodes": [nodes[0]]}}}))
         .await;
-    assert_eq!(role_instances(&c, "svc").len(), 1);
+    let first = role_instances(&c, "svc")[0].clone();
 
-    // Holding an instance: refused, nothing changed.
-    let (status, v) = env.post_empty(&format!("/nodes/{}/remove", nodes[0])).await;
-    assert_eq!((status.as_u16(), error_code(&v)), (409, "node_not_empty"), "{v:#}");
-    let (_, n) = env.get(&format!("/nodes/{}", nodes[0])).await;
-    assert_eq!((n["lifecycle"].as_str(), n["cordon"].is_null()), (Some("ready"), true), "{n:#}");
-
-    // The empty one: journaled (draining, cordoned), then deleted and forgotten.
+    // An empty one: journaled (draining, cordoned), then deleted and forgotten.
     let out = cli(&env, &["node", "remove", &nodes[1]]);
     assert!(out.contains("draining"), "{out}");
     let (_, n) = env.get(&format!("/nodes/{}", nodes[1])).await;
     assert_eq!(n["lifecycle"], "draining", "{n:#}");
     assert!(n["cordon"]["reason"].as_str().unwrap_or("").contains("being removed"), "{n:#}");
-    // A second removal (of an empty node) while one is under way: the
-    // budget (max_disrupting = 1).
+    // A second removal while one is under way: the budget (max_disrupting = 1).
     let (status, v) = env.post_empty(&format!("/nodes/{}/remove", nodes[2])).await;
     assert_eq!((status.as_u16(), error_code(&v)), (409, "disruption_budget"), "{v:#}");
     // Its cordon cannot be lifted while it is removed.
@@ -405,15 +398,47 @@ async fn a_removal_is_refused_while_the_node_holds_instances_then_drains_and_del
         if status == 404 && space.namespaces().len() == 2 { Ok(()) } else { Err(n.to_string()) }
     })
     .await;
-    let (_, certs) = env.get(&format!("/nodes/{}", nodes[0])).await;
-    assert_eq!(certs["status"], "Ready", "the other node is untouched: {certs:#}");
-    let p = pool_of(&env, "rm").await;
-    assert_eq!(p["nodes"].as_array().map(|a| a.len()), Some(2), "{p:#}");
-    // Once the first removal is done, the budget lets the next one in.
-    let (status, v) = env.post_empty(&format!("/nodes/{}/remove", nodes[2])).await;
+
+    // One holding a member: the member is moved (the cluster's replace)
+    // to the other node, then the node is deleted.
+    let (status, v) = env.post_empty(&format!("/nodes/{}/remove", nodes[0])).await;
     assert_eq!(status.as_u16(), 202, "{v:#}");
+    env.until(90, "the member moved and its node gone", async || {
+        let (status, _) = env.get(&format!("/nodes/{}", nodes[0])).await;
+        let c = env.cluster("r").await;
+        let svc = role_instances(&c, "svc");
+        let moved = svc.len() == 1 && svc[0]["node"] == nodes[2].as_str() && svc[0]["status"] == "Running";
+        if status == 404 && moved && space.namespaces().len() == 1 { Ok(()) } else { Err(format!("{status} {c}")) }
+    })
+    .await;
+    let (_, ops) = env.get("/operations?cluster=r").await;
+    let replace = ops["operations"].as_array().unwrap().iter().find(|o| o["kind"] == "Replace").cloned().unwrap();
+    assert_eq!(
+        (replace["status"].as_str(), replace["params"]["instance"].as_str()),
+        (Some("Succeeded"), first["id"].as_str()),
+        "{replace:#}"
+    );
+    let c = env.cluster("r").await;
+    let moved = role_instances(&c, "svc")[0].clone();
+    let ns = request_node_ns(&env, moved["node"].as_str().unwrap()).await;
+    let inode = std::fs::metadata(format!("/run/netns/{ns}")).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    assert!(pids_in(inode).contains(&(pid_of(&moved) as i32)), "{} runs in {ns}", id_of(&moved));
+
+    // A member that cannot be moved (its cluster stopped): the node is put
+    // back, ready and uncordoned, with the reason.
     let (_, s) = env.post_empty("/clusters/r/stop").await;
     env.wait_op(s["operation"]["id"].as_str().unwrap()).await;
+    let (status, v) = env.post_empty(&format!("/nodes/{}/remove", nodes[2])).await;
+    assert_eq!(status.as_u16(), 202, "{v:#}");
+    let back = env
+        .until(30, "the node put back", async || {
+            let (_, n) = env.get(&format!("/nodes/{}", nodes[2])).await;
+            if n["lifecycle"] == "ready" && n["cordon"].is_null() { Ok(n) } else { Err(n.to_string()) }
+        })
+        .await;
+    let p = pool_of(&env, "rm").await;
+    let why = p["nodes"].as_array().unwrap().iter().find(|x| x["node"] == nodes[2].as_str()).cloned().unwrap();
+    assert!(why["last_error"].as_str().unwrap_or("").contains("moving"), "{why:#}\n{back:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -173,3 +173,90 @@ async fn a_master_restarted_while_an_operation_waits_for_nodes_finishes_it_with_
     let (_, s) = env.post_empty("/clusters/r/stop").await;
     env.wait_op(s["operation"]["id"].as_str().unwrap()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_past_replace_after_is_repaired_unless_too_much_of_the_pool_is_down() {
+    let space = Space::new();
+    let config = pool(&space, "rp", "labels = { tier = \"p\" }\nmax_nodes = 6\nreplace_after = \"2s\"");
+    let mut envs: Vec<(&str, &str)> = FAST.to_vec();
+    envs.extend([("FLOTILLA_MASTER_NODE_UNKNOWN_AFTER", "3s"), ("FLOTILLA_MASTER_NODE_DOWN_AFTER", "4s")]);
+    let env = TestEnv::start_with_config("pools-repair", &envs, &config, 0).await;
+    let space = space;
+    let id = request(&env, json!({"tier": "p"}), 5).await;
+    let done = until_request(&env, &id, "fulfilled", 90).await;
+    let nodes: Vec<String> =
+        done["nodes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect();
+    env.upload(&PackageBuilder::sleeper("rpp")).await;
+    let c = env
+        .create_active(json!({"name": "r", "package": {"name": "rpp", "version": "1.0.0"},
+            "roles": {"svc": {"count": 1, "nodes": [nodes[0]]}}}))
+        .await;
+    let member = role_instances(&c, "svc")[0].clone();
+
+    // The machine's agent dies (the member's process lives on): the node
+    // goes Down, and 2 s later (1 of 5 Down: a fifth, not more) it is
+    // repaired: its member replaced elsewhere, the machine deleted.
+    let kill = |node: &str| {
+        let ns = std::fs::read_dir("/run/netns")
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .find(|ns| {
+                space.namespaces().contains(ns)
+                    && agents_in(ns).iter().any(|p| {
+                        std::fs::read(format!("/proc/{p}/cmdline"))
+                            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(node))
+                    })
+            })
+            .unwrap_or_else(|| panic!("the namespace of {node}"));
+        for p in agents_in(&ns) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGKILL);
+        }
+    };
+    kill(&nodes[0]);
+    env.until(90, "the Down node repaired", async || {
+        let (status, _) = env.get(&format!("/nodes/{}", nodes[0])).await;
+        let svc = role_instances(&env.cluster("r").await, "svc");
+        let moved = svc.len() == 1 && svc[0]["node"] != nodes[0].as_str() && svc[0]["status"] == "Running";
+        if status == 404 && moved && space.namespaces().len() == 4 { Ok(()) } else { Err(format!("{status} {svc:?}")) }
+    })
+    .await;
+    let (_, ops) = env.get("/operations?cluster=r").await;
+    let replace = ops["operations"].as_array().unwrap().iter().find(|o| o["kind"] == "Replace").cloned().unwrap();
+    assert_eq!(replace["status"], "Succeeded", "{replace:#}");
+    assert_eq!(
+        (replace["params"]["instance"].as_str(), replace["params"]["node_down"].as_bool()),
+        (member["id"].as_str(), Some(true)),
+        "{replace:#}"
+    );
+    assert!(!crate::common::pid_alive(pid_of(&member)), "the old member went with its machine");
+    let mut sse = crate::common::sse::SseReader::open(&env.client, &env.api, "?after=0&kind=node.draining", None).await;
+    let seen = sse.until(std::time::Duration::from_secs(5), |e| e.kind == "node.draining").await;
+    let draining = seen.iter().find(|e| e.kind == "node.draining").expect("a node.draining event");
+    assert!(draining.data["data"]["reason"].as_str().unwrap_or("").contains("replace_after"), "{:?}", draining.data);
+
+    // Two of the four left Down (more than a fifth): nothing is replaced,
+    // and the pool says why.
+    kill(&nodes[1]);
+    kill(&nodes[2]);
+    env.until(30, "the repair held", async || {
+        let p = pool_of(&env, "rp").await;
+        if p["health_detail"]["last_error"].as_str().unwrap_or("").contains("repair held") {
+            Ok(p)
+        } else {
+            Err(p.to_string())
+        }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    for node in &nodes[1..3] {
+        let (status, n) = env.get(&format!("/nodes/{node}")).await;
+        assert_eq!(
+            (status.as_u16(), n["lifecycle"].as_str(), n["status"].as_str()),
+            (200, Some("ready"), Some("Down")),
+            "{n:#}"
+        );
+    }
+    let (_, s) = env.post_empty("/clusters/r/stop").await;
+    env.wait_op(s["operation"]["id"].as_str().unwrap()).await;
+}

@@ -1,0 +1,40 @@
+//! An operation the master asks for itself (a pool moving members off a
+//! node it removes): sent to the cluster's actor as an operator's request
+//! would be (a place in its mailbox, refused the same ways), then waited
+//! for until it has ended.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{OpRequest, RunOperation};
+use crate::actors::Shared;
+use crate::error::Error;
+use crate::storage::records::OperationRecord;
+
+/// How often a running operation is looked at.
+const POLL: Duration = Duration::from_millis(250);
+
+/// Runs `req` on cluster `name`; the operation once it has ended (whatever
+/// its outcome), or why it never started.
+pub async fn run_to_end(shared: &Shared, name: &str, req: OpRequest) -> Result<Arc<OperationRecord>, Error> {
+    let handle = shared.registry.get(name).ok_or_else(|| Error::not_found("cluster", name))?;
+    let slot = handle.reserve(shared.limits.cluster_mailbox)?;
+    let op = handle
+        .addr
+        .send(RunOperation(req, slot, None))
+        .await
+        .map_err(|_| Error::unavailable(format!("cluster {name}'s actor stopped before it took the request")))??;
+    loop {
+        if !shared.read_model.running_operations().contains_key(&op.id) {
+            let (rm, id) = (shared.read_model.clone(), op.id);
+            let read = tokio::task::spawn_blocking(move || rm.operation(&id))
+                .await
+                .map_err(|e| Error::unavailable(format!("reading operation {id}: {e}")))?
+                .map_err(Error::from)?;
+            if let Some(done) = read.filter(|o| o.status.is_terminal()) {
+                return Ok(done);
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
