@@ -162,7 +162,7 @@ function poolCard(p) {
     h('div', { class: 'grid' },
       field('Labels', h('span', { class: 'mono' }, labelText(p.labels) || 'none (any request)')),
       field('Nodes', stateCounts(p)),
-      field('Size', `${total} of at most ${p.max_nodes} · ${p.min_ready} kept ready`),
+      field('Size', `${total} of at most ${p.capacity ?? p.max_nodes}${p.capacity < p.max_nodes ? ' (max_cpu/max_memory)' : ''} · ${p.min_ready} kept ready`),
       field('Requests waiting', h('span', { class: 'pool-waiting' }, p.requests_waiting)),
       field('Launches', `${p.launch_retries} retries · ${p.max_disrupting} disrupted at once`),
       d.leaked ? field('Leaked', h('span', { class: 'warn-text' }, `${d.leaked} resources tagged for it that the master does not know`)) : null,

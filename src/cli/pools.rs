@@ -61,7 +61,7 @@ fn pool_row(p: &Value) -> Vec<String> {
         field(p, "driver"),
         labels(&p["labels"]),
         if by_state.is_empty() { "-".into() } else { by_state.join(", ") },
-        field(p, "max_nodes"),
+        field(p, "capacity"),
         field(p, "requests_waiting"),
         field(p, "health"),
     ]

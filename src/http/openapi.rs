@@ -66,6 +66,7 @@ use crate::scope::Scope;
         super::pools::hold,
         super::pools::remove,
         super::pools::list,
+        super::pools::host_log,
         super::pools::list_requests,
         super::pools::create_request,
         status::list_operations,

@@ -25,6 +25,13 @@ pub struct PoolDto {
     pub labels: BTreeMap<String, String>,
     pub priority: u8,
     pub max_nodes: u32,
+    /// The most nodes it may hold: `max_nodes`, or fewer when `max_cpu` or
+    /// `max_memory` (each node counted at `node_cpu`, `node_memory`) say so.
+    pub capacity: u32,
+    pub max_cpu: Option<f64>,
+    pub max_memory: Option<u64>,
+    pub node_cpu: Option<f64>,
+    pub node_memory: Option<u64>,
     pub min_ready: u32,
     pub launch_retries: u32,
     pub max_disrupting: u32,
@@ -113,6 +120,11 @@ pub async fn list(state: web::Data<AppState>) -> HttpResponse {
                 labels: c.labels.clone(),
                 priority: c.priority,
                 max_nodes: c.max_nodes,
+                capacity: c.capacity().0,
+                max_cpu: c.max_cpu,
+                max_memory: c.max_memory,
+                node_cpu: c.node_cpu,
+                node_memory: c.node_memory,
                 min_ready: c.min_ready,
                 launch_retries: c.launch_retries,
                 max_disrupting: c.max_disrupting,
@@ -316,13 +328,13 @@ pub async fn hold(
 
 /// Removes a provider node
 ///
-/// Journals its removal: the node is cordoned and `draining`, then, seen
-/// empty, deleted through its driver, its certificate revoked and the node
-/// forgotten (a master restart in the middle finishes it). Refused while
-/// it holds instances (`409 node_not_empty`: move them first), while it
-/// is still launching (`409 node_busy`), and beyond the pool's
-/// `max_disrupting` (`409 disruption_budget`). A held failed launch is
-/// deleted at once.
+/// Journals its removal: the node is cordoned and `draining`, its members
+/// are moved off one at a time (each by its cluster's replace; one that
+/// cannot move puts the node back, with the reason), then it is deleted
+/// through its driver, its certificate revoked and the node forgotten (a
+/// master restart in the middle finishes it). Refused while it is still
+/// launching (`409 node_busy`) and beyond the pool's `max_disrupting`
+/// (`409 disruption_budget`). A held failed launch is deleted at once.
 #[utoipa::path(post, path = "/api/v1/nodes/{id}/remove", operation_id = "remove_node", tag = "nodes",
     params(("id" = String, Path, description = "The node's id")),
     responses(
@@ -338,6 +350,53 @@ pub async fn remove(state: web::Data<AppState>, id: web::Path<String>) -> Result
         .map_err(|e| Error::Internal { message: format!("remove task: {e}") })??;
     tracing::warn!(node = %record.node, pool = %record.pool, "node removal journaled");
     Ok(HttpResponse::Accepted().json(PoolNodeDto::from(&record)))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct HostLogQuery {
+    /// Bytes from its end (default 65536, at most 1048576).
+    bytes: Option<u64>,
+}
+
+/// One host's log of a static pool
+///
+/// What the static driver did on the host (`address:port`): each ssh and
+/// scp command and its output, never a token; the last `bytes`, from a
+/// line's start (`text/plain`). `409 no_host_log` for a pool whose driver
+/// keeps none.
+#[utoipa::path(get, path = "/api/v1/pools/{name}/hosts/{host}/log", operation_id = "pool_host_log", tag = "nodes",
+    params(("name" = String, Path, description = "The pool"), ("host" = String, Path, description = "`address:port`", example = "10.1.2.3:22"), HostLogQuery),
+    responses(
+        (status = 200, description = "The end of the host's log", body = String, content_type = "text/plain"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict)))]
+pub async fn host_log(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    q: web::Query<HostLogQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (name, host) = path.into_inner();
+    let pool = state.pools.pool(&name).ok_or_else(|| Error::not_found("pool", &name))?;
+    let driver = pool.driver.clone();
+    let max = q.bytes.unwrap_or(64 << 10).min(1 << 20);
+    let shown = host.clone();
+    let read = web::block(move || driver.host_log(&host, max))
+        .await
+        .map_err(|e| Error::unavailable(format!("reading the log: {e}")))?;
+    match read {
+        None => Err(ApiError(Error::conflict(
+            "no_host_log",
+            format!("pool {name} is a {} pool: only static pools keep a log per host", pool.config.driver),
+        ))),
+        Some(Err(e)) if e.class == crate::providers::ErrorClass::Config => {
+            Err(ApiError(Error::NotFound { kind: "host", id: format!("{shown} ({})", e.message) }))
+        }
+        Some(Err(e)) => Err(ApiError(Error::unavailable(e.message))),
+        Some(Ok(text)) => Ok(HttpResponse::Ok().content_type("text/plain; charset=utf-8").body(text)),
+    }
 }
 
 /// Where a node came from (`GET /nodes`).

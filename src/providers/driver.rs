@@ -156,4 +156,10 @@ pub trait Driver: Send + Sync + 'static {
     fn list(&self) -> BoxFuture<'_, Result<Vec<Resource>, DriverError>>;
     /// What the provider allows.
     fn quota(&self) -> BoxFuture<'_, Result<DriverQuota, DriverError>>;
+    /// The last `max_bytes` of what the driver logged about one of its
+    /// hosts (the static driver's bootstrap log, `address:port`); `None`
+    /// for a driver that keeps no log per host. Blocking: a file read.
+    fn host_log(&self, _host: &str, _max_bytes: u64) -> Option<Result<String, DriverError>> {
+        None
+    }
 }

@@ -257,6 +257,12 @@ fi
             ("ClientToken".into(), token.into()),
             ("UserData".into(), base64::engine::general_purpose::STANDARD.encode(user_data)),
             ("TagSpecification.1.ResourceType".into(), "instance".into()),
+            // IMDSv2 only: the user data (with its single-use token) is not
+            // readable by a plain GET from whatever runs on the machine.
+            ("MetadataOptions.HttpTokens".into(), "required".into()),
+            // A machine shut down from inside is gone, not a stopped
+            // instance the pool keeps paying for.
+            ("InstanceInitiatedShutdownBehavior".into(), "terminate".into()),
         ];
         let mut tags = spec.tags.clone();
         tags.insert("Name".into(), spec.node.to_string());

@@ -93,6 +93,10 @@ impl Driver for Faulty {
         self.inner.kind()
     }
 
+    fn host_log(&self, host: &str, max_bytes: u64) -> Option<Result<String, DriverError>> {
+        self.inner.host_log(host, max_bytes)
+    }
+
     fn create<'a>(&'a self, spec: &'a LaunchSpec) -> BoxFuture<'a, Result<String, DriverError>> {
         Box::pin(async move {
             let (error, error_after, before, after, unreachable) = self.with(|f| {

@@ -35,6 +35,20 @@ pub struct PoolConfig {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     pub max_nodes: u32,
+    /// Cores of all its nodes together, at most, each counted at
+    /// `node_cpu` (its machine type's), which it needs.
+    #[serde(default)]
+    pub max_cpu: Option<f64>,
+    /// Memory of all its nodes together, at most (`"64G"`), each counted
+    /// at `node_memory`, which it needs.
+    #[serde(default, deserialize_with = "opt_memory")]
+    pub max_memory: Option<u64>,
+    /// One node's cores, as the pool makes them.
+    #[serde(default)]
+    pub node_cpu: Option<f64>,
+    /// One node's memory, as the pool makes them (`"8G"`).
+    #[serde(default, deserialize_with = "opt_memory")]
+    pub node_memory: Option<u64>,
     /// Empty ready nodes kept waiting (one request per missing one).
     #[serde(default)]
     pub min_ready: u32,
@@ -102,6 +116,11 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration like \"5s\": {e}")))
 }
 
+fn opt_memory<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let s = String::deserialize(d)?;
+    crate::spec::checks::parse_memory(&s).map(Some).map_err(serde::de::Error::custom)
+}
+
 fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     duration(d).map(Some)
 }
@@ -133,6 +152,25 @@ impl PoolConfig {
         if self.max_nodes == 0 || self.max_nodes > MAX_POOL_NODES {
             return Err(self.bad("max_nodes", format!("must be 1..={MAX_POOL_NODES}, got {}", self.max_nodes)));
         }
+        for (max, each, key, what) in [
+            (self.max_cpu, self.node_cpu, "max_cpu", "node_cpu"),
+            (self.max_memory.map(|m| m as f64), self.node_memory.map(|m| m as f64), "max_memory", "node_memory"),
+        ] {
+            for (v, k) in [(max, key), (each, what)] {
+                if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                    return Err(self.bad(k, "must be more than 0"));
+                }
+            }
+            match (max, each) {
+                (Some(_), None) => {
+                    return Err(self.bad(what, format!("needed with {key}: what one node of the pool counts for")));
+                }
+                (Some(m), Some(e)) if m < e => {
+                    return Err(self.bad(key, format!("holds not even one node ({what} is {e})")));
+                }
+                _ => {}
+            }
+        }
         if self.min_ready > self.max_nodes {
             return Err(
                 self.bad("min_ready", format!("{} is more than max_nodes ({})", self.min_ready, self.max_nodes))
@@ -163,6 +201,26 @@ impl PoolConfig {
             return Err(self.bad("settings", "must be a table"));
         }
         Ok(())
+    }
+
+    /// The most nodes the pool may hold: `max_nodes`, and as many as fit in
+    /// `max_cpu` and `max_memory` (each node counted at `node_cpu`,
+    /// `node_memory`); with what limits it, for a message.
+    pub fn capacity(&self) -> (u32, String) {
+        let mut cap = (self.max_nodes, "max_nodes".to_string());
+        if let (Some(max), Some(each)) = (self.max_cpu, self.node_cpu) {
+            let n = (max / each).floor() as u32;
+            if n < cap.0 {
+                cap = (n, format!("max_cpu {max} at {each} cores a node"));
+            }
+        }
+        if let (Some(max), Some(each)) = (self.max_memory, self.node_memory) {
+            let n = (max / each) as u32;
+            if n < cap.0 {
+                cap = (n, format!("max_memory {max} bytes at {each} a node"));
+            }
+        }
+        cap
     }
 
     /// Whether a node of this pool carries every one of `wanted`.
@@ -225,6 +283,22 @@ mod tests {
             ("idle_timeout = \"0s\"\n", "node_pools[p].idle_timeout"),
             ("replace_after = \"0s\"\n", "node_pools[p].replace_after: must be at least 1s (\"off\" turns it off)"),
             ("replace_after = \"soon\"\n", "(or \"off\")"),
+        ] {
+            let err = parse(&format!("{base}{extra}")).unwrap_err();
+            assert!(err.contains(named), "{extra}: {err}");
+        }
+        // The cores and memory of all its nodes: each node counted at its size.
+        let sized = parse(
+            &format!("{base}max_nodes = 10\nmax_cpu = 10\nnode_cpu = 4\nmax_memory = \"64G\"\nnode_memory = \"8G\"\n")
+                .replace("max_nodes = 2\n", ""),
+        );
+        let sized = sized.unwrap();
+        assert_eq!(sized[0].capacity(), (2, "max_cpu 10 at 4 cores a node".to_string()));
+        for (extra, named) in [
+            ("max_cpu = 8\n", "node_pools[p].node_cpu: needed with max_cpu"),
+            ("max_memory = \"1G\"\nnode_memory = \"2G\"\n", "node_pools[p].max_memory: holds not even one node"),
+            ("max_cpu = 0\nnode_cpu = 1\n", "node_pools[p].max_cpu: must be more than 0"),
+            ("max_memory = \"lots\"\n", "memory"),
         ] {
             let err = parse(&format!("{base}{extra}")).unwrap_err();
             assert!(err.contains(named), "{extra}: {err}");

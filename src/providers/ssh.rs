@@ -186,6 +186,18 @@ impl Driver for StaticDriver {
         "static"
     }
 
+    fn host_log(&self, host: &str, max_bytes: u64) -> Option<Result<String, DriverError>> {
+        let inner = &self.inner;
+        let Some(i) = (0..inner.s.hosts.len()).find(|i| inner.host(*i).name() == host) else {
+            let known: Vec<String> = inner.s.hosts.iter().map(|h| h.name()).collect();
+            return Some(Err(DriverError::config(format!(
+                "no host {host:?} in this pool (hosts: {})",
+                known.join(", ")
+            ))));
+        };
+        Some(inner.log_tail(i, max_bytes).map_err(|e| DriverError::transient(format!("the log of {host}: {e}"))))
+    }
+
     fn create<'a>(&'a self, spec: &'a LaunchSpec) -> BoxFuture<'a, Result<String, DriverError>> {
         let cancelled = Arc::new(AtomicBool::new(false));
         let (cancel, task) = (Cancel(cancelled.clone()), detached(self.inner.clone().create(spec.clone(), cancelled)));

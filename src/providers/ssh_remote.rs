@@ -201,12 +201,37 @@ impl Inner {
         order
     }
 
+    fn log_path(&self, i: usize) -> std::path::PathBuf {
+        let h = self.host(i);
+        self.s.dir.join(format!("{}_{}.log", h.address, h.port))
+    }
+
+    /// The last `max_bytes` of the host's log (empty before its first
+    /// bootstrap), from a line's start.
+    pub(super) fn log_tail(&self, i: usize, max_bytes: u64) -> std::io::Result<String> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = match std::fs::File::open(self.log_path(i)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+            Err(e) => return Err(e),
+        };
+        let len = f.metadata()?.len();
+        let from = len.saturating_sub(max_bytes);
+        f.seek(SeekFrom::Start(from))?;
+        let mut buf = Vec::with_capacity((len - from) as usize);
+        f.take(max_bytes).read_to_end(&mut buf)?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        Ok(match (from > 0, text.find('\n')) {
+            (true, Some(nl)) => text[nl + 1..].to_string(),
+            _ => text,
+        })
+    }
+
     /// Appends to the host's log (`<address>_<port>.log` in the driver's
     /// directory); never holds the token (it only travels on ssh's stdin).
     pub(super) fn log(&self, i: usize, text: &str) {
         use std::os::unix::fs::OpenOptionsExt;
-        let h = self.host(i);
-        let path = self.s.dir.join(format!("{}_{}.log", h.address, h.port));
+        let path = self.log_path(i);
         if std::fs::metadata(&path).is_ok_and(|m| m.len() > LOG_MAX) {
             let _ = std::fs::rename(&path, path.with_extension("log.1"));
         }

@@ -423,6 +423,15 @@ async fn create_runs_the_agent_on_its_host_and_delete_gives_the_host_back() {
     let log = lab.log(host);
     assert!(log.contains("bootstrap done") && log.contains("[delete]"), "{log}");
     assert!(!log.contains(&spec.join_token), "the token is never logged");
+    // The same through the driver (`GET /pools/{name}/hosts/{host}/log`):
+    // whole, or its last bytes from a line's start.
+    let whole = driver.host_log(&host.name(), 1 << 20).expect("a static pool keeps a log").unwrap();
+    assert_eq!(whole, log);
+    let tail = driver.host_log(&host.name(), 200).unwrap().unwrap();
+    assert!(tail.len() <= 200 && log.ends_with(&tail) && !tail.is_empty(), "{tail:?}");
+    assert!(log[..log.len() - tail.len()].ends_with('\n'), "the tail starts a line: {tail:?}");
+    let unknown = driver.host_log("10.9.9.9:22", 100).unwrap().unwrap_err();
+    assert_eq!(unknown.class, ErrorClass::Config, "{unknown}");
 
     // The host is the pool's again; a stale delete of the old id leaves
     // the new node alone.

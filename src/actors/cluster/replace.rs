@@ -21,25 +21,42 @@ impl ClusterActor {
         let role = spec.role(&old.role).ok_or_else(|| Error::spec("role", format!("no role {:?}", old.role)))?;
         let now = std::time::Instant::now();
         let t = self.shared.timing;
-        let reachable = |m: &InstanceRecord| {
+        let node_status = |m: &InstanceRecord| {
             self.shared
                 .read_model
                 .node(&m.node)
-                .is_some_and(|n| n.live.status_at(now, t.node_unknown_after, t.node_down_after) == NodeStatus::Ready)
+                .map(|n| n.live.status_at(now, t.node_unknown_after, t.node_down_after))
+                .unwrap_or(NodeStatus::Down)
         };
         let broken = |m: &InstanceRecord| matches!(m.status, InstanceStatus::Failed | InstanceStatus::Lost);
-        // Members nothing can reach (their node not Ready): no hook, no
-        // render is sent to them.
+        // Members nothing can reach (their node Down): no hook, no render
+        // is sent to them. One whose node is only silent for now (Unknown)
+        // would miss the new membership: asked again once it answers.
         let unreachable: BTreeSet<InstanceId> =
-            members.iter().filter(|m| !reachable(m)).map(|m| m.id.clone()).collect();
+            members.iter().filter(|m| node_status(m) == NodeStatus::Down).map(|m| m.id.clone()).collect();
+        if let Some(m) = members.iter().find(|m| m.id != id && node_status(m) == NodeStatus::Unknown) {
+            return Err(Error::unavailable(format!(
+                "member {} is on node {}, which is silent for now (Unknown): it would miss the new membership; retry once it answers or is Down",
+                m.id, m.node
+            )));
+        }
         // The member itself: on a Down node, or not running (a crash
         // loop, a lost process), it is stopped and deleted best effort and
         // left out of the hooks and renders.
         let gone = unreachable.contains(&id) || old.status != InstanceStatus::Running;
-        // Active; or in Error for no other member than this one (or one
-        // no node holds any more): replacing it is the repair.
-        let status = self.core.borrow().record.status;
+        // Active; or in Error because this member broke (and no other but
+        // ones on Down nodes), not because an operation failed: replacing
+        // it is the repair.
+        let (status, description) = {
+            let core = self.core.borrow();
+            (core.record.status, core.record.status_description.clone())
+        };
+        let op_failed = ["failed at step", "stopped at step", "cannot be resumed", "rollback failed"]
+            .iter()
+            .any(|p| description.contains(p));
         let repairable = status == ClusterStatus::Error
+            && !op_failed
+            && broken(&old)
             && members.iter().filter(|m| broken(m)).all(|m| m.id == id || unreachable.contains(&m.id));
         if !repairable {
             require_active(status, "replace")?;

@@ -27,12 +27,11 @@ pub async fn run_to_end(shared: &Shared, name: &str, req: OpRequest) -> Result<A
     loop {
         if !shared.read_model.running_operations().contains_key(&op.id) {
             let (rm, id) = (shared.read_model.clone(), op.id);
-            let read = tokio::task::spawn_blocking(move || rm.operation(&id))
-                .await
-                .map_err(|e| Error::unavailable(format!("reading operation {id}: {e}")))?
-                .map_err(Error::from)?;
-            if let Some(done) = read.filter(|o| o.status.is_terminal()) {
-                return Ok(done);
+            // A read that fails is tried again: the operation ran.
+            match tokio::task::spawn_blocking(move || rm.operation(&id)).await {
+                Ok(Ok(Some(done))) if done.status.is_terminal() => return Ok(done),
+                Ok(Err(e)) => tracing::warn!(operation = %id, error = %e, "reading an ended operation failed; again"),
+                _ => {}
             }
         }
         tokio::time::sleep(POLL).await;

@@ -2,9 +2,11 @@
 //! a repair): one at a time per node, each by its cluster's normal replace
 //! (`OpRequest::Replace`: a replacement on another node, then the member
 //! removed; a quorum role refused while another member is not running).
-//! A cluster busy with another operation is asked again a moment later; a
-//! replace refused or failed puts the node back (`ready`, its cordon
-//! lifted) with the reason: nothing is deleted with a member on it.
+//! A cluster busy with another operation is asked again a moment later
+//! (for at most half an hour of refusals); a replace refused or failed
+//! puts the node back (`ready`, its cordon lifted) with the reason:
+//! nothing is deleted with a member on it. A member whose cluster or
+//! record is gone meanwhile counts as moved.
 //!
 //! Which member is being moved is kept in memory: a master restarted
 //! meanwhile resumes the replace from its journal (the cluster is busy
@@ -20,11 +22,15 @@ use crate::actors::cluster::submit::run_to_end;
 use crate::error::Error;
 use crate::ids::{InstanceId, NodeId};
 use crate::storage::StorageError;
-use crate::storage::pool_records::PoolNodeRecord;
+use crate::storage::pool_records::{Lifecycle, PoolNodeRecord};
 use crate::storage::records::OperationStatus;
 
 /// How long before a busy cluster is asked again.
 const BUSY_RETRY: Duration = Duration::from_secs(3);
+/// How long a node's members may keep being refused for a moment (a busy
+/// cluster, an actor restarting) before the removal gives up and puts
+/// the node back.
+const PATIENCE: Duration = Duration::from_secs(30 * 60);
 
 /// Why a member was not moved.
 pub(super) struct NotMoved {
@@ -62,6 +68,8 @@ impl Launcher {
                         op.error.as_deref().unwrap_or("no error recorded")
                     ),
                 }),
+                // Its cluster or the instance gone meanwhile: nothing to move.
+                Err(Error::NotFound { kind, id }) => Ok(format!("none: {kind} {id} is gone")),
                 Err(e) => {
                     let retry = matches!(
                         &e,
@@ -86,9 +94,15 @@ impl Launcher {
     ) -> Result<(), StorageError> {
         self.evacuating.remove(&node);
         let Some(n) = self.nodes.get(&node).cloned() else { return Ok(()) };
+        if n.state != Lifecycle::Draining {
+            self.evacuate_since.remove(&node);
+            return Ok(());
+        }
+        let since = *self.evacuate_since.entry(node.clone()).or_insert_with(Instant::now);
         match result {
             Ok(op) => {
                 self.evacuate_due.remove(&node);
+                self.evacuate_since.remove(&node);
                 let ev = node_event(
                     "node.member_moved",
                     &n,
@@ -96,12 +110,13 @@ impl Launcher {
                 )?;
                 self.ctx.store.commit(vec![ev]).await?;
             }
-            Err(e) if e.retry => {
+            Err(e) if e.retry && since.elapsed() < PATIENCE => {
                 tracing::info!(%node, %instance, reason = %e.message, "a member's move waits");
                 self.evacuate_due.insert(node, Instant::now() + BUSY_RETRY);
             }
             Err(e) => {
                 self.evacuate_due.remove(&node);
+                self.evacuate_since.remove(&node);
                 let why = format!("moving {instance} of cluster {cluster} off it failed: {}", e.message);
                 self.health_of(&n.pool).last_error = Some(format!("node {node}: {why}"));
                 self.put_back(n, &why).await?;

@@ -113,6 +113,8 @@ pub(super) struct Launcher {
     /// cluster is to be asked again.
     pub(super) evacuating: BTreeSet<NodeId>,
     pub(super) evacuate_due: BTreeMap<NodeId, Instant>,
+    /// Since when each node's members have been asked to move.
+    pub(super) evacuate_since: BTreeMap<NodeId, Instant>,
     /// Since when each ready node has been seen `Down` (repair).
     pub(super) down_since: BTreeMap<NodeId, Instant>,
     /// Pools whose repair is held (too many nodes `Down`), announced once.
@@ -178,6 +180,7 @@ impl Launcher {
             min_ready_failed: BTreeMap::new(),
             evacuating: BTreeSet::new(),
             evacuate_due: BTreeMap::new(),
+            evacuate_since: BTreeMap::new(),
             down_since: BTreeMap::new(),
             repair_held: BTreeSet::new(),
             work: JoinSet::new(),

@@ -237,7 +237,7 @@ impl Pools {
                 c.name,
                 c.driver,
                 health.summary(now),
-                c.max_nodes,
+                c.capacity().0,
                 health.last_error.map(|e| format!(", last error: {e}")).unwrap_or_default()
             );
         }

@@ -96,7 +96,7 @@ impl Launcher {
             .iter()
             .filter(|p| p.config.offers(&r.labels) && !r.declined_by.contains(&p.config.name))
             .filter(|p| !min_ready || r.requestor == min_ready_of(&p.config.name))
-            .map(|p| (p.config.name.clone(), p.config.max_nodes))
+            .map(|p| (p.config.name.clone(), p.config.capacity().0))
             .collect()
     }
 
@@ -149,7 +149,9 @@ impl Launcher {
                         health.last_error.as_deref().unwrap_or("no machine of this kind")
                     ))
                 } else if missing > cap {
-                    Some(format!("needs {missing} nodes, the pool holds at most {cap}"))
+                    let by = self.pool(&name).map(|p| p.config.capacity().1).unwrap_or_default();
+                    let by = if by == "max_nodes" { String::new() } else { format!(" ({by})") };
+                    Some(format!("needs {missing} nodes, the pool holds at most {cap}{by}"))
                 } else if health.paused_until.is_some_and(|t| t > now) || used + missing > cap {
                     if min_ready {
                         Some(format!("at quota ({used} of {cap} nodes)"))
@@ -300,7 +302,7 @@ impl Launcher {
                 .filter(|r| r.requestor == requestor && !r.state.is_done())
                 .map(|r| r.count - r.nodes.len() as u32)
                 .sum();
-            let room = c.max_nodes.saturating_sub(self.used(&c.name) + coming);
+            let room = c.capacity().0.saturating_sub(self.used(&c.name) + coming);
             let short = c.min_ready.saturating_sub(spares + coming).min(room);
             for _ in 0..short {
                 filed.push(NewRequest {
@@ -335,8 +337,17 @@ impl Launcher {
 
     /// Nodes the pool holds or is making, and the leaked resources it
     /// found: what counts against `max_nodes`.
+    /// What counts against the pool's capacity: its nodes and leaked
+    /// resources, but not a node being removed whose agent is `Down` (a
+    /// repair): its members' replacements may need its room, so a pool
+    /// may go over by at most `max_disrupting` while it is deleted.
     pub(super) fn used(&self, pool: &str) -> u32 {
-        let held = self.nodes.values().filter(|n| n.pool == pool).count() as u32;
+        let held = self
+            .nodes
+            .values()
+            .filter(|n| n.pool == pool)
+            .filter(|n| !(n.state == Lifecycle::Draining && self.link_status(&n.node) == Some(NodeStatus::Down)))
+            .count() as u32;
         held + self.health.get(pool).map(|h| h.leaked as u32).unwrap_or(0)
     }
 

@@ -12,7 +12,8 @@ use crate::common::{PackageBuilder, TestEnv, error_code, id_of, pid_of, role_ins
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_launches_real_agents_that_enroll_and_take_a_cluster_placed_by_label() {
     let space = Space::new();
-    let config = pool(&space, "big", "labels = { class = \"big\" }");
+    // At most 3 nodes by its cores (6, at 2 a node), not by max_nodes.
+    let config = pool(&space, "big", "labels = { class = \"big\" }\nmax_nodes = 5\nmax_cpu = 6\nnode_cpu = 2");
     let env = TestEnv::start_with_config("pools-serve", &FAST, &config, 1).await;
     // Rebound: dropped before `env`, so the pool's agents stop first.
     let space = space;
@@ -77,6 +78,14 @@ async fn a_request_launches_real_agents_that_enroll_and_take_a_cluster_placed_by
     let failed = until_request(&env, &id, "failed", 10).await;
     assert_eq!(failed["declined_by"], json!(["big"]), "{failed:#}");
     assert!(failed["reasons"][0].as_str().unwrap().contains("needs 4 nodes, the pool holds at most 3"), "{failed:#}");
+    assert!(failed["reasons"][0].as_str().unwrap().contains("(max_cpu 6 at 2 cores a node)"), "{failed:#}");
+    let p = pool_of(&env, "big").await;
+    assert_eq!((p["capacity"].as_u64(), p["max_nodes"].as_u64()), (Some(3), Some(5)), "{p:#}");
+    // A log per host is the static driver's: a local pool keeps none.
+    let (status, v) = env.get("/pools/big/hosts/10.1.2.3:22/log").await;
+    assert_eq!((status.as_u16(), error_code(&v)), (409, "no_host_log"), "{v:#}");
+    let (status, v) = env.get("/pools/nope/hosts/10.1.2.3:22/log").await;
+    assert_eq!((status.as_u16(), error_code(&v)), (404, "not_found"), "{v:#}");
 
     // SIGUSR2 dumps every pool with the actors.
     env.signal_master(nix::sys::signal::Signal::SIGUSR2);
