@@ -97,23 +97,9 @@ impl Client {
             vec![("Action".into(), action.into()), ("Version".into(), API_VERSION.into())];
         all.extend(params.iter().cloned());
         let body = form(&all);
-        let host = match (self.endpoint.host_str(), self.endpoint.port()) {
-            (Some(h), Some(p)) => format!("{h}:{p}"),
-            (Some(h), None) => h.to_string(),
-            _ => return Err(DriverError::config(format!("endpoint {} has no host", self.endpoint))),
-        };
-        let now = OffsetDateTime::now_utc();
-        let mut headers = BTreeMap::from([
-            ("content-type".to_string(), "application/x-www-form-urlencoded; charset=utf-8".to_string()),
-            ("host".to_string(), host),
-            ("x-amz-date".to_string(), amz_date(now)),
-        ]);
-        if let Some(t) = &self.creds.session_token {
-            headers.insert("x-amz-security-token".into(), t.clone());
-        }
-        let path = if self.endpoint.path().is_empty() { "/" } else { self.endpoint.path() };
-        let auth = sign(&self.creds, &self.region, "ec2", "POST", path, "", &headers, body.as_bytes(), now);
-        let mut req = self.http.post(self.endpoint.clone()).header("authorization", auth).body(body);
+        let headers = self.signed_headers(&body, OffsetDateTime::now_utc())?;
+        let mut req = self.http.post(self.endpoint.clone()).body(body);
+        // `host` is the one reqwest sends (the endpoint's, with its port).
         for (k, v) in headers.iter().filter(|(k, _)| *k != "host") {
             req = req.header(k, v);
         }
@@ -128,6 +114,30 @@ impl Client {
         let (code, message): (String, String) = (code.chars().take(100).collect(), message.chars().take(300).collect());
         let class = if code.is_empty() && status.is_server_error() { ErrorClass::Transient } else { classify(&code) };
         Err(DriverError::new(class, format!("{action}: {status} {code}: {message}")))
+    }
+}
+
+impl Client {
+    /// The headers of a POST of `body` at `now`, `authorization` included
+    /// (and `host`, signed, which the HTTP client sends itself).
+    pub fn signed_headers(&self, body: &str, now: OffsetDateTime) -> Result<BTreeMap<String, String>, DriverError> {
+        let host = match (self.endpoint.host_str(), self.endpoint.port()) {
+            (Some(h), Some(p)) => format!("{h}:{p}"),
+            (Some(h), None) => h.to_string(),
+            _ => return Err(DriverError::config(format!("endpoint {} has no host", self.endpoint))),
+        };
+        let mut headers = BTreeMap::from([
+            ("content-type".to_string(), "application/x-www-form-urlencoded; charset=utf-8".to_string()),
+            ("host".to_string(), host),
+            ("x-amz-date".to_string(), amz_date(now)),
+        ]);
+        if let Some(t) = &self.creds.session_token {
+            headers.insert("x-amz-security-token".into(), t.clone());
+        }
+        let path = if self.endpoint.path().is_empty() { "/" } else { self.endpoint.path() };
+        let auth = sign(&self.creds, &self.region, "ec2", "POST", path, "", &headers, body.as_bytes(), now);
+        headers.insert("authorization".into(), auth);
+        Ok(headers)
     }
 }
 

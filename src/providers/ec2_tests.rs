@@ -44,6 +44,28 @@ fn the_signature_is_aws_published_example() {
          SignedHeaders=content-type;host;x-amz-date, \
          Signature=5d672d79c15b13162d9279b0855cfba6789a8edb4c82c400e06b5924a6f2b5d7"
     );
+    // A POST as the driver sends it (an endpoint with a port, a session
+    // token), signed as botocore's SigV4Auth signs it (its answer for this
+    // request, computed once with botocore 1.x and kept here).
+    let client = crate::providers::ec2_api::Client::new(
+        "http://127.0.0.1:5999/".parse().unwrap(),
+        "us-east-1".into(),
+        Credentials { session_token: Some("session-token-x".into()), ..creds },
+        5,
+    )
+    .unwrap();
+    let body = "Action=DescribeInstances&Version=2016-11-15&Filter.1.Name=tag%3Aflotilla-master&Filter.1.Value.1=0123456789abcdef";
+    let headers = client.signed_headers(body, time::macros::datetime!(2026-01-02 03:04:05 UTC)).unwrap();
+    assert_eq!(
+        headers["authorization"],
+        "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20260102/us-east-1/ec2/aws4_request, \
+         SignedHeaders=content-type;host;x-amz-date;x-amz-security-token, \
+         Signature=8ec02bb463fcfc4770a03a8989e3d75913af54c2a38b34a84c6a17b6c7cb8539"
+    );
+    assert_eq!(
+        (headers["host"].as_str(), headers["x-amz-security-token"].as_str()),
+        ("127.0.0.1:5999", "session-token-x")
+    );
     // What a form body encodes: RFC 3986, spaces as %20.
     assert_eq!(form(&[("a b".into(), "x/y=z~".into())]), "a%20b=x%2Fy%3Dz~");
 }
