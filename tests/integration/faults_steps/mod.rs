@@ -13,7 +13,9 @@
 //! then injects its fault.
 //!
 //! 24 steps of the ten plans run a script ([`Kind::script`]); each fault
-//! is injected in each of them. Of the steps that run none: `install` is
+//! is injected in each of them. A member's replace (`Kind::Replace`, its 7
+//! scripted steps) is run twice so far (`twice`); the other faults on it
+//! are still to come. Of the steps that run none: `install` is
 //! caught in the middle by its size (`install`: the master or the agent
 //! killed; create and scale-out), and a delete's `delete-instances` is
 //! reached with its agent dead (`agent`). The others (`allocate`,
@@ -68,6 +70,8 @@ pub enum Kind {
     Upgrade,
     Resize,
     Delete,
+    /// `a-2` replaced (by `a-3`); only `twice` runs it so far.
+    Replace,
 }
 
 impl Kind {
@@ -97,6 +101,19 @@ impl Kind {
             Kind::Upgrade => &["set-version", "upgrade"],
             Kind::Resize => &["set-limits", "resize"],
             Kind::Delete => &["stop-order-1", "stop-order-0", "destroy", "delete-instances", "forget"],
+            Kind::Replace => &[
+                "add-allocate",
+                "add-install",
+                "add-init",
+                "add-start-order-0",
+                "add-configure",
+                "add-scale-out-hook",
+                "remove-scale-in-hook",
+                "remove-decommission-order-0",
+                "remove-delete-instances",
+                "remove-forget",
+                "remove-configure",
+            ],
         }
     }
 
@@ -122,6 +139,14 @@ impl Kind {
             // instance replaced: the first one is replaced already.
             (Kind::Upgrade, "upgrade") | (Kind::Resize, "resize") => ("start", "a-2"),
             (Kind::Delete, "destroy") => ("destroy", "a-2"),
+            (Kind::Replace, "add-init") => ("init", "a-3"),
+            (Kind::Replace, "add-start-order-0") => ("start", "a-3"),
+            (Kind::Replace, "add-configure") => ("reload", "a-1"),
+            (Kind::Replace, "add-scale-out-hook") => ("scale_out", "a-1"),
+            (Kind::Replace, "remove-scale-in-hook") => ("scale_in", "a-1"),
+            (Kind::Replace, "remove-decommission-order-0") => ("stop", "a-2"),
+            // a-3: reloaded only when shrinking (a-1 is in both configures).
+            (Kind::Replace, "remove-configure") => ("reload", "a-3"),
             _ => return None,
         };
         Some(s)
@@ -155,6 +180,10 @@ impl Kind {
             Kind::Config => a(Some("Active"), ALL, ALL, ONCE, "1 2 tick=2"),
             Kind::Resize => a(Some("Active"), ALL, ALL, &[("a-1", 2), ("a-2", 2), ("b-1", 1)], "1 2 tick=1"),
             Kind::Delete => a(None, &[], &[], ONCE, ""),
+            Kind::Replace => {
+                const AFTER: &[&str] = &["a-1", "a-3", "b-1"];
+                a(Some("Active"), AFTER, AFTER, &[("a-1", 1), ("a-2", 1), ("a-3", 1), ("b-1", 1)], "1 3 tick=1")
+            }
         }
     }
 }
@@ -283,6 +312,10 @@ impl Bench {
             Kind::Upgrade => env.post(&format!("{path}/upgrade"), json!({"version": V2})).await,
             Kind::Resize => env.patch(&format!("{path}/roles/a"), json!({"resources": {"memory": "256M"}})).await,
             Kind::Delete => env.delete(&path).await,
+            Kind::Replace => {
+                let victim = &before.expect("a cluster").tag("a-2").id;
+                env.post_empty(&format!("{path}/instances/{victim}/replace")).await
+            }
         };
         assert_eq!(status, 202, "{kind:?} of {name}: {body:#}");
         let id = body["operation"]["id"].as_str().expect("operation id").to_string();
