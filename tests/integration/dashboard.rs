@@ -132,3 +132,46 @@ fn an_operator_scales_out_and_watches_a_restart_from_the_dashboard() {
     assert_eq!(pids.len(), 4, "{c}");
     assert!(pids.contains(&seen["restart"]["newPid"].as_u64().unwrap()), "{seen} vs {c}");
 }
+
+/// The node pools in a real browser: `flotilla dev` with a local pool and
+/// no agent of its own, a create that must wait for a node; the
+/// operation's page shows the request it filed, the Pools view the pool,
+/// its node and the request (`tests/browser/pools.mjs`).
+#[test]
+fn an_operation_that_waited_for_a_node_shows_its_request_and_the_pool_on_the_dashboard() {
+    require_browser_tools();
+    let prefix = format!("db{}", std::process::id() % 100_000);
+    let config = format!(
+        "[[node_pools]]\nname = \"dash\"\ndriver = \"local\"\nmax_nodes = 2\n\
+         [node_pools.settings]\nprefix = \"{prefix}\"\nnetwork = \"10.246.{}.0/24\"\n",
+        std::process::id() % 250
+    );
+    let dev = Dev::start_with(0, Some(&config));
+    let url = login_url(&dev);
+    let created = dev.json(&["cluster", "create", "w", "--package", "web:1.0.0", "--role", "server=1"]);
+    let op = created["operation"]["id"].as_str().or(created["id"].as_str()).unwrap_or_else(|| panic!("{created}"));
+    let op = op.to_string();
+    let ended = dev.json(&["op", "get", &op]);
+    assert_eq!(ended["operation"]["status"].as_str().or(ended["status"].as_str()), Some("Succeeded"), "{ended}");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-pools");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).expect("screenshot dir");
+    let run = Command::new("node")
+        .arg(browser_dir().join("pools.mjs"))
+        .args([url.as_str(), op.as_str(), "dash"])
+        .arg(&out)
+        .current_dir(browser_dir())
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "the pools page run failed ({}); screenshots in {}\nstdout: {stdout}\nstderr: {}\nflotilla dev:\n{}",
+        run.status,
+        out.display(),
+        String::from_utf8_lossy(&run.stderr),
+        dev.log()
+    );
+    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).expect("the script's JSON line");
+    assert_eq!(seen["ok"], true, "{seen}");
+}
