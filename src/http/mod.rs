@@ -134,7 +134,7 @@ api_routes! {
     "/nodes/{id}/hold" => [post pools::hold => Admin],
     "/nodes/{id}/remove" => [post pools::remove => Admin],
     "/pools" => [get pools::list => Read],
-    "/pools/{name}/hosts/{host}/log" => [get pools::host_log => Operate],
+    "/pools/{name}/hosts/{host}/log" => [get pools::host_log => Admin],
     "/node-requests" => [get pools::list_requests => Read, post pools::create_request => Admin],
     "/operations" => [get status::list_operations => Read],
     "/operations/{id}" => [get status::get_operation => Read],

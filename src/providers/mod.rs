@@ -73,7 +73,8 @@ pub fn build(config: &PoolConfig, data_dir: &Path, install: &str) -> Result<Arc<
                 .split_once('-')
                 .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
                 .ok_or_else(|| setting_error(config, "create_ms", format!("{range:?}: expected LOW-HIGH in ms")))?;
-            let settings = sim::SimSettings { spool: keys.spool, create_ms, max_nodes: config.max_nodes };
+            let settings =
+                sim::SimSettings { spool: keys.spool, create_ms, max_nodes: config.max_nodes + config.max_disrupting };
             Ok(Arc::new(sim::SimDriver::new(settings).map_err(|m| setting_error(config, "", m))?))
         }
         "static" => {
@@ -136,7 +137,9 @@ pub fn local_settings(
         },
         network,
         port_range: keys.port_range.unwrap_or_else(|| "20000-29999".into()),
-        max_nodes: Some(config.max_nodes),
+        // Room for the replacements of nodes being removed (see
+        // `Launcher::used`): the pool's own capacity is the launcher's.
+        max_nodes: Some(config.max_nodes + config.max_disrupting),
     };
     settings.check().map_err(|m| match m.split_once(": ") {
         Some((key, rest)) => bad(key, rest.to_string()),

@@ -171,7 +171,7 @@ impl PoolConfig {
                 _ => {}
             }
         }
-        if self.min_ready > self.max_nodes {
+        if self.min_ready > self.capacity().0 {
             return Err(
                 self.bad("min_ready", format!("{} is more than max_nodes ({})", self.min_ready, self.max_nodes))
             );
@@ -209,13 +209,14 @@ impl PoolConfig {
     pub fn capacity(&self) -> (u32, String) {
         let mut cap = (self.max_nodes, "max_nodes".to_string());
         if let (Some(max), Some(each)) = (self.max_cpu, self.node_cpu) {
-            let n = (max / each).floor() as u32;
+            // A hair over: 1.2 / 0.4 is 2.999... in floating point.
+            let n = (max / each + 1e-9).floor().min(u32::MAX as f64) as u32;
             if n < cap.0 {
                 cap = (n, format!("max_cpu {max} at {each} cores a node"));
             }
         }
         if let (Some(max), Some(each)) = (self.max_memory, self.node_memory) {
-            let n = (max / each) as u32;
+            let n = u32::try_from(max / each).unwrap_or(u32::MAX);
             if n < cap.0 {
                 cap = (n, format!("max_memory {max} bytes at {each} a node"));
             }

@@ -217,13 +217,18 @@ impl Inner {
         };
         let len = f.metadata()?.len();
         let from = len.saturating_sub(max_bytes);
-        f.seek(SeekFrom::Start(from))?;
-        let mut buf = Vec::with_capacity((len - from) as usize);
-        f.take(max_bytes).read_to_end(&mut buf)?;
+        // One byte more, before it: whether `from` starts a line.
+        let before = from.saturating_sub(1);
+        f.seek(SeekFrom::Start(before))?;
+        let mut buf = Vec::with_capacity((len - before) as usize);
+        f.take(max_bytes + 1).read_to_end(&mut buf)?;
         let text = String::from_utf8_lossy(&buf).into_owned();
-        Ok(match (from > 0, text.find('\n')) {
-            (true, Some(nl)) => text[nl + 1..].to_string(),
-            _ => text,
+        Ok(if from == 0 {
+            text
+        } else {
+            // From the first line that starts at or after `from` (none:
+            // nothing whole fits).
+            text.find('\n').map(|nl| text[nl + 1..].to_string()).unwrap_or_default()
         })
     }
 

@@ -62,7 +62,8 @@ try {
   const card = page.locator('#pools .pool', { hasText: pool }).first();
   await card.waitFor();
   seen.poolCard = await card.innerText();
-  expect(/1 ready/.test(seen.poolCard) || seen.poolCard.includes('ready'), `a ready node on the pool's card: ${seen.poolCard}`);
+  seen.poolStates = await card.locator('.pool-states').innerText();
+  expect(/\b1 ready\b/.test(seen.poolStates), `one ready node on the pool's card: ${seen.poolStates}`);
   const listed = page.locator(`#node-requests tr[data-request="${seen.request}"]`);
   await listed.waitFor();
   seen.listedRow = await listed.innerText();

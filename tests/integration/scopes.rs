@@ -57,7 +57,7 @@ const POLICY: &[(&str, &str, Scope)] = &[
     ("POST", "/api/v1/clusters/{name}/instances/{id}/stop", Operate),
     ("POST", "/api/v1/clusters/{name}/instances/{id}/restart", Operate),
     ("POST", "/api/v1/clusters/{name}/instances/{id}/replace", Operate),
-    ("GET", "/api/v1/pools/{name}/hosts/{host}/log", Operate),
+    ("GET", "/api/v1/pools/{name}/hosts/{host}/log", Admin),
     ("PUT", "/api/v1/packages/{name}/{version}", Admin),
     ("DELETE", "/api/v1/packages/{name}/{version}", Admin),
     ("POST", "/api/v1/tokens", Admin),

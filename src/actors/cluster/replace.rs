@@ -51,11 +51,8 @@ impl ClusterActor {
             let core = self.core.borrow();
             (core.record.status, core.record.status_description.clone())
         };
-        let op_failed = ["failed at step", "stopped at step", "cannot be resumed", "rollback failed"]
-            .iter()
-            .any(|p| description.contains(p));
         let repairable = status == ClusterStatus::Error
-            && !op_failed
+            && member_error(&description)
             && broken(&old)
             && members.iter().filter(|m| broken(m)).all(|m| m.id == id || unreachable.contains(&m.id));
         if !repairable {
@@ -163,5 +160,45 @@ impl ClusterActor {
             on_success: Some(ClusterStatus::Active),
             force: false,
         })
+    }
+}
+
+/// Whether a cluster's `Error` description says a member broke (and
+/// nothing else): it starts with the member's failure (`member X failed:
+/// ...`, written by `failures`), or with an operation that failed and was
+/// rolled back (everything put back, a member broken beside it). Judged by
+/// its head only: a member's own error text, later in it, may say anything.
+fn member_error(description: &str) -> bool {
+    if description.starts_with("member ") {
+        return true;
+    }
+    // `<verb> failed at step <step> and was rolled back: ...`
+    let mut words = description.split(' ');
+    let verb = words.next().unwrap_or("");
+    let rest: Vec<&str> = words.take(6).collect();
+    !verb.is_empty()
+        && verb.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        && rest.len() == 6
+        && rest[..3] == ["failed", "at", "step"]
+        && rest[4..] == ["and", "was"]
+        && description.contains(" and was rolled back: ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::member_error;
+
+    #[test]
+    fn only_a_member_failure_or_a_rolled_back_change_make_an_error_repairable() {
+        assert!(member_error("member c-q-1-ab failed: node n1 is down: failed at step 3 in its log"));
+        assert!(member_error(
+            "replace failed at step add-start-order-0 and was rolled back: timeout, but member x failed: lost"
+        ));
+        assert!(!member_error("upgrade failed at step roll: exit 1"));
+        assert!(!member_error("scale_out stopped at step install: journal"));
+        assert!(!member_error(
+            "operation 01 was interrupted by a master restart and cannot be resumed; member x failed"
+        ));
+        assert!(!member_error("the cluster's actor gave up after 4 failures within 60s: member x failed"));
     }
 }

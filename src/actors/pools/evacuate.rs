@@ -6,7 +6,8 @@
 //! (for at most half an hour of refusals); a replace refused or failed
 //! puts the node back (`ready`, its cordon lifted) with the reason:
 //! nothing is deleted with a member on it. A member whose cluster or
-//! record is gone meanwhile counts as moved.
+//! record is gone meanwhile is looked at again (the node's index says
+//! whether anything is left on it).
 //!
 //! Which member is being moved is kept in memory: a master restarted
 //! meanwhile resumes the replace from its journal (the cluster is busy
@@ -68,8 +69,9 @@ impl Launcher {
                         op.error.as_deref().unwrap_or("no error recorded")
                     ),
                 }),
-                // Its cluster or the instance gone meanwhile: nothing to move.
-                Err(Error::NotFound { kind, id }) => Ok(format!("none: {kind} {id} is gone")),
+                // Its cluster or the instance gone meanwhile: asked again
+                // (the node's index then shows whether anything is left).
+                Err(e @ Error::NotFound { .. }) => Err(NotMoved { retry: true, message: e.to_string() }),
                 Err(e) => {
                     let retry = matches!(
                         &e,

@@ -35,7 +35,10 @@ impl Launcher {
         let nodes: Vec<(NodeId, String, Lifecycle)> = self
             .nodes
             .values()
-            .filter(|n| matches!(n.state, Lifecycle::Ready | Lifecycle::Draining | Lifecycle::Deleting))
+            .filter(|n| {
+                matches!(n.state, Lifecycle::Ready | Lifecycle::Draining)
+                    || (n.state == Lifecycle::Deleting && n.removal.is_some())
+            })
             .map(|n| (n.node.clone(), n.pool.clone(), n.state))
             .collect();
         for (node, pool, state) in &nodes {

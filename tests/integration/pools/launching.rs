@@ -213,11 +213,16 @@ async fn a_master_killed_during_a_create_adopts_what_it_made() {
     // The driver makes the namespace and its agent, then answers 30 s later.
     faults(&env, "adopt", json!({"create_delay_after": 30_000, "unreachable_master": true})).await;
     let id = request(&env, json!({}), 1).await;
-    env.until(
-        30,
-        "the namespace made",
-        async || if space.namespaces().len() == 1 { Ok(()) } else { Err("none yet".into()) },
-    )
+    // The machine made, its agent started (a namespace alone is a create
+    // cut half-way: unwound at the restart, not adopted).
+    env.until(30, "the namespace made and its agent running", async || {
+        let made = space.namespaces();
+        if made.len() == 1 && made.iter().all(|ns| !agents_in(ns).is_empty()) {
+            Ok(())
+        } else {
+            Err(format!("{made:?}"))
+        }
+    })
     .await;
     let made = space.namespaces();
     env.kill_master();
