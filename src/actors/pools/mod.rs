@@ -322,11 +322,17 @@ pub(crate) fn class_name(c: ErrorClass) -> &'static str {
 
 /// The longest a node request may go unchanged while one of `pools`
 /// launches for it: every try (past `launch_timeout`, then
-/// `enroll_timeout`, then a backoff) of the slowest pool.
+/// `enroll_timeout`) and the backoffs between them, in the slowest pool.
+/// A pool paused at its quota is not counted: an operation does not wait
+/// on a provider's quota for ever.
 pub fn longest_quiet(pools: &[PoolConfig]) -> std::time::Duration {
     pools
         .iter()
-        .map(|c| (c.launch_timeout + c.enroll_timeout + tries::MAX_BACKOFF) * (c.launch_retries + 1))
+        .map(|c| {
+            let tries = c.launch_retries + 1;
+            let waits: std::time::Duration = (1..tries).map(tries::backoff).sum();
+            (c.launch_timeout + c.enroll_timeout) * tries + waits
+        })
         .max()
         .unwrap_or_default()
 }

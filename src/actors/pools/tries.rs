@@ -30,7 +30,7 @@ const QUOTA_PAUSE: Duration = Duration::from_secs(30);
 /// A pool whose provider had no capacity declines requests for this long.
 const CAPACITY_MEMORY: Duration = Duration::from_secs(60);
 /// The longest wait between two tries of a launch.
-pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 impl Launcher {
     /// Whether `n`'s request still wants it from its pool (pending there).
@@ -268,6 +268,6 @@ impl Launcher {
 }
 
 /// The wait before try `attempt + 1`: 2^attempt s, at most [`MAX_BACKOFF`].
-fn backoff(attempt: u32) -> Duration {
+pub(super) fn backoff(attempt: u32) -> Duration {
     Duration::from_secs(1u64 << attempt.min(5)).min(MAX_BACKOFF)
 }

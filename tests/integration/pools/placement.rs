@@ -260,3 +260,43 @@ async fn a_node_down_past_replace_after_is_repaired_unless_too_much_of_the_pool_
     let (_, s) = env.post_empty("/clusters/r/stop").await;
     env.wait_op(s["operation"]["id"].as_str().unwrap()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_that_gives_up_waiting_for_nodes_cancels_its_request() {
+    let space = Space::new();
+    let config =
+        pool(&space, "full", "max_nodes = 1\nlaunch_timeout = \"1s\"\nenroll_timeout = \"1s\"\nlaunch_retries = 0");
+    // The step's allowance: 3 s + 30 s, plus the pool's 2 s of tries.
+    let mut envs: Vec<(&str, &str)> = FAST.to_vec();
+    envs.push(("FLOTILLA_MASTER_AGENT_REPLY_TIMEOUT", "3s"));
+    let env = TestEnv::start_with_config("pools-cancel", &envs, &config, 0).await;
+    let _space = space;
+    // The pool's one node, taken out of placement: a new instance needs
+    // another, which the pool has no room for: its request waits, and
+    // nothing of it changes.
+    let first = request(&env, json!({}), 1).await;
+    let served = until_request(&env, &first, "fulfilled", 60).await;
+    let node = served["nodes"][0].as_str().unwrap().to_string();
+    let (status, v) = env.post(&format!("/nodes/{node}/cordon"), json!({"reason": "kept out"})).await;
+    assert_eq!(status.as_u16(), 200, "{v:#}");
+    env.upload(&PackageBuilder::sleeper("cc")).await;
+    let op = env
+        .create_cluster(
+            json!({"name": "c", "package": {"name": "cc", "version": "1.0.0"}, "roles": {"svc": {"count": 1}}}),
+        )
+        .await;
+    let id = op["id"].as_str().unwrap().to_string();
+    let done = env.wait_op(&id).await;
+    assert_eq!(done["status"], "Failed", "{done:#}");
+    let error = done["error"].as_str().unwrap_or("");
+    assert!(error.contains("await-nodes-svc") && error.contains("no progress"), "the watchdog named: {done:#}");
+    // Its request is cancelled: the pool launches nothing for it later.
+    let request = done["node_requests"][0]["id"].as_str().expect("the request it filed").to_string();
+    let r = until_request(&env, &request, "failed", 10).await;
+    let reasons = r["reasons"].as_array().unwrap();
+    assert!(
+        reasons.iter().any(|x| x.as_str().unwrap_or("").contains(&format!("cancelled: operation {id} ended Failed"))),
+        "{r:#}"
+    );
+    assert_eq!(env.cluster("c").await["status"], "Error");
+}
