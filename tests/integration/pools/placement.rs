@@ -229,7 +229,11 @@ async fn a_node_down_past_replace_after_is_repaired_unless_too_much_of_the_pool_
         (member["id"].as_str(), Some(true)),
         "{replace:#}"
     );
-    assert!(!crate::common::pid_alive(pid_of(&member)), "the old member went with its machine");
+    let old_pid = pid_of(&member);
+    env.until(10, "the old member gone with its machine", async || {
+        if crate::common::pid_alive(old_pid) { Err(format!("{old_pid} runs")) } else { Ok(()) }
+    })
+    .await;
     let mut sse = crate::common::sse::SseReader::open(&env.client, &env.api, "?after=0&kind=node.draining", None).await;
     let seen = sse.until(std::time::Duration::from_secs(5), |e| e.kind == "node.draining").await;
     let draining = seen.iter().find(|e| e.kind == "node.draining").expect("a node.draining event");
