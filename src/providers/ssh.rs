@@ -187,15 +187,7 @@ impl Driver for StaticDriver {
     }
 
     fn host_log(&self, host: &str, max_bytes: u64) -> Option<Result<String, DriverError>> {
-        let inner = &self.inner;
-        let Some(i) = (0..inner.s.hosts.len()).find(|i| inner.host(*i).name() == host) else {
-            let known: Vec<String> = inner.s.hosts.iter().map(|h| h.name()).collect();
-            return Some(Err(DriverError::config(format!(
-                "no host {host:?} in this pool (hosts: {})",
-                known.join(", ")
-            ))));
-        };
-        Some(inner.log_tail(i, max_bytes).map_err(|e| DriverError::transient(format!("the log of {host}: {e}"))))
+        Some(self.inner.host_log(host, max_bytes))
     }
 
     fn create<'a>(&'a self, spec: &'a LaunchSpec) -> BoxFuture<'a, Result<String, DriverError>> {

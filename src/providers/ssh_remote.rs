@@ -206,6 +206,16 @@ impl Inner {
         self.s.dir.join(format!("{}_{}.log", h.address, h.port))
     }
 
+    /// The end of the log of host `host` (`address:port`); a host the pool
+    /// does not have is a config error.
+    pub(super) fn host_log(&self, host: &str, max_bytes: u64) -> Result<String, DriverError> {
+        let Some(i) = (0..self.s.hosts.len()).find(|i| self.host(*i).name() == host) else {
+            let known: Vec<String> = self.s.hosts.iter().map(|h| h.name()).collect();
+            return Err(DriverError::config(format!("no host {host:?} in this pool (hosts: {})", known.join(", "))));
+        };
+        self.log_tail(i, max_bytes).map_err(|e| DriverError::transient(format!("the log of {host}: {e}")))
+    }
+
     /// The last `max_bytes` of the host's log (empty before its first
     /// bootstrap), from a line's start.
     pub(super) fn log_tail(&self, i: usize, max_bytes: u64) -> std::io::Result<String> {

@@ -89,63 +89,6 @@ impl ClusterOps {
         Ok(CurrentPackage { record: p.record, spec: p.spec, blob })
     }
 
-    /// Changes a copy of the cluster record, persists it, then applies the
-    /// same change to the record and publishes what was written: a write
-    /// that fails changes nothing. The change is applied to the record as
-    /// it is then, never by putting the copy back: a request handled
-    /// meanwhile (a scale-out counting its ordinals, the busy mark) keeps
-    /// what it changed.
-    pub async fn save_cluster(&self, change: impl Fn(&mut ClusterRecord)) -> Result<(), String> {
-        let _turn = self.env.record_writes.lock().await;
-        let (snapshot, ops) = cluster_writes(&self.core.borrow().record, &change)?;
-        self.shared.store.commit(ops).await.map_err(|e| crate::error::ErrorChain(&e).to_string())?;
-        self.saved(change, Some(snapshot));
-        Ok(())
-    }
-
-    /// [`save_cluster`](Self::save_cluster) with `extra` writes in the same
-    /// batch, tried until it lands ([`commit_until_landed`]).
-    pub async fn save_cluster_until_landed(
-        &self,
-        change: impl Fn(&mut ClusterRecord),
-        extra: impl Fn() -> Result<Vec<WriteOp>, String>,
-        what: &str,
-    ) -> Result<(), String> {
-        let _turn = self.env.record_writes.lock().await;
-        let mut written = None;
-        commit_until_landed(&self.shared, what, || {
-            let (snapshot, mut ops) = cluster_writes(&self.core.borrow().record, &change)?;
-            ops.extend(extra()?);
-            written = Some(snapshot);
-            Ok(ops)
-        })
-        .await?;
-        self.saved(change, written);
-        Ok(())
-    }
-
-    /// A cluster write landed: `change` applied to the record as it is now,
-    /// and what was written published.
-    /// Neither applied nor published when an operation was accepted
-    /// meanwhile: what was written is older than the busy mark readers will
-    /// see from that operation's own write (which lands after it), and
-    /// the operation's end judges what it said.
-    fn saved(&self, change: impl Fn(&mut ClusterRecord), written: Option<ClusterRecord>) {
-        let Some(written) = written else { return };
-        let taken = {
-            let mut core = self.core.borrow_mut();
-            let taken = core.record.operation != written.operation;
-            if !taken {
-                change(&mut core.record);
-                core.record.updated_at = written.updated_at;
-            }
-            taken
-        };
-        if !taken {
-            self.env.cell.set_record(written);
-        }
-    }
-
     async fn allocate(&self, ids: &[InstanceId]) -> Result<Vec<InstanceResult>, StepFailure> {
         let records: Vec<InstanceRecord> = {
             let core = self.core.borrow();

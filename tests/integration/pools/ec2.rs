@@ -367,6 +367,19 @@ fn take_down(ns: &str) {
     let _ = Command::new("ip").args(["netns", "del", ns]).output();
 }
 
+/// Request `id` once fulfilled (what the machines did, if it is not).
+async fn fulfilled(env: &TestEnv, id: &str, machines: &Machines) -> serde_json::Value {
+    env.until(90, "the request fulfilled", async || {
+        let r = request_of(env, id).await;
+        if r["state"] == "fulfilled" {
+            Ok(r)
+        } else {
+            Err(format!("{r}\nmachines: {:?}", machines.log.lock().unwrap()))
+        }
+    })
+    .await
+}
+
 /// An `ec2` pool on `endpoint`.
 fn ec2_pool(name: &str, endpoint: &str, master_ip: &str, agent_dir: &str, extra: &str) -> String {
     format!(
@@ -403,16 +416,7 @@ async fn an_ec2_pool_launches_instances_that_enroll_take_a_cluster_are_terminate
     let _space = space;
     let machines = machines;
     let id = request(&env, json!({"cloud": "ec2"}), 1).await;
-    let done = env
-        .until(90, "the request fulfilled", async || {
-            let r = request_of(&env, &id).await;
-            if r["state"] == "fulfilled" {
-                Ok(r)
-            } else {
-                Err(format!("{r}\nmachines: {:?}", machines.log.lock().unwrap()))
-            }
-        })
-        .await;
+    let done = fulfilled(&env, &id, &machines).await;
     let node = done["nodes"][0].as_str().unwrap().to_string();
     let (_, n) = env.get(&format!("/nodes/{node}")).await;
     let instance = n["origin"]["external_id"].as_str().unwrap().to_string();
@@ -503,16 +507,7 @@ async fn a_capacity_error_moves_the_request_to_the_next_ec2_pool_and_a_quota_err
     // The first pool's RunInstances: no capacity. The request moves on.
     faults.lock().unwrap().push_back(("RunInstances".into(), "InsufficientInstanceCapacity".into()));
     let id = request(&env, json!({"cloud": "ec2"}), 1).await;
-    let done = env
-        .until(90, "the request fulfilled", async || {
-            let r = request_of(&env, &id).await;
-            if r["state"] == "fulfilled" {
-                Ok(r)
-            } else {
-                Err(format!("{r}\nmachines: {:?}", machines.log.lock().unwrap()))
-            }
-        })
-        .await;
+    let done = fulfilled(&env, &id, &machines).await;
     assert_eq!(done["pool"], "second", "{done:#}");
     assert_eq!(done["declined_by"], json!(["first"]), "{done:#}");
     assert!(done["reasons"][0].as_str().unwrap().contains("InsufficientInstanceCapacity"), "{done:#}");
