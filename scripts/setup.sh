@@ -7,7 +7,8 @@
 # npm's playwright-core (pinned in tests/browser/package-lock.json);
 # iproute2 and nsenter for the network-partition test; openssh-server and
 # openssh-client for the static (SSH) driver's tests; PyPI's moto[server]
-# (a real EC2 Query API on loopback) for the ec2 driver's tests.
+# (a real EC2 Query API on loopback) for the ec2 driver's tests; etcd
+# (server, etcdctl) and protoc for the HA store on etcd.
 # Safe to run again; does nothing when all is there.
 set -euo pipefail
 
@@ -29,6 +30,11 @@ command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 # hosts with the OpenSSH client (ssh, scp, ssh-keygen).
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ssh >/dev/null 2>&1 && command -v scp >/dev/null 2>&1 || need+=(openssh-client)
+# The HA store (issue 25): Debian's etcd 3.4 members for the tests and
+# `flotilla dev --ha`, and protoc for the etcd-client crate's build.
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   SUDO=""

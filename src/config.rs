@@ -137,6 +137,25 @@ pub struct MasterConfig {
     /// after the first.
     #[serde(with = "humantime_serde_compat")]
     pub pool_leak_grace: Duration,
+    /// Where the master's state lives: `rocksdb` (embedded in `data_dir`,
+    /// one master) or `etcd` (several masters, one of them leading).
+    pub store: StoreKind,
+    /// `[etcd]`: how to reach etcd when `store = "etcd"`.
+    pub etcd: crate::storage::etcd::EtcdSettings,
+    /// This master's name among several (default: its `http_addr`).
+    pub name: Option<String>,
+    /// The API URL other masters send clients to (default:
+    /// `http://<http_addr>`).
+    pub advertise_url: Option<String>,
+}
+
+/// The engine behind the master's store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    #[default]
+    Rocksdb,
+    Etcd,
 }
 
 impl Default for MasterConfig {
@@ -181,6 +200,10 @@ impl Default for MasterConfig {
             node_pools: Vec::new(),
             pool_cleanup_interval: Duration::from_secs(60),
             pool_leak_grace: Duration::from_secs(300),
+            store: StoreKind::Rocksdb,
+            etcd: crate::storage::etcd::EtcdSettings::default(),
+            name: None,
+            advertise_url: None,
         }
     }
 }
@@ -384,6 +407,9 @@ impl MasterConfig {
         check_nonzero("request_take_limit", self.request_take_limit)?;
         check_nonzero("pool_cleanup_interval", self.pool_cleanup_interval)?;
         crate::providers::pool_config::check_all(&self.node_pools)?;
+        if self.store == StoreKind::Etcd {
+            self.etcd.validate().map_err(|message| ConfigError::Invalid { key: "etcd", message })?;
+        }
         if self.bulk_nice > 19 {
             return Err(ConfigError::Invalid {
                 key: "bulk_nice",
@@ -491,17 +517,8 @@ fn check_nonzero(key: &'static str, d: Duration) -> Result<(), ConfigError> {
 }
 
 /// Durations are written as humantime strings (`"2s"`, `"1m 30s"`).
-mod humantime_serde_compat {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s)
-            .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration like \"5s\": {e}")))
-    }
-}
+/// Durations written like "5s" (the one parser, shared with the store's settings).
+use crate::storage::serde_time::duration_text as humantime_serde_compat;
 
 #[cfg(test)]
 #[path = "config_tests.rs"]

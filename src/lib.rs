@@ -19,7 +19,7 @@
 //! | [`thread_nice`] | a thread's OS priority, lowered for bulk work and raised back while a request waits |
 //! | [`private_file`] | files only their owner reads (tokens, keys), written crash-safe |
 //! | [`spec`] | `component.toml`: model, validation, config typing, template rendering |
-//! | [`storage`] | RocksDB stores (master and agent), records, codec, the group-commit writer |
+//! | [`storage`] | RocksDB stores (master and agent), records, codec, the group-commit writer; the master's store on etcd with the leader's election and fence (`storage::etcd`) |
 //! | [`protocol`] | master <-> agent frames, messages, codec, handshake; TLS: the master's CA, agent credentials (`protocol::tls`) |
 //! | [`actors`] | master-side actors: supervisor, cluster, instance, node manager, read model; node pools' launcher (`actors::pools`) |
 //! | [`operations`] | multi-step cluster operations as step lists with undo, and their runner |
@@ -27,6 +27,7 @@
 //! | [`http`] | the actix-web admin API: routes, DTOs, error mapping |
 //! | [`agent`] | the node manager: connection, installer, process control, local state; every file operation inside an instance directory in `agent::beneath` (never through the instance's links), each cluster's dynamic user in `agent::node::dynamic_users` |
 //! | [`master`] | wiring that starts a master: storage, actors, listeners, the first API token (`--init`) |
+//! | [`open_store`] | which store a master runs on: RocksDB, or etcd once it leads (`--store etcd`) |
 //! | [`cli`] | the command-line client (`flotilla cluster`, `package`, `node`, `op`, `events`, `token`): finding the master, waiting for operations, exit codes |
 //! | [`dev`] | `flotilla dev`: a master and N agents on loopback |
 //! | [`shutdown`] | the signal master, agent and `flotilla dev` stop on (Ctrl-C, SIGTERM) |
@@ -48,6 +49,7 @@ pub mod fd_limit;
 pub mod http;
 pub mod ids;
 pub mod master;
+pub mod open_store;
 pub mod operations;
 pub mod package;
 pub mod private_file;

@@ -70,6 +70,22 @@ enum Command {
         /// `text` (colours only on a terminal) or `json` (one object per line).
         #[arg(long)]
         log_format: Option<String>,
+        /// Where the state lives: `rocksdb` (embedded, the default) or
+        /// `etcd` (several masters, one leading; see `[etcd]` in config/master.toml).
+        #[arg(long)]
+        store: Option<String>,
+        /// With `--store etcd`: the members' client URLs, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        etcd_endpoints: Vec<String>,
+        /// With `--store etcd`: the installation's key prefix (default `/flotilla/`).
+        #[arg(long)]
+        etcd_prefix: Option<String>,
+        /// This master's name among several (default: its http_addr).
+        #[arg(long)]
+        name: Option<String>,
+        /// The API URL other masters send clients to (default: http://<http_addr>).
+        #[arg(long)]
+        advertise_url: Option<String>,
     },
     /// Run a node manager (agent) that dials the master.
     Agent {
@@ -216,7 +232,21 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Master { config, data_dir, http_addr, agent_addr, endpoints_file, init, token_file, log_format } => {
+        Command::Master {
+            config,
+            data_dir,
+            http_addr,
+            agent_addr,
+            endpoints_file,
+            init,
+            token_file,
+            log_format,
+            store,
+            etcd_endpoints,
+            etcd_prefix,
+            name,
+            advertise_url,
+        } => {
             tune_allocator();
             let mut o: Vec<(&str, String)> = Vec::new();
             if let Some(v) = &data_dir {
@@ -234,7 +264,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(v) = log_format {
                 o.push(("log_format", v));
             }
-            let cfg = MasterConfig::load(config.as_deref(), &o)?;
+            for (key, v) in
+                [("store", store), ("etcd.prefix", etcd_prefix), ("name", name), ("advertise_url", advertise_url)]
+            {
+                if let Some(v) = v {
+                    o.push((key, v));
+                }
+            }
+            let mut cfg = MasterConfig::load(config.as_deref(), &o)?;
+            if !etcd_endpoints.is_empty() {
+                cfg.etcd.endpoints = etcd_endpoints;
+                cfg.validate()?;
+            }
             init_logs(cfg.log_format, "info");
             let rt = flotilla::master::runtime().context("cannot start the runtime")?;
             let init = match (init, token_file) {

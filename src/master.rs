@@ -22,7 +22,7 @@ use crate::actors::trust::Trust;
 use crate::actors::{Limits, Shared, Timing};
 use crate::config::MasterConfig;
 use crate::spec::ComponentSpec;
-use crate::storage::{BlobStore, MasterStore, MetaStore, meta};
+use crate::storage::{BlobStore, MetaStore, meta};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MasterError {
@@ -162,16 +162,26 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
             None
         }
     };
-    let store = MasterStore::open_opts(&cfg.data_dir.join("db"), cfg.writer_queue, cfg.events_retained as u64)
-        .map_err(MasterError::Storage)?;
+    // Bound first: its address names this master to the others (a
+    // standby campaigns with it); it answers once the master has booted.
+    let http_listener = std::net::TcpListener::bind(&cfg.http_addr)
+        .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
+    let http_addr =
+        http_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
+    let named = crate::open_store::Named {
+        name: cfg.name.clone().unwrap_or_else(|| http_addr.to_string()),
+        api_url: cfg.advertise_url.clone().unwrap_or_else(|| format!("http://{http_addr}")),
+    };
+    let opened = crate::open_store::open(&cfg, named).await.map_err(MasterError::Storage)?;
+    let (store, role) = (opened.store, opened.role);
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
     let loader = store.clone();
     let (snapshot, history, gone) = tokio::task::spawn_blocking(move || {
-        let snap = loader.load_all()?;
+        let snap = meta::load_boot(&*loader)?;
         let running: std::collections::HashSet<_> = snap.operations.iter().map(|o| o.id).collect();
         let mut history: HashMap<_, VecDeque<_>> = snap.clusters.iter().map(|c| (c.id, VecDeque::new())).collect();
         let mut gone = Vec::new();
-        for (cluster, created, id) in meta::all_cluster_operations(&loader)? {
+        for (cluster, created, id) in meta::all_cluster_operations(&*loader)? {
             if running.contains(&id) {
                 continue;
             }
@@ -199,9 +209,13 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
             "instance records of clusters that no longer exist; ignored"
         );
     }
-    let store: Arc<dyn MetaStore> = Arc::new(store);
     let tokens = ApiTokens::load(store.clone()).map_err(MasterError::Storage)?;
     first_token(&tokens, &init).await?;
+    if role.leadership.is_some() {
+        crate::actors::trust::shared_ca::sync(&store, &cfg.data_dir.join("ca"), init != Init::No)
+            .await
+            .map_err(MasterError::Trust)?;
+    }
     let trust = Trust::load(store.clone(), &cfg.data_dir.join("ca"), init != Init::No).map_err(MasterError::Trust)?;
     let read_model = ReadModel::new(store.clone());
     for p in snapshot.packages {
@@ -299,6 +313,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         chunk_budget: Arc::new(tokio::sync::Semaphore::new(crate::actors::node_link::CHUNK_BUDGET)),
         tasks: Arc::default(),
         pools: Arc::default(),
+        role: role.clone(),
     };
     for l in &snapshot.leftovers {
         shared.ports.reserve(&l.node, l.ports.iter().copied());
@@ -325,6 +340,11 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         cfg.store_stall_limit,
         writer,
     ));
+    if let Some(leadership) = &role.leadership {
+        let stats = ActorStats::new("leadership", "leadership", Some("master".into()));
+        read_model.register_actor(&stats);
+        actix::spawn(crate::actors::role::watch_leadership(leadership.clone(), shared.tasks.clone(), stats));
+    }
     let (started, booted) = tokio::sync::oneshot::channel();
     let boot = Boot {
         clusters: snapshot.clusters,
@@ -363,10 +383,6 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         .map_err(|source| MasterError::Listen { addr: cfg.agent_addr.clone(), source })?;
     let agent_addr =
         agent_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.agent_addr.clone(), source })?;
-    let http_listener = std::net::TcpListener::bind(&cfg.http_addr)
-        .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
-    let http_addr =
-        http_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
     let listener_cfg = ListenerConfig {
         heartbeat_interval: cfg.heartbeat_interval,
         handshake_timeout: cfg.handshake_timeout,

@@ -38,6 +38,7 @@ mod integration {
     mod faults_packages;
     mod faults_steps;
     mod grandchild;
+    mod ha;
     mod hooks;
     mod injected;
     mod instance_logs;

@@ -37,6 +37,8 @@
 //!   of every agent connection.
 //! - [`trust::Trust`]: the agent link's CA, join tokens, and the certificate
 //!   issued to each node (who may be an agent of this master).
+//! - [`role::Role`]: the only master, or the leader of its term on etcd
+//!   (and the `leadership` child that ends the master when it is lost).
 //!
 //! Every mailbox is bounded (a sender reserves a place first; a full one
 //! answers `503 overloaded`), as is the store's write queue. RocksDB is
@@ -63,6 +65,7 @@ mod race_tests;
 pub mod read_model;
 pub mod registry;
 pub mod render;
+pub mod role;
 pub mod supervised;
 pub mod supervision;
 #[cfg(test)]
@@ -111,6 +114,8 @@ pub struct Shared {
     /// The node pools, once they run (set after the agent listener is
     /// bound; placement files node requests through them).
     pub pools: Arc<std::sync::OnceLock<Arc<pools::Pools>>>,
+    /// The only master, or the leader of its term (`role`).
+    pub role: Arc<role::Role>,
 }
 
 impl Shared {

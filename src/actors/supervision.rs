@@ -96,9 +96,20 @@ impl ChildSpec {
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// The tree. Every long-lived actor and task of the master is one of these.
-pub const TREE: [ChildSpec; 10] = [
+pub const TREE: [ChildSpec; 11] = [
     ChildSpec {
         kind: "store_writer",
+        supervisor: "master",
+        strategy: Strategy::OneForOne,
+        intensity: 0,
+        period: MINUTE,
+        backoff: Duration::ZERO,
+        give_up: GiveUp::ExitMaster,
+    },
+    // On etcd (`actors::role`): a master whose leadership is lost exits
+    // (it comes back as a follower); with the embedded store, absent.
+    ChildSpec {
+        kind: "leadership",
         supervisor: "master",
         strategy: Strategy::OneForOne,
         intensity: 0,

@@ -23,6 +23,7 @@ use crate::ids::{NodeId, OperationId};
     responses((status = 200, description = "The master is alive", body = HealthDto)))]
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {
     let rm = &state.shared.read_model;
+    let role = &state.shared.role;
     HttpResponse::Ok().json(HealthDto {
         status: "ok".into(),
         clusters: rm.clusters().len(),
@@ -31,6 +32,12 @@ pub async fn health(state: web::Data<AppState>) -> HttpResponse {
         running_operations: rm.running_operations().len(),
         instance_transitions: rm.counters.instance_transitions.load(std::sync::atomic::Ordering::Relaxed),
         store: rm.store().stats(),
+        role: "leader".into(),
+        leader: Some(role.api_url.clone()),
+        term: role.term(),
+        name: role.name.clone(),
+        pid: std::process::id(),
+        store_engine: if role.leadership.is_some() { "etcd" } else { "rocksdb" }.into(),
     })
 }
 

@@ -65,9 +65,33 @@ pub enum StorageError {
     /// empty page instead would read as "no more operations".
     #[error("paging cursor {0} names an operation that no longer exists; start again without after")]
     CursorGone(String),
+    /// etcd refused or could not take a read or write (no quorum, no
+    /// member reachable, a request over its limits).
+    #[error("the store (etcd) failed: {0}")]
+    Etcd(String),
+    /// This master's leadership ended (its term's key is gone or another
+    /// master's): the write was refused by the fence, and this master
+    /// writes nothing more.
+    #[error("this master no longer leads (its term {term} ended): the write was refused; the new leader answers")]
+    Deposed { term: i64 },
 }
 
 impl StorageError {
+    /// The same failure again, for the next caller of a batch that failed
+    /// (most sources cannot be cloned: their chain is kept as text).
+    pub(crate) fn duplicate(&self) -> StorageError {
+        match self {
+            StorageError::Rocks(e) => StorageError::Rocks(e.clone()),
+            StorageError::Etcd(m) => StorageError::Etcd(m.clone()),
+            StorageError::Deposed { term } => StorageError::Deposed { term: *term },
+            StorageError::Overloaded => StorageError::Overloaded,
+            StorageError::Frozen => StorageError::Frozen,
+            StorageError::WriterGone => StorageError::WriterGone,
+            StorageError::UnknownColumnFamily { cf } => StorageError::UnknownColumnFamily { cf },
+            other => StorageError::Codec(crate::error::ErrorChain(other).to_string()),
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         StorageError::Io { path: path.into(), source }
     }
@@ -93,6 +117,9 @@ impl From<StorageError> for crate::error::Error {
             StorageError::Overloaded => crate::error::Error::overloaded(e.to_string()),
             // Shutting down: the next master answers (503 with Retry-After).
             StorageError::Frozen => crate::error::Error::unavailable(e.to_string()),
+            // etcd lost its quorum, or this master its leadership: another
+            // moment (or another master) answers; reads go on.
+            StorageError::Etcd(_) | StorageError::Deposed { .. } => crate::error::Error::unavailable(e.to_string()),
             // 404 not_found naming the cursor (see the variant).
             StorageError::CursorGone(id) => crate::error::Error::not_found("paging cursor", id),
             // Not the client's fault, nor a bug: the operator's to fix.

@@ -97,6 +97,9 @@ pub mod agent_cf {
     pub const ALL: [&str; 5] = [INSTANCES, TOMBSTONES, META, RESTARTS, USERS];
 }
 
+/// The key in `meta` holding the installation's shared CA (`CaRecord`).
+pub const SHARED_CA_KEY: &[u8] = b"agent_link_ca";
+
 /// The key in `meta` holding the schema version (a codec-encoded `u32`).
 pub const SCHEMA_VERSION_KEY: &[u8] = b"schema_version";
 
@@ -347,6 +350,11 @@ impl WriteOp {
 
     pub fn put_node_cert(r: &NodeCertRecord) -> Result<WriteOp, StorageError> {
         put(master_cf::NODE_CERTS, r.node.as_str().as_bytes().to_vec(), r)
+    }
+
+    /// The installation's shared CA (several masters on etcd).
+    pub fn put_shared_ca(r: &crate::storage::trust_records::CaRecord) -> Result<WriteOp, StorageError> {
+        put(master_cf::META, SHARED_CA_KEY.to_vec(), r)
     }
 }
 

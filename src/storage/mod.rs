@@ -17,6 +17,7 @@
 //! | [`db`] | opening a database and checking its schema version |
 //! | [`meta`] | `MetaStore`, the narrow interface the master uses (writes, key and range reads, change feed), and typed reads over it |
 //! | [`master_store`], [`agent_store`] | the two stores: open (and migrate), load at boot |
+//! | [`etcd`] | the master's store on etcd (`--store etcd`): fenced transactions, the leader's election |
 //! | [`serde_time`] | serde helpers for time fields bincode can decode |
 //! | [`shared_strings`] | re-sharing the common strings of instance records loaded at boot |
 //! | [`blobs`] | package tarballs as files named by sha256 |
@@ -30,6 +31,7 @@ pub mod codec;
 pub mod config_value;
 pub mod db;
 pub mod error;
+pub mod etcd;
 pub mod events;
 pub mod idle_flush;
 pub mod keys;

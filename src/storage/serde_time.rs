@@ -7,6 +7,20 @@
 //! RFC 3339 string or null) that only asks for an option of a string:
 //! `#[serde(with = "crate::storage::serde_time::rfc3339_option")]`.
 
+/// A `Duration` written as text like "5s" or "1m 30s" (settings files):
+/// `#[serde(with = "crate::storage::serde_time::duration_text")]`.
+pub mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration like \"5s\": {e}")))
+    }
+}
+
 /// `Option<OffsetDateTime>` as an optional RFC 3339 string.
 pub mod rfc3339_option {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};

@@ -52,3 +52,13 @@ pub struct NodeCertRecord {
     #[serde(with = "crate::storage::serde_time::rfc3339_option")]
     pub revoked_at: Option<OffsetDateTime>,
 }
+
+/// The agent link's CA shared by every master of an installation on etcd
+/// (in `meta`, key `agent_link_ca`): its certificate and key as PEM. With
+/// the embedded store the CA stays in the master's `ca/` directory only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaRecord {
+    pub version: u32,
+    pub cert_pem: String,
+    pub key_pem: String,
+}

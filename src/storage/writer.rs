@@ -162,6 +162,17 @@ impl StoreWriter {
         queue: usize,
         log: Option<AppendLog>,
     ) -> Result<StoreWriter, StorageError> {
+        StoreWriter::start_on(Box::new(RocksSink::new(db)), queue, log)
+    }
+
+    /// Starts the writer thread writing into `sink` (RocksDB, or etcd in
+    /// [`super::etcd`]), with a queue of `queue` requests and an optional
+    /// append log.
+    pub(crate) fn start_on(
+        sink: Box<dyn BatchSink>,
+        queue: usize,
+        log: Option<AppendLog>,
+    ) -> Result<StoreWriter, StorageError> {
         let (tx, mut rx) = mpsc::channel(queue.max(1));
         let (feed, _) = broadcast::channel(1024);
         let (appends, _) = broadcast::channel(1024);
@@ -171,7 +182,7 @@ impl StoreWriter {
         let thread_appends = appends.clone();
         let handle = std::thread::Builder::new()
             .name("flotilla-storage-writer".into())
-            .spawn(move || run(&db, &mut rx, &thread_stats, (&thread_feed, &thread_appends), log))
+            .spawn(move || run(sink, &mut rx, &thread_stats, (&thread_feed, &thread_appends), log))
             .map_err(StorageError::WriterSpawn)?;
         Ok(StoreWriter {
             inner: Arc::new(Inner {
@@ -311,16 +322,72 @@ impl StoreWriter {
 /// answered) in steps rather than as one giant batch.
 const MAX_BATCH_REQUESTS: usize = 4096;
 
+/// Where the writer thread makes a batch durable: RocksDB ([`RocksSink`]),
+/// or etcd transactions (`super::etcd`).
+pub(crate) trait BatchSink: Send + 'static {
+    /// Whether `cf` is one of the store's column families.
+    fn has_cf(&self, cf: &'static str) -> bool;
+    /// Makes `ops` durable. They are the ops of several requests, request
+    /// `i` ending before `ends[i]`; each request must land whole or not at
+    /// all. `Err` says how many requests (from the first) are durable
+    /// anyway.
+    fn write(&mut self, ops: &[WriteOp], ends: &[usize]) -> Result<(), SinkError>;
+}
+
+/// A batch that did not land whole: its first `durable` requests did.
+#[derive(Debug)]
+pub(crate) struct SinkError {
+    pub durable: usize,
+    pub error: StorageError,
+}
+
+/// The single-node sink: one synced RocksDB `WriteBatch` per batch.
+pub(crate) struct RocksSink {
+    db: Arc<DB>,
+    sync: WriteOptions,
+}
+
+impl RocksSink {
+    pub(crate) fn new(db: Arc<DB>) -> RocksSink {
+        let mut sync = WriteOptions::default();
+        sync.set_sync(true);
+        RocksSink { db, sync }
+    }
+}
+
+impl BatchSink for RocksSink {
+    fn has_cf(&self, cf: &'static str) -> bool {
+        self.db.cf_handle(cf).is_some()
+    }
+
+    fn write(&mut self, ops: &[WriteOp], _ends: &[usize]) -> Result<(), SinkError> {
+        let mut batch = WriteBatch::default();
+        for op in ops {
+            let cf = op.cf();
+            let Some(handle) = self.db.cf_handle(cf) else {
+                return Err(SinkError { durable: 0, error: StorageError::UnknownColumnFamily { cf } });
+            };
+            match op {
+                WriteOp::Put { key, value, .. } => batch.put_cf(handle, key, value),
+                WriteOp::Delete { key, .. } => batch.delete_cf(handle, key),
+                WriteOp::DeleteRange { from, to, .. } => batch.delete_range_cf(handle, from, to),
+                // Resolved into puts before a batch is written.
+                WriteOp::Append { .. } => {}
+            }
+        }
+        // One batch: all of it lands, or none.
+        self.db.write_opt(batch, &self.sync).map_err(|e| SinkError { durable: 0, error: StorageError::Rocks(e) })
+    }
+}
+
 /// The writer thread's loop; returns when every sender is gone.
 fn run(
-    db: &DB,
+    mut sink: Box<dyn BatchSink>,
     rx: &mut mpsc::Receiver<Request>,
     stats: &Stats,
     (feed, appends): (&broadcast::Sender<Arc<Committed>>, &broadcast::Sender<Arc<Appended>>),
     mut log: Option<AppendLog>,
 ) {
-    let mut sync = WriteOptions::default();
-    sync.set_sync(true);
     let mut seq = 0u64;
     while let Some(first) = rx.blocking_recv() {
         // Everything queued while the previous batch was being synced rides
@@ -336,29 +403,15 @@ fn run(
         // is queued from here on, which sets its own start (a request the
         // cap left queued starts its wait now).
         stats.taken(!rx.is_empty());
-        let listening = feed.receiver_count() > 0;
-        let mut announced = Vec::new();
-        // Kept whether or not anyone listens now: a reader that subscribes
-        // while this batch is written must still get it.
-        let mut appended = Vec::new();
-        let log_cf = log.as_ref().map(|l| l.cf);
-        let mut batch = WriteBatch::default();
+        let mut ops = Vec::new();
+        let mut ends = Vec::with_capacity(pending.len() + 1);
         let mut waiting = Vec::with_capacity(pending.len());
         let log_before = log.as_ref().map(|l| l.next);
         for req in pending {
-            match add_request(db, &mut batch, req.ops, log.as_mut()) {
-                Ok(applied) => {
-                    for op in applied {
-                        if let WriteOp::Put { cf, key, value } = &op
-                            && Some(*cf) == log_cf
-                            && let Some(seq) = super::keys::event_seq(key)
-                        {
-                            appended.push((seq, value.clone()));
-                        }
-                        if listening {
-                            announced.push(op);
-                        }
-                    }
+            match resolve(sink.as_ref(), req.ops, log.as_mut()) {
+                Ok(resolved) => {
+                    ops.extend(resolved);
+                    ends.push(ops.len());
                     waiting.push(req.reply);
                 }
                 // A receiver that is gone means the caller stopped waiting;
@@ -369,228 +422,97 @@ fn run(
         if waiting.is_empty() {
             continue;
         }
+        // The log's trim rides last, as a request of its own that nobody
+        // waits for.
         if let (Some(l), Some(before)) = (&log, log_before)
             && let Some((from, to)) = l.trim(before)
-            && let Some(handle) = db.cf_handle(l.cf)
         {
-            batch.delete_range_cf(handle, from, to);
+            ops.push(WriteOp::DeleteRange { cf: l.cf, from, to });
+            ends.push(ops.len());
         }
         let started = std::time::Instant::now();
         stats.writing(true);
-        let written = db.write_opt(batch, &sync);
+        let written = sink.write(&ops, &ends);
         stats.writing(false);
         // No-ops unless a process installed a recorder (the master does).
         metrics::histogram!("flotilla_store_commit_seconds").record(started.elapsed().as_secs_f64());
         metrics::histogram!("flotilla_store_batch_requests").record(waiting.len() as f64);
-        match written {
-            Ok(()) => {
-                stats.batches.fetch_add(1, Ordering::Relaxed);
-                stats.commits.fetch_add(waiting.len() as u64, Ordering::Relaxed);
-                seq += 1;
-                if listening {
-                    let _ = feed.send(Arc::new(Committed { seq, ops: announced }));
-                }
-                if !appended.is_empty() && appends.receiver_count() > 0 {
-                    let _ = appends.send(Arc::new(Appended { records: appended }));
-                }
-                for reply in waiting {
-                    let _ = reply.send(Ok(()));
-                }
+        let (durable, error) = match written {
+            Ok(()) => (ends.len(), None),
+            Err(SinkError { durable, error }) => {
+                tracing::error!(error = %crate::error::ErrorChain(&error), commits = waiting.len(), durable, "storage batch write failed");
+                (durable.min(ends.len()), Some(error))
             }
-            Err(e) => {
-                tracing::error!(error = %e, commits = waiting.len(), "storage batch write failed");
-                for reply in waiting {
-                    let _ = reply.send(Err(StorageError::Rocks(e.clone())));
-                }
-            }
+        };
+        if durable > 0 {
+            ops.truncate(ends[durable - 1]);
+            stats.batches.fetch_add(1, Ordering::Relaxed);
+            stats.commits.fetch_add(durable.min(waiting.len()) as u64, Ordering::Relaxed);
+            seq += 1;
+            announce(ops, log.as_ref().map(|l| l.cf), seq, (feed, appends));
+        }
+        for (i, reply) in waiting.into_iter().enumerate() {
+            let _ = reply.send(match &error {
+                Some(e) if i >= durable => Err(e.duplicate()),
+                _ => Ok(()),
+            });
         }
     }
 }
 
-/// Adds one request to the batch, all or nothing: every column family is
-/// resolved (and every append checked against the log) before the first op
-/// is added. Answers the ops as applied (appends as the puts they became).
-fn add_request(
-    db: &DB,
-    batch: &mut WriteBatch,
+/// Tells the feeds about a durable batch: its ops, and the log records it
+/// appended. Built only for whoever listens.
+fn announce(
+    ops: Vec<WriteOp>,
+    log_cf: Option<&'static str>,
+    seq: u64,
+    (feed, appends): (&broadcast::Sender<Arc<Committed>>, &broadcast::Sender<Arc<Appended>>),
+) {
+    if appends.receiver_count() > 0 && log_cf.is_some() {
+        let records: Vec<(u64, Vec<u8>)> = ops
+            .iter()
+            .filter_map(|op| match op {
+                WriteOp::Put { cf, key, value } if Some(*cf) == log_cf => {
+                    super::keys::event_seq(key).map(|seq| (seq, value.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        if !records.is_empty() {
+            let _ = appends.send(Arc::new(Appended { records }));
+        }
+    }
+    if feed.receiver_count() > 0 {
+        let _ = feed.send(Arc::new(Committed { seq, ops }));
+    }
+}
+
+/// Checks one request whole (every column family known, every append
+/// against the log) before any of it enters the batch, and turns its
+/// appends into the puts they become.
+fn resolve(
+    sink: &dyn BatchSink,
     ops: Vec<WriteOp>,
     mut log: Option<&mut AppendLog>,
 ) -> Result<Vec<WriteOp>, StorageError> {
-    let mut resolved = Vec::with_capacity(ops.len());
-    for op in ops {
+    for op in &ops {
         let cf = op.cf();
-        let handle = db.cf_handle(cf).ok_or(StorageError::UnknownColumnFamily { cf })?;
-        if matches!(op, WriteOp::Append { .. }) && log.as_ref().is_none_or(|l| l.cf != cf) {
+        if !sink.has_cf(cf) || (matches!(op, WriteOp::Append { .. }) && log.as_ref().is_none_or(|l| l.cf != cf)) {
             return Err(StorageError::UnknownColumnFamily { cf });
         }
-        resolved.push((handle, op));
     }
-    let mut applied = Vec::with_capacity(resolved.len());
-    for (handle, op) in resolved {
-        let op = match op {
+    Ok(ops
+        .into_iter()
+        .map(|op| match op {
             WriteOp::Append { cf, value } => {
                 let key = log.as_mut().map(|l| l.take()).unwrap_or_default();
                 WriteOp::Put { cf, key, value }
             }
             other => other,
-        };
-        match &op {
-            WriteOp::Put { key, value, .. } => batch.put_cf(handle, key, value),
-            WriteOp::Delete { key, .. } => batch.delete_cf(handle, key),
-            WriteOp::DeleteRange { from, to, .. } => batch.delete_range_cf(handle, from, to),
-            WriteOp::Append { .. } => {}
-        }
-        applied.push(op);
-    }
-    Ok(applied)
+        })
+        .collect())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::storage::db;
-
-    const CFS: [&str; 2] = ["data", "meta"];
-
-    fn open(dir: &std::path::Path) -> (Arc<DB>, StoreWriter) {
-        let db = db::open(dir, &CFS, "meta").unwrap();
-        let writer = StoreWriter::start(db.clone(), DEFAULT_QUEUE).unwrap();
-        (db, writer)
-    }
-
-    fn put(key: &str) -> WriteOp {
-        WriteOp::Put { cf: "data", key: key.as_bytes().to_vec(), value: key.as_bytes().to_vec() }
-    }
-
-    fn get(db: &DB, key: &str) -> Option<Vec<u8>> {
-        db.get_cf(db.cf_handle("data").unwrap(), key).unwrap()
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_commits_are_grouped_into_fewer_batches() {
-        let dir = tempfile::tempdir().unwrap();
-        let (db, writer) = open(dir.path());
-        let n = 200;
-        let tasks: Vec<_> = (0..n)
-            .map(|i| {
-                let w = writer.clone();
-                tokio::spawn(async move { w.commit(vec![put(&format!("k{i}")), put(&format!("j{i}"))]).await })
-            })
-            .collect();
-        for t in tasks {
-            t.await.unwrap().unwrap();
-        }
-        for i in 0..n {
-            assert_eq!(get(&db, &format!("k{i}")).as_deref(), Some(format!("k{i}").as_bytes()));
-            assert!(get(&db, &format!("j{i}")).is_some());
-        }
-        assert_eq!(writer.commits_written(), n);
-        let batches = writer.batches_written();
-        assert!(batches >= 1 && batches < n, "{batches} batches for {n} commits");
-    }
-
-    #[tokio::test]
-    async fn deletes_apply_and_empty_commits_succeed() {
-        let dir = tempfile::tempdir().unwrap();
-        let (db, writer) = open(dir.path());
-        writer.commit(vec![put("a"), put("b")]).await.unwrap();
-        writer.commit(vec![WriteOp::Delete { cf: "data", key: b"a".to_vec() }]).await.unwrap();
-        writer.commit(Vec::new()).await.unwrap();
-        assert_eq!(get(&db, "a"), None);
-        assert!(get(&db, "b").is_some());
-        assert_eq!(writer.commits_written(), 2);
-    }
-
-    #[tokio::test]
-    async fn a_failed_batch_reports_the_error_to_every_caller() {
-        let dir = tempfile::tempdir().unwrap();
-        drop(open(dir.path()));
-        // A read-only database refuses every write: a real RocksDB failure.
-        let ro = DB::open_cf_for_read_only(&rocksdb::Options::default(), dir.path(), CFS, false).unwrap();
-        let writer = StoreWriter::start(Arc::new(ro), DEFAULT_QUEUE).unwrap();
-        let results = futures::future::join_all((0..20).map(|i| writer.commit(vec![put(&format!("k{i}"))]))).await;
-        for r in results {
-            assert!(matches!(r, Err(StorageError::Rocks(_))), "{r:?}");
-        }
-        assert_eq!(writer.batches_written(), 0);
-        assert_eq!(writer.commits_written(), 0);
-    }
-
-    #[tokio::test]
-    async fn a_request_with_an_unknown_column_family_fails_alone_and_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let (db, writer) = open(dir.path());
-        let bad = vec![put("half"), WriteOp::Put { cf: "nope", key: b"k".to_vec(), value: b"v".to_vec() }];
-        let (bad, good) = tokio::join!(writer.commit(bad), writer.commit(vec![put("good")]));
-        assert!(matches!(bad, Err(StorageError::UnknownColumnFamily { cf: "nope" })), "{bad:?}");
-        good.unwrap();
-        assert_eq!(get(&db, "half"), None, "a failed request must not be partly applied");
-        assert!(get(&db, "good").is_some());
-    }
-
-    #[test]
-    fn commit_blocking_works_off_the_runtime_and_drop_releases_the_db() {
-        let dir = tempfile::tempdir().unwrap();
-        let (db, writer) = open(dir.path());
-        writer.commit_blocking(vec![put("x")]).unwrap();
-        drop(db);
-        drop(writer);
-        // The writer thread held the last handle; the lock must be free now.
-        let (db, _writer) = open(dir.path());
-        assert!(get(&db, "x").is_some());
-    }
-
-    #[tokio::test]
-    async fn a_full_queue_refuses_try_commit_and_loses_nothing_acknowledged() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = db::open(dir.path(), &CFS, "meta").unwrap();
-        let writer = StoreWriter::start(db.clone(), 1).unwrap();
-        // Many at once against a queue of one: some are refused, none of
-        // the accepted ones is lost.
-        let results = futures::future::join_all((0..200).map(|i| {
-            let w = writer.clone();
-            async move { (i, w.try_commit(vec![put(&format!("k{i}"))]).await) }
-        }))
-        .await;
-        let refused = results.iter().filter(|(_, r)| matches!(r, Err(StorageError::Overloaded))).count();
-        assert!(refused > 0, "a queue of one took 200 concurrent requests");
-        for (i, r) in &results {
-            match r {
-                Ok(()) => assert!(get(&db, &format!("k{i}")).is_some(), "acknowledged k{i} is missing"),
-                Err(StorageError::Overloaded) => {
-                    assert!(get(&db, &format!("k{i}")).is_none(), "refused k{i} was written")
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-        // `commit` waits for room instead.
-        let all = futures::future::join_all((0..50).map(|i| writer.commit(vec![put(&format!("w{i}"))]))).await;
-        assert!(all.iter().all(|r| r.is_ok()));
-    }
-
-    #[tokio::test]
-    async fn the_change_feed_announces_durable_batches_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let (_db, writer) = open(dir.path());
-        writer.commit(vec![put("before")]).await.unwrap();
-        let mut feed = writer.subscribe();
-        writer.commit(vec![put("a")]).await.unwrap();
-        writer.commit(vec![WriteOp::DeleteRange { cf: "data", from: b"a".to_vec(), to: b"b".to_vec() }]).await.unwrap();
-        let first = feed.recv().await.unwrap();
-        let second = feed.recv().await.unwrap();
-        assert_eq!(first.ops, vec![put("a")]);
-        assert!(second.seq > first.seq);
-        assert!(matches!(second.ops[0], WriteOp::DeleteRange { .. }));
-    }
-
-    #[tokio::test]
-    async fn delete_range_removes_exactly_the_range() {
-        let dir = tempfile::tempdir().unwrap();
-        let (db, writer) = open(dir.path());
-        writer.commit(vec![put("a1"), put("a2"), put("b1")]).await.unwrap();
-        writer.commit(vec![WriteOp::DeleteRange { cf: "data", from: b"a".to_vec(), to: b"b".to_vec() }]).await.unwrap();
-        assert_eq!(get(&db, "a1"), None);
-        assert_eq!(get(&db, "a2"), None);
-        assert!(get(&db, "b1").is_some());
-    }
-}
+#[path = "writer_tests.rs"]
+mod tests;

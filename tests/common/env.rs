@@ -133,6 +133,44 @@ impl TestEnv {
         env
     }
 
+    /// A master whose store is on `etcd` (under the prefix `/<name>/`),
+    /// and three agents.
+    pub async fn start_on_etcd(name: &str, etcd: &super::etcd::EtcdCluster) -> TestEnv {
+        let config = etcd_config(name, etcd);
+        let mut env = TestEnv::new(name, &[], &[], AGENTS, "127.0.0.1", Some(&config)).await;
+        for i in 1..=AGENTS {
+            let agent = env.spawn_agent(i);
+            env.agents.push(agent);
+        }
+        env.wait_ready().await;
+        env
+    }
+
+    /// Another master on this env's config (its store on etcd), with a data
+    /// dir and loopback ports of its own, logging to `<name>.log`; it
+    /// writes `<dir>/endpoints.json` once it leads and listens.
+    pub fn spawn_other_master(&self, name: &str) -> (Child, PathBuf) {
+        let dir = self.root_path.join(name);
+        std::fs::create_dir_all(&dir).expect("another master's dir");
+        let (out, err) = self.log(&format!("{name}.log"));
+        let mut cmd = self.command();
+        cmd.arg("master")
+            .arg("--data-dir")
+            .arg(&dir)
+            .args(["--http-addr", "127.0.0.1:0", "--agent-addr", "127.0.0.1:0", "--name", name])
+            .arg("--endpoints-file")
+            .arg(dir.join("endpoints.json"))
+            .args(self.master_config.iter().flat_map(|p| [std::ffi::OsStr::new("--config"), p.as_os_str()]))
+            .stdout(out)
+            .stderr(err);
+        (cmd.spawn().expect("spawn another master"), dir)
+    }
+
+    /// A log file of this env (`master.log`, `agent-1.log`, ...).
+    pub fn log_file(&self, name: &str) -> String {
+        std::fs::read_to_string(self.root_path.join(name)).unwrap_or_default()
+    }
+
     async fn start_full(name: &str, master_env: &[(&str, &str)], agent_flags: &[(usize, &str)]) -> TestEnv {
         let mut env = TestEnv::new(name, master_env, agent_flags, AGENTS, "127.0.0.1", None).await;
         for i in 1..=AGENTS {
@@ -670,4 +708,10 @@ impl Drop for TestEnv {
             panic!("teardown of env {}: {}", self.name, problems.join("; "));
         }
     }
+}
+
+/// A master's config file putting its store on `etcd` under `/<name>/`.
+pub fn etcd_config(name: &str, etcd: &super::etcd::EtcdCluster) -> String {
+    let endpoints: Vec<String> = etcd.endpoints.iter().map(|e| format!("{e:?}")).collect();
+    format!("store = \"etcd\"\n\n[etcd]\nendpoints = [{}]\nprefix = \"/{name}/\"\n", endpoints.join(", "))
 }

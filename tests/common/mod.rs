@@ -4,6 +4,7 @@
 
 pub mod dev;
 pub mod env;
+pub mod etcd;
 pub mod fake_master;
 pub mod faulty;
 pub mod http;

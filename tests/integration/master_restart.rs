@@ -122,7 +122,11 @@ async fn an_operation_interrupted_by_a_master_kill_9_is_resumed() {
 /// resumes it, names it in its log, and it ends `Succeeded` with every
 /// member started exactly as often as an uninterrupted run starts it.
 async fn operation_interrupted_by_the_master_is_resumed(name: &str, kill_9: bool) {
-    let mut env = TestEnv::start(name).await;
+    interrupted_scale_out_is_resumed(TestEnv::start(name).await, kill_9).await;
+}
+
+/// The scale-out above, on `env` (its store on RocksDB or etcd).
+pub(crate) async fn interrupted_scale_out_is_resumed(mut env: TestEnv, kill_9: bool) -> TestEnv {
     let pkg = PackageBuilder::new("slow", "1.0.0")
         .spec(SLOW_SPEC)
         .script("bin/start.sh", RECORD_AND_SLEEP)
@@ -168,4 +172,5 @@ async fn operation_interrupted_by_the_master_is_resumed(name: &str, kill_9: bool
         assert_eq!(crate::common::scripts::started_at(m).len(), starts, "{} started too often", id_of(m));
         assert_eq!(crate::common::scripts::rendered(m, "conf/members"), "1 2 3 4 \n", "{}", id_of(m));
     }
+    env
 }

@@ -3,7 +3,8 @@
 //! listener, the join tokens ([`join_tokens`]) and the certificate issued
 //! to each node ([`enrollment`]), and answers the one question the agent
 //! listener asks of every connection that presents a certificate: which
-//! node is this ([`Trust::identify`])?
+//! node is this ([`Trust::identify`])? With several masters on etcd the CA
+//! is the installation's, shared through the store ([`shared_ca`]).
 //!
 //! The tables are read without a lock (an `ArcSwap`) and change only after
 //! the store acknowledged the write, in a task of its own, so a request
@@ -12,6 +13,7 @@
 
 pub mod enrollment;
 pub mod join_tokens;
+pub mod shared_ca;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;

@@ -18,6 +18,20 @@ pub struct HealthDto {
     /// Instance status changes since the master started.
     pub instance_transitions: u64,
     pub store: StoreStats,
+    /// `leader` (it takes writes) or `follower` (it sends writes to the leader).
+    pub role: String,
+    /// The leader's API URL (this master's own when it leads).
+    pub leader: Option<String>,
+    /// The leader's term: the revision of etcd that made it leader (0 with
+    /// the embedded store, whose one master always leads). Commands to
+    /// agents carry it; an agent refuses a term below one it has seen.
+    pub term: i64,
+    /// This master's name among several.
+    pub name: String,
+    /// The master's process id.
+    pub pid: u32,
+    /// Which engine holds the state: `rocksdb` or `etcd`.
+    pub store_engine: String,
 }
 
 /// One actor (or supervised task) of the supervision tree.

@@ -47,6 +47,30 @@ fn files(dir: &Path) -> (PathBuf, PathBuf) {
     (dir.join("ca.crt"), dir.join("ca.key"))
 }
 
+/// Writes a CA's files into a directory beside `dir`, then renames that
+/// into place: a crash leaves no CA or a whole one, never a certificate
+/// without its key (or a key that blocks `--init`). `dir` must hold no CA.
+fn write_pem(dir: &Path, cert_pem: &str, key_pem: &str) -> Result<(), TlsError> {
+    let io = |what: &'static str, path: &Path| {
+        let path = path.display().to_string();
+        move |source| TlsError::Io { what, path, source }
+    };
+    let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "ca".into());
+    let tmp = dir.with_file_name(format!(".{name}.new"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    private_dir(&tmp).map_err(io("creating the CA directory", &tmp))?;
+    let (tmp_crt, tmp_key) = files(&tmp);
+    write_private(&tmp_key, key_pem.as_bytes()).map_err(io("writing the CA key", &tmp_key))?;
+    write_private(&tmp_crt, cert_pem.as_bytes()).map_err(io("writing the CA certificate", &tmp_crt))?;
+    // An empty `dir` (made by hand, or left by an older release) is
+    // replaced; one with anything in it was refused or removed before.
+    let _ = std::fs::remove_dir(dir);
+    std::fs::rename(&tmp, dir).map_err(io("putting the CA in place", dir))?;
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(io("syncing", parent))?;
+    Ok(())
+}
+
 /// The CA's subject. Fixed, so the issuer is rebuilt from the key alone.
 fn ca_params() -> CertificateParams {
     let mut params = CertificateParams::default();
@@ -81,37 +105,38 @@ impl Ca {
 
     /// Makes a new CA in `dir` (which must not hold one).
     pub fn create(dir: &Path) -> Result<Ca, TlsError> {
-        let (crt, key) = files(dir);
-        if crt.exists() || key.exists() {
+        if Ca::exists(dir) {
             return Err(TlsError::Invalid {
                 what: dir.display().to_string(),
                 message: "already holds a CA; refusing to replace it (every enrolled agent trusts it)".into(),
             });
         }
-        let io = |what: &'static str, path: &Path| {
-            let path = path.display().to_string();
-            move |source| TlsError::Io { what, path, source }
-        };
         let ca = Ca::generate()?;
-        // Both files are written into a directory beside `dir`, then that
-        // is renamed into place: a crash leaves no CA or a whole one, never
-        // a certificate without its key (or a key that blocks `--init`).
-        let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "ca".into());
-        let tmp = dir.with_file_name(format!(".{name}.new"));
-        let _ = std::fs::remove_dir_all(&tmp);
-        private_dir(&tmp).map_err(io("creating the CA directory", &tmp))?;
-        let (tmp_crt, tmp_key) = files(&tmp);
-        write_private(&tmp_key, ca.issuer.key().serialize_pem().as_bytes())
-            .map_err(io("writing the CA key", &tmp_key))?;
         let pem = pem::encode(&pem::Pem::new("CERTIFICATE", ca.cert.to_vec()));
-        write_private(&tmp_crt, pem.as_bytes()).map_err(io("writing the CA certificate", &tmp_crt))?;
-        // An empty `dir` (made by hand, or left by an older release) is
-        // replaced; one with anything in it was refused above or is kept.
-        let _ = std::fs::remove_dir(dir);
-        std::fs::rename(&tmp, dir).map_err(io("putting the CA in place", dir))?;
-        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(io("syncing", parent))?;
+        write_pem(dir, &pem, &ca.issuer.key().serialize_pem())?;
         Ok(ca)
+    }
+
+    /// The certificate and key of `dir`'s CA, as PEM text (to share it).
+    pub fn read_pem(dir: &Path) -> Result<(String, String), TlsError> {
+        let (crt, key) = files(dir);
+        let text = |path: &Path, what| {
+            String::from_utf8(read(path, what)?)
+                .map_err(|_| TlsError::Invalid { what: path.display().to_string(), message: "not a PEM file".into() })
+        };
+        Ok((text(&crt, "reading the CA certificate")?, text(&key, "reading the CA key")?))
+    }
+
+    /// Puts the CA `(certificate, key)` (PEM) in `dir`, in place of
+    /// whatever it holds: the installation's CA shared through the store.
+    pub fn replace_with_pem(dir: &Path, cert_pem: &str, key_pem: &str) -> Result<(), TlsError> {
+        // Checked before anything is replaced.
+        KeyPair::from_pem(key_pem)
+            .map_err(|e| TlsError::Invalid { what: "the shared CA key".into(), message: e.to_string() })?;
+        CertificateDer::from_pem_slice(cert_pem.as_bytes())
+            .map_err(|e| TlsError::Invalid { what: "the shared CA certificate".into(), message: e.to_string() })?;
+        let _ = std::fs::remove_dir_all(dir);
+        write_pem(dir, cert_pem, key_pem)
     }
 
     /// Loads the CA of `dir`.

@@ -1,0 +1,5 @@
+//! Several masters on etcd (issue 25): the store on real etcd members, the
+//! leader's election and fence, and masters that take over.
+
+mod masters;
+mod store;
