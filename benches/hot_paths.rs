@@ -66,6 +66,7 @@ fn storage(c: &mut Criterion) {
 fn codec(c: &mut Criterion) {
     let frame = MasterFrame::Request {
         request_id: 1,
+        term: 0,
         body: AgentRequest::InstallData {
             instance: InstanceId::new("bench-server-1-abcdef"),
             seq: 0,

@@ -470,7 +470,8 @@ impl AgentConfig {
             });
         }
         crate::ids::validate_name(&self.node_id).map_err(|m| ConfigError::Invalid { key: "node_id", message: m })?;
-        check_addr("master_addr", &self.master_addr)?;
+        crate::agent::masters::Masters::parse(&self.master_addr)
+            .map_err(|message| ConfigError::Invalid { key: "master_addr", message })?;
         self.address.parse::<std::net::IpAddr>().map_err(|_| ConfigError::Invalid {
             key: "address",
             message: format!("{:?} is not an IP address", self.address),

@@ -94,7 +94,9 @@ enum Command {
         config: Option<PathBuf>,
         #[arg(long)]
         node_id: Option<String>,
-        /// The master's agent listener, HOST:PORT.
+        /// The master's agent listener, HOST:PORT; with several masters
+        /// (a store on etcd) every one, comma-separated: the agent serves
+        /// the one that leads.
         #[arg(long)]
         master: Option<String>,
         /// The IP instances on this node bind to.

@@ -172,7 +172,10 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         name: cfg.name.clone().unwrap_or_else(|| http_addr.to_string()),
         api_url: cfg.advertise_url.clone().unwrap_or_else(|| format!("http://{http_addr}")),
     };
-    let opened = crate::open_store::open(&cfg, named).await.map_err(MasterError::Storage)?;
+    let opened = crate::open_store::open(&cfg, named, &http_listener).await.map_err(|e| match e {
+        crate::open_store::OpenError::Storage(e) => MasterError::Storage(e),
+        crate::open_store::OpenError::Listen(source) => MasterError::Listen { addr: cfg.http_addr.clone(), source },
+    })?;
     let (store, role) = (opened.store, opened.role);
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
     let loader = store.clone();

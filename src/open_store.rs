@@ -23,25 +23,45 @@ pub struct Opened {
     pub role: Arc<Role>,
 }
 
-/// Opens the configured store; on etcd, waits until this master leads
-/// (a follower waits here, logging who leads).
-pub async fn open(cfg: &MasterConfig, named: Named) -> Result<Opened, StorageError> {
+/// Why the store could not be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    Storage(StorageError),
+    /// The standby server could not serve the API socket.
+    Listen(std::io::Error),
+}
+
+/// Each leader seen while this master waits to lead.
+pub type OnLeader = Box<dyn FnMut(Option<&election::Leader>) + Send>;
+
+/// Opens the configured store; on etcd, waits until this master leads,
+/// its API socket (`api`, bound already) answering as a standby meanwhile
+/// ([`crate::http::standby`]).
+pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener) -> Result<Opened, OpenError> {
     match cfg.store {
         StoreKind::Rocksdb => {
-            let store = MasterStore::open_opts(&cfg.data_dir.join("db"), cfg.writer_queue, cfg.events_retained as u64)?;
+            let store = MasterStore::open_opts(&cfg.data_dir.join("db"), cfg.writer_queue, cfg.events_retained as u64)
+                .map_err(OpenError::Storage)?;
             Ok(Opened { store: Arc::new(store), role: Arc::new(Role::single(named.name, named.api_url)) })
         }
         StoreKind::Etcd => {
+            let seen = crate::http::standby::Seen::default();
+            let socket = api.try_clone().map_err(OpenError::Listen)?;
+            let standby = crate::http::standby::Standby::serve(socket, named.name.clone(), seen.clone())
+                .map_err(OpenError::Listen)?;
+            let on_leader: OnLeader = Box::new(move |leader| seen.set(leader));
             let cfg = cfg.clone();
-            tokio::task::spawn_blocking(move || lead(&cfg, named))
+            let opened = tokio::task::spawn_blocking(move || lead(&cfg, named, on_leader))
                 .await
-                .map_err(|e| StorageError::Etcd(format!("the campaign's thread failed: {e}")))?
+                .map_err(|e| OpenError::Storage(StorageError::Etcd(format!("the campaign's thread failed: {e}"))));
+            standby.stop().await;
+            opened?.map_err(OpenError::Storage)
         }
     }
 }
 
 /// Campaigns until this master leads, then opens the store under its fence (blocking).
-fn lead(cfg: &MasterConfig, named: Named) -> Result<Opened, StorageError> {
+fn lead(cfg: &MasterConfig, named: Named, mut on_leader: OnLeader) -> Result<Opened, StorageError> {
     let settings = &cfg.etcd;
     let (bridge, members) = etcd::connect(settings)?;
     let layout = Layout::new(&settings.prefix);
@@ -60,6 +80,7 @@ fn lead(cfg: &MasterConfig, named: Named) -> Result<Opened, StorageError> {
     };
     let mut last_seen = None;
     let leadership = election::campaign(&bridge, &members, &campaign, |leader| {
+        on_leader(leader);
         let seen = leader.map(|l| (l.term, l.info.as_ref().map(|i| i.name.clone())));
         if seen != last_seen {
             match leader {

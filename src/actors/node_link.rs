@@ -56,6 +56,10 @@ pub enum NodeError {
     Unexpected { node: NodeId, detail: String },
     #[error("cannot read package for node {node}: {detail}")]
     Package { node: NodeId, detail: String },
+    #[error(
+        "no command sent to node {node}: this master's leadership (term {term}) is suspended, its lease could not be renewed"
+    )]
+    Suspended { node: NodeId, term: i64 },
 }
 
 pub(super) type Pending = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<AgentResponse>>>>;
@@ -166,7 +170,14 @@ pub struct NodeLink {
     /// Test hooks: the node manager ([`MANAGER_PANIC`]) or the link
     /// writer ([`WRITER_PANIC`]) panics at its next frame.
     panic_injected: Arc<AtomicU8>,
+    /// The master's role: its term rides on every request, and no request
+    /// leaves while its leadership is suspended.
+    role: Arc<super::role::Role>,
 }
+
+/// How long a request waits for a suspended leadership to be renewed
+/// before it fails (a lost one ends the master meanwhile).
+const SUSPENDED_WAIT: Duration = Duration::from_secs(10);
 
 const MANAGER_PANIC: u8 = 1;
 const WRITER_PANIC: u8 = 2;
@@ -200,7 +211,7 @@ impl Drop for StreamGuard {
             return;
         }
         let body = AgentRequest::InstallAbort { instance: self.instance.clone() };
-        let frame = MasterFrame::Request { request_id: self.request_id, body };
+        let frame = self.link.request(self.request_id, body);
         let link = self.link.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move { link.send(frame).await });
@@ -236,7 +247,19 @@ impl NodeLink {
             stalled: Arc::default(),
             agent_ended: Arc::default(),
             panic_injected: Arc::default(),
+            role: Arc::new(super::role::Role::single(String::new(), String::new())),
         }
+    }
+
+    /// The link of a master in `role` (its term, its leadership).
+    pub(super) fn with_role(mut self, role: Arc<super::role::Role>) -> NodeLink {
+        self.role = role;
+        self
+    }
+
+    /// A request frame of this master's term.
+    fn request(&self, request_id: u64, body: AgentRequest) -> MasterFrame {
+        MasterFrame::Request { request_id, term: self.role.term(), body }
     }
 
     /// Test hooks: makes this link's node manager panic at its next frame.
@@ -351,6 +374,9 @@ impl NodeLink {
         if self.is_closed() {
             return Err(self.closed_error());
         }
+        if matches!(frame, MasterFrame::Request { .. }) && !self.role.may_act() {
+            self.wait_to_act().await?;
+        }
         match self.tx.send_timeout((frame, permit), self.send_timeout).await {
             Ok(()) => Ok(()),
             Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(self.closed_error()),
@@ -360,6 +386,20 @@ impl NodeLink {
                 Err(self.closed_error())
             }
         }
+    }
+
+    /// Waits (at most [`SUSPENDED_WAIT`]) while this master's leadership is
+    /// suspended: its lease could not be renewed in time, so another master
+    /// may lead by now, and nothing is commanded until it is renewed.
+    async fn wait_to_act(&self) -> Result<(), NodeError> {
+        let deadline = tokio::time::Instant::now() + SUSPENDED_WAIT;
+        while !self.role.may_act() {
+            if tokio::time::Instant::now() >= deadline || self.is_closed() {
+                return Err(NodeError::Suspended { node: self.node.clone(), term: self.role.term() });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
     }
 
     /// Queues a frame only if there is room now (acknowledgements: one
@@ -403,7 +443,7 @@ impl NodeLink {
         let _turn = self.turn().await?;
         let (request_id, mut rx) = self.register();
         let _guard = PendingGuard(&self.pending, request_id);
-        self.send(MasterFrame::Request { request_id, body }).await?;
+        self.send(self.request(request_id, body)).await?;
         self.reply_within(&mut rx, what, self.reply_timeout + work).await
     }
 
@@ -428,7 +468,7 @@ impl NodeLink {
         let _turn = self.turn().await?;
         let (request_id, mut rx) = self.register();
         let _guard = PendingGuard(&self.pending, request_id);
-        self.send(MasterFrame::Request { request_id, body: AgentRequest::InstallBegin(Box::new(begin)) }).await?;
+        self.send(self.request(request_id, AgentRequest::InstallBegin(Box::new(begin)))).await?;
         // From here: the agent may be about to take the bytes (its answer
         // late because it waits for a request slot).
         let mut guard = StreamGuard { link: self.clone(), request_id, instance: instance.clone(), ended: false };
@@ -526,11 +566,11 @@ impl NodeLink {
             left = left.saturating_sub(filled as u64);
             sent += filled as u64;
             let body = AgentRequest::InstallData { instance: instance.clone(), seq, bytes: buf };
-            self.send_with(MasterFrame::Request { request_id, body }, Some(permit)).await?;
+            self.send_with(self.request(request_id, body), Some(permit)).await?;
             progress.fetch_add(1, Ordering::Relaxed);
             seq += 1;
         }
         let body = AgentRequest::InstallEnd { instance: instance.clone() };
-        self.send(MasterFrame::Request { request_id, body }).await
+        self.send(self.request(request_id, body)).await
     }
 }

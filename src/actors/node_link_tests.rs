@@ -58,7 +58,7 @@ async fn an_install_the_agent_failed_mid_stream_sends_no_more_chunks() {
     let data = std::cell::Cell::new(0);
     let agent = async {
         while let Some((frame, _permit)) = frames.recv().await {
-            let MasterFrame::Request { request_id, body } = frame else { continue };
+            let MasterFrame::Request { request_id, body, .. } = frame else { continue };
             match body {
                 AgentRequest::InstallBegin(_) => {
                     answer(&link, request_id, AgentResponse::InstallReady { need_bytes: true });

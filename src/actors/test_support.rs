@@ -339,7 +339,7 @@ impl FakeAgent {
                 .await
                 .expect("a request within 10 s")
                 .expect("the link is open");
-            if let MasterFrame::Request { request_id, body } = frame {
+            if let MasterFrame::Request { request_id, body, .. } = frame {
                 return (request_id, body);
             }
         }
@@ -351,7 +351,7 @@ impl FakeAgent {
         actix::spawn(async move {
             let mut pid = 7000;
             while let Some((frame, _)) = self.frames.recv().await {
-                let MasterFrame::Request { request_id, body } = frame else { continue };
+                let MasterFrame::Request { request_id, body, .. } = frame else { continue };
                 let answer = match body {
                     AgentRequest::Stop { .. } => AgentResponse::Stopped { was_running: true },
                     AgentRequest::Start { .. } => {

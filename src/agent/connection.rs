@@ -54,7 +54,7 @@ pub struct Identity {
 pub async fn serve(
     node: Arc<Node>,
     identity: Identity,
-    master: SocketAddr,
+    mut masters: super::masters::Masters,
     tls: Arc<rustls::ClientConfig>,
     handshake_timeout: Duration,
     max_backoff: Duration,
@@ -71,6 +71,7 @@ pub async fn serve(
             _ = settle_requests(&node) => {}
             _ = shutdown.changed() => return,
         }
+        let master = masters.current();
         let connected = match dial(master, &identity.address).await {
             Ok(tcp) => crate::protocol::tls::connect(tls.clone(), tcp, handshake_timeout).await,
             Err(e) => Err(e),
@@ -91,8 +92,9 @@ pub async fn serve(
                         );
                     }
                     Err(ProtocolError::Refused { reason }) => {
-                        tracing::error!(%reason, "the master refused this agent");
-                        // Asking again at once changes nothing: wait the longest.
+                        tracing::error!(%reason, %master, "the connection to this master was refused");
+                        // Asking again at once changes nothing: wait the
+                        // longest before this one again, try the others first.
                         backoff = max_backoff;
                     }
                     Err(e) => tracing::warn!(error = %crate::error::ErrorChain(&e), "connection to master ended"),
@@ -100,6 +102,11 @@ pub async fn serve(
                 }
             }
             Err(e) => tracing::warn!(error = %crate::error::ErrorChain(&e), %master, "cannot connect to the master"),
+        }
+        // With several masters, the next one at once; after a whole round
+        // (or with one master) a jittered pause.
+        if masters.len() > 1 && !masters.advance() {
+            continue;
         }
         tokio::select! {
             _ = tokio::time::sleep(jittered(backoff)) => {}
@@ -209,7 +216,8 @@ async fn session(
         simulated: false,
     };
     let welcome = agent_handshake(&mut framed, hello, handshake_timeout).await?;
-    tracing::info!(node = %identity.node_id, "connected to master");
+    node.master_term.admit(&node.store, welcome.term).await.map_err(|reason| ProtocolError::Refused { reason })?;
+    tracing::info!(node = %identity.node_id, term = welcome.term, "connected to master");
     let (mut reader, write_half) = split_after_handshake(framed);
     let writer = FramedWrite::new(write_half, AgentCodec::default());
 
@@ -241,7 +249,22 @@ async fn session(
             Some(Ok(f)) => f,
         };
         match frame {
-            MasterFrame::Request { request_id, body } => {
+            MasterFrame::Request { request_id, term, body } => {
+                if !node.master_term.allows(term) {
+                    let message = format!(
+                        "refused: the request is of master term {term}, older than term {} this agent has seen (another master leads)",
+                        node.master_term.seen()
+                    );
+                    tracing::warn!(term, seen = node.master_term.seen(), "a request of an older master term refused");
+                    let reply = AgentFrame::Response {
+                        request_id,
+                        body: crate::agent::node::failure(FailureKind::StaleTerm, message),
+                    };
+                    if tx.send(reply).await.is_err() {
+                        break Ok(());
+                    }
+                    continue;
+                }
                 handle(node, &tx, &slots, &mut installs, request_id, body).await;
                 // A package chunk leaves a 1 MiB buffer behind; give it back.
                 if reader.read_buffer().is_empty() && reader.read_buffer().capacity() > 64 * 1024 {
@@ -538,10 +561,12 @@ mod tests {
             let mut framed = Framed::new(stream, MasterCodec::new());
             assert!(matches!(framed.next().await, Some(Ok(AgentFrame::Hello(_)))));
             let mut bytes = bytes::BytesMut::new();
-            let welcome = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 1000 };
+            let welcome = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 1000, term: 0 };
             let mut codec = MasterCodec::new();
             codec.encode(MasterFrame::Welcome(welcome), &mut bytes).unwrap();
-            codec.encode(MasterFrame::Request { request_id: 7, body: AgentRequest::Ping }, &mut bytes).unwrap();
+            codec
+                .encode(MasterFrame::Request { request_id: 7, term: 0, body: AgentRequest::Ping }, &mut bytes)
+                .unwrap();
             framed.get_mut().write_all(&bytes).await.unwrap();
             framed // kept open, silent
         });
@@ -566,7 +591,7 @@ mod tests {
         let (mut reader, _writer) = split_after_handshake(framed);
         let first = tokio::time::timeout(Duration::from_secs(2), reader.next()).await;
         let first = first.expect("the request that came with the Welcome was not decoded");
-        assert_eq!(first.unwrap().unwrap(), MasterFrame::Request { request_id: 7, body: AgentRequest::Ping });
+        assert_eq!(first.unwrap().unwrap(), MasterFrame::Request { request_id: 7, term: 0, body: AgentRequest::Ping });
     }
 
     #[test]

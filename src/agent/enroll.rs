@@ -51,12 +51,12 @@ pub enum EnrollError {
 }
 
 /// This node's credentials for `node_id`: the ones kept in `data_dir`, or
-/// new ones from the master at `master` for `token`.
+/// new ones from one of `masters` (the one that takes it) for `token`.
 pub async fn credentials(
     data_dir: &Path,
     node_id: &NodeId,
     token: Option<&str>,
-    master: SocketAddr,
+    masters: super::masters::Masters,
     address: &str,
     timeout: Duration,
     max_backoff: Duration,
@@ -81,7 +81,7 @@ pub async fn credentials(
     }
     let token = token.ok_or(EnrollError::NoToken)?;
     let key = NewKey::pending(data_dir)?;
-    let credentials = request(node_id, token, key, master, address, timeout, max_backoff).await?;
+    let credentials = request(node_id, token, key, masters, address, timeout, max_backoff).await?;
     credentials.save(data_dir)?;
     tracing::info!(node = %node_id, certificate = %hex::encode(credentials.fingerprint()), "enrolled with the master");
     Ok(credentials)
@@ -98,7 +98,7 @@ pub async fn request(
     node_id: &NodeId,
     token: &str,
     key: NewKey,
-    master: SocketAddr,
+    mut masters: super::masters::Masters,
     address: &str,
     timeout: Duration,
     max_backoff: Duration,
@@ -114,6 +114,7 @@ pub async fn request(
     };
     let mut backoff = Duration::from_millis(100);
     let enrolled = loop {
+        let master = masters.current();
         let attempt = async {
             let tcp = dial(master, address).await?;
             let stream = tls::connect(config.clone(), tcp, timeout).await?;
@@ -131,9 +132,13 @@ pub async fn request(
                 tracing::warn!(error = %crate::error::ErrorChain(&e), %master, "cannot enroll yet; trying again");
             }
         }
-        tokio::time::sleep(super::connection::jittered(backoff)).await;
-        backoff = (backoff * 2).min(max_backoff);
+        // The next master at once, a pause after a whole round.
+        if masters.advance() {
+            tokio::time::sleep(super::connection::jittered(backoff)).await;
+            backoff = (backoff * 2).min(max_backoff);
+        }
     };
+    let master = masters.current();
     let cert = CertificateDer::from(enrolled.certificate_der);
     let ca = CertificateDer::from(enrolled.ca_der);
     if tls::fingerprint(&ca) != token.ca {

@@ -22,6 +22,8 @@ pub mod health;
 pub mod hooks;
 mod install_feed;
 pub mod installer;
+pub mod master_term;
+pub mod masters;
 pub mod node;
 pub mod outbox;
 pub mod process;
@@ -29,7 +31,6 @@ pub mod restart;
 #[cfg(test)]
 mod testkit;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::AgentConfig;
@@ -63,9 +64,8 @@ pub fn data_dir_mode(dir: &std::path::Path, mode: u32) -> std::io::Result<()> {
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
     crate::fd_limit::raise();
     let port_range = cfg.ports().map_err(AgentError::Config)?;
-    let master: SocketAddr = cfg.master_addr.parse().map_err(|_| {
-        AgentError::Config(crate::config::ConfigError::Invalid { key: "master_addr", message: cfg.master_addr.clone() })
-    })?;
+    let masters = masters::Masters::parse(&cfg.master_addr)
+        .map_err(|message| AgentError::Config(crate::config::ConfigError::Invalid { key: "master_addr", message }))?;
     // The agent's store, package cache and certificate are its own: files
     // 0600, directories 0700 (umask 077; instances get 022, see
     // `process::vfork`). The data dir is 0711: instance users must pass
@@ -90,7 +90,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         &cfg.data_dir,
         &node_id,
         cfg.join_token.as_ref().map(|t| t.0.as_str()),
-        master,
+        masters.clone(),
         &cfg.address,
         cfg.handshake_timeout,
         cfg.reconnect_max_backoff,
@@ -129,7 +129,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let link = tokio::spawn(connection::serve(
         Arc::clone(&node),
         identity,
-        master,
+        masters,
         tls,
         cfg.handshake_timeout,
         cfg.reconnect_max_backoff,

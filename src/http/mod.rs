@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod openapi;
 mod packages;
 pub mod pools;
+pub mod standby;
 mod status;
 mod test_hooks;
 mod tokens;

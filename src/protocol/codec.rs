@@ -298,15 +298,17 @@ mod tests {
 
     fn master_frames() -> Vec<MasterFrame> {
         let mut frames = vec![
-            MasterFrame::Welcome(Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 1000 }),
+            MasterFrame::Welcome(Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 1000, term: 7 }),
             MasterFrame::Refused { reason: "no".into() },
             MasterFrame::Ack { seq: u64::MAX },
             MasterFrame::Enrolled(Enrolled { certificate_der: vec![0x30, 0x82, 1, 2], ca_der: vec![0x30; 40] }),
             MasterFrame::Heartbeat,
         ];
-        frames.extend(
-            requests().into_iter().enumerate().map(|(i, body)| MasterFrame::Request { request_id: i as u64, body }),
-        );
+        frames.extend(requests().into_iter().enumerate().map(|(i, body)| MasterFrame::Request {
+            request_id: i as u64,
+            term: i as i64,
+            body,
+        }));
         frames
     }
 
@@ -415,8 +417,9 @@ mod tests {
     #[test]
     fn oversized_message_is_refused_on_encode() {
         let body = AgentRequest::InstallData { instance: inst(), seq: 0, bytes: vec![7; MAX_FRAME_BYTES + 1] };
-        let err =
-            MasterCodec::new().encode(MasterFrame::Request { request_id: 1, body }, &mut BytesMut::new()).unwrap_err();
+        let err = MasterCodec::new()
+            .encode(MasterFrame::Request { request_id: 1, term: 0, body }, &mut BytesMut::new())
+            .unwrap_err();
         assert!(matches!(err, ProtocolError::FrameTooLarge { .. }), "{err:?}");
     }
 

@@ -72,11 +72,15 @@ fn request() -> impl Strategy<Value = AgentRequest> {
 
 fn master_frame() -> impl Strategy<Value = MasterFrame> {
     prop_oneof![
-        (any::<u32>(), any::<u64>()).prop_map(|(protocol_version, heartbeat_interval_ms)| MasterFrame::Welcome(
-            Welcome { protocol_version, heartbeat_interval_ms }
-        )),
+        (any::<u32>(), any::<u64>(), any::<i64>()).prop_map(|(protocol_version, heartbeat_interval_ms, term)| {
+            MasterFrame::Welcome(Welcome { protocol_version, heartbeat_interval_ms, term })
+        }),
         text().prop_map(|reason| MasterFrame::Refused { reason }),
-        (any::<u64>(), request()).prop_map(|(request_id, body)| MasterFrame::Request { request_id, body }),
+        (any::<u64>(), any::<i64>(), request()).prop_map(|(request_id, term, body)| MasterFrame::Request {
+            request_id,
+            term,
+            body
+        }),
         any::<u64>().prop_map(|seq| MasterFrame::Ack { seq }),
         (bytes(), bytes())
             .prop_map(|(certificate_der, ca_der)| MasterFrame::Enrolled(Enrolled { certificate_der, ca_der })),

@@ -222,7 +222,7 @@ mod tests {
     }
 
     fn welcome(version: u32) -> Welcome {
-        Welcome { protocol_version: version, heartbeat_interval_ms: 250 }
+        Welcome { protocol_version: version, heartbeat_interval_ms: 250, term: 0 }
     }
 
     fn pair() -> (Framed<tokio::io::DuplexStream, MasterCodec>, Framed<tokio::io::DuplexStream, AgentCodec>) {

@@ -28,6 +28,9 @@
 //!
 //! Every instance command carries the instance's desired-state `generation`;
 //! the agent refuses a command older than the newest one it has applied.
+//! Every request (and the `Welcome`) carries the master's term; the agent
+//! refuses one below the highest term it has seen (several masters on
+//! etcd: a deposed leader's commands).
 
 use std::collections::BTreeMap;
 
@@ -37,7 +40,7 @@ use crate::ids::{ClusterId, InstanceId, NodeId};
 
 /// Bumped on any incompatible change to these types. Both sides refuse a
 /// peer with another version, with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// At most this many ids in `Hello::unrecorded` (the rest are reported at
 /// a later connection, once the first ones are removed).
@@ -72,6 +75,11 @@ pub enum MasterFrame {
     },
     Request {
         request_id: u64,
+        /// The sending master's term (its leadership's etcd revision; 0
+        /// with the embedded store): an agent refuses a request of a term
+        /// below the highest it has seen, so a deposed leader that wakes
+        /// up commands nothing (protocol 11).
+        term: i64,
         body: AgentRequest,
     },
     /// The report with this sequence number is applied and durable: the
@@ -195,6 +203,9 @@ pub struct Welcome {
     pub protocol_version: u32,
     /// How often the agent must send `AgentEvent::Heartbeat`.
     pub heartbeat_interval_ms: u64,
+    /// The master's term: an agent that has seen a higher one leaves
+    /// (another master leads) and dials the next master it knows.
+    pub term: i64,
 }
 
 /// One instance as the agent sees it.
@@ -452,6 +463,9 @@ pub struct CommandFailure {
 pub enum FailureKind {
     /// The command carried a generation older than one already applied.
     StaleGeneration,
+    /// The request came from a master whose term is below the highest the
+    /// agent has seen (a deposed leader); nothing was done.
+    StaleTerm,
     UnknownInstance,
     BadRequest,
     Install,

@@ -64,6 +64,12 @@ impl AgentStore {
         })
     }
 
+    /// One value of `meta` (blocking).
+    pub fn meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        let meta = self.db.cf_handle(agent_cf::META).ok_or(StorageError::UnknownColumnFamily { cf: agent_cf::META })?;
+        self.db.get_cf(meta, key).map_err(StorageError::Rocks)
+    }
+
     fn users_next(&self) -> Result<Option<u32>, StorageError> {
         let meta = self.db.cf_handle(agent_cf::META).ok_or(StorageError::UnknownColumnFamily { cf: agent_cf::META })?;
         match self.db.get_cf(meta, super::keys::DYNAMIC_USERS_NEXT_KEY).map_err(StorageError::Rocks)? {

@@ -108,6 +108,10 @@ pub const SCHEMA_VERSION_KEY: &[u8] = b"schema_version";
 /// range, so a released uid is given again as late as possible.
 pub const DYNAMIC_USERS_NEXT_KEY: &[u8] = b"dynamic_users_next";
 
+/// The key in the agent's `meta` holding the highest master term it has
+/// seen (a codec-encoded `i64`; `agent::master_term`).
+pub const MASTER_TERM_KEY: &[u8] = b"master_term";
+
 pub fn cluster_key(id: &ClusterId) -> Vec<u8> {
     id.0.as_bytes().to_vec()
 }

@@ -65,22 +65,27 @@ pub struct TestEnv {
     /// The instance port range every agent was given.
     pub port_range: (u16, u16),
     root: Option<tempfile::TempDir>,
-    root_path: PathBuf,
-    master: Option<Child>,
-    agents: Vec<Child>,
+    pub(super) root_path: PathBuf,
+    pub(super) master: Option<Child>,
+    pub(super) agents: Vec<Child>,
     /// `127.0.0.1:0` at first; the real ports once the master listened, so a
     /// restarted master comes back on the same ones.
     http_addr: String,
-    agent_addr: String,
+    pub(super) agent_addr: String,
     master_env: Vec<(String, String)>,
     /// The master's `--config` file, if the test wrote one.
-    master_config: Option<PathBuf>,
+    pub(super) master_config: Option<PathBuf>,
     /// Extra command-line flags per agent (index 1..=3).
     agent_flags: Vec<(usize, String)>,
     /// How many nodes `wait_ready` waits for.
     nodes: usize,
     /// The simulated agents of [`TestEnv::start_sim`] (none with real agents).
     pub fleet: Option<Fleet>,
+    /// Several masters on etcd ([`TestEnv::start_ha`], `ha_env.rs`): each
+    /// one's API and agent addresses (master 0 first; empty otherwise),
+    /// and the processes of masters 1.. (master 0 is `master`).
+    pub(super) master_addrs: Vec<(String, String)>,
+    pub(super) others: Vec<Option<Child>>,
 }
 
 impl TestEnv {
@@ -228,6 +233,21 @@ impl TestEnv {
         agent_listen_ip: &str,
         config: Option<&str>,
     ) -> TestEnv {
+        TestEnv::new_with(name, master_env, agent_flags, nodes, agent_listen_ip, config, 1).await
+    }
+
+    /// [`TestEnv::new`] with `masters` masters (more than one: on fixed
+    /// addresses 127.0.K.1.., the first leading, the others waiting).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn new_with(
+        name: &str,
+        master_env: &[(&str, &str)],
+        agent_flags: &[(usize, &str)],
+        nodes: usize,
+        agent_listen_ip: &str,
+        config: Option<&str>,
+        masters: usize,
+    ) -> TestEnv {
         let slot = NEXT_SLOT.fetch_add(1, Ordering::SeqCst).wrapping_add(std::process::id().wrapping_mul(37));
         let k = slot % 250 + 1;
         let low = 20000 + (slot % 200) as u16 * 200;
@@ -256,7 +276,14 @@ impl TestEnv {
             agent_flags: agent_flags.iter().map(|(i, f)| (*i, f.to_string())).collect(),
             nodes,
             fleet: None,
+            master_addrs: Vec::new(),
+            others: Vec::new(),
         };
+        if masters > 1 {
+            env.master_addrs =
+                (1..=masters).map(|i| (format!("127.0.{k}.{i}:7070"), format!("127.0.{k}.{i}:7071"))).collect();
+            (env.http_addr, env.agent_addr) = env.master_addrs[0].clone();
+        }
         if let Some(text) = config {
             let path = env.root_path.join("master.toml");
             std::fs::write(&path, text).expect("write the master's config file");
@@ -272,6 +299,10 @@ impl TestEnv {
             .to_string();
         env.client = client_with_token(&env.token);
         env.join_token = env.make_join_token(nodes.max(AGENTS) as u32 * 2 + 10).await;
+        for i in 1..masters {
+            let other = env.spawn_other(i);
+            env.others.push(Some(other));
+        }
         env
     }
 
@@ -463,13 +494,13 @@ impl TestEnv {
         self.root_path.join("master").join("endpoints.json")
     }
 
-    fn log(&self, name: &str) -> (File, File) {
+    pub(super) fn log(&self, name: &str) -> (File, File) {
         let f = OpenOptions::new().create(true).append(true).open(self.root_path.join(name)).expect("log file");
         let g = f.try_clone().expect("log file clone");
         (f, g)
     }
 
-    fn command(&self) -> Command {
+    pub(super) fn command(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_flotilla"));
         self.scrub(&mut cmd);
         cmd
@@ -506,7 +537,7 @@ impl TestEnv {
         cmd.spawn().expect("spawn the master")
     }
 
-    fn spawn_agent(&self, i: usize) -> Child {
+    pub(super) fn spawn_agent(&self, i: usize) -> Child {
         let (out, err) = self.log(&format!("agent-{i}.log"));
         let mut cmd = self.command();
         cmd.arg("agent")
@@ -514,7 +545,7 @@ impl TestEnv {
                 "--node-id",
                 &format!("node-{i}"),
                 "--master",
-                &self.agent_addr,
+                &self.master_list(),
                 "--address",
                 &self.agent_ips[i - 1],
             ])
@@ -621,6 +652,7 @@ impl TestEnv {
     pub fn log_tails(&self) -> String {
         let mut out = String::new();
         let mut files = vec![self.root_path.join("master.log")];
+        files.extend((1..=self.others.len()).map(|i| self.root_path.join(format!("master-{i}.log"))));
         files.extend((1..=self.agents.len()).map(|i| self.root_path.join(format!("agent-{i}.log"))));
         for f in files {
             out.push_str(&tail(&f, 60));
@@ -683,7 +715,15 @@ impl Drop for TestEnv {
                 problems.push(format!("agent {} did not stop within 30 s of SIGTERM", i + 1));
             }
         }
+        for m in self.others.iter_mut().flatten() {
+            signal(m, Signal::SIGCONT);
+            signal(m, Signal::SIGTERM);
+            if !wait_or_kill(m, Duration::from_secs(15)) {
+                problems.push("a waiting master did not stop within 15 s of SIGTERM".into());
+            }
+        }
         if let Some(m) = self.master.as_mut() {
+            signal(m, Signal::SIGCONT);
             signal(m, Signal::SIGTERM);
             if !wait_or_kill(m, Duration::from_secs(15)) {
                 problems.push("the master did not stop within 15 s of SIGTERM".into());

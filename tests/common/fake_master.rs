@@ -36,13 +36,15 @@ pub struct FakeMaster {
     reports: VecDeque<(u64, AgentEvent)>,
     /// Every frame sent and received (heartbeats left out), for failures.
     log: Vec<String>,
+    /// The term its `Welcome` and requests carry (0, like a single master).
+    pub term: i64,
 }
 
 impl FakeMaster {
     pub async fn bind() -> FakeMaster {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the fake master");
         let authority = TestAuthority::new().expect("a CA for the fake master");
-        FakeMaster { listener, authority, link: None, next_id: 1, reports: VecDeque::new(), log: Vec::new() }
+        FakeMaster { listener, authority, link: None, next_id: 1, reports: VecDeque::new(), log: Vec::new(), term: 0 }
     }
 
     /// The join token agents of this fake master enroll with.
@@ -96,7 +98,7 @@ impl FakeMaster {
                     if certificate.is_none() {
                         self.fail("the agent sent Hello without a certificate");
                     }
-                    let w = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 200 };
+                    let w = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 200, term: self.term };
                     if let Err(e) = welcome(&mut framed, w, deadline).await {
                         self.fail(format!("handshake failed: {e}"));
                     }
@@ -105,6 +107,23 @@ impl FakeMaster {
                     return hello;
                 }
                 Err(e) => self.fail(format!("handshake failed: {e}")),
+            }
+        }
+    }
+
+    /// Whether the agent closes the connection within `wait` (frames it
+    /// sends meanwhile are read and logged).
+    pub async fn closed_by_agent_within(&mut self, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let Some(link) = self.link.as_mut() else { self.fail("no connection to watch") };
+        loop {
+            match timeout_at(deadline, link.next()).await {
+                Err(_) => return false,
+                Ok(None) | Ok(Some(Err(_))) => {
+                    self.link = None;
+                    return true;
+                }
+                Ok(Some(Ok(f))) => self.log.push(format!("<- {f:?}")),
             }
         }
     }
@@ -129,7 +148,7 @@ impl FakeMaster {
 
     /// Sends `body` as part of request `request_id` (install frames share one).
     pub async fn send(&mut self, request_id: u64, body: AgentRequest) {
-        self.send_frame(MasterFrame::Request { request_id, body }).await;
+        self.send_frame(MasterFrame::Request { request_id, term: self.term, body }).await;
     }
 
     /// Sends `body` under a new request id, which it returns.
@@ -225,13 +244,17 @@ impl FakeMaster {
 /// A frame for the log, without package bytes or file contents.
 fn short(frame: &MasterFrame) -> String {
     match frame {
-        MasterFrame::Request { request_id, body: AgentRequest::InstallBegin(b) } => {
+        MasterFrame::Request { request_id, body: AgentRequest::InstallBegin(b), .. } => {
             format!("#{request_id} InstallBegin {} gen {} sha {:.12}", b.instance, b.generation, b.package_sha256)
         }
-        MasterFrame::Request { request_id, body: AgentRequest::InstallData { instance, seq, bytes } } => {
+        MasterFrame::Request { request_id, body: AgentRequest::InstallData { instance, seq, bytes }, .. } => {
             format!("#{request_id} InstallData {instance} chunk {seq} ({} bytes)", bytes.len())
         }
-        MasterFrame::Request { request_id, body: AgentRequest::WriteFiles { instance, generation, files, env } } => {
+        MasterFrame::Request {
+            request_id,
+            body: AgentRequest::WriteFiles { instance, generation, files, env },
+            ..
+        } => {
             let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
             format!("#{request_id} WriteFiles {instance} gen {generation} {paths:?} env {env:?}")
         }

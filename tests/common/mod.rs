@@ -7,6 +7,7 @@ pub mod env;
 pub mod etcd;
 pub mod fake_master;
 pub mod faulty;
+pub mod ha_env;
 pub mod http;
 pub mod package;
 pub mod procfs;

@@ -84,7 +84,7 @@ async fn master_restart_keeps_clusters_instances_and_journal() {
 
 /// Healthy only three seconds after it started: a scale-out spends that long
 /// in its start step, long enough to restart the master in the middle.
-const SLOW_SPEC: &str = r#"
+pub(crate) const SLOW_SPEC: &str = r#"
 [component]
 name = "slow"
 version = "1.0.0"
@@ -103,7 +103,7 @@ path = "conf/members"
 template = "{% for m in cluster.roles.svc.members %}{{ m.ordinal }} {% endfor %}\n"
 "#;
 
-const SLOW_HEALTH: &str =
+pub(crate) const SLOW_HEALTH: &str =
     "set -eu\nstarted=$(head -n 1 data/started_at)\n[ $(( $(date +%s%N) - started )) -ge 3000000000 ]\n";
 
 #[tokio::test]

@@ -57,6 +57,46 @@ async fn agents_drop_a_link_that_goes_silent_and_dial_again() {
     }
 }
 
+/// Several masters: a leader's term rides on its `Welcome` and on every
+/// request. A request of a term below the highest the agent has seen (a
+/// deposed leader that woke up) is refused and nothing is done; a master of
+/// such a term is left at its `Welcome`, also after the agent restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_refuses_the_requests_and_the_welcome_of_an_older_master_term() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let mut m = FakeMaster::bind().await;
+    m.term = 7;
+    let subject = Subject::start(Kind::Real, m.addr(), m.join_token());
+    m.accept().await;
+    assert_eq!(m.call(AgentRequest::Ping).await, AgentResponse::Pong, "a request of the term it was welcomed with");
+
+    // The old leader's command, driven at the agent on the same link.
+    m.term = 5;
+    match m.call(AgentRequest::Ping).await {
+        AgentResponse::Failed(f) => {
+            assert_eq!(f.kind, FailureKind::StaleTerm, "{f:?}");
+            assert!(f.message.contains("term 5") && f.message.contains("term 7"), "{}", f.message);
+        }
+        other => m.fail(format!("a request of an older term was answered {other:?}")),
+    }
+    // A newer term is taken, and from then on the older is refused.
+    m.term = 9;
+    m.disconnect();
+    m.accept().await;
+    assert_eq!(m.call(AgentRequest::Ping).await, AgentResponse::Pong, "the newer leader's request");
+
+    // The deposed master (term 7) is left at its Welcome, also by the agent
+    // started again on its data dir (the term is kept in its store).
+    m.term = 7;
+    m.disconnect();
+    m.accept().await;
+    assert!(m.closed_by_agent_within(Duration::from_secs(5)).await, "the agent stayed with a master of an older term");
+    let subject = subject.restart(m.addr(), m.join_token()).await;
+    m.accept().await;
+    assert!(m.closed_by_agent_within(Duration::from_secs(5)).await, "after a restart the agent forgot the term it saw");
+    subject.stop().await;
+}
+
 // ---------------------------------------------------------------- subjects
 
 #[derive(Debug, Clone, Copy)]
@@ -80,9 +120,38 @@ enum Subject {
 impl Subject {
     /// Starts the agent, dialling the fake master at `master`.
     fn start(kind: Kind, master: SocketAddr, join_token: String) -> Subject {
+        Subject::start_in(kind, master, join_token, None)
+    }
+
+    /// The real agent stopped and started again on its data dir.
+    async fn restart(mut self, master: SocketAddr, join_token: String) -> Subject {
+        let Subject::Real { stop, task, dir } = &mut self else { panic!("only a real agent restarts") };
+        let _ = stop.take().expect("running").send(());
+        let ended = tokio::time::timeout(Duration::from_secs(30), task.take().expect("running")).await;
+        ended.expect("the real agent did not stop within 30 s").expect("agent task").expect("the real agent failed");
+        let mut kept = std::mem::replace(dir, tempfile::tempdir().expect("temp dir"));
+        // In this process the stopped agent's last tasks may hold its
+        // store's lock a moment longer (a process that exits frees it at once).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut started = Subject::start_in(Kind::Real, master, join_token.clone(), Some(kept));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let Subject::Real { task, dir, .. } = &mut started else { unreachable!() };
+            if !task.as_ref().is_some_and(|t| t.is_finished()) {
+                return started;
+            }
+            let ended = task.take().expect("started").await;
+            assert!(Instant::now() < deadline, "the agent did not start again on its data dir: {ended:?}");
+            kept = std::mem::replace(dir, tempfile::tempdir().expect("temp dir"));
+        }
+    }
+
+    fn start_in(kind: Kind, master: SocketAddr, join_token: String, dir: Option<tempfile::TempDir>) -> Subject {
         match kind {
             Kind::Real => {
-                let dir = tempfile::Builder::new().prefix("flotilla-battery-").tempdir().expect("temp dir");
+                let dir = dir.unwrap_or_else(|| {
+                    tempfile::Builder::new().prefix("flotilla-battery-").tempdir().expect("temp dir")
+                });
                 // The tests run as root: instances run as the current user.
                 let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
                     .expect("user lookup")

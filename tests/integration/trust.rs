@@ -135,7 +135,7 @@ async fn agents_enroll_once_and_the_master_knows_them_by_their_certificate() {
         &NodeId::new("node-1"),
         &stranger.join_token(),
         flotilla::protocol::tls::credentials::NewKey::generate().unwrap(),
-        env.agent_socket(),
+        flotilla::agent::masters::Masters::one(env.agent_socket()),
         "127.0.0.1",
         Duration::from_secs(2),
         Duration::from_millis(100),

@@ -297,6 +297,7 @@ async fn register(
     let beat = Welcome {
         protocol_version: PROTOCOL_VERSION,
         heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64,
+        term: shared.role.term(),
     };
     welcome(&mut framed, beat, deadline).await.map_err(|e| crate::error::ErrorChain(&e).to_string())?;
     tracing::info!(%node, %peer, instances = hello.inventory.len(), simulated = hello.simulated, "agent registered");

@@ -99,7 +99,8 @@ impl NodeManagerActor {
             shared.chunk_budget.clone(),
             timing.agent_reply_timeout,
             timing.agent_send_timeout,
-        );
+        )
+        .with_role(shared.role.clone());
         if let Some(old) = shared.links.replace(link.clone()) {
             tracing::warn!(%node, "the node connected again; closing its previous (half-open) connection");
             old.close();

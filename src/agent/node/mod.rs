@@ -109,6 +109,8 @@ pub struct Node {
     /// new connection's inventory waits until those of the last one have
     /// finished (see `connection::session`).
     pub requests: Arc<tokio::sync::Semaphore>,
+    /// The highest master term seen (several masters: a deposed one is refused).
+    pub master_term: crate::agent::master_term::MasterTerm,
 }
 
 /// Who asked for a start.
@@ -201,7 +203,9 @@ impl Node {
         std::fs::set_permissions(&package_cache, std::fs::Permissions::from_mode(0o700))?;
         let root = std::fs::canonicalize(&root)?;
         let users = dynamic_users::DynamicUsers::new(policy.dynamic_users);
+        let master_term = crate::agent::master_term::MasterTerm::load(&store).map_err(std::io::Error::other)?;
         Ok(Arc::new(Node {
+            master_term,
             store,
             processes,
             root,

@@ -118,8 +118,16 @@ impl SimAgent {
         let enrolled = match crate::protocol::tls::credentials::NewKey::generate() {
             Ok(key) => {
                 let timeout = Duration::from_secs(30);
-                crate::agent::enroll::request(&self.node, join_token, key, master, &self.address, timeout, max_backoff)
-                    .await
+                crate::agent::enroll::request(
+                    &self.node,
+                    join_token,
+                    key,
+                    crate::agent::masters::Masters::one(master),
+                    &self.address,
+                    timeout,
+                    max_backoff,
+                )
+                .await
             }
             Err(e) => Err(e.into()),
         };
@@ -246,7 +254,7 @@ impl SimAgent {
                 Some(Ok(f)) => f,
             };
             match frame {
-                MasterFrame::Request { request_id, body } => {
+                MasterFrame::Request { request_id, body, .. } => {
                     self.handle(&tx, &slots, &mut incoming, request_id, body).await;
                     // A package chunk leaves a large buffer behind; with a
                     // thousand agents in one process, give it back.
@@ -498,7 +506,7 @@ mod tests {
         let hello = tokio::time::timeout(wait, framed.next()).await.unwrap().unwrap().unwrap();
         assert!(matches!(hello, AgentFrame::Hello(_)), "{hello:?}");
         agent.disconnect();
-        let welcome = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 100 };
+        let welcome = Welcome { protocol_version: PROTOCOL_VERSION, heartbeat_interval_ms: 100, term: 0 };
         framed.send(MasterFrame::Welcome(welcome)).await.unwrap();
         // The connection ends (heartbeats may come first), and the agent dials again.
         let ended = tokio::time::timeout(wait, async { while let Some(Ok(_)) = framed.next().await {} }).await;

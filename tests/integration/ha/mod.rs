@@ -1,5 +1,6 @@
 //! Several masters on etcd (issue 25): the store on real etcd members, the
 //! leader's election and fence, and masters that take over.
 
+mod fencing;
 mod masters;
 mod store;
