@@ -45,6 +45,28 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum StoreCmd {
+    /// Copies the store of a stopped master (`--data-dir`) into etcd, with
+    /// its agent link CA; refuses a prefix that holds anything. Then start
+    /// the masters with `--store etcd` and copy `<data-dir>/packages/` to
+    /// each one's data dir.
+    Migrate {
+        /// The stopped master's data dir (its `db/` and `ca/`).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// TOML settings file with an `[etcd]` section (config/master.toml).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The etcd members' client URLs, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        etcd_endpoints: Vec<String>,
+        /// The installation's key prefix (default `/flotilla/`).
+        #[arg(long)]
+        etcd_prefix: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Run the master: admin API, agent listener, metadata store.
     Master {
@@ -128,6 +150,12 @@ enum Command {
         /// `text` (colours only on a terminal) or `json` (one object per line).
         #[arg(long)]
         log_format: Option<String>,
+    },
+    /// The master's store, offline: `migrate` copies a stopped master's
+    /// RocksDB state into etcd, for several masters.
+    Store {
+        #[command(subcommand)]
+        cmd: StoreCmd,
     },
     /// A master and N agents on loopback, with the example packages loaded.
     Dev(flotilla::dev::DevArgs),
@@ -351,6 +379,36 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             // process in the kernel) must not keep the agent from exiting.
             rt.shutdown_timeout(std::time::Duration::from_secs(5));
             result.context("agent failed")?;
+        }
+        Command::Store { cmd: StoreCmd::Migrate { data_dir, config, etcd_endpoints, etcd_prefix } } => {
+            init_logs(flotilla::config::LogFormat::Text, "warn");
+            let mut o: Vec<(&str, String)> = vec![("store", "etcd".into())];
+            if let Some(p) = etcd_prefix {
+                o.push(("etcd.prefix", p));
+            }
+            let mut cfg = MasterConfig::load(config.as_deref(), &o)?;
+            if !etcd_endpoints.is_empty() {
+                cfg.etcd.endpoints = etcd_endpoints;
+                cfg.validate()?;
+            }
+            let ca_dir = data_dir.join("ca");
+            let ca = if flotilla::protocol::tls::ca::Ca::exists(&ca_dir) {
+                Some(flotilla::protocol::tls::ca::Ca::read_pem(&ca_dir).context("reading the master's CA")?)
+            } else {
+                None
+            };
+            let copied = flotilla::storage::etcd::copy::from_rocksdb(&data_dir, &cfg.etcd, ca)
+                .map_err(|e| anyhow::anyhow!("{}", flotilla::error::ErrorChain(&e)))?;
+            for (cf, n) in &copied.keys {
+                println!("{cf:<16} {n} keys");
+            }
+            println!(
+                "copied into {} under {}{}; now start the masters with --store etcd and copy {} to each one's data dir",
+                cfg.etcd.endpoints.join(","),
+                cfg.etcd.prefix,
+                if copied.ca { ", with the agent link's CA" } else { "" },
+                data_dir.join("packages").display()
+            );
         }
         Command::Dev(args) => {
             init_logs(LogFormat::Text, "info");

@@ -77,6 +77,7 @@ fn lead(cfg: &MasterConfig, named: Named, mut on_leader: OnLeader) -> Result<Ope
             lease: 0,
         },
         timeout: settings.request_timeout,
+        revoke_dead_leader: settings.revoke_dead_leader,
     };
     let mut last_seen = None;
     let leadership = election::campaign(&bridge, &members, &campaign, |leader| {

@@ -257,6 +257,11 @@ impl NodeLink {
         self
     }
 
+    /// Whether this master may send requests now (its leadership holds).
+    pub fn may_act(&self) -> bool {
+        self.role.may_act()
+    }
+
     /// A request frame of this master's term.
     fn request(&self, request_id: u64, body: AgentRequest) -> MasterFrame {
         MasterFrame::Request { request_id, term: self.role.term(), body }

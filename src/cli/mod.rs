@@ -31,7 +31,8 @@ pub const EXIT_UNREACHABLE: i32 = 3;
 /// Where the master is, for every client verb. (No `Debug`: it holds the token.)
 #[derive(Clone, clap::Args)]
 pub struct Target {
-    /// The master's API, `http://HOST:PORT`.
+    /// The master's API, `http://HOST:PORT`; several masters (on etcd):
+    /// each one's, comma-separated (the leader is found and asked).
     #[arg(long, env = "FLOTILLA_API", global = true)]
     pub api: Option<String>,
     /// An API token (`flt_...`).
@@ -119,13 +120,21 @@ pub fn field(v: &Value, key: &str) -> String {
     }
 }
 
-/// An API client for one master.
+/// An API client for a master, or for several (on etcd, one leads): a
+/// request answered `307` by a waiting master is sent again, token and
+/// body included, to the leader it names, which is asked first from then
+/// on; a master that cannot be reached gives way to the next one listed.
 pub struct Client {
     http: reqwest::Client,
-    /// `http://HOST:PORT/api/v1`
-    base: String,
+    /// `http://HOST:PORT/api/v1` of each master known, the one to ask first
+    /// at `current`.
+    bases: std::sync::Mutex<(Vec<String>, usize)>,
     token: String,
 }
+
+/// Redirects followed for one request (a waiting master names the leader:
+/// one is enough, a few allow for an election under way).
+const MAX_HOPS: usize = 4;
 
 impl Client {
     /// From the flags, the environment, or the endpoints file.
@@ -150,15 +159,89 @@ impl Client {
                         .map(str::to_string)
                         .ok_or_else(|| CliError::Usage(format!("{} has no {key:?}", t.endpoints.display())))
                 };
-                (a.clone().map_or_else(|| from("api_url"), Ok)?, k.clone().map_or_else(|| from("token"), Ok)?)
+                // Several masters: every one's URL (`api_urls`), else the one.
+                let all =
+                    f["api_urls"].as_array().map(|l| l.iter().filter_map(|u| u.as_str()).collect::<Vec<_>>().join(","));
+                let api = match (a.clone(), all.filter(|l| !l.is_empty())) {
+                    (Some(a), _) => a,
+                    (None, Some(all)) => all,
+                    (None, None) => from("api_url")?,
+                };
+                (api, k.clone().map_or_else(|| from("token"), Ok)?)
             }
         };
         let http = reqwest::Client::builder()
             .no_proxy()
             .timeout(std::time::Duration::from_secs(150))
+            // Followed here, with the token (reqwest drops it for another host).
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| CliError::Unreachable(format!("http client: {e}")))?;
-        Ok(Client { http, base: format!("{}/api/v1", api.trim_end_matches('/')), token })
+        let bases: Vec<String> = api
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(|a| format!("{}/api/v1", a.trim_end_matches('/')))
+            .collect();
+        if bases.is_empty() {
+            return Err(CliError::Usage("no master API URL".into()));
+        }
+        Ok(Client { http, bases: std::sync::Mutex::new((bases, 0)), token })
+    }
+
+    fn base(&self) -> (String, usize, usize) {
+        let b = self.bases.lock().unwrap_or_else(|p| p.into_inner());
+        (b.0[b.1].clone(), b.1, b.0.len())
+    }
+
+    /// Sends the request `build` makes for a URL (`base + path`): to the
+    /// master asked first, the next ones when it cannot be reached, and
+    /// the leader a waiting master redirects to.
+    async fn send(
+        &self,
+        path: &str,
+        build: impl Fn(&str) -> reqwest::RequestBuilder,
+    ) -> Result<(reqwest::Response, String), CliError> {
+        let (_, first, known) = self.base();
+        let mut unreachable = 0;
+        let mut hops = 0;
+        loop {
+            let (base, at, _) = self.base();
+            let url = format!("{base}{path}");
+            let resp = match build(&url).bearer_auth(&self.token).send().await {
+                Ok(r) => r,
+                Err(e) if e.is_connect() && unreachable + 1 < known => {
+                    unreachable += 1;
+                    let mut b = self.bases.lock().unwrap_or_else(|p| p.into_inner());
+                    b.1 = (at + 1) % b.0.len();
+                    continue;
+                }
+                Err(e) => {
+                    let mut b = self.bases.lock().unwrap_or_else(|p| p.into_inner());
+                    b.1 = first;
+                    return Err(CliError::Unreachable(format!("{url}: {e}")));
+                }
+            };
+            let status = resp.status();
+            if (status == reqwest::StatusCode::TEMPORARY_REDIRECT || status == reqwest::StatusCode::PERMANENT_REDIRECT)
+                && hops < MAX_HOPS
+                && let Some(location) = resp.headers().get("location").and_then(|l| l.to_str().ok())
+                && let Some(leader) = location.strip_suffix(path)
+            {
+                hops += 1;
+                let mut b = self.bases.lock().unwrap_or_else(|p| p.into_inner());
+                let leader = leader.to_string();
+                b.1 = match b.0.iter().position(|x| *x == leader) {
+                    Some(i) => i,
+                    None => {
+                        b.0.push(leader);
+                        b.0.len() - 1
+                    }
+                };
+                continue;
+            }
+            return Ok((resp, url));
+        }
     }
 
     pub async fn get(&self, path: &str) -> Result<Value, CliError> {
@@ -186,13 +269,15 @@ impl Client {
 
     /// The raw response of `GET path` (for streams).
     pub async fn get_stream(&self, path: &str, last_id: Option<u64>) -> Result<reqwest::Response, CliError> {
-        let url = format!("{}{path}", self.base);
-        let mut req =
-            self.http.get(&url).bearer_auth(&self.token).timeout(std::time::Duration::from_secs(86_400 * 365));
-        if let Some(id) = last_id {
-            req = req.header("last-event-id", id.to_string());
-        }
-        let resp = req.send().await.map_err(|e| CliError::Unreachable(format!("{url}: {e}")))?;
+        let (resp, _) = self
+            .send(path, |url| {
+                let req = self.http.get(url).timeout(std::time::Duration::from_secs(86_400 * 365));
+                match last_id {
+                    Some(id) => req.header("last-event-id", id.to_string()),
+                    None => req,
+                }
+            })
+            .await?;
         if resp.status().is_success() {
             return Ok(resp);
         }
@@ -207,26 +292,23 @@ impl Client {
 
     /// `PUT path` with a binary body.
     pub async fn put_bytes(&self, path: &str, bytes: Vec<u8>) -> Result<Value, CliError> {
-        let url = format!("{}{path}", self.base);
-        let resp = self
-            .http
-            .put(&url)
-            .bearer_auth(&self.token)
-            .body(bytes)
-            .send()
-            .await
-            .map_err(|e| CliError::Unreachable(format!("{url}: {e}")))?;
+        // Shared, not copied, when a redirect sends it again.
+        let bytes = bytes::Bytes::from(bytes);
+        let (resp, url) = self.send(path, |url| self.http.put(url).body(bytes.clone())).await?;
         Self::answer(resp, &url).await
     }
 
     /// `method` on `path` (under `/api/v1`), with a JSON body if given.
     pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<Value, CliError> {
-        let url = format!("{}{path}", self.base);
-        let mut req = self.http.request(method, &url).bearer_auth(&self.token);
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        let resp = req.send().await.map_err(|e| CliError::Unreachable(format!("{url}: {e}")))?;
+        let (resp, url) = self
+            .send(path, |url| {
+                let req = self.http.request(method.clone(), url);
+                match body {
+                    Some(b) => req.json(b),
+                    None => req,
+                }
+            })
+            .await?;
         Self::answer(resp, &url).await
     }
 

@@ -122,6 +122,13 @@ impl TestEnv {
         }
     }
 
+    /// The config file the master starts with from now on.
+    pub fn use_master_config(&mut self, text: &str) {
+        let path = self.root_path.join("master.toml");
+        std::fs::write(&path, text).expect("write the master's config file");
+        self.master_config = Some(path);
+    }
+
     /// Master `i`'s log.
     pub fn ha_log(&self, i: usize) -> String {
         if i == 0 { self.master_log() } else { self.log_file(&format!("master-{i}.log")) }

@@ -292,6 +292,13 @@ async fn register(
         Some(e) if !changed => e,
         _ => shared.read_model.register_node(record),
     };
+    // A master whose leadership is suspended takes no agent: another may
+    // lead by now (the agent tries the next master it knows).
+    if !shared.role.may_act() {
+        let reason = "this master's leadership is suspended (its lease could not be renewed): try another master";
+        refuse(&mut framed, reason.into(), deadline).await;
+        return Err(reason.into());
+    }
     // Identified by its certificate: its frames may be full size.
     framed.codec_mut().set_max_frame(usize::MAX);
     let beat = Welcome {

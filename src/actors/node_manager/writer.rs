@@ -57,6 +57,16 @@ pub(super) async fn write_frames(
                 Err(_) => break,
             }
         }
+        // Checked again at the socket: a request queued while this master
+        // could act must not leave once it cannot (its lease may have
+        // expired, another master may lead). The link is closed instead:
+        // its requests fail at once, and the agent dials again (another
+        // master, or this one once it acts again).
+        if !link.may_act() && batch.iter().any(|f| matches!(f, MasterFrame::Request { .. })) {
+            tracing::error!(node = %link.node, "this master's leadership is suspended: closing the link rather than sending its requests");
+            link.close();
+            break;
+        }
         let write = async {
             for f in batch {
                 writer.feed(f).await?;

@@ -218,6 +218,11 @@ impl Conn {
         let stamp = self.next_stamp();
         match self.send("a write transaction", ops, &stamp) {
             Ok(Sent::Applied) => Ok(()),
+            // Refused because an earlier try of this very write landed.
+            Ok(Sent::Refused { stamp: Some((found, rev)), .. }) if found == stamp => {
+                self.stamp_rev.store(rev, Ordering::SeqCst);
+                Ok(())
+            }
             Ok(Sent::Refused { leader, .. }) if self.fence.is_some() && leader != self.term() => {
                 Err(TxnFailure::Refused(self.deposed(format!(
                     "a write was refused by the fence: the leader key is no longer term {}'s",
@@ -311,7 +316,8 @@ impl Conn {
         revision: i64,
     ) -> Result<Page, StorageError> {
         let members = self.members.clone();
-        let limit = (limit as i64).clamp(1, PAGE);
+        // `usize::MAX` (a full scan) must not wrap to a negative limit.
+        let limit = limit.clamp(1, PAGE as usize) as i64;
         self.bridge.call("a range read", self.timeout, async move {
             let mut opts = GetOptions::new().with_range(to).with_limit(limit).with_revision(revision);
             if descending {

@@ -85,6 +85,11 @@ impl State {
         }
         let until = sent.saturating_duration_since(self.epoch) + Duration::from_millis(ttl.max(1) as u64 * 900);
         self.valid_until.store(until.as_millis().max(1) as u64, Ordering::SeqCst);
+        // Lost meanwhile (a write refused by the fence on another thread):
+        // the loss stays.
+        if self.lost.borrow().is_some() {
+            self.valid_until.store(0, Ordering::SeqCst);
+        }
     }
 
     fn lose(&self, why: String) {
@@ -134,6 +139,9 @@ pub struct Campaign {
     pub ttl: i64,
     pub info: LeaderInfo,
     pub timeout: Duration,
+    /// Revoke the lease of a leader whose process is surely gone (its API
+    /// port refuses connections) instead of waiting out its TTL.
+    pub revoke_dead_leader: bool,
 }
 
 /// The leader now, `None` when nobody leads (blocking).
@@ -212,6 +220,12 @@ pub fn campaign(
             }
         };
         let revision = r.header().map_or(0, |h| h.revision());
+        if r.succeeded() && revision <= 0 {
+            // A term of 0 would pass the fence once the key is gone.
+            tracing::warn!("campaign: etcd's answer carries no revision; trying again");
+            std::thread::sleep(Duration::from_millis(250));
+            continue;
+        }
         if r.succeeded() {
             return Ok(keep_alive(c, Leadership::new(revision, lease, info, granted, c.ttl)));
         }
@@ -227,13 +241,55 @@ pub fn campaign(
             _ => None,
         });
         waiting(leader.as_ref());
-        wait_for_vacancy(bridge, members, &key, revision, c.timeout);
+        let dead = leader.as_ref().and_then(|l| l.info.as_ref()).filter(|_| c.revoke_dead_leader);
+        wait_for_vacancy(bridge, members, &key, revision, c.timeout, dead.cloned());
+    }
+}
+
+/// How often a follower knocks on the leader's API port.
+const KNOCK_EVERY: Duration = Duration::from_millis(100);
+
+/// Resolves once the leader's process is surely gone: its API port
+/// refuses two connections in a row (its machine answers, its process
+/// does not; a machine gone, or a paused process, never refuses, and is
+/// left to its lease). Pending forever otherwise, or for an API URL it
+/// cannot resolve.
+async fn leader_process_gone(api_url: &str) {
+    let addr = reqwest::Url::parse(api_url)
+        .ok()
+        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)));
+    let Some(addr) = addr else { return futures::future::pending().await };
+    let mut refused = 0;
+    loop {
+        tokio::time::sleep(KNOCK_EVERY).await;
+        match tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(&addr)).await {
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                refused += 1;
+                if refused >= 2 {
+                    return;
+                }
+            }
+            _ => refused = 0,
+        }
     }
 }
 
 /// Waits (at most a few seconds: the caller tries again anyway) until the
 /// leader key is deleted after `revision`.
-fn wait_for_vacancy(bridge: &Bridge, members: &Members, key: &[u8], revision: i64, timeout: Duration) {
+///
+/// With `dead` (the leader's record), it also knocks on the leader's API
+/// port; when its process is surely gone ([`leader_process_gone`]) it
+/// revokes the leader's lease, so the key goes at once instead of after
+/// the lease's TTL (the dead leader can no longer write nor command: its
+/// fence is that key).
+fn wait_for_vacancy(
+    bridge: &Bridge,
+    members: &Members,
+    key: &[u8],
+    revision: i64,
+    timeout: Duration,
+    dead: Option<LeaderInfo>,
+) {
     let (i, client) = members.pick();
     let members = members.clone();
     let key = key.to_vec();
@@ -251,7 +307,24 @@ fn wait_for_vacancy(bridge: &Bridge, members: &Members, key: &[u8], revision: i6
                 }
             }
         };
-        let _ = tokio::time::timeout(limit - Duration::from_millis(100), wait).await;
+        let knock = async {
+            let Some(leader) = dead else { return futures::future::pending().await };
+            leader_process_gone(&leader.api_url).await;
+            tracing::warn!(leader = %leader.name, api = %leader.api_url, pid = leader.pid,
+                "the leader's process is gone (its API port refuses connections): revoking its lease");
+            let lease = leader.lease;
+            if let Err(e) = members.run(|c| async move { c.lease_client().revoke(lease).await }, unreached).await {
+                tracing::warn!(error = %e, "could not revoke the dead leader's lease; waiting for it to expire");
+            }
+            futures::future::pending::<()>().await
+        };
+        let _ = tokio::time::timeout(limit - Duration::from_millis(100), async {
+            tokio::select! {
+                () = wait => {}
+                () = knock => {}
+            }
+        })
+        .await;
         Ok(())
     });
 }
@@ -271,6 +344,8 @@ impl Leadership {
 fn keep_alive(c: &Campaign, leadership: Leadership) -> Leadership {
     let renewal = Renewal {
         state: leadership.state.clone(),
+        key: c.layout.leader(),
+        term: leadership.term,
         lease: leadership.lease,
         ttl: c.ttl,
         endpoints: c.endpoints.clone(),
@@ -291,6 +366,9 @@ fn keep_alive(c: &Campaign, leadership: Leadership) -> Leadership {
 /// The renewal thread.
 struct Renewal {
     state: Arc<State>,
+    /// The leader key, and this leadership's term (its create revision).
+    key: Vec<u8>,
+    term: i64,
     lease: i64,
     ttl: i64,
     endpoints: Vec<String>,
@@ -298,6 +376,26 @@ struct Renewal {
 }
 
 impl Renewal {
+    /// While suspended: whether etcd answers that the leader key is no
+    /// longer this term's (gone, or another master's), so the leadership is
+    /// over whatever the lease says; `None` when etcd does not answer, or
+    /// the key is still ours.
+    async fn deposed(&self, members: &Members, wait: Duration) -> Option<String> {
+        let (i, client) = members.pick();
+        let read = tokio::time::timeout(wait, async move { client.kv_client().get(self.key.clone(), None).await });
+        match read.await {
+            Ok(Ok(r)) => match r.kvs().first().map(|kv| kv.create_revision()) {
+                Some(rev) if rev == self.term => None,
+                Some(rev) => Some(format!("another master leads (term {rev})")),
+                None => Some("the leader key is gone".into()),
+            },
+            _ => {
+                members.failed(i);
+                None
+            }
+        }
+    }
+
     /// Renews every third of the TTL until stopped or lost. A renewal not
     /// answered within a period drops the stream (a late answer would be
     /// taken for a newer request's) and tries again on a fresh connection.
@@ -329,15 +427,24 @@ impl Renewal {
             }
             // Never longer than what is left (nor shorter than a moment, once suspended).
             let wait = self.state.left().clamp(Duration::from_millis(50), period);
+            if suspended && let Some(why) = self.deposed(&members, wait).await {
+                return self.state.lose(why);
+            }
             if stream.is_none() {
                 let (i, mut client) = members.pick();
                 member = i;
-                if let Ok(Ok(ks)) = tokio::time::timeout(wait, client.lease_keep_alive(self.lease)).await {
-                    stream = Some(ks);
-                } else {
-                    members.failed(i);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+                match tokio::time::timeout(wait, client.lease_keep_alive(self.lease)).await {
+                    Ok(Ok(ks)) => stream = Some(ks),
+                    // etcd-client reports a lease etcd says is gone (TTL 0)
+                    // as this error when the stream opens.
+                    Ok(Err(e)) if e.to_string().contains("lease not found") => {
+                        return self.state.lose("etcd says the lease is gone (it expired or was revoked)".into());
+                    }
+                    _ => {
+                        members.failed(i);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
                 }
             }
             let Some((keeper, answers)) = stream.as_mut() else { continue };
@@ -357,7 +464,7 @@ impl Renewal {
                 Ok(Ok(Some(_))) => {
                     return self.state.lose("etcd says the lease is gone (it expired or was revoked)".into());
                 }
-                Ok(Err(etcd_client::Error::GRpcStatus(st))) if st.message().contains("lease not found") => {
+                Ok(Err(e)) if e.to_string().contains("lease not found") => {
                     return self.state.lose("etcd says the lease is gone (it expired or was revoked)".into());
                 }
                 _ => {

@@ -92,9 +92,13 @@ impl Members {
 pub fn unreached(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) => true,
+        // Only a connection never made, or a member without a leader; not
+        // etcd's "request timed out, possibly due to connection lost" (the
+        // proposal may still apply) nor a connection reset mid-request.
         etcd_client::Error::GRpcStatus(s) => {
+            let m = s.message();
             s.code() == tonic::Code::Unavailable
-                && (s.message().contains("connect") || s.message().contains("no leader"))
+                && (m.contains("tcp connect error") || m.contains("error trying to connect") || m.contains("no leader"))
         }
         _ => false,
     }

@@ -111,6 +111,16 @@ impl EtcdSink {
         let mut b = TxnBuilder::default();
         b.add(&self.conn.layout, req, Cost::default());
         let writes = b.into_writes();
+        // A single write etcd would refuse is refused before anything is
+        // committed: a redo record that can never be applied would stop
+        // every later leader at its takeover.
+        let limit = self.conn.limits.max_bytes;
+        if let Some(big) = writes.iter().find(|w| w.bytes() > limit) {
+            return Err(StorageError::Etcd(format!(
+                "a single record of {} bytes is larger than one etcd transaction takes (etcd.max_txn_bytes = {limit})",
+                big.bytes()
+            )));
+        }
         let record = encode(&writes);
         let layout = &self.conn.layout;
         let chunk = (self.conn.limits.max_bytes / 2).max(1024);
@@ -202,7 +212,8 @@ pub fn recover(sink: &EtcdSink) -> Result<bool, StorageError> {
         return Ok(false);
     };
     let head = Head::decode(head)?;
-    let mut record = Vec::with_capacity(head.len as usize);
+    // Not sized from the head, which could say anything.
+    let mut record = Vec::new();
     for i in 0..head.chunks {
         let key = layout.redo_chunk(i);
         let (_, c) = found

@@ -38,14 +38,15 @@ impl Default for Limits {
     }
 }
 
-/// What one request (or several) costs at most once coalesced: its ops,
-/// a put counted twice while a range delete is about (it may split one),
-/// and its bytes.
+/// What one request (or several) costs at most once coalesced: its ops
+/// (a put counted once more for each range delete about, since it may
+/// split each), and its bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Cost {
     puts: usize,
     others: usize,
-    ranges: bool,
+    /// Range deletes: a later put may split each of them.
+    ranges: usize,
     pub bytes: usize,
 }
 
@@ -64,7 +65,7 @@ impl Cost {
                 }
                 WriteOp::DeleteRange { from, to, .. } => {
                     c.others += 1;
-                    c.ranges = true;
+                    c.ranges += 1;
                     c.bytes += from.len() + to.len() + 2 * layout_overhead + OP_OVERHEAD;
                 }
                 WriteOp::Append { value, .. } => {
@@ -80,14 +81,15 @@ impl Cost {
         Cost {
             puts: self.puts + o.puts,
             others: self.others + o.others,
-            ranges: self.ranges || o.ranges,
+            ranges: self.ranges + o.ranges,
             bytes: self.bytes + o.bytes,
         }
     }
 
-    /// The most ops this can become.
+    /// The most ops this can become: each put may split every range
+    /// delete it falls in (one more op per range).
     pub fn ops(&self) -> usize {
-        self.others + if self.ranges { 2 * self.puts } else { self.puts }
+        self.others + self.puts.saturating_mul(1 + self.ranges)
     }
 
     pub fn fits(&self, limits: &Limits) -> bool {

@@ -52,6 +52,16 @@ async fn a_second_master_waits_while_one_leads_and_takes_over_with_everything_wh
 
     let killed = Instant::now();
     env.kill_master();
+    // Its process gone (its API port refuses connections), the standby
+    // revokes its lease: it leads well before the lease (2 s) could expire.
+    while !env.log_file("standby.log").contains("this master leads") {
+        assert!(killed.elapsed() < Duration::from_secs(20), "no takeover\n{}", env.log_file("standby.log"));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let took = killed.elapsed();
+    let log = env.log_file("standby.log");
+    assert!(log.contains("revoking its lease"), "{log}");
+    assert!(took < Duration::from_millis(1200), "the takeover took {took:?}");
     let endpoints = dir.join("endpoints.json");
     let mut api = None;
     while api.is_none() {
@@ -152,4 +162,41 @@ async fn with_one_etcd_member_lost_writes_go_on_with_two_they_are_refused_and_re
     let names: Vec<&str> = tokens["tokens"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
     assert!(names.contains(&"one-lost") && names.contains(&"healed"), "{names:?}");
     assert_eq!(names.len(), tokens_in_etcd(&etcd, "ha-quorum"), "{names:?}");
+}
+
+/// The CLI run against a waiting master finds the leader: a read and a
+/// write go through the `307` with the token and body, and a list of
+/// masters whose first cannot be reached goes on to the next.
+#[tokio::test]
+async fn the_cli_reaches_the_leader_through_a_waiting_master() {
+    let etcd = EtcdCluster::start(3);
+    let env = TestEnv::start_ha("ha-cli", &etcd, 2).await;
+    let (leader, _) = env.leader_within(Duration::from_secs(10)).await;
+    let waiting = 1 - leader;
+    let h = env.ha_health(waiting).await.expect("the waiting master answers");
+    assert_eq!(h["role"], "follower", "{h:#}");
+    assert_eq!(h["leader"].as_str(), Some(env.ha_api(leader).trim_end_matches("/api/v1")), "{h:#}");
+    let cli = |api: String, args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .args(["--api", &api, "--token", &env.token, "--json"])
+            .output()
+            .expect("run the CLI");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let follower = env.ha_api(waiting).trim_end_matches("/api/v1").to_string();
+    let (code, out, err) = cli(follower.clone(), &["token", "create", "through-the-follower"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let (code, out, err) = cli(follower, &["node", "ls"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("node-1") && out.contains("node-3"), "{out}");
+    // A master nobody listens at first in the list, then the follower.
+    let list = format!("http://127.0.0.1:9,{}", env.ha_api(waiting).trim_end_matches("/api/v1"));
+    let (code, out, err) = cli(list, &["token", "ls"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("through-the-follower"), "{out}");
 }

@@ -3,4 +3,5 @@
 
 mod fencing;
 mod masters;
+mod migrate;
 mod store;

@@ -194,6 +194,7 @@ fn campaign(cluster: &EtcdCluster, prefix: &str, name: &str) -> (Campaign, etcd:
         ttl: 2,
         info: LeaderInfo { name: name.into(), api_url: format!("http://{name}"), pid: 1, lease: 0 },
         timeout: Duration::from_secs(5),
+        revoke_dead_leader: false,
     };
     (c, bridge, client)
 }

@@ -1,0 +1,76 @@
+//! `flotilla store migrate`: a single master's RocksDB state copied into
+//! etcd; the master started again on etcd takes its instances over without
+//! restarting them, and the agents (enrolled with its CA) come back.
+
+use std::process::Command;
+
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+use crate::common::env::etcd_config;
+use crate::common::etcd::EtcdCluster;
+use crate::common::scripts::RECORD_AND_SLEEP;
+use crate::common::{PackageBuilder, TestEnv, all_instances, id_of, instance_pids, pid_of};
+
+const SPEC: &str = r#"
+[component]
+name = "mig"
+version = "1.0.0"
+
+[[roles]]
+name = "svc"
+count = { min = 1, max = 5 }
+ports = ["main"]
+start = ["bin/start.sh"]
+stop_grace = "2s"
+"#;
+
+fn migrate(env: &TestEnv, etcd: &EtcdCluster) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["store", "migrate", "--etcd-prefix", "/ha-migrate/", "--etcd-endpoints", &etcd.endpoints.join(",")])
+        .arg("--data-dir")
+        .arg(env.master_dir())
+        .output()
+        .expect("run flotilla store migrate");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[tokio::test]
+async fn a_single_master_moved_to_etcd_takes_its_instances_over_without_restarting_them() {
+    let etcd = EtcdCluster::start(3);
+    let mut env = TestEnv::start("ha-migrate").await;
+    env.upload(&PackageBuilder::new("mig", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP)).await;
+    let body = json!({"name": "mig", "package": {"name": "mig", "version": "1.0.0"}, "roles": {"svc": {"count": 3}}});
+    let before = all_instances(&env.create_active(body).await);
+    let pids: Vec<(String, u32)> = before.iter().map(|i| (id_of(i), pid_of(i))).collect();
+    let (_, ops_before) = env.get("/operations?cluster=mig").await;
+
+    env.signal_master(Signal::SIGTERM);
+    assert!(env.wait_master_exit(std::time::Duration::from_secs(30)).await.is_some(), "the master did not stop");
+    let (ok, stdout, stderr) = migrate(&env, &etcd);
+    assert!(ok, "migrate failed\n{stdout}\n{stderr}");
+    assert!(stdout.contains("clusters") && stdout.contains("with the agent link's CA"), "{stdout}");
+    // Never over what is there.
+    let (ok, _, stderr) = migrate(&env, &etcd);
+    assert!(!ok && stderr.contains("already holds keys"), "a second migrate: {stderr}");
+
+    env.use_master_config(&etcd_config("ha-migrate", &etcd));
+    env.start_master_again().await;
+    env.wait_ready().await;
+    let (_, h) = env.get("/health").await;
+    assert_eq!(h["store_engine"], "etcd", "{h:#}");
+    let after = all_instances(&env.cluster("mig").await);
+    let summary = |l: &[Value]| {
+        l.iter().map(|i| (id_of(i), i["node"].clone(), i["ports"].clone(), i["status"].clone())).collect::<Vec<_>>()
+    };
+    assert_eq!(summary(&after), summary(&before), "the instances changed in the move");
+    for (id, pid) in &pids {
+        assert_eq!(instance_pids(id), vec![*pid], "{id} was restarted by the move");
+    }
+    let (_, ops_after) = env.get("/operations?cluster=mig").await;
+    assert_eq!(ops_after, ops_before, "the operation journal changed in the move");
+    // It goes on: a scale-out installs from the package files left in the data dir.
+    let op = env.run_ok("/clusters/mig/scale", Some(json!({"role": "svc", "add": 1}))).await;
+    env.assert_succeeded(&op);
+    assert_eq!(all_instances(&env.cluster("mig").await).len(), 4);
+}
