@@ -29,7 +29,7 @@
 //! | [`master`] | wiring that starts a master: storage, actors, listeners, the first API token (`--init`) |
 //! | [`open_store`] | which store a master runs on: RocksDB, or etcd once it leads (`--store etcd`) |
 //! | [`cli`] | the command-line client (`flotilla cluster`, `package`, `node`, `op`, `events`, `token`): finding the master, waiting for operations, exit codes |
-//! | [`dev`] | `flotilla dev`: a master and N agents on loopback |
+//! | [`dev`] | `flotilla dev`: a master and N agents on loopback; `--ha`: three etcd members and three masters (`dev::ha`) |
 //! | [`shutdown`] | the signal master, agent and `flotilla dev` stop on (Ctrl-C, SIGTERM) |
 //! | [`bench`] | `flotilla bench`: simulated agents (the real protocol, a fake process layer) and the load driver |
 //! | [`package`] | package tarballs: reading `component.toml` out of an upload |

@@ -31,6 +31,16 @@ impl Dev {
     /// `flotilla dev --agents AGENTS`, with `master_config` (the text of a
     /// `--master-config` file) if given.
     pub fn start_with(agents: u8, master_config: Option<&str>) -> Dev {
+        Dev::start_args(agents, master_config, &[])
+    }
+
+    /// `flotilla dev --ha --agents AGENTS`: three etcd members and three
+    /// masters on their fixed ports (one such dev at a time per machine).
+    pub fn start_ha(agents: u8) -> Dev {
+        Dev::start_args(agents, None, &["--ha"])
+    }
+
+    fn start_args(agents: u8, master_config: Option<&str>, extra: &[&str]) -> Dev {
         let dir = tempfile::Builder::new().prefix("flotilla-dev-").tempdir().expect("temp dir");
         // Dev mode's instances run as users of their own, who must reach their dirs.
         use std::os::unix::fs::PermissionsExt;
@@ -46,6 +56,7 @@ impl Dev {
         }
         let child = cmd
             .args(["--http-addr", "127.0.0.1:0", "--agents", &agents.to_string(), "--port-range", &own_ports()])
+            .args(extra)
             .arg("--data-dir")
             .arg(dir.path())
             .arg("--examples")

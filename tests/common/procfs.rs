@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-fn all_pids() -> Vec<u32> {
+pub fn all_pids() -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
 }

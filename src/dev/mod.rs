@@ -3,7 +3,10 @@
 //! processes of this one, loads the example packages from
 //! `examples/components/`, writes `DIR/endpoints.json`, and prints the URLs
 //! and a copy-paste example. Ctrl-C stops the agents first (each stops its
-//! instances), then the master, and leaves no process behind.
+//! instances), then the master, and leaves no process behind. `--ha`: three
+//! etcd members and three masters on them instead ([`ha`]).
+
+pub mod ha;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,6 +45,13 @@ pub struct DevArgs {
     /// deleted at Ctrl-C). `--agents 0` then runs only the pools' nodes.
     #[arg(long)]
     pub master_config: Option<PathBuf>,
+    /// Several masters: three etcd members (ports 2379, 22379, 32379) and
+    /// three masters on them (APIs on 127.0.0.1:7070, 7072, 7074), the
+    /// agents knowing all three. Kill the leader (its pid in `GET
+    /// /api/v1/health`) to see another take over; the killed one comes
+    /// back as a follower. Ctrl-C removes etcd's data too.
+    #[arg(long)]
+    pub ha: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -100,31 +110,39 @@ pub async fn run(args: DevArgs) -> Result<(), DevError> {
     std::fs::create_dir_all(dir.join("master")).map_err(setup("creating the master's dir"))?;
 
     let mut children: Vec<(String, Child)> = Vec::new();
-    let master = Command::new(&exe)
-        .arg("master")
-        .arg("--data-dir")
-        .arg(dir.join("master"))
-        .arg("--http-addr")
-        .arg(&args.http_addr)
-        .arg("--agent-addr")
-        .arg(agent_listen)
-        .args(args.master_config.iter().flat_map(|f| [std::ffi::OsStr::new("--config"), f.as_os_str()]))
-        .arg("--endpoints-file")
-        .arg(&internal)
-        .arg("--init")
-        .arg("--token-file")
-        .arg(dir.join("master").join("token"))
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| DevError::Spawn { what: "the master".into(), source })?;
-    children.push(("master".into(), master));
+    let ha = if args.ha {
+        if args.master_config.is_some() {
+            return Err(DevError::Setup("--ha and --master-config together are not supported yet".into()));
+        }
+        let ha = ha::Ha::prepare(&dir)?;
+        for i in 0..3 {
+            children.push((format!("etcd-{i}"), ha.spawn_etcd(i)?));
+        }
+        if let Err(e) = ha.wait_etcd().await {
+            stop_children(children).await;
+            ha.remove_data();
+            return Err(e);
+        }
+        children.push(("master-0".into(), ha.spawn_master(&exe, &dir, 0, Some(&internal))?));
+        Some(ha)
+    } else {
+        None
+    };
+    let master = match &ha {
+        Some(_) => None,
+        None => Some(single_master(&args, &dir, &exe, &internal, agent_listen)?),
+    };
+    children.extend(master.map(|m| ("master".to_string(), m)));
 
     let mut install = None;
-    let result = start_and_wait(&args, &dir, &exe, &internal, &mut children, &mut install).await;
+    let result = start_and_wait(&args, &dir, &exe, &internal, &mut children, &mut install, ha.as_ref()).await;
     if let Err(e) = &result {
         eprintln!("flotilla dev: {e}");
     }
     stop_children(children).await;
+    if let Some(ha) = &ha {
+        ha.remove_data();
+    }
     if let Some(install) = install {
         delete_pool_nodes(&pools, &dir.join("master"), &install).await;
     }
@@ -135,6 +153,33 @@ pub async fn run(args: DevArgs) -> Result<(), DevError> {
     result
 }
 
+/// The one master of the embedded default.
+fn single_master(
+    args: &DevArgs,
+    dir: &Path,
+    exe: &Path,
+    internal: &Path,
+    agent_listen: &str,
+) -> Result<Child, DevError> {
+    Command::new(exe)
+        .arg("master")
+        .arg("--data-dir")
+        .arg(dir.join("master"))
+        .arg("--http-addr")
+        .arg(&args.http_addr)
+        .arg("--agent-addr")
+        .arg(agent_listen)
+        .args(args.master_config.iter().flat_map(|f| [std::ffi::OsStr::new("--config"), f.as_os_str()]))
+        .arg("--endpoints-file")
+        .arg(internal)
+        .arg("--init")
+        .arg("--token-file")
+        .arg(dir.join("master").join("token"))
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| DevError::Spawn { what: "the master".into(), source })
+}
+
 async fn start_and_wait(
     args: &DevArgs,
     dir: &Path,
@@ -142,10 +187,20 @@ async fn start_and_wait(
     internal: &Path,
     children: &mut Vec<(String, Child)>,
     install: &mut Option<String>,
+    ha: Option<&ha::Ha>,
 ) -> Result<(), DevError> {
     let endpoints = wait_for_endpoints(internal, children).await?;
     let api_url = endpoints["api_url"].as_str().unwrap_or_default().to_string();
-    let agent_addr = endpoints["agent_addr"].as_str().unwrap_or_default().to_string();
+    let mut agent_addr = endpoints["agent_addr"].as_str().unwrap_or_default().to_string();
+    let mut api_urls = vec![api_url.clone()];
+    if let Some(ha) = ha {
+        // The first leads; these wait (and take over when it dies).
+        for i in 1..3 {
+            children.push((format!("master-{i}"), ha.spawn_master(exe, dir, i, None)?));
+        }
+        agent_addr = ha::Ha::agent_addrs();
+        api_urls = ha::Ha::api_urls();
+    }
     warn_if_unreachable(dir);
     // Written by the master (its first start) before it listens.
     let token_file = dir.join("master").join("token");
@@ -169,19 +224,28 @@ async fn start_and_wait(
     let examples = args.examples.clone().unwrap_or_else(default_examples);
     let loaded = load_examples(&client, &api_url, &examples).await;
     // With the token in it, readable by this user only.
-    let endpoints = serde_json::json!({ "api_url": api_url, "agent_addr": agent_addr, "token": token });
+    let endpoints =
+        serde_json::json!({ "api_url": api_url, "api_urls": api_urls, "agent_addr": agent_addr, "token": token });
     crate::master::write_private(
         &dir.join("endpoints.json"),
         &serde_json::to_vec_pretty(&endpoints).unwrap_or_default(),
     )
     .map_err(setup("writing endpoints.json"))?;
     print_banner(&api_url, &token, dir, args.agents, &loaded);
+    if ha.is_some() {
+        println!(
+            "Several masters (--ha): etcd on 127.0.0.1:2379, 22379, 32379; masters m0, m1, m2 at {} (each says\n\
+             its role in GET /api/v1/health). To see a failover, kill -9 the leader's pid (in its health); another\n\
+             leads within a second or two, and the killed one comes back as a follower. The CLI finds the leader.\n",
+            api_urls.join(", ")
+        );
+    }
     tokio::select! {
         _ = crate::shutdown::signal() => {
             eprintln!("\nflotilla dev: stopping agents (and their instances), then the master ...");
             Ok(())
         }
-        who = supervise(children, &agent) => Err(DevError::Setup(format!("{who}; stopping everything"))),
+        who = supervise(children, &agent, ha.map(|h| (h, exe, dir))) => Err(DevError::Setup(format!("{who}; stopping everything"))),
     }
 }
 
@@ -225,22 +289,40 @@ const RESTART_WINDOW: Duration = Duration::from_secs(60);
 /// Watches the children: an agent that dies is started again on its data
 /// dir (it re-adopts its running instances, as after any agent crash); the
 /// master's end, or an agent dying too often, ends dev mode. Returns why.
-async fn supervise(children: &mut [(String, Child)], agent: &AgentCommand<'_>) -> String {
+async fn supervise(
+    children: &mut [(String, Child)],
+    agent: &AgentCommand<'_>,
+    ha: Option<(&ha::Ha, &Path, &Path)>,
+) -> String {
     let mut restarts: std::collections::HashMap<String, Vec<std::time::Instant>> = Default::default();
     loop {
         for (name, c) in children.iter_mut() {
             let Ok(Some(status)) = c.try_wait() else { continue };
-            let Some(i) = name.strip_prefix("agent-").and_then(|n| n.parse::<u8>().ok()) else {
+            let agent_no = name.strip_prefix("agent-").and_then(|n| n.parse::<u8>().ok());
+            // With --ha a master that exits (killed to see a failover) comes
+            // back, as a follower.
+            let master_no = name.strip_prefix("master-").and_then(|n| n.parse::<usize>().ok()).filter(|_| ha.is_some());
+            if agent_no.is_none() && master_no.is_none() {
                 return format!("{name} exited ({status})");
-            };
+            }
             let times = restarts.entry(name.clone()).or_default();
             times.retain(|t| t.elapsed() < RESTART_WINDOW);
             if times.len() >= MAX_RESTARTS {
                 return format!("{name} exited ({status}) {MAX_RESTARTS} times within {} s", RESTART_WINDOW.as_secs());
             }
             times.push(std::time::Instant::now());
-            eprintln!("flotilla dev: {name} exited ({status}); starting it again (it re-adopts its instances)");
-            match agent.spawn(i) {
+            let again = match (agent_no, master_no, ha) {
+                (Some(i), _, _) => {
+                    eprintln!("flotilla dev: {name} exited ({status}); starting it again (it re-adopts its instances)");
+                    agent.spawn(i)
+                }
+                (_, Some(i), Some((ha, exe, dir))) => {
+                    eprintln!("flotilla dev: {name} exited ({status}); starting it again (it waits as a follower)");
+                    ha.spawn_master(exe, dir, i, None)
+                }
+                _ => unreachable!("checked above"),
+            };
+            match again {
                 Ok(new) => *c = new,
                 Err(e) => return format!("{name} exited ({status}) and could not be started again: {e}"),
             }
@@ -284,7 +366,7 @@ async fn wait_for_endpoints(path: &Path, children: &mut [(String, Child)]) -> Re
         {
             return Ok(v);
         }
-        if let Some((_, c)) = children.first_mut()
+        if let Some((_, c)) = children.iter_mut().find(|(n, _)| n == "master" || n == "master-0")
             && let Ok(Some(status)) = c.try_wait()
         {
             return Err(DevError::Setup(format!("the master exited at start ({status}); see its log above")));
@@ -433,10 +515,12 @@ Ctrl-C stops everything.
     );
 }
 
-/// SIGTERM to the agents, wait; then to the master, wait; KILL what is left.
+/// SIGTERM to the agents, wait; then to the masters, wait; then to etcd's
+/// members; KILL what is left.
 async fn stop_children(children: Vec<(String, Child)>) {
-    let (master, agents): (Vec<_>, Vec<_>) = children.into_iter().partition(|(n, _)| n == "master");
-    for group in [agents, master] {
+    let (etcd, rest): (Vec<_>, Vec<_>) = children.into_iter().partition(|(n, _)| n.starts_with("etcd-"));
+    let (masters, agents): (Vec<_>, Vec<_>) = rest.into_iter().partition(|(n, _)| n.starts_with("master"));
+    for group in [agents, masters, etcd] {
         for (_, c) in &group {
             if let Some(pid) = c.id() {
                 let _ =

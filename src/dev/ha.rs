@@ -1,0 +1,139 @@
+//! `flotilla dev --ha`: three etcd members (Debian's `etcd`, election
+//! settings fast enough for a laptop: heartbeat 20 ms, election 200 ms),
+//! three masters on them (API ports 7070, 7072, 7074; agent ports 7071,
+//! 7073, 7075 on 127.0.0.1), and agents that know all three. A master that
+//! exits (killed to see a failover) is started again and waits as a
+//! follower. Ctrl-C stops everything, etcd last, and removes etcd's data.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use super::{DevError, setup};
+
+/// The members' client and peer ports on 127.0.0.1.
+const ETCD_PORTS: [(u16, u16); 3] = [(2379, 2380), (22379, 22380), (32379, 32380)];
+
+/// The masters' API and agent ports on 127.0.0.1.
+const MASTER_PORTS: [(u16, u16); 3] = [(7070, 7071), (7072, 7073), (7074, 7075)];
+
+/// What `--ha` runs.
+pub struct Ha {
+    /// `<data dir>/etcd`: the members' data, removed at the end.
+    pub etcd_dir: PathBuf,
+    /// The config file every master starts with (`store = "etcd"`).
+    pub config: PathBuf,
+}
+
+impl Ha {
+    /// Checks etcd is there and writes the masters' config.
+    pub fn prepare(dir: &Path) -> Result<Ha, DevError> {
+        let found = std::process::Command::new("etcd").arg("--version").output();
+        if !found.is_ok_and(|o| o.status.success()) {
+            return Err(DevError::Setup("--ha needs etcd (Debian's etcd-server; scripts/setup.sh installs it)".into()));
+        }
+        let endpoints: Vec<String> = ETCD_PORTS.iter().map(|(c, _)| format!("\"http://127.0.0.1:{c}\"")).collect();
+        let config = dir.join("master-ha.toml");
+        let text = format!(
+            "store = \"etcd\"\n\n[etcd]\nendpoints = [{}]\nprefix = \"/flotilla-dev/\"\n",
+            endpoints.join(", ")
+        );
+        std::fs::write(&config, text).map_err(setup("writing the masters' config"))?;
+        Ok(Ha { etcd_dir: dir.join("etcd"), config })
+    }
+
+    /// Every master's API URL.
+    pub fn api_urls() -> Vec<String> {
+        MASTER_PORTS.iter().map(|(h, _)| format!("http://127.0.0.1:{h}")).collect()
+    }
+
+    /// Every master's agent address, comma-separated (the agents' `--master`).
+    pub fn agent_addrs() -> String {
+        MASTER_PORTS.iter().map(|(_, a)| format!("127.0.0.1:{a}")).collect::<Vec<_>>().join(",")
+    }
+
+    /// Starts etcd member `i`.
+    pub fn spawn_etcd(&self, i: usize) -> Result<Child, DevError> {
+        let initial: Vec<String> =
+            ETCD_PORTS.iter().enumerate().map(|(n, (_, p))| format!("m{n}=http://127.0.0.1:{p}")).collect();
+        let (client, peer) = ETCD_PORTS[i];
+        std::fs::create_dir_all(&self.etcd_dir).map_err(setup("creating etcd's dir"))?;
+        let log = std::fs::File::create(self.etcd_dir.join(format!("m{i}.log"))).map_err(setup("etcd's log"))?;
+        let err = log.try_clone().map_err(setup("etcd's log"))?;
+        Command::new("etcd")
+            .args(["--name", &format!("m{i}")])
+            .arg("--data-dir")
+            .arg(self.etcd_dir.join(format!("m{i}")))
+            .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
+            .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args(["--initial-cluster", &initial.join(",")])
+            .args(["--initial-cluster-state", "new", "--initial-cluster-token", "flotilla-dev"])
+            .args(["--heartbeat-interval", "20", "--election-timeout", "200"])
+            .args(["--auto-compaction-retention", "1"])
+            .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .stdout(log)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| DevError::Spawn { what: format!("etcd member {i}"), source })
+    }
+
+    /// Waits until every member has a leader.
+    pub async fn wait_etcd(&self) -> Result<(), DevError> {
+        let http = reqwest::Client::builder().no_proxy().build().map_err(setup("http client"))?;
+        for (client, _) in ETCD_PORTS {
+            let url = format!("http://127.0.0.1:{client}/health");
+            let mut tries = 0;
+            loop {
+                let ok = match http.get(&url).timeout(Duration::from_secs(1)).send().await {
+                    Ok(r) => r.json::<serde_json::Value>().await.is_ok_and(|v| v["health"] == "true"),
+                    Err(_) => false,
+                };
+                if ok {
+                    break;
+                }
+                tries += 1;
+                if tries > 300 {
+                    return Err(DevError::Setup(format!(
+                        "etcd at {url} not healthy within 30 s; see {}",
+                        self.etcd_dir.display()
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Master `i` (its data dir `<dir>/master` for 0, `<dir>/master-<i>`
+    /// otherwise); the first one with `--init` and the endpoints file.
+    pub fn spawn_master(&self, exe: &Path, dir: &Path, i: usize, first: Option<&Path>) -> Result<Child, DevError> {
+        let data = if i == 0 { dir.join("master") } else { dir.join(format!("master-{i}")) };
+        std::fs::create_dir_all(&data).map_err(setup("creating a master's dir"))?;
+        let (http, agent) = MASTER_PORTS[i];
+        let mut cmd = Command::new(exe);
+        cmd.arg("master")
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--http-addr", &format!("127.0.0.1:{http}"), "--agent-addr", &format!("127.0.0.1:{agent}")])
+            .args(["--name", &format!("m{i}")])
+            .arg("--config")
+            .arg(&self.config);
+        if let Some(endpoints) = first {
+            cmd.arg("--endpoints-file").arg(endpoints).arg("--init").arg("--token-file").arg(data.join("token"));
+        }
+        cmd.kill_on_drop(true).spawn().map_err(|source| DevError::Spawn { what: format!("master {i}"), source })
+    }
+
+    /// Removes etcd's data (after the members stopped).
+    pub fn remove_data(&self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.etcd_dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            eprintln!("flotilla dev: could not remove {}: {e}", self.etcd_dir.display());
+        }
+    }
+}
