@@ -173,6 +173,8 @@ impl Client {
         let http = reqwest::Client::builder()
             .no_proxy()
             .timeout(std::time::Duration::from_secs(150))
+            // A master whose machine is gone gives way to the next soon.
+            .connect_timeout(std::time::Duration::from_secs(3))
             // Followed here, with the token (reqwest drops it for another host).
             .redirect(reqwest::redirect::Policy::none())
             .build()

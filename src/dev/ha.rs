@@ -3,7 +3,8 @@
 //! three masters on them (API ports 7070, 7072, 7074; agent ports 7071,
 //! 7073, 7075 on 127.0.0.1), and agents that know all three. A master that
 //! exits (killed to see a failover) is started again and waits as a
-//! follower. Ctrl-C stops everything, etcd last, and removes etcd's data.
+//! follower. Ctrl-C stops everything, etcd last, and removes `<data
+//! dir>/ha` (every master's, agent's and member's data).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,35 +13,70 @@ use tokio::process::{Child, Command};
 
 use super::{DevError, setup};
 
-/// The members' client and peer ports on 127.0.0.1.
-const ETCD_PORTS: [(u16, u16); 3] = [(2379, 2380), (22379, 22380), (32379, 32380)];
+/// The members' client and peer ports on 127.0.0.1 (not etcd's default
+/// 2379: a system etcd there must not be taken for one of ours).
+const ETCD_PORTS: [(u16, u16); 3] = [(12379, 12380), (22379, 22380), (32379, 32380)];
 
 /// The masters' API and agent ports on 127.0.0.1.
 const MASTER_PORTS: [(u16, u16); 3] = [(7070, 7071), (7072, 7073), (7074, 7075)];
 
 /// What `--ha` runs.
 pub struct Ha {
-    /// `<data dir>/etcd`: the members' data, removed at the end.
+    /// The data dir given (`endpoints.json` goes there).
+    pub base: PathBuf,
+    /// `<data dir>/ha`: every master's, agent's and etcd member's data,
+    /// made afresh and removed at the end.
+    pub root: PathBuf,
+    /// `<root>/etcd`: the members' data and logs.
     pub etcd_dir: PathBuf,
     /// The config file every master starts with (`store = "etcd"`).
     pub config: PathBuf,
 }
 
 impl Ha {
-    /// Checks etcd is there and writes the masters' config.
-    pub fn prepare(dir: &Path) -> Result<Ha, DevError> {
+    /// Checks etcd is there and every port is free, makes `<base>/ha`
+    /// afresh and writes the masters' config.
+    pub fn prepare(base: &Path) -> Result<Ha, DevError> {
         let found = std::process::Command::new("etcd").arg("--version").output();
         if !found.is_ok_and(|o| o.status.success()) {
             return Err(DevError::Setup("--ha needs etcd (Debian's etcd-server; scripts/setup.sh installs it)".into()));
         }
+        let ports = ETCD_PORTS.iter().chain(MASTER_PORTS.iter()).flat_map(|(a, b)| [*a, *b]);
+        for port in ports {
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+                return Err(DevError::Setup(format!(
+                    "--ha needs 127.0.0.1:{port}, which is in use (another flotilla dev --ha?)"
+                )));
+            }
+        }
+        let root = base.join("ha");
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("master")).map_err(setup("creating <data dir>/ha"))?;
         let endpoints: Vec<String> = ETCD_PORTS.iter().map(|(c, _)| format!("\"http://127.0.0.1:{c}\"")).collect();
-        let config = dir.join("master-ha.toml");
+        let config = root.join("master-ha.toml");
         let text = format!(
             "store = \"etcd\"\n\n[etcd]\nendpoints = [{}]\nprefix = \"/flotilla-dev/\"\n",
             endpoints.join(", ")
         );
         std::fs::write(&config, text).map_err(setup("writing the masters' config"))?;
-        Ok(Ha { etcd_dir: dir.join("etcd"), config })
+        Ok(Ha { base: base.to_path_buf(), etcd_dir: root.join("etcd"), root, config })
+    }
+
+    /// Starts the members, waits for their leader, then master 0 (which
+    /// writes `internal` once it listens); what started is in `children`
+    /// (stopped by the caller, whatever this answers).
+    pub async fn start(
+        &self,
+        exe: &Path,
+        internal: &Path,
+        children: &mut Vec<(String, Child)>,
+    ) -> Result<(), DevError> {
+        for i in 0..3 {
+            children.push((format!("etcd-{i}"), self.spawn_etcd(i)?));
+        }
+        self.wait_etcd(children).await?;
+        children.push(("master-0".into(), self.spawn_master(exe, &self.root, 0, Some(internal))?));
+        Ok(())
     }
 
     /// Every master's API URL.
@@ -76,13 +112,16 @@ impl Ha {
             .args(["--logger", "zap", "--log-outputs", "stderr"])
             .stdout(log)
             .stderr(err)
+            // Its own process group: a terminal's Ctrl-C reaches dev only,
+            // which stops the members last.
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .map_err(|source| DevError::Spawn { what: format!("etcd member {i}"), source })
     }
 
-    /// Waits until every member has a leader.
-    pub async fn wait_etcd(&self) -> Result<(), DevError> {
+    /// Waits until every member has a leader (and none of ours exited).
+    async fn wait_etcd(&self, children: &mut [(String, Child)]) -> Result<(), DevError> {
         let http = reqwest::Client::builder().no_proxy().build().map_err(setup("http client"))?;
         for (client, _) in ETCD_PORTS {
             let url = format!("http://127.0.0.1:{client}/health");
@@ -94,6 +133,14 @@ impl Ha {
                 };
                 if ok {
                     break;
+                }
+                for (name, c) in children.iter_mut() {
+                    if let Ok(Some(status)) = c.try_wait() {
+                        return Err(DevError::Setup(format!(
+                            "{name} exited at start ({status}); see {}",
+                            self.etcd_dir.display()
+                        )));
+                    }
                 }
                 tries += 1;
                 if tries > 300 {
@@ -125,15 +172,18 @@ impl Ha {
         if let Some(endpoints) = first {
             cmd.arg("--endpoints-file").arg(endpoints).arg("--init").arg("--token-file").arg(data.join("token"));
         }
-        cmd.kill_on_drop(true).spawn().map_err(|source| DevError::Spawn { what: format!("master {i}"), source })
+        cmd.process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| DevError::Spawn { what: format!("master {i}"), source })
     }
 
-    /// Removes etcd's data (after the members stopped).
+    /// Removes `<data dir>/ha` (after everything stopped).
     pub fn remove_data(&self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.etcd_dir)
+        if let Err(e) = std::fs::remove_dir_all(&self.root)
             && e.kind() != std::io::ErrorKind::NotFound
         {
-            eprintln!("flotilla dev: could not remove {}: {e}", self.etcd_dir.display());
+            eprintln!("flotilla dev: could not remove {}: {e}", self.root.display());
         }
     }
 }

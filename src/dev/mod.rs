@@ -45,7 +45,7 @@ pub struct DevArgs {
     /// deleted at Ctrl-C). `--agents 0` then runs only the pools' nodes.
     #[arg(long)]
     pub master_config: Option<PathBuf>,
-    /// Several masters: three etcd members (ports 2379, 22379, 32379) and
+    /// Several masters: three etcd members (ports 12379, 22379, 32379) and
     /// three masters on them (APIs on 127.0.0.1:7070, 7072, 7074), the
     /// agents knowing all three. Kill the leader (its pid in `GET
     /// /api/v1/health`) to see another take over; the killed one comes
@@ -103,52 +103,48 @@ pub async fn run(args: DevArgs) -> Result<(), DevError> {
     // enrolled agents).
     let agent_listen = if pools.iter().any(|p| p.driver == "local") { "0.0.0.0:0" } else { "127.0.0.1:0" };
     std::fs::create_dir_all(&args.data_dir).map_err(setup("creating --data-dir"))?;
-    let dir = std::fs::canonicalize(&args.data_dir).map_err(setup("resolving --data-dir"))?;
+    let base = std::fs::canonicalize(&args.data_dir).map_err(setup("resolving --data-dir"))?;
+    // --ha keeps all of its state under <data dir>/ha/, made afresh and
+    // removed at the end (its etcd's data with it): a single master's dev
+    // data beside it is never touched, and nothing stale (an agent's
+    // certificate of another CA) outlives the run.
+    let prepared = if args.ha {
+        if args.master_config.is_some() {
+            return Err(DevError::Setup("--ha and --master-config together are not supported yet".into()));
+        }
+        Some(ha::Ha::prepare(&base)?)
+    } else {
+        None
+    };
+    let dir = prepared.as_ref().map_or_else(|| base.clone(), |h| h.root.clone());
     let exe = std::env::current_exe().map_err(setup("finding the flotilla binary"))?;
     let internal = dir.join("master").join("endpoints.internal.json");
     let _ = std::fs::remove_file(&internal);
     std::fs::create_dir_all(dir.join("master")).map_err(setup("creating the master's dir"))?;
 
     let mut children: Vec<(String, Child)> = Vec::new();
-    let ha = if args.ha {
-        if args.master_config.is_some() {
-            return Err(DevError::Setup("--ha and --master-config together are not supported yet".into()));
-        }
-        let ha = ha::Ha::prepare(&dir)?;
-        for i in 0..3 {
-            children.push((format!("etcd-{i}"), ha.spawn_etcd(i)?));
-        }
-        if let Err(e) = ha.wait_etcd().await {
-            stop_children(children).await;
-            ha.remove_data();
-            return Err(e);
-        }
-        children.push(("master-0".into(), ha.spawn_master(&exe, &dir, 0, Some(&internal))?));
-        Some(ha)
-    } else {
-        None
+    let started = match &prepared {
+        Some(ha) => ha.start(&exe, &internal, &mut children).await,
+        None => single_master(&args, &dir, &exe, &internal, agent_listen).map(|m| children.push(("master".into(), m))),
     };
-    let master = match &ha {
-        Some(_) => None,
-        None => Some(single_master(&args, &dir, &exe, &internal, agent_listen)?),
-    };
-    children.extend(master.map(|m| ("master".to_string(), m)));
-
     let mut install = None;
-    let result = start_and_wait(&args, &dir, &exe, &internal, &mut children, &mut install, ha.as_ref()).await;
+    let result = match started {
+        Ok(()) => start_and_wait(&args, &dir, &exe, &internal, &mut children, &mut install, prepared.as_ref()).await,
+        Err(e) => Err(e),
+    };
     if let Err(e) = &result {
         eprintln!("flotilla dev: {e}");
     }
     stop_children(children).await;
-    if let Some(ha) = &ha {
-        ha.remove_data();
-    }
     if let Some(install) = install {
         delete_pool_nodes(&pools, &dir.join("master"), &install).await;
     }
     let left = sweep_instances(&dir);
     if left > 0 {
         eprintln!("flotilla dev: killed {left} instance process(es) an agent crash had left running");
+    }
+    if let Some(ha) = &prepared {
+        ha.remove_data();
     }
     result
 }
@@ -226,15 +222,17 @@ async fn start_and_wait(
     // With the token in it, readable by this user only.
     let endpoints =
         serde_json::json!({ "api_url": api_url, "api_urls": api_urls, "agent_addr": agent_addr, "token": token });
+    // Where the CLI looks: the data dir itself, also with --ha.
+    let out = ha.map_or(dir, |h| h.base.as_path());
     crate::master::write_private(
-        &dir.join("endpoints.json"),
+        &out.join("endpoints.json"),
         &serde_json::to_vec_pretty(&endpoints).unwrap_or_default(),
     )
     .map_err(setup("writing endpoints.json"))?;
-    print_banner(&api_url, &token, dir, args.agents, &loaded);
+    print_banner(&api_url, &token, out, args.agents, &loaded);
     if ha.is_some() {
         println!(
-            "Several masters (--ha): etcd on 127.0.0.1:2379, 22379, 32379; masters m0, m1, m2 at {} (each says\n\
+            "Several masters (--ha): etcd on 127.0.0.1:12379, 22379, 32379; masters m0, m1, m2 at {} (each says\n\
              its role in GET /api/v1/health). To see a failover, kill -9 the leader's pid (in its health); another\n\
              leads within a second or two, and the killed one comes back as a follower. The CLI finds the leader.\n",
             api_urls.join(", ")

@@ -69,6 +69,13 @@ pub(super) async fn write_frames(
         }
         let write = async {
             for f in batch {
+                // And before each request of the batch (the write of the
+                // ones before it may have taken a while).
+                if matches!(f, MasterFrame::Request { .. }) && !link.may_act() {
+                    return Err(crate::protocol::codec::ProtocolError::Unexpected(
+                        "this master's leadership lapsed while its requests were being written".into(),
+                    ));
+                }
                 writer.feed(f).await?;
             }
             writer.flush().await

@@ -137,7 +137,15 @@ impl Conn {
     /// Sends `ops` with the stamp, if the fence and the stamp's revision
     /// are as this master left them; otherwise answers the leader key's
     /// create revision and the stamp (value, mod revision) as they are.
-    fn send(&self, what: &'static str, mut ops: Vec<TxnOp>, stamp: &[u8]) -> Result<Sent, Classified> {
+    /// `retry` says which failures send it to the next member.
+    fn send(
+        &self,
+        what: &'static str,
+        mut ops: Vec<TxnOp>,
+        stamp: &[u8],
+        retry: fn(&etcd_client::Error) -> bool,
+        limit: Duration,
+    ) -> Result<Sent, Classified> {
         ops.push(TxnOp::put(self.stamp_key(), stamp.to_vec(), None));
         let mut when =
             vec![Compare::mod_revision(self.stamp_key(), CompareOp::Equal, self.stamp_rev.load(Ordering::SeqCst))];
@@ -149,12 +157,12 @@ impl Conn {
         let txn = Txn::new().when(when).and_then(ops).or_else(otherwise);
         let members = self.members.clone();
         // Sent again to another member only when it surely reached none.
-        let sent = self.bridge.call(what, self.timeout, async move {
+        let sent = self.bridge.call(what, limit, async move {
             let send = |c: etcd_client::Client| {
                 let txn = txn.clone();
                 async move { c.kv_client().txn(txn).await }
             };
-            Ok(members.run(send, unreached).await.map_err(Classified::of))
+            Ok(members.run(send, retry).await.map_err(Classified::of))
         });
         let r = match sent {
             Ok(r) => r?,
@@ -216,7 +224,7 @@ impl Conn {
     fn txn_once(&self, ops: Vec<TxnOp>) -> Result<(), TxnFailure> {
         self.lost_in_flight.store(false, Ordering::SeqCst);
         let stamp = self.next_stamp();
-        match self.send("a write transaction", ops, &stamp) {
+        match self.send("a write transaction", ops, &stamp, unreached, self.timeout) {
             Ok(Sent::Applied) => Ok(()),
             // Refused because an earlier try of this very write landed.
             Ok(Sent::Refused { stamp: Some((found, rev)), .. }) if found == stamp => {
@@ -258,13 +266,20 @@ impl Conn {
     /// moves the stamp if the write has not (then it never can: it compares
     /// the revision the barrier changed), else the stamp shows which of
     /// them did. Tried until etcd answers (an etcd leader election takes a
-    /// second or two), at most the request timeout.
+    /// second or two), at most 3 s.
     pub fn settle(&self, stamp: &[u8]) -> Result<bool, StorageError> {
-        let deadline = std::time::Instant::now() + self.timeout;
+        // Long enough for an etcd leader election; past it the write is
+        // left unknown (503) and settled before the next one.
+        let deadline = std::time::Instant::now() + self.timeout.min(Duration::from_secs(3));
         let mut pause = Duration::from_millis(20);
         loop {
             let barrier = self.next_stamp();
-            let last = match self.send("settling a write", Vec::new(), &barrier) {
+            // Short tries, each on the next member after a failure of any
+            // kind: a barrier is tiny, and whichever lands, the stamp
+            // settles it.
+            let (member, _) = self.members.pick();
+            let attempt = self.timeout.min(Duration::from_secs(2));
+            let last = match self.send("settling a write", Vec::new(), &barrier, unreached, attempt) {
                 Ok(Sent::Applied) => return Ok(false),
                 Ok(Sent::Refused { leader, .. }) if self.fence.is_some() && leader != self.term() => {
                     return Err(
@@ -281,7 +296,10 @@ impl Conn {
                             .into(),
                     ));
                 }
-                Err(Classified::Definite(e) | Classified::Unknown(e)) => e,
+                Err(Classified::Definite(e) | Classified::Unknown(e)) => {
+                    self.members.failed(member);
+                    e
+                }
             };
             if std::time::Instant::now() + pause >= deadline {
                 return Err(last);

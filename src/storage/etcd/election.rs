@@ -68,6 +68,9 @@ struct State {
     epoch: Instant,
     /// Milliseconds after `epoch` until which this master may act; 0 once lost.
     valid_until: AtomicU64,
+    /// Milliseconds after `epoch` before which it may not act yet (after
+    /// revoking a leader judged dead).
+    acts_from: AtomicU64,
     lost: tokio::sync::watch::Sender<Option<String>>,
     stop: std::sync::atomic::AtomicBool,
 }
@@ -108,7 +111,8 @@ impl Leadership {
     /// true again once one succeeds on the same lease; false for good once
     /// lost.
     pub fn is_valid(&self) -> bool {
-        !self.state.left().is_zero()
+        let from = Duration::from_millis(self.state.acts_from.load(Ordering::SeqCst));
+        self.state.epoch.elapsed() >= from && !self.state.left().is_zero()
     }
 
     /// Resolves with the reason once the leadership is lost.
@@ -175,6 +179,11 @@ pub fn campaign(
     mut waiting: impl FnMut(Option<&Leader>),
 ) -> Result<Leadership, StorageError> {
     let key = c.layout.leader();
+    // When this master revoked a leader's lease it judged dead: the revoked
+    // leader, were it alive after all, may act until its own validity ran
+    // out (nine tenths of a TTL after its last renewal); this one does not
+    // command before a TTL has passed since.
+    let mut revoked_at: Option<Instant> = None;
     loop {
         let ttl = c.ttl;
         // The lease's TTL runs from when etcd grants it, after this.
@@ -227,7 +236,15 @@ pub fn campaign(
             continue;
         }
         if r.succeeded() {
-            return Ok(keep_alive(c, Leadership::new(revision, lease, info, granted, c.ttl)));
+            let leadership = Leadership::new(revision, lease, info, granted, c.ttl);
+            if let Some(at) = revoked_at {
+                let quiet = at + Duration::from_millis(c.ttl.max(1) as u64 * 1000);
+                leadership
+                    .state
+                    .acts_from
+                    .store(quiet.saturating_duration_since(granted).as_millis() as u64, Ordering::SeqCst);
+            }
+            return Ok(keep_alive(c, leadership));
         }
         // Somebody leads: the lease we took is of no use.
         let (_, client) = members.pick();
@@ -242,7 +259,9 @@ pub fn campaign(
         });
         waiting(leader.as_ref());
         let dead = leader.as_ref().and_then(|l| l.info.as_ref()).filter(|_| c.revoke_dead_leader);
-        wait_for_vacancy(bridge, members, &key, revision, c.timeout, dead.cloned());
+        if wait_for_vacancy(bridge, members, &key, revision, c.timeout, dead.cloned()) {
+            revoked_at = Some(Instant::now());
+        }
     }
 }
 
@@ -258,7 +277,10 @@ async fn leader_process_gone(api_url: &str) {
     let addr = reqwest::Url::parse(api_url)
         .ok()
         .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)));
-    let Some(addr) = addr else { return futures::future::pending().await };
+    // An unspecified address (`http_addr = 0.0.0.0:P` and no
+    // `advertise_url`) would knock on the knocker's own machine.
+    let unspecified = |a: &str| a.starts_with("0.0.0.0:") || a.starts_with("[::]:");
+    let Some(addr) = addr.filter(|a| !unspecified(a)) else { return futures::future::pending().await };
     let mut refused = 0;
     loop {
         tokio::time::sleep(KNOCK_EVERY).await;
@@ -289,7 +311,9 @@ fn wait_for_vacancy(
     revision: i64,
     timeout: Duration,
     dead: Option<LeaderInfo>,
-) {
+) -> bool {
+    let revoked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let told = revoked.clone();
     let (i, client) = members.pick();
     let members = members.clone();
     let key = key.to_vec();
@@ -313,8 +337,11 @@ fn wait_for_vacancy(
             tracing::warn!(leader = %leader.name, api = %leader.api_url, pid = leader.pid,
                 "the leader's process is gone (its API port refuses connections): revoking its lease");
             let lease = leader.lease;
-            if let Err(e) = members.run(|c| async move { c.lease_client().revoke(lease).await }, unreached).await {
-                tracing::warn!(error = %e, "could not revoke the dead leader's lease; waiting for it to expire");
+            match members.run(|c| async move { c.lease_client().revoke(lease).await }, unreached).await {
+                Ok(_) => told.store(true, Ordering::SeqCst),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not revoke the dead leader's lease; waiting for it to expire")
+                }
             }
             futures::future::pending::<()>().await
         };
@@ -327,6 +354,7 @@ fn wait_for_vacancy(
         .await;
         Ok(())
     });
+    revoked.load(Ordering::SeqCst)
 }
 
 impl Leadership {
@@ -335,7 +363,13 @@ impl Leadership {
     fn new(term: i64, lease: i64, info: LeaderInfo, granted: Instant, ttl: i64) -> Leadership {
         let (lost, _) = tokio::sync::watch::channel(None);
         let until = Duration::from_millis(ttl.max(1) as u64 * 900).as_millis() as u64;
-        let state = State { epoch: granted, valid_until: AtomicU64::new(until), lost, stop: Default::default() };
+        let state = State {
+            epoch: granted,
+            valid_until: AtomicU64::new(until),
+            acts_from: AtomicU64::new(0),
+            lost,
+            stop: Default::default(),
+        };
         Leadership { term, lease, info, state: Arc::new(state) }
     }
 }
@@ -425,8 +459,9 @@ impl Renewal {
                      no command is sent until it is"
                 );
             }
-            // Never longer than what is left (nor shorter than a moment, once suspended).
-            let wait = self.state.left().clamp(Duration::from_millis(50), period);
+            // Never longer than what is left; once suspended, a period
+            // (etcd may answer slowly, and nothing is at stake any more).
+            let wait = if suspended { period } else { self.state.left().clamp(Duration::from_millis(50), period) };
             if suspended && let Some(why) = self.deposed(&members, wait).await {
                 return self.state.lose(why);
             }

@@ -228,6 +228,12 @@ impl EtcdStore {
         if sink::recover(&sink)? {
             tracing::warn!("finished a write the previous leader had committed but not applied (etcd redo record)");
         }
+        if conn.get_raw(conn.layout.key(master_cf::META, copy::MIGRATING_KEY))?.is_some() {
+            return Err(StorageError::Etcd(format!(
+                "a `flotilla store migrate` into {} did not finish (or runs now): empty the prefix (etcdctl del --prefix {}) and migrate again",
+                settings.prefix, settings.prefix
+            )));
+        }
         let schema_key = conn.layout.key(master_cf::META, keys::SCHEMA_VERSION_KEY);
         let version = super::master_store::MASTER_SCHEMA_VERSION;
         match conn.get_raw(schema_key.clone())? {

@@ -75,8 +75,8 @@ async fn dev_ha_runs_three_masters_on_etcd_survives_the_leaders_death_and_leaves
 
     let status = dev.interrupt();
     assert!(status.success(), "flotilla dev --ha exited {status}\n{}", dev.log());
-    let etcd_dir = dev.dir.path().join("etcd");
-    assert!(!etcd_dir.exists(), "etcd's data is left at {}", etcd_dir.display());
+    let ha_dir = dev.dir.path().join("ha");
+    assert!(!ha_dir.exists(), "the masters', agents' and etcd's data is left at {}", ha_dir.display());
     let left: Vec<u32> = crate::common::procfs::all_pids()
         .into_iter()
         .filter(|p| {

@@ -74,3 +74,39 @@ async fn a_single_master_moved_to_etcd_takes_its_instances_over_without_restarti
     env.assert_succeeded(&op);
     assert_eq!(all_instances(&env.cluster("mig").await).len(), 4);
 }
+
+/// A prefix a migration did not finish (its mark is still there) is
+/// refused by a master, which says what to do.
+#[tokio::test]
+async fn a_master_refuses_a_prefix_a_migration_did_not_finish() {
+    let etcd = EtcdCluster::start(3);
+    etcd.ctl(&["put", "/cut/meta/migrating", "1"]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("master.toml");
+    std::fs::write(&config, etcd_config("cut", &etcd)).unwrap();
+    let mut master = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["master", "--http-addr", "127.0.0.1:0", "--agent-addr", "127.0.0.1:0", "--init"])
+        .arg("--data-dir")
+        .arg(dir.path().join("m"))
+        .arg("--config")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a master");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = master.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = master.kill();
+            panic!("the master started on a prefix a migration did not finish");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(master.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!status.success());
+    assert!(err.contains("did not finish") && err.contains("etcdctl del --prefix /cut/"), "{err}");
+}
