@@ -44,6 +44,13 @@ impl Bytes<'_> {
 
 fuzz_target!(|data: &[u8]| {
     let tmp = tempfile::tempdir().expect("temp dir");
+    // The tree holds links to /proc/self/cwd, and building it with std::fs
+    // follows links in the parents: with the cwd inside the temp dir, what
+    // that writes stays there (it used to land in fuzz/, as a/x.log and
+    // x.log/x.log hard-linked to the "outside" canary). The code under
+    // test never follows them; only the harness's own building did.
+    let home = std::env::current_dir().ok();
+    std::env::set_current_dir(tmp.path()).expect("cwd into the temp dir");
     let inst = tmp.path().join("inst");
     let outside = tmp.path().join("outside");
     std::fs::create_dir_all(&inst).expect("inst");
@@ -102,6 +109,9 @@ fuzz_target!(|data: &[u8]| {
     tree::remove_path(&inst).expect("remove the tree");
     assert!(std::fs::symlink_metadata(&inst).is_err(), "the tree is left");
     assert_eq!(listing(&outside), before, "the removal reached outside");
+    if let Some(home) = home {
+        let _ = std::env::set_current_dir(home);
+    }
 });
 
 /// Every path under `dir` (links not followed).

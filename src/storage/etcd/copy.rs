@@ -73,6 +73,15 @@ pub fn from_rocksdb(
         timeout: settings.request_timeout,
         revoke_dead_leader: false,
     };
+    // A master that leads the prefix now: it is not empty (or not stopped).
+    if let Some(l) = election::current(&bridge, &members, &layout, settings.call_limit())? {
+        return Err(StorageError::Etcd(format!(
+            "{} leads {} (term {}): migrate copies into an empty prefix only",
+            l.info.map_or_else(|| "a master".to_string(), |i| format!("master {:?}", i.name)),
+            settings.prefix,
+            l.term
+        )));
+    }
     let leadership = election::campaign(&bridge, &members, &campaign, |leader| {
         if let Some(l) = leader {
             tracing::warn!(term = l.term, "a master leads this prefix; waiting (it should be empty)");
