@@ -168,10 +168,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
     let http_addr =
         http_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
-    let named = crate::open_store::Named {
-        name: cfg.name.clone().unwrap_or_else(|| http_addr.to_string()),
-        api_url: cfg.advertise_url.clone().unwrap_or_else(|| format!("http://{http_addr}")),
-    };
+    let named = crate::open_store::Named::of(&cfg, http_addr);
     let opened = crate::open_store::open(&cfg, named, &http_listener).await.map_err(|e| match e {
         crate::open_store::OpenError::Storage(e) => MasterError::Storage(e),
         crate::open_store::OpenError::Listen(source) => MasterError::Listen { addr: cfg.http_addr.clone(), source },

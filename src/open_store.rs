@@ -17,6 +17,16 @@ pub struct Named {
     pub api_url: String,
 }
 
+impl Named {
+    /// From the settings, else from the address its API listens on.
+    pub fn of(cfg: &MasterConfig, http_addr: std::net::SocketAddr) -> Named {
+        Named {
+            name: cfg.name.clone().unwrap_or_else(|| http_addr.to_string()),
+            api_url: cfg.advertise_url.clone().unwrap_or_else(|| format!("http://{http_addr}")),
+        }
+    }
+}
+
 /// The store the master runs on, and its role.
 pub struct Opened {
     pub store: Arc<dyn MetaStore>,

@@ -250,17 +250,8 @@ async fn session(
         };
         match frame {
             MasterFrame::Request { request_id, term, body } => {
-                if !node.master_term.allows(term) {
-                    let message = format!(
-                        "refused: the request is of master term {term}, older than term {} this agent has seen (another master leads)",
-                        node.master_term.seen()
-                    );
-                    tracing::warn!(term, seen = node.master_term.seen(), "a request of an older master term refused");
-                    let reply = AgentFrame::Response {
-                        request_id,
-                        body: crate::agent::node::failure(FailureKind::StaleTerm, message),
-                    };
-                    if tx.send(reply).await.is_err() {
+                if let Some(body) = node.master_term.refusal(term) {
+                    if tx.send(AgentFrame::Response { request_id, body }).await.is_err() {
                         break Ok(());
                     }
                     continue;

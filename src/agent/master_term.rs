@@ -27,9 +27,20 @@ impl MasterTerm {
         self.seen.load(Ordering::SeqCst)
     }
 
-    /// Whether a request of `term` may run (it is not below the highest seen).
-    pub fn allows(&self, term: i64) -> bool {
-        term >= self.seen()
+    /// The answer to a request of `term` when it is below the highest
+    /// seen (nothing of it is done); `None` when it may run.
+    pub fn refusal(&self, term: i64) -> Option<crate::protocol::messages::AgentResponse> {
+        let seen = self.seen();
+        if term >= seen {
+            return None;
+        }
+        tracing::warn!(term, seen, "a request of an older master term refused");
+        Some(crate::agent::node::failure(
+            crate::protocol::messages::FailureKind::StaleTerm,
+            format!(
+                "refused: the request is of master term {term}, older than term {seen} this agent has seen (another master leads)"
+            ),
+        ))
     }
 
     /// Admits a master of `term` at its `Welcome`: refuses one below the

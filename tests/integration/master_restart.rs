@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use crate::common::scripts::RECORD_AND_SLEEP;
 use crate::common::{PackageBuilder, TestEnv, all_instances, id_of, instance_pids, pid_alive, pid_of};
 
-const SPEC: &str = r#"
+pub(crate) const SPEC: &str = r#"
 [component]
 name = "mr"
 version = "1.0.0"
@@ -84,7 +84,7 @@ async fn master_restart_keeps_clusters_instances_and_journal() {
 
 /// Healthy only three seconds after it started: a scale-out spends that long
 /// in its start step, long enough to restart the master in the middle.
-pub(crate) const SLOW_SPEC: &str = r#"
+const SLOW_SPEC: &str = r#"
 [component]
 name = "slow"
 version = "1.0.0"
@@ -103,7 +103,7 @@ path = "conf/members"
 template = "{% for m in cluster.roles.svc.members %}{{ m.ordinal }} {% endfor %}\n"
 "#;
 
-pub(crate) const SLOW_HEALTH: &str =
+const SLOW_HEALTH: &str =
     "set -eu\nstarted=$(head -n 1 data/started_at)\n[ $(( $(date +%s%N) - started )) -ge 3000000000 ]\n";
 
 #[tokio::test]
@@ -125,25 +125,31 @@ async fn operation_interrupted_by_the_master_is_resumed(name: &str, kill_9: bool
     interrupted_scale_out_is_resumed(TestEnv::start(name).await, kill_9).await;
 }
 
-/// The scale-out above, on `env` (its store on RocksDB or etcd).
-pub(crate) async fn interrupted_scale_out_is_resumed(mut env: TestEnv, kill_9: bool) -> TestEnv {
+/// Cluster `name` of two members of the slow package, then a scale-out by
+/// two held in its start step (the new members installed and started,
+/// waiting for health); its operation id.
+pub(crate) async fn slow_scale_out_under_way(env: &TestEnv, name: &str) -> String {
     let pkg = PackageBuilder::new("slow", "1.0.0")
         .spec(SLOW_SPEC)
         .script("bin/start.sh", RECORD_AND_SLEEP)
         .script("bin/health.sh", SLOW_HEALTH);
     env.upload(&pkg).await;
-    let body = json!({"name": "rs", "package": {"name": "slow", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}});
+    let body = json!({"name": name, "package": {"name": "slow", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}});
     env.create_active(body).await;
-
-    let (status, resp) = env.post("/clusters/rs/scale", json!({"role": "svc", "add": 2})).await;
+    let (status, resp) = env.post(&format!("/clusters/{name}/scale"), json!({"role": "svc", "add": 2})).await;
     assert_eq!(status, 202, "{resp:#}");
     let op_id = resp["operation"]["id"].as_str().unwrap().to_string();
-    // Into the start step (new members installed, waiting for health).
     let reached = crate::common::eventually(20, || {
         env.agent_instance_dirs().iter().filter(|d| d.join("data/started_at").exists()).count() == 4
     })
     .await;
     assert!(reached, "the new members never started");
+    op_id
+}
+
+/// The scale-out above, on `env` (its store on RocksDB or etcd).
+pub(crate) async fn interrupted_scale_out_is_resumed(mut env: TestEnv, kill_9: bool) -> TestEnv {
+    let op_id = slow_scale_out_under_way(&env, "rs").await;
     if kill_9 {
         env.kill_master();
         env.start_master_again().await;

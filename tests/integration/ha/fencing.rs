@@ -8,12 +8,10 @@
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use serde_json::json;
 
-use super::super::master_restart::{SLOW_HEALTH, SLOW_SPEC};
+use super::super::master_restart::slow_scale_out_under_way;
 use crate::common::etcd::EtcdCluster;
-use crate::common::scripts::RECORD_AND_SLEEP;
-use crate::common::{PackageBuilder, TestEnv, all_instances, id_of, instance_pids, pid_of};
+use crate::common::{TestEnv, all_instances, id_of, instance_pids, pid_of};
 
 #[tokio::test]
 async fn a_paused_leader_woken_after_a_takeover_writes_nothing_commands_nothing_and_exits() {
@@ -22,22 +20,7 @@ async fn a_paused_leader_woken_after_a_takeover_writes_nothing_commands_nothing_
     let (first, h0) = env.follow_leader(None, Duration::from_secs(10)).await;
     assert_eq!(first, 0, "master 0 started first and leads: {h0:#}");
     let term0 = h0["term"].as_i64().expect("term");
-    let pkg = PackageBuilder::new("slow", "1.0.0")
-        .spec(SLOW_SPEC)
-        .script("bin/start.sh", RECORD_AND_SLEEP)
-        .script("bin/health.sh", SLOW_HEALTH);
-    env.upload(&pkg).await;
-    let body =
-        json!({"name": "fence", "package": {"name": "slow", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}});
-    env.create_active(body).await;
-    let (status, resp) = env.post("/clusters/fence/scale", json!({"role": "svc", "add": 2})).await;
-    assert_eq!(status, 202, "{resp:#}");
-    let op_id = resp["operation"]["id"].as_str().unwrap().to_string();
-    let reached = crate::common::eventually(20, || {
-        env.agent_instance_dirs().iter().filter(|d| d.join("data/started_at").exists()).count() == 4
-    })
-    .await;
-    assert!(reached, "the new members never started");
+    let op_id = slow_scale_out_under_way(&env, "fence").await;
 
     // Paused in the middle of it; the other master takes over once the
     // paused one's lease (2 s) expires.

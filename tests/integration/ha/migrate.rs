@@ -7,23 +7,11 @@ use std::process::Command;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
+use super::super::master_restart::SPEC;
 use crate::common::env::etcd_config;
 use crate::common::etcd::EtcdCluster;
 use crate::common::scripts::RECORD_AND_SLEEP;
 use crate::common::{PackageBuilder, TestEnv, all_instances, id_of, instance_pids, pid_of};
-
-const SPEC: &str = r#"
-[component]
-name = "mig"
-version = "1.0.0"
-
-[[roles]]
-name = "svc"
-count = { min = 1, max = 5 }
-ports = ["main"]
-start = ["bin/start.sh"]
-stop_grace = "2s"
-"#;
 
 fn migrate(env: &TestEnv, etcd: &EtcdCluster) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
@@ -39,8 +27,8 @@ fn migrate(env: &TestEnv, etcd: &EtcdCluster) -> (bool, String, String) {
 async fn a_single_master_moved_to_etcd_takes_its_instances_over_without_restarting_them() {
     let etcd = EtcdCluster::start(3);
     let mut env = TestEnv::start("ha-migrate").await;
-    env.upload(&PackageBuilder::new("mig", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP)).await;
-    let body = json!({"name": "mig", "package": {"name": "mig", "version": "1.0.0"}, "roles": {"svc": {"count": 3}}});
+    env.upload(&PackageBuilder::new("mr", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP)).await;
+    let body = json!({"name": "mig", "package": {"name": "mr", "version": "1.0.0"}, "roles": {"svc": {"count": 3}}});
     let before = all_instances(&env.create_active(body).await);
     let pids: Vec<(String, u32)> = before.iter().map(|i| (id_of(i), pid_of(i))).collect();
     let (_, ops_before) = env.get("/operations?cluster=mig").await;
