@@ -28,6 +28,7 @@
 //! | [`agent`] | the node manager: connection, installer, process control, local state; every file operation inside an instance directory in `agent::beneath` (never through the instance's links), each cluster's dynamic user in `agent::node::dynamic_users` |
 //! | [`master`] | wiring that starts a master: storage, actors, listeners, the first API token (`--init`) |
 //! | [`open_store`] | which store a master runs on: RocksDB, or etcd once it leads (`--store etcd`) |
+//! | [`follower`] | a master that does not lead: its read model from an etcd watch, reads served, the rest sent to the leader |
 //! | [`cli`] | the command-line client (`flotilla cluster`, `package`, `node`, `op`, `events`, `token`): finding the master, waiting for operations, exit codes |
 //! | [`dev`] | `flotilla dev`: a master and N agents on loopback; `--ha`: three etcd members and three masters (`dev::ha`) |
 //! | [`shutdown`] | the signal master, agent and `flotilla dev` stop on (Ctrl-C, SIGTERM) |
@@ -46,6 +47,7 @@ pub mod config;
 pub mod dev;
 pub mod error;
 pub mod fd_limit;
+pub mod follower;
 pub mod http;
 pub mod ids;
 pub mod master;

@@ -121,11 +121,6 @@ pub const HTTP_BLOCKING_THREADS: usize = 2;
 /// How long the master waits at exit for its actor threads to end.
 const EXIT_JOIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// How long an API client has to send a request's head (line and
-/// headers); past it the request is answered `408` and its connection
-/// closed. actix-web's default, named here so it is a decision.
-pub const HTTP_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// How long an idle blocking thread lives (tokio's default is 10 s). Each
 /// keeps its allocator heap while it lives: after an install to 1,000
 /// agents the master held 25 MiB more for those 10 s.
@@ -168,7 +163,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
     let http_addr =
         http_listener.local_addr().map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?;
-    let named = crate::open_store::Named::of(&cfg, http_addr);
+    let named = crate::actors::role::Named::of(&cfg, http_addr);
     let opened = crate::open_store::open(&cfg, named, &http_listener).await.map_err(|e| match e {
         crate::open_store::OpenError::Storage(e) => MasterError::Storage(e),
         crate::open_store::OpenError::Listen(source) => MasterError::Listen { addr: cfg.http_addr.clone(), source },
@@ -233,22 +228,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     let cordons = Arc::new(
         crate::actors::cordons::Cordons::load(store.clone(), read_model.clone()).map_err(MasterError::Storage)?,
     );
-    let timing = Timing {
-        heartbeat_interval: cfg.heartbeat_interval,
-        agent_reply_timeout: cfg.agent_reply_timeout,
-        agent_send_timeout: cfg.agent_send_timeout,
-        node_unknown_after: cfg.node_unknown_after,
-        node_down_after: cfg.node_down_after,
-        step_idle_margin: crate::actors::STEP_IDLE_MARGIN,
-        pool_quiet: crate::actors::pools::longest_quiet(&cfg.node_pools),
-    };
-    let limits = Limits {
-        cluster_mailbox: cfg.mailbox_capacity,
-        operations_retained: cfg.operations_retained,
-        leaked_grace: cfg.leaked_grace,
-        request_take_limit: cfg.request_take_limit,
-        store_stall_limit: cfg.store_stall_limit,
-    };
+    let (timing, limits) = (Timing::of(&cfg), Limits::of(&cfg));
     // Cluster actors are spread over these threads.
     let threads = if cfg.actor_threads == 0 {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
@@ -424,14 +404,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     let state = crate::http::AppState {
         supervisor,
         shared: shared.clone(),
-        packages: Packages::new(
-            shared.clone(),
-            UploadLimits {
-                max_bytes: cfg.max_upload_bytes,
-                idle: cfg.upload_idle_timeout,
-                min_rate: cfg.upload_min_rate,
-            },
-        ),
+        packages: Packages::new(shared.clone(), UploadLimits::of(&cfg)),
         max_upload_bytes: cfg.max_upload_bytes,
         tokens,
         trust,
@@ -459,7 +432,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     // A request's head must be in within this (else 408 and closed); its
     // body has `request_body_timeout` (`http::body_deadline`). Set here,
     // not left to actix's default, so a change there cannot lift it.
-    .client_request_timeout(HTTP_HEAD_TIMEOUT)
+    .client_request_timeout(crate::http::HEAD_TIMEOUT)
     .listen(http_listener)
     .map_err(|source| MasterError::Listen { addr: cfg.http_addr.clone(), source })?
     .run();

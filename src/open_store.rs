@@ -3,29 +3,13 @@
 //! for its installation's leader key (`store = "etcd"`, DESIGN.md §11).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::actors::role::Role;
+use crate::actors::role::{Named, Role};
 use crate::config::{MasterConfig, StoreKind};
 use crate::storage::etcd::election::{self, Campaign, LeaderInfo};
 use crate::storage::etcd::{self, EtcdStore, Fenced, conn::Fence, layout::Layout};
 use crate::storage::{MasterStore, MetaStore, StorageError};
-
-/// How this master names itself to the others.
-#[derive(Debug, Clone)]
-pub struct Named {
-    pub name: String,
-    pub api_url: String,
-}
-
-impl Named {
-    /// From the settings, else from the address its API listens on.
-    pub fn of(cfg: &MasterConfig, http_addr: std::net::SocketAddr) -> Named {
-        Named {
-            name: cfg.name.clone().unwrap_or_else(|| http_addr.to_string()),
-            api_url: cfg.advertise_url.clone().unwrap_or_else(|| format!("http://{http_addr}")),
-        }
-    }
-}
 
 /// The store the master runs on, and its role.
 pub struct Opened {
@@ -55,17 +39,57 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
             Ok(Opened { store: Arc::new(store), role: Arc::new(Role::single(named.name, named.api_url)) })
         }
         StoreKind::Etcd => {
-            let seen = crate::http::standby::Seen::default();
-            let socket = api.try_clone().map_err(OpenError::Listen)?;
-            let standby = crate::http::standby::Standby::serve(socket, named.name.clone(), seen.clone())
-                .map_err(OpenError::Listen)?;
+            let seen = election::Seen::default();
+            let socket = || api.try_clone().map_err(OpenError::Listen);
+            // Redirects until the follower's own view is loaded.
+            let mut serving = Serving::Standby(
+                crate::http::standby::Standby::serve(socket()?, named.name.clone(), seen.clone())
+                    .map_err(OpenError::Listen)?,
+            );
+            let stop = Arc::new(AtomicBool::new(false));
+            let follow = {
+                let (cfg, named, seen, stop) = (cfg.clone(), named.clone(), seen.clone(), stop.clone());
+                tokio::task::spawn_blocking(move || crate::follower::prepare_until(&cfg, &named, seen, &stop))
+            };
             let on_leader: OnLeader = Box::new(move |leader| seen.set(leader));
-            let cfg = cfg.clone();
-            let opened = tokio::task::spawn_blocking(move || lead(&cfg, named, on_leader))
-                .await
-                .map_err(|e| OpenError::Storage(StorageError::Etcd(format!("the campaign's thread failed: {e}"))));
-            standby.stop().await;
-            opened?.map_err(OpenError::Storage)
+            let campaign = {
+                let cfg = cfg.clone();
+                tokio::task::spawn_blocking(move || lead(&cfg, named, on_leader))
+            };
+            tokio::pin!(follow, campaign);
+            let mut preparing = true;
+            let opened = loop {
+                tokio::select! {
+                    won = &mut campaign => break won,
+                    prepared = &mut follow, if preparing => {
+                        preparing = false;
+                        if let Ok(Some(prepared)) = prepared {
+                            let follower = prepared.serve(socket()?).map_err(OpenError::Listen)?;
+                            std::mem::replace(&mut serving, Serving::Follower(follower)).stop().await;
+                        }
+                    }
+                }
+            };
+            stop.store(true, Ordering::SeqCst);
+            serving.stop().await;
+            opened
+                .map_err(|e| OpenError::Storage(StorageError::Etcd(format!("the campaign's thread failed: {e}"))))?
+                .map_err(OpenError::Storage)
+        }
+    }
+}
+
+/// What answers the API socket while this master does not lead.
+enum Serving {
+    Standby(crate::http::standby::Standby),
+    Follower(crate::follower::Follower),
+}
+
+impl Serving {
+    async fn stop(self) {
+        match self {
+            Serving::Standby(s) => s.stop().await,
+            Serving::Follower(f) => f.stop().await,
         }
     }
 }
@@ -117,6 +141,6 @@ fn lead(cfg: &MasterConfig, named: Named, mut on_leader: OnLeader) -> Result<Ope
         }),
     };
     let store = EtcdStore::open(bridge, members, settings, Some(fence), cfg.writer_queue, cfg.events_retained as u64)?;
-    let role = Role { leadership: Some(leadership), name: named.name, api_url: named.api_url };
+    let role = Role { leadership: Some(leadership), name: named.name, api_url: named.api_url, following: None };
     Ok(Opened { store: Arc::new(store), role: Arc::new(role) })
 }

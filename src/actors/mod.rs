@@ -169,6 +169,19 @@ pub struct Timing {
 pub const STEP_IDLE_MARGIN: Duration = Duration::from_secs(30);
 
 impl Timing {
+    /// From the master's settings.
+    pub fn of(cfg: &crate::config::MasterConfig) -> Timing {
+        Timing {
+            heartbeat_interval: cfg.heartbeat_interval,
+            agent_reply_timeout: cfg.agent_reply_timeout,
+            agent_send_timeout: cfg.agent_send_timeout,
+            node_unknown_after: cfg.node_unknown_after,
+            node_down_after: cfg.node_down_after,
+            step_idle_margin: STEP_IDLE_MARGIN,
+            pool_quiet: pools::longest_quiet(&cfg.node_pools),
+        }
+    }
+
     /// How long a step may go without any sign of progress (a command
     /// answered, a package chunk sent) before its watchdog fails it. Every
     /// command has its own reply deadline too; this catches what they
@@ -195,6 +208,19 @@ pub struct Limits {
     /// A write that must land and has not, after this long of tries (the
     /// store fails each one), ends the master (`cluster::commit_until_landed`).
     pub store_stall_limit: Duration,
+}
+
+impl Limits {
+    /// From the master's settings.
+    pub fn of(cfg: &crate::config::MasterConfig) -> Limits {
+        Limits {
+            cluster_mailbox: cfg.mailbox_capacity,
+            operations_retained: cfg.operations_retained,
+            leaked_grace: cfg.leaked_grace,
+            request_take_limit: cfg.request_take_limit,
+            store_stall_limit: cfg.store_stall_limit,
+        }
+    }
 }
 
 impl Default for Limits {

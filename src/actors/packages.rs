@@ -36,6 +36,13 @@ pub struct UploadLimits {
     pub min_rate: u64,
 }
 
+impl UploadLimits {
+    /// From the master's settings.
+    pub fn of(cfg: &crate::config::MasterConfig) -> UploadLimits {
+        UploadLimits { max_bytes: cfg.max_upload_bytes, idle: cfg.upload_idle_timeout, min_rate: cfg.upload_min_rate }
+    }
+}
+
 pub struct Packages {
     shared: Shared,
     limits: UploadLimits,

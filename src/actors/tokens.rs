@@ -78,6 +78,19 @@ impl ApiTokens {
         bool::from(digest.ct_eq(&record.secret_sha256)).then_some(record)
     }
 
+    /// A follower's copy, as the watch sees the leader change it: `Some`
+    /// puts the token, `None` forgets token `id` (revoked).
+    pub fn mirror(&self, id: &str, record: Option<TokenRecord>) {
+        self.table.rcu(|t| {
+            let mut next = BTreeMap::clone(t);
+            match &record {
+                Some(r) => next.insert(id.to_string(), Arc::new(r.clone())),
+                None => next.remove(id),
+            };
+            next
+        });
+    }
+
     /// Every token, by id.
     pub fn list(&self) -> Vec<Arc<TokenRecord>> {
         self.table.load().values().cloned().collect()

@@ -45,6 +45,11 @@ use crate::actors::tokens::ApiTokens;
 use crate::error::Error;
 use crate::scope::Scope;
 
+/// How long an API client has to send a request's head (line and
+/// headers); past it the request is answered `408` and its connection
+/// closed. actix-web's default, named here so it is a decision.
+pub const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What every handler gets.
 #[derive(Clone)]
 pub struct AppState {

@@ -6,28 +6,14 @@
 //! `Retry-After`) while nobody leads. Once this master wins, the standby
 //! server stops and the master's own serves the same socket.
 //!
-//! A follower does not serve reads from a read model of its own yet: it
-//! redirects them too (docs/architecture.md, "Several masters on etcd").
-
-use std::sync::{Arc, Mutex};
+//! It serves until this master's own read model is loaded from etcd; then
+//! the follower's server takes the socket (`crate::follower`), and this one
+//! is what a follower falls back to while that cannot be built (no CA in
+//! the store yet: no master has led).
 
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 
-use crate::storage::etcd::election::Leader;
-
-/// The leader as last seen by the campaign.
-#[derive(Clone, Default)]
-pub struct Seen(Arc<Mutex<Option<Leader>>>);
-
-impl Seen {
-    pub fn set(&self, leader: Option<&Leader>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = leader.cloned();
-    }
-
-    fn get(&self) -> Option<Leader> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
+use crate::storage::etcd::election::{Leader, Seen};
 
 /// The standby server; stop it before the master serves the socket.
 pub struct Standby {
@@ -56,8 +42,17 @@ impl Standby {
     }
 }
 
+/// Every answer closes its connection: the server is short-lived, and a
+/// kept-alive connection it closed under a client's next request would
+/// fail that request.
 async fn answer(req: HttpRequest, state: web::Data<(String, Seen)>) -> HttpResponse {
-    let (name, seen) = &**state;
+    let mut res = standby_answer(&req, &state);
+    res.head_mut().set_connection_type(actix_web::http::ConnectionType::Close);
+    res
+}
+
+fn standby_answer(req: &HttpRequest, state: &(String, Seen)) -> HttpResponse {
+    let (name, seen) = state;
     let leader = seen.get();
     let info = leader.as_ref().and_then(|l| l.info.as_ref());
     if req.path() == "/api/v1/health" {
@@ -71,7 +66,13 @@ async fn answer(req: HttpRequest, state: web::Data<(String, Seen)>) -> HttpRespo
             "store_engine": "etcd",
         }));
     }
-    match info {
+    to_leader(req, leader.as_ref())
+}
+
+/// `307` to the same path on the leader (method and body kept), or `503
+/// no_leader` while nobody leads.
+pub fn to_leader(req: &HttpRequest, leader: Option<&Leader>) -> HttpResponse {
+    match leader.and_then(|l| l.info.as_ref()) {
         Some(i) => {
             let target = format!(
                 "{}{}",

@@ -24,6 +24,7 @@ use crate::ids::{NodeId, OperationId};
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {
     let rm = &state.shared.read_model;
     let role = &state.shared.role;
+    let following = role.following.as_ref();
     HttpResponse::Ok().json(HealthDto {
         status: "ok".into(),
         clusters: rm.clusters().len(),
@@ -32,12 +33,17 @@ pub async fn health(state: web::Data<AppState>) -> HttpResponse {
         running_operations: rm.running_operations().len(),
         instance_transitions: rm.counters.instance_transitions.load(std::sync::atomic::Ordering::Relaxed),
         store: rm.store().stats(),
-        role: "leader".into(),
-        leader: Some(role.api_url.clone()),
+        role: if following.is_some() { "follower" } else { "leader" }.into(),
+        leader: match following {
+            Some(f) => f.leader.get().and_then(|l| l.info).map(|i| i.api_url),
+            None => Some(role.api_url.clone()),
+        },
         term: role.term(),
         name: role.name.clone(),
         pid: std::process::id(),
-        store_engine: if role.leadership.is_some() { "etcd" } else { "rocksdb" }.into(),
+        store_engine: if role.leadership.is_some() || following.is_some() { "etcd" } else { "rocksdb" }.into(),
+        applied_revision: following.map(|f| f.progress.applied_revision()),
+        lag_ms: following.map(|f| f.progress.lag().as_millis() as u64),
     })
 }
 

@@ -363,6 +363,26 @@ impl ReadModel {
         self.operation_changed.notify_waiters();
     }
 
+    /// Forgets an operation deleted from the store (a follower's view).
+    pub fn forget_operation(&self, id: &OperationId) {
+        rcu(&self.running, |m| {
+            m.remove(id);
+        });
+        self.operation_changed.notify_waiters();
+    }
+
+    /// Forgets everything read from the store (a follower about to read
+    /// it whole again); actors stay.
+    pub fn clear(&self) {
+        self.clusters.store(Arc::default());
+        self.nodes.store(Arc::default());
+        self.packages.store(Arc::default());
+        self.leftovers.store(Arc::default());
+        self.cordons.store(Arc::default());
+        self.running.store(Arc::default());
+        self.operation_changed.notify_waiters();
+    }
+
     /// Operations that have not ended: their headers (no step results, no plan).
     pub fn running_operations(&self) -> Arc<OrdMap<OperationId, Arc<OperationRecord>>> {
         self.running.load_full()

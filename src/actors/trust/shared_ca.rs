@@ -14,22 +14,29 @@ use crate::storage::keys::{SHARED_CA_KEY, master_cf};
 use crate::storage::trust_records::CaRecord;
 use crate::storage::{MetaStore, StorageError, WriteOp, db};
 
+/// Copies the installation's CA from the store into `ca_dir`; `false`
+/// when the store holds none yet (blocking; writes nothing to the store:
+/// a follower uses it too).
+pub fn copy_from_store(store: &dyn MetaStore, ca_dir: &Path) -> Result<bool, TrustError> {
+    let Some(raw) = store.get(master_cf::META, SHARED_CA_KEY)? else { return Ok(false) };
+    let rec: CaRecord = db::decode_value(master_cf::META, SHARED_CA_KEY, &raw)?;
+    let local = if Ca::exists(ca_dir) { Ca::read_pem(ca_dir).ok() } else { None };
+    if local.as_ref() != Some(&(rec.cert_pem.clone(), rec.key_pem.clone())) {
+        Ca::replace_with_pem(ca_dir, &rec.cert_pem, &rec.key_pem)?;
+        tracing::info!(dir = %ca_dir.display(), "copied the installation's CA from the store");
+    }
+    Ok(true)
+}
+
 /// Makes `ca_dir` hold the installation's CA (see the module doc).
 pub async fn sync(store: &Arc<dyn MetaStore>, ca_dir: &Path, create: bool) -> Result<(), TrustError> {
-    let reader = store.clone();
-    let stored = tokio::task::spawn_blocking(move || reader.get(master_cf::META, SHARED_CA_KEY))
+    let (reader, dir) = (store.clone(), ca_dir.to_path_buf());
+    let copied = tokio::task::spawn_blocking(move || copy_from_store(&*reader, &dir))
         .await
         .map_err(|e| StorageError::Codec(format!("reading the shared CA: {e}")))??;
-    match stored {
-        Some(raw) => {
-            let rec: CaRecord = db::decode_value(master_cf::META, SHARED_CA_KEY, &raw)?;
-            let local = if Ca::exists(ca_dir) { Ca::read_pem(ca_dir).ok() } else { None };
-            if local.as_ref() != Some(&(rec.cert_pem.clone(), rec.key_pem.clone())) {
-                Ca::replace_with_pem(ca_dir, &rec.cert_pem, &rec.key_pem)?;
-                tracing::info!(dir = %ca_dir.display(), "copied the installation's CA from the store");
-            }
-        }
-        None => {
+    match copied {
+        true => {}
+        false => {
             if !Ca::exists(ca_dir) {
                 if !create {
                     return Err(TrustError::NoCa { dir: ca_dir.display().to_string() });

@@ -32,6 +32,11 @@ pub struct HealthDto {
     pub pid: u32,
     /// Which engine holds the state: `rocksdb` or `etcd`.
     pub store_engine: String,
+    /// On a follower: the etcd revision its read model reflects.
+    pub applied_revision: Option<i64>,
+    /// On a follower: how stale its reads may be, in milliseconds (its
+    /// read model held every write etcd had this long ago; an upper bound).
+    pub lag_ms: Option<u64>,
 }
 
 /// One actor (or supervised task) of the supervision tree.

@@ -21,6 +21,7 @@ use super::layout::{Layout, prefix_end};
 use super::members::{Members, read_retryable, unreached};
 use super::txn::{EtcdWrite, Limits};
 use crate::storage::StorageError;
+use crate::storage::meta::Scan;
 
 /// The leadership every write is checked against: the leader key's create
 /// revision must still be `term`.
@@ -350,6 +351,42 @@ impl Conn {
             let more = r.more();
             Ok((r.take_kvs().into_iter().map(|kv| kv.into_key_value()).collect(), more, rev))
         })
+    }
+
+    /// A store scan of column family `cf` (keys without the prefix), every
+    /// page read at the first page's revision (blocking).
+    pub fn scan(&self, cf: &str, scan: &Scan, limit: usize) -> Result<crate::storage::meta::Pairs, StorageError> {
+        let base = self.layout.cf_prefix(cf);
+        let lo = self.layout.key(cf, &scan.prefix);
+        let hi = prefix_end(&lo);
+        let mut out = Vec::new();
+        // The first page's revision: every page reads the same state.
+        let mut rev = 0;
+        let (mut from, mut to) = match (&scan.from, scan.reverse) {
+            (None, _) => (lo.clone(), hi.clone()),
+            (Some(f), false) => (self.layout.key(cf, f).max(lo.clone()), hi.clone()),
+            (Some(f), true) => {
+                let mut end = self.layout.key(cf, f);
+                end.push(0);
+                (lo.clone(), end.min(hi.clone()))
+            }
+        };
+        while out.len() < limit && from < to {
+            let (page, more, at) = self.range(from.clone(), to.clone(), limit - out.len(), scan.reverse, rev)?;
+            rev = at;
+            let Some((last, _)) = page.last() else { break };
+            if scan.reverse {
+                to = last.clone();
+            } else {
+                from = last.clone();
+                from.push(0);
+            }
+            out.extend(page.into_iter().map(|(k, v)| (k[base.len()..].to_vec(), v)));
+            if !more {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     /// Every pair under `prefix`, in order, read at one revision (blocking).

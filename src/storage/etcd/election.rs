@@ -52,6 +52,27 @@ pub struct Leader {
     pub term: i64,
 }
 
+/// The leader as last seen by a campaign (a follower tells clients whom
+/// to write to).
+#[derive(Clone, Default)]
+pub struct Seen(std::sync::Arc<std::sync::Mutex<Option<Leader>>>);
+
+impl std::fmt::Debug for Seen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Seen").field(&self.get()).finish()
+    }
+}
+
+impl Seen {
+    pub fn set(&self, leader: Option<&Leader>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = leader.cloned();
+    }
+
+    pub fn get(&self) -> Option<Leader> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// A won campaign: the term, and whether it still holds.
 #[derive(Debug)]
 pub struct Leadership {
@@ -270,10 +291,12 @@ const KNOCK_EVERY: Duration = Duration::from_millis(100);
 
 /// Resolves once the leader's process is surely gone: its API port
 /// refuses two connections in a row (its machine answers, its process
-/// does not; a machine gone, or a paused process, never refuses, and is
-/// left to its lease). Pending forever otherwise, or for an API URL it
-/// cannot resolve.
-async fn leader_process_gone(api_url: &str) {
+/// does not), or another process answers there (`GET /api/v1/health` says
+/// another pid: the dead leader restarted in place by its service
+/// manager, now waiting as a follower). A machine gone, or a paused
+/// process, never refuses, and is left to its lease. Pending forever
+/// otherwise, or for an API URL it cannot resolve.
+async fn leader_process_gone(api_url: &str, pid: u32) {
     let addr = reqwest::Url::parse(api_url)
         .ok()
         .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)));
@@ -281,6 +304,8 @@ async fn leader_process_gone(api_url: &str) {
     // `advertise_url`) would knock on the knocker's own machine.
     let unspecified = |a: &str| a.starts_with("0.0.0.0:") || a.starts_with("[::]:");
     let Some(addr) = addr.filter(|a| !unspecified(a)) else { return futures::future::pending().await };
+    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_millis(500)).build().ok();
+    let health = format!("{}/api/v1/health", api_url.trim_end_matches('/'));
     let mut refused = 0;
     loop {
         tokio::time::sleep(KNOCK_EVERY).await;
@@ -291,9 +316,25 @@ async fn leader_process_gone(api_url: &str) {
                     return;
                 }
             }
+            Ok(Ok(_)) => {
+                refused = 0;
+                if let Some(c) = &client
+                    && let Some(other) = answering_pid(c, &health).await
+                    && other != pid
+                {
+                    return;
+                }
+            }
             _ => refused = 0,
         }
     }
+}
+
+/// The pid `GET /api/v1/health` names, if it answers with one.
+async fn answering_pid(client: &reqwest::Client, url: &str) -> Option<u32> {
+    let r = client.get(url).send().await.ok()?;
+    let v: serde_json::Value = r.json().await.ok()?;
+    u32::try_from(v.get("pid")?.as_u64()?).ok()
 }
 
 /// Waits (at most a few seconds: the caller tries again anyway) until the
@@ -333,9 +374,9 @@ fn wait_for_vacancy(
         };
         let knock = async {
             let Some(leader) = dead else { return futures::future::pending().await };
-            leader_process_gone(&leader.api_url).await;
+            leader_process_gone(&leader.api_url, leader.pid).await;
             tracing::warn!(leader = %leader.name, api = %leader.api_url, pid = leader.pid,
-                "the leader's process is gone (its API port refuses connections): revoking its lease");
+                "the leader's process is gone (its API port refuses connections or another process answers it): revoking its lease");
             let lease = leader.lease;
             match members.run(|c| async move { c.lease_client().revoke(lease).await }, unreached).await {
                 Ok(_) => told.store(true, Ordering::SeqCst),

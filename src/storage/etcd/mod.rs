@@ -11,6 +11,8 @@
 //! | [`txn`] | coalescing a group-commit round into etcd's per-transaction limits |
 //! | [`sink`] | the writer's sink: rounds as transactions, oversized requests through a redo record |
 //! | [`election`] | the campaign for the leader key, its lease and the renewal thread |
+//! | [`replica`] | a follower's store: reads only, its event feed from the watch |
+//! | [`watch`] | a follower's view: the prefix at one revision, then the watch's changes |
 //!
 //! What it keeps of [`MetaStore`]'s contract: a commit is acknowledged
 //! once etcd applied it (a majority of its members have it on disk), each
@@ -25,8 +27,10 @@ pub mod copy;
 pub mod election;
 pub mod layout;
 pub mod members;
+pub mod replica;
 pub mod sink;
 pub mod txn;
+pub mod watch;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,7 +74,8 @@ pub struct EtcdSettings {
     /// keeps its leadership at most.
     pub lease_ttl_secs: i64,
     /// A waiting master revokes the lease of a leader whose process is
-    /// surely gone (its API port refuses connections): takeover in a
+    /// surely gone (its API port refuses connections, or its health
+    /// names another pid): takeover in a
     /// fraction of a second instead of the TTL. Off where a firewall
     /// rejects (rather than drops) the masters' connections to each other.
     pub revoke_dead_leader: bool,
@@ -306,37 +311,7 @@ impl MetaStore for EtcdStore {
 
     fn scan(&self, cf: &'static str, scan: &Scan, limit: usize) -> Result<meta::Pairs, StorageError> {
         EtcdStore::check_cf(cf)?;
-        let base = self.conn.layout.cf_prefix(cf);
-        let lo = self.conn.layout.key(cf, &scan.prefix);
-        let hi = prefix_end(&lo);
-        let mut out = Vec::new();
-        // The first page's revision: every page reads the same state.
-        let mut rev = 0;
-        let (mut from, mut to) = match (&scan.from, scan.reverse) {
-            (None, _) => (lo.clone(), hi.clone()),
-            (Some(f), false) => (self.conn.layout.key(cf, f).max(lo.clone()), hi.clone()),
-            (Some(f), true) => {
-                let mut end = self.conn.layout.key(cf, f);
-                end.push(0);
-                (lo.clone(), end.min(hi.clone()))
-            }
-        };
-        while out.len() < limit && from < to {
-            let (page, more, at) = self.conn.range(from.clone(), to.clone(), limit - out.len(), scan.reverse, rev)?;
-            rev = at;
-            let Some((last, _)) = page.last() else { break };
-            if scan.reverse {
-                to = last.clone();
-            } else {
-                from = last.clone();
-                from.push(0);
-            }
-            out.extend(page.into_iter().map(|(k, v)| (k[base.len()..].to_vec(), v)));
-            if !more {
-                break;
-            }
-        }
-        Ok(out)
+        self.conn.scan(cf, scan, limit)
     }
 
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<Committed>> {

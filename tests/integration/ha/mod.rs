@@ -3,6 +3,7 @@
 
 mod dev_ha;
 mod fencing;
+mod followers;
 mod masters;
 mod migrate;
 mod store;

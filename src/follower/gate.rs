@@ -1,0 +1,106 @@
+//! Which requests a follower answers itself: the reads its read model
+//! holds (clusters, instances, operations, packages, the event stream,
+//! health, the API document). Every other request goes to the leader:
+//! writes, and reads of what only the leader knows (agents' links and node
+//! health, actors, pools, logs, tokens and join tokens, metrics, the
+//! dashboard): `307` to the same path there, or `503 no_leader` during an
+//! election (`http::standby::to_leader`).
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use actix_web::http::{ConnectionType, Method};
+use actix_web::{Error, web};
+
+use crate::actors::role::Following;
+
+/// The paths a follower serves (`GET` only); `{}` is one path segment.
+const SERVED: &[&str] = &[
+    "/api/v1/health",
+    "/api/v1/openapi.json",
+    "/api/v1/whoami",
+    "/api/v1/events",
+    "/api/v1/operations",
+    "/api/v1/operations/{}",
+    "/api/v1/packages",
+    "/api/v1/packages/{}/{}",
+    "/api/v1/clusters",
+    "/api/v1/clusters/{}",
+    "/api/v1/clusters/{}/instances",
+];
+
+/// Whether a follower answers this request itself.
+pub fn served(method: &Method, path: &str) -> bool {
+    *method == Method::GET && SERVED.iter().any(|pattern| matches(pattern, path))
+}
+
+fn matches(pattern: &str, path: &str) -> bool {
+    let (mut p, mut s) = (pattern.split('/'), path.split('/'));
+    loop {
+        match (p.next(), s.next()) {
+            (None, None) => return true,
+            (Some("{}"), Some(seg)) if !seg.is_empty() => {}
+            (Some(a), Some(b)) if a == b => {}
+            _ => return false,
+        }
+    }
+}
+
+/// Set once this master leads: the follower's server answers what its
+/// connections still send, each answer closing its connection, so the
+/// client's next request reaches the master's own server (a keep-alive
+/// connection closed under a client's request would fail that request).
+#[derive(Debug, Clone, Default)]
+pub struct Draining(pub Arc<AtomicBool>);
+
+/// The follower's outermost middleware.
+pub async fn route(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    let draining = req.app_data::<web::Data<Draining>>().is_some_and(|d| d.0.load(Ordering::SeqCst));
+    let mut res = if served(req.method(), req.path()) {
+        next.call(req).await?.map_into_left_body()
+    } else {
+        let leader = req.app_data::<web::Data<Following>>().and_then(|f| f.leader.get());
+        let answer = crate::http::standby::to_leader(req.request(), leader.as_ref());
+        req.into_response(answer).map_into_right_body()
+    };
+    if draining {
+        res.response_mut().head_mut().set_connection_type(ConnectionType::Close);
+    }
+    Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_of_the_read_model_are_served_and_everything_else_goes_to_the_leader() {
+        for path in
+            ["/api/v1/clusters", "/api/v1/clusters/web", "/api/v1/clusters/web/instances", "/api/v1/operations/x"]
+        {
+            assert!(served(&Method::GET, path), "{path}");
+            assert!(!served(&Method::POST, path), "POST {path}");
+        }
+        for path in [
+            "/api/v1/nodes",
+            "/api/v1/actors",
+            "/api/v1/clusters/web/scale",
+            "/api/v1/clusters//instances",
+            "/api/v1/clusters/web/instances/i1/logs",
+            "/api/v1/packages/a",
+            "/metrics",
+            "/",
+            "/ui/app.js",
+        ] {
+            assert!(!served(&Method::GET, path), "{path}");
+        }
+        assert!(!served(&Method::DELETE, "/api/v1/clusters/web"));
+        assert!(!served(&Method::PUT, "/api/v1/packages/a/1"));
+    }
+}

@@ -1,0 +1,290 @@
+//! A follower's read model, kept from the store's changes as the etcd
+//! watch delivers them ([`crate::storage::etcd::watch`]): the same
+//! [`ReadModel`] the leader's actors publish to, so the same handlers
+//! answer reads on either.
+//!
+//! What it keeps: clusters and their instances, nodes, packages, running
+//! operations (an ended one is read from the store), leftovers, cordons
+//! and API tokens; appended events go to the store's event feed. What it
+//! cannot keep is what lives only in the leader's memory: agents' links,
+//! actors, pools; a follower sends those reads to the leader
+//! ([`super::gate`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::actors::read_model::{ClusterCell, InstanceEntry, PackageView, ReadModel};
+use crate::actors::tokens::ApiTokens;
+use crate::ids::{ClusterId, InstanceId, NodeId, OperationId};
+use crate::spec::ComponentSpec;
+use crate::storage::db::decode_value;
+use crate::storage::etcd::watch::{Apply, Change};
+use crate::storage::keys::{self, master_cf};
+use crate::storage::records::{
+    ClusterRecord, CordonRecord, InstanceRecord, LeftoverRecord, NodeRecord, OperationRecord, PackageRecord,
+    TokenRecord,
+};
+
+/// Hands appended events (number, stored value) to the event feed.
+pub type Announce = Box<dyn FnMut(Vec<(u64, Vec<u8>)>) + Send>;
+
+/// Applies the store's changes to a follower's read model.
+pub struct Mirror {
+    read_model: Arc<ReadModel>,
+    tokens: Arc<ApiTokens>,
+    /// Where appended events are announced (the follower's store feed).
+    announce: Announce,
+    /// Each cluster's name (instance keys and deletes carry only its id).
+    names: HashMap<ClusterId, String>,
+    /// Instances seen before their cluster (kept until it comes).
+    orphans: HashMap<ClusterId, Vec<InstanceRecord>>,
+    /// Events of the current group, announced at its end.
+    appended: Vec<(u64, Vec<u8>)>,
+}
+
+impl Mirror {
+    pub fn new(read_model: Arc<ReadModel>, tokens: Arc<ApiTokens>, announce: Announce) -> Mirror {
+        Mirror { read_model, tokens, announce, names: HashMap::new(), orphans: HashMap::new(), appended: Vec::new() }
+    }
+
+    fn put(&mut self, cf: &'static str, key: &[u8], value: &[u8]) -> Result<(), crate::storage::StorageError> {
+        let rm = &self.read_model;
+        match cf {
+            master_cf::CLUSTERS => {
+                let r: ClusterRecord = decode_value(cf, key, value)?;
+                let id = r.id;
+                let name = r.name.clone();
+                match rm.cluster_cell(&name) {
+                    Some(cell) => cell.set_record(r),
+                    None => {
+                        let cell = ClusterCell::new(r);
+                        if let Some(waiting) = self.orphans.remove(&id) {
+                            cell.put_instances(waiting.into_iter().map(entry));
+                        }
+                        rm.add_cluster(&name, cell);
+                    }
+                }
+                self.names.insert(id, name);
+            }
+            master_cf::INSTANCES => {
+                let r: InstanceRecord = decode_value(cf, key, value)?;
+                match self.names.get(&r.cluster_id).and_then(|n| rm.cluster_cell(n)) {
+                    Some(cell) => cell.put_instance(entry(r)),
+                    None => {
+                        let waiting = self.orphans.entry(r.cluster_id).or_default();
+                        waiting.retain(|w| w.id != r.id);
+                        waiting.push(r);
+                    }
+                }
+            }
+            master_cf::NODES => {
+                rm.register_node(decode_value::<NodeRecord>(cf, key, value)?);
+            }
+            master_cf::PACKAGES => {
+                let r: PackageRecord = decode_value(cf, key, value)?;
+                match ComponentSpec::parse(&r.spec_toml) {
+                    Ok(spec) => rm.put_package(PackageView { record: Arc::new(r), spec: Arc::new(spec) }),
+                    Err(e) => {
+                        tracing::error!(package = %r.name, error = %e, "stored package spec does not parse; not shown")
+                    }
+                }
+            }
+            master_cf::OPERATIONS => rm.put_operation(&decode_value::<OperationRecord>(cf, key, value)?),
+            master_cf::LEFTOVERS => rm.put_leftovers(&[decode_value::<LeftoverRecord>(cf, key, value)?]),
+            master_cf::CORDONS => rm.put_cordon(decode_value::<CordonRecord>(cf, key, value)?),
+            master_cf::TOKENS => {
+                let r: TokenRecord = decode_value(cf, key, value)?;
+                self.tokens.mirror(&r.id.clone(), Some(r));
+            }
+            master_cf::EVENTS => {
+                if let Some(seq) = keys::event_seq(key) {
+                    self.appended.push((seq, value.to_vec()));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn delete(&mut self, cf: &'static str, key: &[u8]) {
+        let rm = &self.read_model;
+        match cf {
+            master_cf::CLUSTERS => {
+                if let Some(id) = uuid_of(key).map(ClusterId) {
+                    self.orphans.remove(&id);
+                    if let Some(name) = self.names.remove(&id) {
+                        rm.remove_cluster(&name);
+                    }
+                }
+            }
+            master_cf::INSTANCES => {
+                let Some((cluster, id)) = instance_of(key) else { return };
+                match self.names.get(&cluster).and_then(|n| rm.cluster_cell(n)) {
+                    Some(cell) => cell.remove_instances(&[id]),
+                    None => {
+                        if let Some(waiting) = self.orphans.get_mut(&cluster) {
+                            waiting.retain(|w| w.id != id);
+                        }
+                    }
+                }
+            }
+            master_cf::NODES => rm.forget_node(&NodeId::new(text(key))),
+            master_cf::PACKAGES => {
+                if let Some((name, version)) = text(key).split_once('\0') {
+                    rm.remove_package(name, version);
+                }
+            }
+            master_cf::OPERATIONS => {
+                if let Some(id) = uuid_of(key).map(OperationId) {
+                    rm.forget_operation(&id);
+                }
+            }
+            master_cf::LEFTOVERS => {
+                rm.remove_leftover(&InstanceId::new(text(key)));
+            }
+            master_cf::CORDONS => rm.remove_cordon(&NodeId::new(text(key))),
+            master_cf::TOKENS => self.tokens.mirror(&text(key), None),
+            _ => {}
+        }
+    }
+}
+
+fn entry(record: InstanceRecord) -> InstanceEntry {
+    InstanceEntry { record: Arc::new(record), stats: Arc::default() }
+}
+
+fn text(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+fn uuid_of(key: &[u8]) -> Option<uuid::Uuid> {
+    uuid::Uuid::from_slice(key).ok()
+}
+
+/// An instance key: its cluster's id (16 bytes), then its own id.
+fn instance_of(key: &[u8]) -> Option<(ClusterId, InstanceId)> {
+    if key.len() <= 16 {
+        return None;
+    }
+    let cluster = uuid_of(&key[..16])?;
+    Some((ClusterId(cluster), InstanceId::new(std::str::from_utf8(&key[16..]).ok()?)))
+}
+
+impl Apply for Mirror {
+    fn reset(&mut self) {
+        self.read_model.clear();
+        self.names.clear();
+        self.orphans.clear();
+        self.appended.clear();
+        for t in self.tokens.list() {
+            self.tokens.mirror(&t.id, None);
+        }
+    }
+
+    fn apply(&mut self, change: Change) {
+        let (cf, key) = match &change {
+            Change::Put { cf, key, .. } | Change::Delete { cf, key } => (*cf, key.clone()),
+        };
+        match change {
+            Change::Put { cf, key, value } => {
+                if let Err(e) = self.put(cf, &key, &value) {
+                    // One record this build cannot read must not stop the
+                    // view; the leader logs the same record at its boot.
+                    tracing::error!(cf, key = %hex::encode(&key), error = %e, "a follower cannot read a stored record; not shown");
+                }
+            }
+            Change::Delete { .. } => self.delete(cf, &key),
+        }
+    }
+
+    fn flush(&mut self) {
+        let appended = std::mem::take(&mut self.appended);
+        if !appended.is_empty() {
+            (self.announce)(appended);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::WriteOp;
+    use crate::storage::testdata as td;
+
+    fn changes(ops: Vec<WriteOp>) -> Vec<Change> {
+        ops.into_iter()
+            .map(|op| match op {
+                WriteOp::Put { cf, key, value } => Change::Put { cf, key, value },
+                WriteOp::Delete { cf, key } => Change::Delete { cf, key },
+                other => panic!("not a point write: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_view_follows_puts_and_deletes_in_any_order_and_announces_events_at_the_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn crate::storage::MetaStore> =
+            Arc::new(crate::storage::MasterStore::open(&dir.path().join("db")).unwrap());
+        let rm = ReadModel::new(store.clone());
+        let tokens = ApiTokens::load(store).unwrap();
+        let announced = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = announced.clone();
+        let mut m = Mirror::new(rm.clone(), tokens.clone(), Box::new(move |e| sink.lock().unwrap().push(e)));
+        let c = td::cluster("web");
+        let (i1, i2) = (td::instance(&c, 1), td::instance(&c, 2));
+        // Instances first (another order than the leader wrote them in).
+        for ch in changes(vec![WriteOp::put_instance(&i1).unwrap(), WriteOp::put_instance(&i2).unwrap()]) {
+            m.apply(ch);
+        }
+        assert!(rm.cluster("web").is_none());
+        for ch in changes(vec![WriteOp::put_cluster(&c).unwrap()]) {
+            m.apply(ch);
+        }
+        assert_eq!(rm.cluster("web").unwrap().instances.len(), 2);
+        let mut failed = i1.clone();
+        failed.status = crate::storage::records::InstanceStatus::Failed;
+        let event = crate::storage::records::EventRecord {
+            seq: 7,
+            ..crate::storage::events::event("instance.status", Some("web"), serde_json::json!({}))
+        };
+        let ops = vec![
+            WriteOp::put_instance(&failed).unwrap(),
+            WriteOp::delete_instance(&c.id, &i2.id),
+            WriteOp::put_event(&event).unwrap(),
+        ];
+        for ch in changes(ops) {
+            m.apply(ch);
+        }
+        assert!(announced.lock().unwrap().is_empty(), "events wait for the end of their group");
+        m.flush();
+        let web = rm.cluster("web").unwrap();
+        assert_eq!(web.instances.len(), 1);
+        assert_eq!(web.instances.get(&i1.id).unwrap().record.status, failed.status);
+        assert_eq!(announced.lock().unwrap().len(), 1);
+        assert_eq!(announced.lock().unwrap()[0][0].0, 7);
+        let token = TokenRecord {
+            version: crate::storage::records::RECORD_VERSION,
+            id: "abc123".into(),
+            name: "ci".into(),
+            secret_sha256: [7; 32],
+            created_at: time::OffsetDateTime::now_utc(),
+            scope: crate::scope::Scope::Read,
+        };
+        for ch in changes(vec![WriteOp::put_token(&token).unwrap()]) {
+            m.apply(ch);
+        }
+        assert!(tokens.contains(&token.id));
+        for ch in changes(vec![WriteOp::delete_token(&token.id), WriteOp::delete_cluster(&c.id)]) {
+            m.apply(ch);
+        }
+        assert!(!tokens.contains(&token.id));
+        assert!(rm.cluster("web").is_none());
+        // A record this build cannot read is skipped, not fatal.
+        m.apply(Change::Put { cf: master_cf::CLUSTERS, key: b"junk".to_vec(), value: b"not a record".to_vec() });
+        m.apply(Change::Put { cf: master_cf::NODES, key: b"n1".to_vec(), value: vec![0xff; 3] });
+        assert!(rm.clusters().is_empty() && rm.nodes().is_empty());
+        m.reset();
+        assert!(rm.clusters().is_empty());
+    }
+}

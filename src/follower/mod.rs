@@ -1,0 +1,214 @@
+//! A master that does not lead (several masters on etcd, DESIGN.md §11):
+//! warm, it keeps a read model of its own from an etcd watch
+//! ([`mirror`]) and answers reads from it through the very handlers the
+//! leader uses; writes, and reads of what only the leader knows, go to the
+//! leader ([`gate`]). `GET /api/v1/health` says `role: follower`, the
+//! leader, its term, the revision the view reflects and how stale it may
+//! be (`lag_ms`).
+//!
+//! It runs while the master campaigns (`open_store`); once the master
+//! leads, the follower's server stops and the master's own takes the socket.
+
+pub mod gate;
+pub mod mirror;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use actix_web::{App, HttpServer, web};
+
+use crate::actors::cordons::Cordons;
+use crate::actors::node_link::NodeLinks;
+use crate::actors::packages::{Packages, UploadLimits};
+use crate::actors::placement::PortAllocator;
+use crate::actors::read_model::{ActorStats, ReadModel};
+use crate::actors::registry::Registry;
+use crate::actors::role::{Following, Named, Role};
+use crate::actors::supervisor::Supervisor;
+use crate::actors::tokens::ApiTokens;
+use crate::actors::trust::{Trust, shared_ca};
+use crate::actors::{Limits, Shared, Timing};
+use crate::config::MasterConfig;
+use crate::storage::etcd::conn::Conn;
+use crate::storage::etcd::election::Seen;
+use crate::storage::etcd::layout::Layout;
+use crate::storage::etcd::replica::ReplicaStore;
+use crate::storage::etcd::watch::{self, Progress};
+use crate::storage::{BlobStore, MetaStore};
+
+/// Sets the flag when dropped: the follower's watch thread ends.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A loaded follower, not serving yet.
+pub struct Prepared {
+    state: crate::http::AppState,
+    following: Following,
+    max_json: usize,
+    workers: usize,
+    _stop: StopOnDrop,
+}
+
+/// A follower serving the API socket.
+pub struct Follower {
+    handle: actix_web::dev::ServerHandle,
+    draining: gate::Draining,
+    stop: StopOnDrop,
+}
+
+/// How long the follower's server answers its open connections after this
+/// master leads (each answer closing its connection; see [`gate::Draining`]).
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// [`prepare`] again every second until it works or `stop` is set (then
+/// `None`; blocking).
+pub fn prepare_until(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc<AtomicBool>) -> Option<Prepared> {
+    let mut last = String::new();
+    while !stop.load(Ordering::SeqCst) {
+        match prepare(cfg, named, leader.clone(), stop) {
+            Ok(p) => return Some(p),
+            Err(why) => {
+                if why != last {
+                    tracing::warn!(%why, "this follower redirects every request to the leader for now");
+                    last = why;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
+    None
+}
+
+/// Connects to etcd, loads the read model and starts following (blocking).
+pub fn prepare(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc<AtomicBool>) -> Result<Prepared, String> {
+    let settings = &cfg.etcd;
+    let (bridge, members) = crate::storage::etcd::connect(settings).map_err(|e| e.to_string())?;
+    let conn = Conn::new(bridge, members, Layout::new(&settings.prefix), settings.limits(), settings.call_limit());
+    let replica = ReplicaStore::new(conn.clone());
+    let store: Arc<dyn MetaStore> = Arc::new(replica.clone());
+    // Its own copy: the `ca/` directory is the leader's to write when this
+    // master wins, possibly while this one still loads.
+    let ca_dir = cfg.data_dir.join("follower-ca");
+    if !shared_ca::copy_from_store(&*store, &ca_dir).map_err(|e| e.to_string())? {
+        return Err("no master has led this installation yet (the store holds no CA)".into());
+    }
+    let trust = Trust::load(store.clone(), &ca_dir, false).map_err(|e| e.to_string())?;
+    let read_model = ReadModel::new(store.clone());
+    let tokens = ApiTokens::load(store.clone()).map_err(|e| e.to_string())?;
+    let progress = Arc::new(Progress::default());
+    let own_stop = Arc::new(AtomicBool::new(false));
+    let guard = StopOnDrop(own_stop.clone());
+    {
+        let mut mirror =
+            mirror::Mirror::new(read_model.clone(), tokens.clone(), Box::new(move |e| replica.announce(e)));
+        let (progress, stop) = (progress.clone(), own_stop.clone());
+        std::thread::Builder::new()
+            .name("flotilla-follower".into())
+            .spawn(move || watch::follow(&conn, &mut mirror, &progress, &stop))
+            .map_err(|e| format!("cannot start the follower's thread: {e}"))?;
+    }
+    // Reads are served once the whole view is loaded, never from half of it.
+    while progress.applied_revision() == 0 {
+        if stop.load(Ordering::SeqCst) {
+            return Err("stopped".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cordons = Cordons::load(store.clone(), read_model.clone()).map_err(|e| e.to_string())?;
+    let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(|e| e.to_string())?;
+    let following = Following { leader, progress };
+    let role = Role {
+        leadership: None,
+        name: named.name.clone(),
+        api_url: named.api_url.clone(),
+        following: Some(following.clone()),
+    };
+    let shared = Shared {
+        in_flight: Default::default(),
+        store,
+        blobs: Arc::new(blobs),
+        read_model,
+        links: NodeLinks::default(),
+        registry: Registry::default(),
+        ports: Arc::new(PortAllocator::from_instances(std::iter::empty())),
+        timing: Timing::of(cfg),
+        limits: Limits::of(cfg),
+        supervisor: ActorStats::new("supervisor", "supervisor", None),
+        priorities: Arc::new(vec![Arc::default()]),
+        arbiters: Arc::default(),
+        link_arbiters: Arc::default(),
+        chunk_budget: Arc::new(tokio::sync::Semaphore::new(crate::actors::node_link::CHUNK_BUDGET)),
+        tasks: Arc::default(),
+        pools: Arc::default(),
+        role: Arc::new(role),
+    };
+    let state = crate::http::AppState {
+        // No supervisor runs on a follower: every request that would reach
+        // one is sent to the leader by the gate first. Its address is a
+        // closed mailbox: a send answers at once that it is gone.
+        supervisor: actix::AsyncContext::address(&actix::Context::<Supervisor>::new()),
+        packages: Packages::new(shared.clone(), UploadLimits::of(cfg)),
+        shared,
+        max_upload_bytes: cfg.max_upload_bytes,
+        tokens,
+        trust,
+        open_health: cfg.open_health,
+        open_metrics: cfg.open_metrics,
+        request_body_timeout: cfg.request_body_timeout,
+        metrics: None,
+        log_readers: Default::default(),
+        test_hooks: false,
+        cordons: Arc::new(cordons),
+        pools: crate::actors::pools::Pools::new(String::new(), Vec::new()),
+    };
+    Ok(Prepared { state, following, max_json: cfg.max_json_bytes, workers: cfg.http_workers.max(1), _stop: guard })
+}
+
+impl Prepared {
+    /// Serves `listener` (a clone of the master's API socket) until stopped.
+    pub fn serve(self, listener: std::net::TcpListener) -> std::io::Result<Follower> {
+        let Prepared { state, following, max_json, workers, _stop: stop } = self;
+        let draining = gate::Draining::default();
+        let drain = draining.clone();
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(web::Data::new(following.clone()))
+                .app_data(web::Data::new(drain.clone()))
+                .wrap(actix_web::middleware::from_fn(gate::route))
+                .wrap(actix_web::middleware::from_fn(crate::http::metrics::track))
+                .configure(|c| crate::http::configure(c, state.clone(), max_json))
+        })
+        .workers(workers)
+        .disable_signals()
+        .shutdown_timeout(1)
+        .client_request_timeout(crate::http::HEAD_TIMEOUT)
+        .listen(listener)?
+        .run();
+        let handle = server.handle();
+        actix_web::rt::spawn(server);
+        tracing::info!("this follower serves reads from its own view of the store");
+        Ok(Follower { handle, draining, stop })
+    }
+}
+
+impl Follower {
+    /// Stops taking connections at once (the master's server takes the
+    /// socket); the open ones are answered for [`DRAIN`] more, each answer
+    /// closing its connection, then the server and the watch stop.
+    pub async fn stop(self) {
+        self.draining.0.store(true, Ordering::SeqCst);
+        self.handle.pause().await;
+        let Follower { handle, stop, .. } = self;
+        actix_web::rt::spawn(async move {
+            tokio::time::sleep(DRAIN).await;
+            handle.stop(true).await;
+            drop(stop);
+        });
+    }
+}
