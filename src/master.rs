@@ -168,7 +168,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         crate::open_store::OpenError::Storage(e) => MasterError::Storage(e),
         crate::open_store::OpenError::Listen(source) => MasterError::Listen { addr: cfg.http_addr.clone(), source },
     })?;
-    let (store, role) = (opened.store, opened.role);
+    let (store, role, peers) = (opened.store, opened.role, opened.peers);
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
     let loader = store.clone();
     let (snapshot, history, gone) = tokio::task::spawn_blocking(move || {
@@ -294,6 +294,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         tasks: Arc::default(),
         pools: Arc::default(),
         role: role.clone(),
+        peers: peers.clone(),
     };
     for l in &snapshot.leftovers {
         shared.ports.reserve(&l.node, l.ports.iter().copied());
@@ -305,6 +306,16 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
             async move {
                 crate::actors::leaked::sweep(s).await;
                 Err("the sweep stopped".into())
+            }
+        });
+    }
+    if let Some(peers) = peers {
+        let (blobs, rm) = (shared.blobs.clone(), read_model.clone());
+        crate::actors::supervised::task(&shared, "peer_blobs", move || {
+            let (peers, blobs, rm) = (peers.clone(), blobs.clone(), rm.clone());
+            async move {
+                crate::actors::peer_blobs::keep_complete(peers, blobs, rm, || None).await;
+                Err("the package fetcher stopped".into())
             }
         });
     }

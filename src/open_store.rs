@@ -7,14 +7,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::actors::role::{Named, Role};
 use crate::config::{MasterConfig, StoreKind};
+use crate::storage::etcd::conn::{Conn, Fence};
 use crate::storage::etcd::election::{self, Campaign, LeaderInfo};
-use crate::storage::etcd::{self, EtcdStore, Fenced, conn::Fence, layout::Layout};
+use crate::storage::etcd::peers::{Directory, Peer};
+use crate::storage::etcd::{self, EtcdStore, Fenced, layout::Layout};
 use crate::storage::{MasterStore, MetaStore, StorageError};
 
 /// The store the master runs on, and its role.
 pub struct Opened {
     pub store: Arc<dyn MetaStore>,
     pub role: Arc<Role>,
+    /// The installation's masters (on etcd).
+    pub peers: Option<Arc<Directory>>,
 }
 
 /// Why the store could not be opened.
@@ -36,7 +40,7 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
         StoreKind::Rocksdb => {
             let store = MasterStore::open_opts(&cfg.data_dir.join("db"), cfg.writer_queue, cfg.events_retained as u64)
                 .map_err(OpenError::Storage)?;
-            Ok(Opened { store: Arc::new(store), role: Arc::new(Role::single(named.name, named.api_url)) })
+            Ok(Opened { store: Arc::new(store), role: Arc::new(Role::single(named.name, named.api_url)), peers: None })
         }
         StoreKind::Etcd => {
             let seen = election::Seen::default();
@@ -140,7 +144,9 @@ fn lead(cfg: &MasterConfig, named: Named, mut on_leader: OnLeader) -> Result<Ope
             }
         }),
     };
+    let conn = Conn::new(bridge.clone(), members.clone(), layout, settings.limits(), settings.call_limit());
+    let peers = Directory::join(conn, Peer { name: named.name.clone(), api_url: named.api_url.clone() })?;
     let store = EtcdStore::open(bridge, members, settings, Some(fence), cfg.writer_queue, cfg.events_retained as u64)?;
     let role = Role { leadership: Some(leadership), name: named.name, api_url: named.api_url, following: None };
-    Ok(Opened { store: Arc::new(store), role: Arc::new(role) })
+    Ok(Opened { store: Arc::new(store), role: Arc::new(role), peers: Some(Arc::new(peers)) })
 }

@@ -26,7 +26,8 @@
 //!   go through its [`node_link::NodeLink`].
 //! - [`read_model::ReadModel`] is what every GET reads: immutable snapshots
 //!   readers never lock against writers.
-//! - [`packages::Packages`] stores uploaded packages.
+//! - [`packages::Packages`] stores uploaded packages; [`peer_blobs`] keeps
+//!   their tarballs on a majority of the masters (on etcd).
 //! - [`gone_operations::GoneOperations`]: the supervisor's bound on the
 //!   operations deleted clusters leave behind.
 //! - [`announce`]: events no record change carries (actors starting,
@@ -57,6 +58,7 @@ pub mod node_link;
 mod node_link_tests;
 pub mod node_manager;
 pub mod packages;
+pub mod peer_blobs;
 pub mod placement;
 pub mod pools;
 pub mod priority;
@@ -116,6 +118,9 @@ pub struct Shared {
     pub pools: Arc<std::sync::OnceLock<Arc<pools::Pools>>>,
     /// The only master, or the leader of its term (`role`).
     pub role: Arc<role::Role>,
+    /// The installation's masters, on etcd (package blobs between them:
+    /// `peer_blobs`); `None` with the embedded store.
+    pub peers: Option<Arc<crate::storage::etcd::peers::Directory>>,
 }
 
 impl Shared {

@@ -206,6 +206,11 @@ impl Packages {
             return Ok(Uploaded::WouldCreate(record, Arc::new(spec)));
         }
         self.shared.blobs.persist(tmp, &record.sha256).await.map_err(Error::from)?;
+        // With several masters, on a majority of their disks before the
+        // package exists for anyone.
+        if let Some(peers) = &self.shared.peers {
+            super::peer_blobs::replicate(peers, &self.shared.blobs, &record.sha256, record.size).await?;
+        }
         self.shared.store.try_commit(vec![WriteOp::put_package(&record)?]).await?;
         self.shared.read_model.put_package(PackageView { record: Arc::new(record.clone()), spec: Arc::new(spec) });
         Ok(Uploaded::Created(record))

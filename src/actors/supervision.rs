@@ -13,6 +13,7 @@
 //!         ├─ agent_listener    (task)
 //!         ├─ node_watcher      (task)
 //!         ├─ leaked_sweep      (task)
+//!         ├─ peer_blobs        (task, on etcd)
 //!         ├─ pool_launcher     (task; node pools and requests, from the store at each start)
 //!         └─ announce/*        (temporary tasks: one per event write, never restarted, a panic reported)
 //! ```
@@ -96,7 +97,7 @@ impl ChildSpec {
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// The tree. Every long-lived actor and task of the master is one of these.
-pub const TREE: [ChildSpec; 11] = [
+pub const TREE: [ChildSpec; 12] = [
     ChildSpec {
         kind: "store_writer",
         supervisor: "master",
@@ -178,6 +179,17 @@ pub const TREE: [ChildSpec; 11] = [
         intensity: 5,
         period: MINUTE,
         backoff: Duration::from_millis(200),
+        give_up: GiveUp::ExitMaster,
+    },
+    // Fetching package tarballs this master lacks from the others (on
+    // etcd: `peer_blobs`); it looks again from scratch each pass.
+    ChildSpec {
+        kind: "peer_blobs",
+        supervisor: "master",
+        strategy: Strategy::OneForOne,
+        intensity: 5,
+        period: MINUTE,
+        backoff: Duration::from_secs(1),
         give_up: GiveUp::ExitMaster,
     },
     // Node pools' launcher (`actors::pools`): it starts over from the

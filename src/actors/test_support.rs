@@ -215,6 +215,7 @@ impl Harness {
             tasks: Arc::default(),
             pools: Arc::default(),
             role: Arc::new(crate::actors::role::Role::single("test".into(), "http://127.0.0.1:0".into())),
+            peers: None,
             store: meta,
             blobs: Arc::new(BlobStore::open(&dir.path().join("packages")).expect("blobs")),
             read_model,

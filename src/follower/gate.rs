@@ -32,9 +32,11 @@ const SERVED: &[&str] = &[
     "/api/v1/clusters/{}/instances",
 ];
 
-/// Whether a follower answers this request itself.
+/// Whether a follower answers this request itself (package tarballs
+/// between masters too: `http::peer_blobs`).
 pub fn served(method: &Method, path: &str) -> bool {
-    *method == Method::GET && SERVED.iter().any(|pattern| matches(pattern, path))
+    (*method == Method::GET && SERVED.iter().any(|pattern| matches(pattern, path)))
+        || ((*method == Method::GET || *method == Method::PUT) && matches("/internal/v1/blobs/{}", path))
 }
 
 fn matches(pattern: &str, path: &str) -> bool {

@@ -33,6 +33,7 @@ use crate::config::MasterConfig;
 use crate::storage::etcd::conn::Conn;
 use crate::storage::etcd::election::Seen;
 use crate::storage::etcd::layout::Layout;
+use crate::storage::etcd::peers::{Directory, Peer};
 use crate::storage::etcd::replica::ReplicaStore;
 use crate::storage::etcd::watch::{self, Progress};
 use crate::storage::{BlobStore, MetaStore};
@@ -60,6 +61,18 @@ pub struct Follower {
     handle: actix_web::dev::ServerHandle,
     draining: gate::Draining,
     stop: StopOnDrop,
+    /// Fetches package tarballs this master lacks (`actors::peer_blobs`).
+    fetcher: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts fetching the tarballs of the packages this follower sees and
+/// lacks, from the leader first.
+fn fetch_blobs(state: &crate::http::AppState, following: &Following) -> Option<tokio::task::JoinHandle<()>> {
+    let peers = state.shared.peers.clone()?;
+    let (blobs, read_model, leader) =
+        (state.shared.blobs.clone(), state.shared.read_model.clone(), following.leader.clone());
+    let leader_url = move || leader.get().and_then(|l| l.info).map(|i| i.api_url);
+    Some(actix_web::rt::spawn(crate::actors::peer_blobs::keep_complete(peers, blobs, read_model, leader_url)))
 }
 
 /// How long the follower's server answers its open connections after this
@@ -91,6 +104,7 @@ pub fn prepare(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc<Atomi
     let (bridge, members) = crate::storage::etcd::connect(settings).map_err(|e| e.to_string())?;
     let conn = Conn::new(bridge, members, Layout::new(&settings.prefix), settings.limits(), settings.call_limit());
     let replica = ReplicaStore::new(conn.clone());
+    let conn_for_peers = conn.clone();
     let store: Arc<dyn MetaStore> = Arc::new(replica.clone());
     // Its own copy: the `ca/` directory is the leader's to write when this
     // master wins, possibly while this one still loads.
@@ -120,6 +134,8 @@ pub fn prepare(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc<Atomi
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let peers = Directory::join(conn_for_peers, Peer { name: named.name.clone(), api_url: named.api_url.clone() })
+        .map_err(|e| e.to_string())?;
     let cordons = Cordons::load(store.clone(), read_model.clone()).map_err(|e| e.to_string())?;
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(|e| e.to_string())?;
     let following = Following { leader, progress };
@@ -147,6 +163,7 @@ pub fn prepare(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc<Atomi
         tasks: Arc::default(),
         pools: Arc::default(),
         role: Arc::new(role),
+        peers: Some(Arc::new(peers)),
     };
     let state = crate::http::AppState {
         // No supervisor runs on a follower: every request that would reach
@@ -174,6 +191,7 @@ impl Prepared {
     /// Serves `listener` (a clone of the master's API socket) until stopped.
     pub fn serve(self, listener: std::net::TcpListener) -> std::io::Result<Follower> {
         let Prepared { state, following, max_json, workers, _stop: stop } = self;
+        let (state_for_blobs, following_for_blobs) = (state.clone(), following.clone());
         let draining = gate::Draining::default();
         let drain = draining.clone();
         let server = HttpServer::new(move || {
@@ -192,8 +210,9 @@ impl Prepared {
         .run();
         let handle = server.handle();
         actix_web::rt::spawn(server);
+        let fetcher = fetch_blobs(&state_for_blobs, &following_for_blobs);
         tracing::info!("this follower serves reads from its own view of the store");
-        Ok(Follower { handle, draining, stop })
+        Ok(Follower { handle, draining, stop, fetcher })
     }
 }
 
@@ -204,7 +223,10 @@ impl Follower {
     pub async fn stop(self) {
         self.draining.0.store(true, Ordering::SeqCst);
         self.handle.pause().await;
-        let Follower { handle, stop, .. } = self;
+        let Follower { handle, stop, fetcher, .. } = self;
+        if let Some(f) = fetcher {
+            f.abort();
+        }
         actix_web::rt::spawn(async move {
             tokio::time::sleep(DRAIN).await;
             handle.stop(true).await;

@@ -26,6 +26,7 @@ pub mod logs;
 pub mod metrics;
 pub mod openapi;
 mod packages;
+mod peer_blobs;
 pub mod pools;
 pub mod standby;
 mod status;
@@ -185,6 +186,11 @@ pub fn configure(cfg: &mut web::ServiceConfig, state: AppState, max_json_bytes: 
                 .wrap(actix_web::middleware::from_fn(auth::require_token)),
         )
         .service(resource("/metrics", &["get"]).route(web::get().to(metrics::scrape)))
+        .service(
+            resource("/internal/v1/blobs/{sha256}", &["get", "put"])
+                .route(web::get().to(peer_blobs::get))
+                .route(web::put().to(peer_blobs::put)),
+        )
         .route("/", web::get().to(dashboard::index))
         .route("/ui/{file}", web::get().to(dashboard::asset));
     if hooks {

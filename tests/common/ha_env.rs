@@ -129,6 +129,27 @@ impl TestEnv {
         self.master_config = Some(path);
     }
 
+    /// Master `i`'s data dir.
+    pub fn ha_dir(&self, i: usize) -> std::path::PathBuf {
+        if i == 0 { self.master_dir() } else { self.root_path.join(format!("master-{i}")) }
+    }
+
+    /// Waits until master `i` serves reads as a follower (its own view of
+    /// the store loaded); its health.
+    pub async fn serving_follower(&self, i: usize) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(h) = self.ha_health(i).await
+                && h["role"] == "follower"
+                && h["applied_revision"].as_i64().is_some_and(|r| r > 0)
+            {
+                return h;
+            }
+            assert!(Instant::now() < deadline, "master {i} never served as a follower\n{}", self.ha_log(i));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Master `i`'s log.
     pub fn ha_log(&self, i: usize) -> String {
         if i == 0 { self.master_log() } else { self.log_file(&format!("master-{i}.log")) }

@@ -73,6 +73,16 @@ impl Layout {
         k
     }
 
+    /// Where each master of the installation names itself (`<name>` after it).
+    pub fn masters(&self) -> Vec<u8> {
+        self.control("masters/")
+    }
+
+    /// The secret masters present to each other (package blobs).
+    pub fn peer_secret(&self) -> Vec<u8> {
+        self.control("peer_secret")
+    }
+
     fn control(&self, name: &str) -> Vec<u8> {
         let mut k = self.prefix.clone();
         k.push(b'_');

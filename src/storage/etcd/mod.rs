@@ -11,6 +11,7 @@
 //! | [`txn`] | coalescing a group-commit round into etcd's per-transaction limits |
 //! | [`sink`] | the writer's sink: rounds as transactions, oversized requests through a redo record |
 //! | [`election`] | the campaign for the leader key, its lease and the renewal thread |
+//! | [`peers`] | the installation's masters as each names itself, and the secret they present to each other |
 //! | [`replica`] | a follower's store: reads only, its event feed from the watch |
 //! | [`watch`] | a follower's view: the prefix at one revision, then the watch's changes |
 //!
@@ -27,6 +28,7 @@ pub mod copy;
 pub mod election;
 pub mod layout;
 pub mod members;
+pub mod peers;
 pub mod replica;
 pub mod sink;
 pub mod txn;

@@ -55,21 +55,6 @@ async fn get(client: &reqwest::Client, url: &str) -> (StatusCode, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
-/// Waits until master `i` serves reads as a follower; its health.
-async fn serving_follower(env: &TestEnv, i: usize) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(h) = env.ha_health(i).await
-            && h["role"] == "follower"
-            && h["applied_revision"].as_i64().is_some_and(|r| r > 0)
-        {
-            return h;
-        }
-        assert!(Instant::now() < deadline, "master {i} never served as a follower\n{}", env.ha_log(i));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// What a reader compares of a cluster: its status and each member.
 fn summary(cluster: &Value) -> Value {
     let members: Vec<Value> =
@@ -96,7 +81,7 @@ async fn a_follower_serves_reads_from_its_own_view_and_sends_the_rest_to_the_lea
     let mut env = TestEnv::start_ha("ha-follow", &etcd, 2).await;
     let (leader, lh) = env.follow_leader(None, Duration::from_secs(10)).await;
     assert_eq!(leader, 0, "{lh:#}");
-    let h = serving_follower(&env, 1).await;
+    let h = env.serving_follower(1).await;
     let leader_url = env.ha_api(0).trim_end_matches("/api/v1").to_string();
     assert_eq!(h["leader"], leader_url.as_str(), "{h:#}");
     assert_eq!(h["term"], lh["term"], "{h:#}");
@@ -169,8 +154,8 @@ async fn reads_on_followers_never_fail_while_the_leader_is_killed() {
     let mut env = TestEnv::start_ha("ha-follow-kill", &etcd, 3).await;
     let (leader, _) = env.follow_leader(None, Duration::from_secs(10)).await;
     assert_eq!(leader, 0);
-    serving_follower(&env, 1).await;
-    serving_follower(&env, 2).await;
+    env.serving_follower(1).await;
+    env.serving_follower(2).await;
     env.upload(&PackageBuilder::new("mr", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP)).await;
     let body = json!({"name": "mr", "package": {"name": "mr", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}});
     env.create_active(body).await;

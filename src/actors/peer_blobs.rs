@@ -1,0 +1,199 @@
+//! Package blobs on several masters (a store on etcd): the store holds a
+//! package's record, each master's disk its tarball. An upload is accepted
+//! once a majority of the installation's masters hold the tarball
+//! ([`replicate`]: pushed to the others, sha256 checked on arrival), so the
+//! loss of a minority of machines loses no package; and every master
+//! fetches what it lacks from another ([`keep_complete`]), before a cluster
+//! needs it from it. Masters reach each other on `/internal/v1/blobs/`
+//! (`http::peer_blobs`) with the installation's peer secret.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::error::Error;
+use crate::storage::BlobStore;
+use crate::storage::etcd::peers::{Directory, Peer};
+
+/// How often every package's tarball is looked for on this master's disk.
+const LOOK_EVERY: Duration = Duration::from_secs(2);
+
+/// A transfer's deadline: a minute, plus a second per 8 MiB.
+fn deadline(size: u64) -> Duration {
+    Duration::from_secs(60 + size / (8 << 20))
+}
+
+fn client() -> Result<reqwest::Client, Error> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|e| Error::unavailable(format!("cannot make the client to other masters: {e}")))
+}
+
+fn blob_url(peer: &Peer, sha256: &str) -> String {
+    format!("{}/internal/v1/blobs/{sha256}", peer.api_url.trim_end_matches('/'))
+}
+
+/// Pushes the tarball `sha256` (on this master's disk) to the other
+/// masters until a majority of all of them hold it; `503` naming each
+/// failure when they cannot. The pushes still under way go on.
+pub async fn replicate(dir: &Arc<Directory>, blobs: &BlobStore, sha256: &str, size: u64) -> Result<(), Error> {
+    let d = dir.clone();
+    let peers = tokio::task::spawn_blocking(move || d.all())
+        .await
+        .map_err(Error::internal)?
+        .map_err(|e| Error::unavailable(format!("cannot list the masters: {e}")))?;
+    let need = peers.len() / 2 + 1;
+    let others: Vec<Peer> = peers.into_iter().filter(|p| p.name != dir.me().name).collect();
+    let total = others.len() + 1;
+    if need <= 1 {
+        return Ok(());
+    }
+    let client = client()?;
+    let path = blobs.path_for(sha256).map_err(Error::from)?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(others.len().max(1));
+    for peer in others {
+        let (client, path, tx, secret) = (client.clone(), path.clone(), tx.clone(), dir.secret().to_string());
+        let url = blob_url(&peer, sha256);
+        tokio::spawn(async move {
+            let sent = push(&client, &url, &secret, &path, size).await;
+            let _ = tx.send(sent.map_err(|e| format!("{}: {e}", peer.name))).await;
+        });
+    }
+    drop(tx);
+    let (mut held, mut failures) = (1, Vec::new());
+    while let Some(sent) = rx.recv().await {
+        match sent {
+            Ok(()) => held += 1,
+            Err(e) => failures.push(e),
+        }
+        if held >= need {
+            return Ok(());
+        }
+    }
+    Err(Error::unavailable(format!(
+        "the package is on {held} of {total} masters; a majority ({need}) must hold it before it is accepted: {}",
+        failures.join("; ")
+    )))
+}
+
+async fn push(
+    client: &reqwest::Client,
+    url: &str,
+    secret: &str,
+    path: &std::path::Path,
+    size: u64,
+) -> Result<(), String> {
+    let file = tokio::fs::File::open(path).await.map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
+    let r = client
+        .put(url)
+        .header("authorization", format!("Peer {secret}"))
+        .header("content-length", size)
+        .timeout(deadline(size))
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if r.status().is_success() { Ok(()) } else { Err(format!("{} {}", r.status(), r.text().await.unwrap_or_default())) }
+}
+
+/// Fetches the tarball `sha256` from `peer` into this master's disk,
+/// checking its digest and size before it is kept.
+pub async fn fetch(
+    client: &reqwest::Client,
+    dir: &Directory,
+    blobs: &BlobStore,
+    peer: &Peer,
+    sha256: &str,
+    size: u64,
+) -> Result<(), String> {
+    let mut r = client
+        .get(blob_url(peer, sha256))
+        .header("authorization", format!("Peer {}", dir.secret()))
+        .timeout(deadline(size))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !r.status().is_success() {
+        return Err(format!("{}", r.status()));
+    }
+    let (tmp, mut file) = blobs.create_temp().await.map_err(|e| e.to_string())?;
+    let kept = async {
+        let (mut hasher, mut got) = (Sha256::new(), 0u64);
+        while let Some(chunk) = r.chunk().await.map_err(|e| e.to_string())? {
+            got += chunk.len() as u64;
+            if got > size {
+                return Err(format!("more than the package's {size} bytes"));
+            }
+            hasher.update(&chunk);
+            file.write_all(&chunk).await.map_err(|e| e.to_string())?;
+        }
+        file.sync_all().await.map_err(|e| e.to_string())?;
+        let digest = hex::encode(hasher.finalize());
+        if digest != sha256 || got != size {
+            return Err(format!("the tarball came with sha256 {digest} and {got} bytes"));
+        }
+        blobs.persist(&tmp, sha256).await.map_err(|e| e.to_string())?;
+        Ok(())
+    }
+    .await;
+    drop(file);
+    let _ = tokio::fs::remove_file(&tmp).await;
+    kept
+}
+
+/// Runs forever: every [`LOOK_EVERY`], each package whose tarball is not on
+/// this master's disk is fetched from another master (the leader first,
+/// when `leader` names one).
+pub async fn keep_complete(
+    dir: Arc<Directory>,
+    blobs: Arc<BlobStore>,
+    read_model: Arc<super::read_model::ReadModel>,
+    leader: impl Fn() -> Option<String>,
+) {
+    let Ok(client) = client() else { return };
+    let mut complained = std::collections::HashSet::new();
+    loop {
+        tokio::time::sleep(LOOK_EVERY).await;
+        let mut missing = Vec::new();
+        for p in read_model.packages().values() {
+            if !blobs.contains(&p.record.sha256).await.unwrap_or(true) {
+                missing.push((
+                    p.record.sha256.clone(),
+                    p.record.size,
+                    format!("{}/{}", p.record.name, p.record.package_version),
+                ));
+            }
+        }
+        if missing.is_empty() {
+            continue;
+        }
+        let d = dir.clone();
+        let Ok(Ok(mut peers)) = tokio::task::spawn_blocking(move || d.all()).await else { continue };
+        peers.retain(|p| p.name != dir.me().name);
+        if let Some(url) = leader() {
+            peers.sort_by_key(|p| p.api_url.trim_end_matches('/') != url.trim_end_matches('/'));
+        }
+        for (sha, size, name) in missing {
+            let mut why = Vec::new();
+            for peer in &peers {
+                match fetch(&client, &dir, &blobs, peer, &sha, size).await {
+                    Ok(()) => {
+                        tracing::info!(package = %name, from = %peer.name, "fetched a package's tarball this master lacked");
+                        complained.remove(&sha);
+                        why.clear();
+                        break;
+                    }
+                    Err(e) => why.push(format!("{}: {e}", peer.name)),
+                }
+            }
+            if !why.is_empty() && complained.insert(sha.clone()) {
+                tracing::warn!(package = %name, tried = %why.join("; "), "no other master gave this package's tarball; trying again");
+            }
+        }
+    }
+}

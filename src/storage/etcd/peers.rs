@@ -1,0 +1,103 @@
+//! The masters of one installation, as each names itself in etcd
+//! (`<prefix>_masters/<name>`: its API URL), and the secret they present
+//! to each other (`<prefix>_peer_secret`). Package blobs live on the
+//! masters' disks, not in etcd: an upload is accepted once a majority of
+//! these masters hold it, and a master missing one fetches it from another
+//! (`actors::peer_blobs`).
+//!
+//! These are control keys, outside the store's column families: every
+//! master writes its own entry (followers included), so they are plain
+//! puts, not the leader's fenced transactions. An entry stays until an
+//! operator removes a master for good (`etcdctl del <prefix>_masters/<name>`):
+//! the majority counts the installation's masters, not the ones up now.
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+
+use super::bridge::etcd_error;
+use super::conn::Conn;
+use super::layout::prefix_end;
+use super::members::{read_retryable, unreached};
+use crate::storage::StorageError;
+
+/// One master as the others reach it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Peer {
+    pub name: String,
+    /// Its API's base URL (`http://10.0.0.5:7070`).
+    pub api_url: String,
+}
+
+/// This master's entry and the installation's other masters.
+#[derive(Debug, Clone)]
+pub struct Directory {
+    conn: Conn,
+    me: Peer,
+    secret: String,
+}
+
+impl Directory {
+    /// Writes this master's entry and reads (or makes) the peer secret (blocking).
+    pub fn join(conn: Conn, me: Peer) -> Result<Directory, StorageError> {
+        let mut key = conn.layout.masters();
+        key.extend_from_slice(me.name.as_bytes());
+        let value = serde_json::to_vec(&me).map_err(|e| StorageError::Codec(e.to_string()))?;
+        let members = conn.members.clone();
+        conn.bridge.call("naming this master", conn.timeout, async move {
+            let put = |c: etcd_client::Client| {
+                let (key, value) = (key.clone(), value.clone());
+                async move { c.kv_client().put(key, value, None).await }
+            };
+            members.run(put, unreached).await.map_err(|e| etcd_error("naming this master", e))?;
+            Ok(())
+        })?;
+        let secret = secret(&conn)?;
+        Ok(Directory { conn, me, secret })
+    }
+
+    pub fn me(&self) -> &Peer {
+        &self.me
+    }
+
+    /// What a master presents to another (`Authorization: Peer <secret>`).
+    pub fn secret(&self) -> &str {
+        &self.secret
+    }
+
+    /// Every master of the installation, this one included (blocking).
+    pub fn all(&self) -> Result<Vec<Peer>, StorageError> {
+        let from = self.conn.layout.masters();
+        let (pairs, _, _) = self.conn.range(from.clone(), prefix_end(&from), usize::MAX, false, 0)?;
+        let mut peers: Vec<Peer> = pairs.iter().filter_map(|(_, v)| serde_json::from_slice(v).ok()).collect();
+        if !peers.iter().any(|p| p.name == self.me.name) {
+            peers.push(self.me.clone());
+        }
+        Ok(peers)
+    }
+}
+
+/// The installation's peer secret, made by the first master to ask.
+fn secret(conn: &Conn) -> Result<String, StorageError> {
+    let key = conn.layout.peer_secret();
+    let mut fresh = [0u8; 32];
+    getrandom::fill(&mut fresh).map_err(|e| StorageError::Etcd(format!("no randomness for the peer secret: {e}")))?;
+    let fresh = hex::encode(fresh);
+    let members = conn.members.clone();
+    let read = key.clone();
+    conn.bridge.call("making the peer secret", conn.timeout, async move {
+        let txn = |c: etcd_client::Client| {
+            let (key, fresh) = (key.clone(), fresh.clone());
+            async move {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(key, fresh, None)]);
+                c.kv_client().txn(txn).await
+            }
+        };
+        // Harmless to repeat: it puts only where nothing is.
+        members.run(txn, read_retryable).await.map_err(|e| etcd_error("making the peer secret", e))?;
+        Ok(())
+    })?;
+    // Read back whoever's won.
+    let raw = conn.get_raw(read)?.ok_or_else(|| StorageError::Etcd("the peer secret is missing".into()))?;
+    String::from_utf8(raw).map_err(|_| StorageError::Etcd("the peer secret is not text".into()))
+}

@@ -1,0 +1,71 @@
+//! Package tarballs on several masters: an upload is accepted once a
+//! majority of the masters hold it, the others fetch it (and fetch again
+//! what their disk lost), a new leader installs from its own disk after
+//! the old one is killed, and without a majority an upload is refused and
+//! leaves no package.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::super::master_restart::SPEC;
+use crate::common::TestEnv;
+use crate::common::etcd::EtcdCluster;
+use crate::common::package::PackageBuilder;
+use crate::common::procfs::eventually;
+use crate::common::scripts::RECORD_AND_SLEEP;
+
+/// The sha256 of master `i`'s copy of the tarball, if it has one.
+fn held(env: &TestEnv, i: usize, sha: &str) -> Option<String> {
+    let bytes = std::fs::read(env.ha_dir(i).join("packages").join(sha)).ok()?;
+    Some(hex::encode(Sha256::digest(&bytes)))
+}
+
+#[tokio::test]
+async fn a_package_is_on_a_majority_of_masters_when_accepted_and_survives_the_leader() {
+    let etcd = EtcdCluster::start(3);
+    let mut env = TestEnv::start_ha("ha-blobs", &etcd, 3).await;
+    let (leader, _) = env.follow_leader(None, Duration::from_secs(10)).await;
+    assert_eq!(leader, 0);
+    env.serving_follower(1).await;
+    env.serving_follower(2).await;
+
+    let pkg = PackageBuilder::new("mr", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP);
+    let uploaded = env.upload(&pkg).await;
+    let sha = uploaded["sha256"].as_str().expect("sha256").to_string();
+    // Accepted: on the leader and on at least one other master already,
+    // each copy whole (its digest is its name).
+    let copies = (0..3).filter(|i| held(&env, *i, &sha).as_deref() == Some(sha.as_str())).count();
+    assert!(copies >= 2, "the upload was accepted with {copies} of 3 masters holding it");
+    assert!(eventually(20, || (0..3).all(|i| held(&env, i, &sha).as_deref() == Some(sha.as_str()))).await);
+
+    // A master whose disk lost it fetches it again.
+    std::fs::remove_file(env.ha_dir(2).join("packages").join(&sha)).expect("remove master 2's copy");
+    let back = eventually(20, || held(&env, 2, &sha).as_deref() == Some(sha.as_str())).await;
+    assert!(back, "master 2 did not fetch the tarball again\n{}", env.ha_log(2));
+
+    // The leader killed, the next one installs from its own disk.
+    env.kill_master();
+    let (now, _) = env.follow_leader(Some(0), Duration::from_secs(20)).await;
+    env.wait_ready().await;
+    let body = json!({"name": "mr", "package": {"name": "mr", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}});
+    let c = env.create_active(body).await;
+    assert_eq!(c["status"], "Active", "{c:#}");
+
+    // The new leader alone (the other follower killed too): no majority,
+    // so an upload is refused and no package is made.
+    let other = if now == 1 { 2 } else { 1 };
+    env.signal_ha(other, nix::sys::signal::Signal::SIGKILL);
+    assert!(env.ha_exit_within(other, Duration::from_secs(10)).await.is_some());
+    let pkg2 = PackageBuilder::new("mr", "2.0.0")
+        .spec(&SPEC.replace("1.0.0", "2.0.0"))
+        .script("bin/start.sh", RECORD_AND_SLEEP);
+    let (status, body) = env.put_bytes("/packages/mr/2.0.0", pkg2.build()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body:#}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("majority") && message.contains("1 of 3"), "{message}");
+    let (status, _) = env.get("/packages/mr/2.0.0").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "a refused upload left a package");
+}
