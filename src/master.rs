@@ -168,7 +168,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         crate::open_store::OpenError::Storage(e) => MasterError::Storage(e),
         crate::open_store::OpenError::Listen(source) => MasterError::Listen { addr: cfg.http_addr.clone(), source },
     })?;
-    let (store, role, peers) = (opened.store, opened.role, opened.peers);
+    let (store, role, peers, handover) = (opened.store, opened.role, opened.peers, opened.handover);
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
     let loader = store.clone();
     let (snapshot, history, gone) = tokio::task::spawn_blocking(move || {
@@ -429,6 +429,11 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         metrics,
     };
     let max_json = cfg.max_json_bytes;
+    // The follower's server (on etcd) answered reads while this master
+    // booted; it stops taking connections now, and this one takes them.
+    if let Some(h) = handover {
+        h.finish().await;
+    }
     let server = HttpServer::new(move || {
         App::new()
             .wrap(actix_web::middleware::from_fn(crate::http::metrics::track))

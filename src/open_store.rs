@@ -19,6 +19,10 @@ pub struct Opened {
     pub role: Arc<Role>,
     /// The installation's masters (on etcd).
     pub peers: Option<Arc<Directory>>,
+    /// What answered the API socket while this master campaigned (on
+    /// etcd): it goes on answering reads while the master boots; stop it
+    /// right before the master's own server takes the socket.
+    pub handover: Option<Handover>,
 }
 
 /// Why the store could not be opened.
@@ -33,14 +37,21 @@ pub enum OpenError {
 pub type OnLeader = Box<dyn FnMut(Option<&election::Leader>) + Send>;
 
 /// Opens the configured store; on etcd, waits until this master leads,
-/// its API socket (`api`, bound already) answering as a standby meanwhile
-/// ([`crate::http::standby`]).
+/// its API socket (`api`, bound already) answering meanwhile: as a
+/// follower serving reads from its own view ([`crate::follower`]) once it
+/// has loaded, as a standby redirecting everything before
+/// ([`crate::http::standby`]); and until [`Handover::finish`].
 pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener) -> Result<Opened, OpenError> {
     match cfg.store {
         StoreKind::Rocksdb => {
             let store = MasterStore::open_opts(&cfg.data_dir.join("db"), cfg.writer_queue, cfg.events_retained as u64)
                 .map_err(OpenError::Storage)?;
-            Ok(Opened { store: Arc::new(store), role: Arc::new(Role::single(named.name, named.api_url)), peers: None })
+            Ok(Opened {
+                store: Arc::new(store),
+                role: Arc::new(Role::single(named.name, named.api_url)),
+                peers: None,
+                handover: None,
+            })
         }
         StoreKind::Etcd => {
             let seen = election::Seen::default();
@@ -55,7 +66,10 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
                 let (cfg, named, seen, stop) = (cfg.clone(), named.clone(), seen.clone(), stop.clone());
                 tokio::task::spawn_blocking(move || crate::follower::prepare_until(&cfg, &named, seen, &stop))
             };
-            let on_leader: OnLeader = Box::new(move |leader| seen.set(leader));
+            let on_leader: OnLeader = {
+                let seen = seen.clone();
+                Box::new(move |leader| seen.set(leader))
+            };
             let campaign = {
                 let cfg = cfg.clone();
                 tokio::task::spawn_blocking(move || lead(&cfg, named, on_leader))
@@ -68,18 +82,48 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
                     prepared = &mut follow, if preparing => {
                         preparing = false;
                         if let Ok(Some(prepared)) = prepared {
-                            let follower = prepared.serve(socket()?).map_err(OpenError::Listen)?;
-                            std::mem::replace(&mut serving, Serving::Follower(follower)).stop().await;
+                            match socket().and_then(|s| prepared.serve(s).map_err(OpenError::Listen)) {
+                                Ok(follower) => {
+                                    std::mem::replace(&mut serving, Serving::Follower(follower)).stop().await;
+                                }
+                                Err(e) => tracing::warn!(error = ?e, "the follower cannot serve; redirecting every request"),
+                            }
                         }
                     }
                 }
             };
             stop.store(true, Ordering::SeqCst);
-            serving.stop().await;
-            opened
-                .map_err(|e| OpenError::Storage(StorageError::Etcd(format!("the campaign's thread failed: {e}"))))?
-                .map_err(OpenError::Storage)
+            let opened = opened
+                .map_err(|e| OpenError::Storage(StorageError::Etcd(format!("the campaign's thread failed: {e}"))))
+                .and_then(|o| o.map_err(OpenError::Storage));
+            match opened {
+                Ok(mut opened) => {
+                    // Whoever asks now learns this master leads; until its
+                    // own server listens, writes are answered `503
+                    // taking_over` (a redirect would point here).
+                    if let Some(l) = &opened.role.leadership {
+                        seen.set(Some(&election::Leader { info: Some(l.info.clone()), term: l.term }));
+                    }
+                    serving.take_over();
+                    opened.handover = Some(Handover(serving));
+                    Ok(opened)
+                }
+                Err(e) => {
+                    serving.stop().await;
+                    Err(e)
+                }
+            }
         }
+    }
+}
+
+/// See [`Opened::handover`].
+pub struct Handover(Serving);
+
+impl Handover {
+    /// Stops taking connections (the master's server takes the socket next).
+    pub async fn finish(self) {
+        self.0.stop().await
     }
 }
 
@@ -90,6 +134,12 @@ enum Serving {
 }
 
 impl Serving {
+    fn take_over(&self) {
+        if let Serving::Follower(f) = self {
+            f.take_over();
+        }
+    }
+
     async fn stop(self) {
         match self {
             Serving::Standby(s) => s.stop().await,
@@ -148,5 +198,5 @@ fn lead(cfg: &MasterConfig, named: Named, mut on_leader: OnLeader) -> Result<Ope
     let peers = Directory::join(conn, Peer { name: named.name.clone(), api_url: named.api_url.clone() })?;
     let store = EtcdStore::open(bridge, members, settings, Some(fence), cfg.writer_queue, cfg.events_retained as u64)?;
     let role = Role { leadership: Some(leadership), name: named.name, api_url: named.api_url, following: None };
-    Ok(Opened { store: Arc::new(store), role: Arc::new(role), peers: Some(Arc::new(peers)) })
+    Ok(Opened { store: Arc::new(store), role: Arc::new(role), peers: Some(Arc::new(peers)), handover: None })
 }

@@ -10,7 +10,7 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use actix_web::http::{ConnectionType, Method};
 use actix_web::{Error, web};
@@ -51,27 +51,58 @@ fn matches(pattern: &str, path: &str) -> bool {
     }
 }
 
-/// Set once this master leads: the follower's server answers what its
-/// connections still send, each answer closing its connection, so the
-/// client's next request reaches the master's own server (a keep-alive
-/// connection closed under a client's request would fail that request).
+/// Where the follower's server is in its life (one per server).
 #[derive(Debug, Clone, Default)]
-pub struct Draining(pub Arc<AtomicBool>);
+pub struct Phase(Arc<AtomicU8>);
+
+/// It follows: writes and leader-only reads go to the leader.
+const FOLLOWING: u8 = 0;
+/// This master won and boots: reads are still served from the view, the
+/// rest is answered `503 taking_over` (a redirect would point at itself).
+const TAKING_OVER: u8 = 1;
+/// The master's own server has the socket: this one answers what its
+/// open connections still send, each answer closing its connection (a
+/// keep-alive connection closed under a client's request would fail that
+/// request), and sends long polls and streams to the master's.
+const DRAINING: u8 = 2;
+
+impl Phase {
+    pub fn taking_over(&self) {
+        self.0.store(TAKING_OVER, Ordering::SeqCst);
+    }
+
+    pub fn draining(&self) {
+        self.0.store(DRAINING, Ordering::SeqCst);
+    }
+
+    fn get(&self) -> u8 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A request that may hold its connection for long: the event stream, a
+/// long poll.
+fn lasting(req: &ServiceRequest) -> bool {
+    req.path() == "/api/v1/events" || req.query_string().split('&').any(|kv| kv.starts_with("wait="))
+}
 
 /// The follower's outermost middleware.
 pub async fn route(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<impl MessageBody>, Error> {
-    let draining = req.app_data::<web::Data<Draining>>().is_some_and(|d| d.0.load(Ordering::SeqCst));
-    let mut res = if served(req.method(), req.path()) {
+    let phase = req.app_data::<web::Data<Phase>>().map_or(FOLLOWING, |p| p.get());
+    let own = served(req.method(), req.path()) && !(phase == DRAINING && lasting(&req));
+    let mut res = if own {
         next.call(req).await?.map_into_left_body()
+    } else if phase == TAKING_OVER {
+        req.into_response(crate::http::standby::taking_over()).map_into_right_body()
     } else {
         let leader = req.app_data::<web::Data<Following>>().and_then(|f| f.leader.get());
         let answer = crate::http::standby::to_leader(req.request(), leader.as_ref());
         req.into_response(answer).map_into_right_body()
     };
-    if draining {
+    if phase == DRAINING {
         res.response_mut().head_mut().set_connection_type(ConnectionType::Close);
     }
     Ok(res)

@@ -10,7 +10,7 @@
 //! actors, pools; a follower sends those reads to the leader
 //! ([`super::gate`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::actors::read_model::{ClusterCell, InstanceEntry, PackageView, ReadModel};
@@ -40,11 +40,34 @@ pub struct Mirror {
     orphans: HashMap<ClusterId, Vec<InstanceRecord>>,
     /// Events of the current group, announced at its end.
     appended: Vec<(u64, Vec<u8>)>,
+    /// During a load: every key it put (what it did not is gone at its end).
+    loading: Option<HashSet<(&'static str, Vec<u8>)>>,
 }
+
+/// The column families a load reads (events come only from the watch: a
+/// follower's event stream reads older ones from the store).
+pub const LOADED: [&str; 8] = [
+    master_cf::CLUSTERS,
+    master_cf::INSTANCES,
+    master_cf::NODES,
+    master_cf::PACKAGES,
+    master_cf::OPERATIONS,
+    master_cf::LEFTOVERS,
+    master_cf::CORDONS,
+    master_cf::TOKENS,
+];
 
 impl Mirror {
     pub fn new(read_model: Arc<ReadModel>, tokens: Arc<ApiTokens>, announce: Announce) -> Mirror {
-        Mirror { read_model, tokens, announce, names: HashMap::new(), orphans: HashMap::new(), appended: Vec::new() }
+        Mirror {
+            read_model,
+            tokens,
+            announce,
+            names: HashMap::new(),
+            orphans: HashMap::new(),
+            appended: Vec::new(),
+            loading: None,
+        }
     }
 
     fn put(&mut self, cf: &'static str, key: &[u8], value: &[u8]) -> Result<(), crate::storage::StorageError> {
@@ -170,21 +193,35 @@ fn instance_of(key: &[u8]) -> Option<(ClusterId, InstanceId)> {
     Some((ClusterId(cluster), InstanceId::new(std::str::from_utf8(&key[16..]).ok()?)))
 }
 
-impl Apply for Mirror {
-    fn reset(&mut self) {
-        self.read_model.clear();
-        self.names.clear();
-        self.orphans.clear();
-        self.appended.clear();
-        for t in self.tokens.list() {
-            self.tokens.mirror(&t.id, None);
+impl Mirror {
+    /// The store key of everything the view holds now, by column family.
+    fn held_keys(&self) -> Vec<(&'static str, Vec<u8>)> {
+        let rm = &self.read_model;
+        let mut keys = Vec::new();
+        for (id, name) in &self.names {
+            keys.push((master_cf::CLUSTERS, keys::cluster_key(id)));
+            if let Some(c) = rm.cluster(name) {
+                keys.extend(c.instances.keys().map(|i| (master_cf::INSTANCES, keys::instance_key(id, i))));
+            }
         }
+        keys.extend(rm.nodes().keys().map(|n| (master_cf::NODES, n.as_str().as_bytes().to_vec())));
+        keys.extend(rm.packages().keys().map(|(n, v)| (master_cf::PACKAGES, keys::package_key(n, v))));
+        keys.extend(rm.running_operations().keys().map(|o| (master_cf::OPERATIONS, keys::operation_key(o))));
+        keys.extend(rm.leftovers().keys().map(|i| (master_cf::LEFTOVERS, i.as_str().as_bytes().to_vec())));
+        keys.extend(rm.cordons().keys().map(|n| (master_cf::CORDONS, n.as_str().as_bytes().to_vec())));
+        keys.extend(self.tokens.list().iter().map(|t| (master_cf::TOKENS, t.id.as_bytes().to_vec())));
+        keys
+    }
+}
+
+impl Apply for Mirror {
+    fn begin_load(&mut self) {
+        // Instances waiting for their cluster come again if still stored.
+        self.orphans.clear();
+        self.loading = Some(HashSet::new());
     }
 
     fn apply(&mut self, change: Change) {
-        let (cf, key) = match &change {
-            Change::Put { cf, key, .. } | Change::Delete { cf, key } => (*cf, key.clone()),
-        };
         match change {
             Change::Put { cf, key, value } => {
                 if let Err(e) = self.put(cf, &key, &value) {
@@ -192,9 +229,23 @@ impl Apply for Mirror {
                     // view; the leader logs the same record at its boot.
                     tracing::error!(cf, key = %hex::encode(&key), error = %e, "a follower cannot read a stored record; not shown");
                 }
+                if let Some(seen) = &mut self.loading {
+                    seen.insert((cf, key));
+                }
             }
-            Change::Delete { .. } => self.delete(cf, &key),
+            Change::Delete { cf, key } => self.delete(cf, &key),
         }
+    }
+
+    fn end_load(&mut self) {
+        let Some(seen) = self.loading.take() else { return };
+        for (cf, key) in self.held_keys() {
+            if !seen.contains(&(cf, key.clone())) {
+                self.delete(cf, &key);
+            }
+        }
+        // Events the load saw are old: the event stream reads those from the store.
+        self.appended.clear();
     }
 
     fn flush(&mut self) {
@@ -284,7 +335,57 @@ mod tests {
         m.apply(Change::Put { cf: master_cf::CLUSTERS, key: b"junk".to_vec(), value: b"not a record".to_vec() });
         m.apply(Change::Put { cf: master_cf::NODES, key: b"n1".to_vec(), value: vec![0xff; 3] });
         assert!(rm.clusters().is_empty() && rm.nodes().is_empty());
-        m.reset();
-        assert!(rm.clusters().is_empty());
+    }
+
+    #[test]
+    fn a_load_keeps_the_view_whole_and_drops_only_what_it_did_not_find_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn crate::storage::MetaStore> =
+            Arc::new(crate::storage::MasterStore::open(&dir.path().join("db")).unwrap());
+        let rm = ReadModel::new(store.clone());
+        let tokens = ApiTokens::load(store).unwrap();
+        let mut m = Mirror::new(rm.clone(), tokens.clone(), Box::new(|_| {}));
+        let (kept, gone) = (td::cluster("kept"), td::cluster("gone"));
+        let token = |id: &str| TokenRecord {
+            version: crate::storage::records::RECORD_VERSION,
+            id: id.into(),
+            name: id.into(),
+            secret_sha256: [7; 32],
+            created_at: time::OffsetDateTime::now_utc(),
+            scope: crate::scope::Scope::Read,
+        };
+        let first = vec![
+            WriteOp::put_cluster(&kept).unwrap(),
+            WriteOp::put_instance(&td::instance(&kept, 1)).unwrap(),
+            WriteOp::put_instance(&td::instance(&kept, 2)).unwrap(),
+            WriteOp::put_cluster(&gone).unwrap(),
+            WriteOp::put_instance(&td::instance(&gone, 1)).unwrap(),
+            WriteOp::put_token(&token("t1")).unwrap(),
+            WriteOp::put_token(&token("t2")).unwrap(),
+        ];
+        m.begin_load();
+        for ch in changes(first) {
+            m.apply(ch);
+        }
+        m.end_load();
+        assert_eq!(rm.clusters().len(), 2);
+        // A second load (after a compaction) finds less: while it runs,
+        // readers still see the whole first view.
+        m.begin_load();
+        for ch in changes(vec![
+            WriteOp::put_cluster(&kept).unwrap(),
+            WriteOp::put_instance(&td::instance(&kept, 2)).unwrap(),
+            WriteOp::put_token(&token("t2")).unwrap(),
+        ]) {
+            m.apply(ch);
+        }
+        assert_eq!(rm.clusters().len(), 2, "the view emptied during a load");
+        assert!(tokens.contains("t1"), "a token refused during a load");
+        m.end_load();
+        assert!(rm.cluster("gone").is_none());
+        let kept_now = rm.cluster("kept").unwrap();
+        assert_eq!(kept_now.instances.len(), 1);
+        assert!(kept_now.instances.contains_key(&td::instance(&kept, 2).id));
+        assert!(!tokens.contains("t1") && tokens.contains("t2"));
     }
 }

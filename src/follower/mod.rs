@@ -59,7 +59,7 @@ pub struct Prepared {
 /// A follower serving the API socket.
 pub struct Follower {
     handle: actix_web::dev::ServerHandle,
-    draining: gate::Draining,
+    phase: gate::Phase,
     stop: StopOnDrop,
     /// Fetches package tarballs this master lacks (`actors::peer_blobs`).
     fetcher: Option<tokio::task::JoinHandle<()>>,
@@ -75,8 +75,9 @@ fn fetch_blobs(state: &crate::http::AppState, following: &Following) -> Option<t
     Some(actix_web::rt::spawn(crate::actors::peer_blobs::keep_complete(peers, blobs, read_model, leader_url)))
 }
 
-/// How long the follower's server answers its open connections after this
-/// master leads (each answer closing its connection; see [`gate::Draining`]).
+/// How long the follower's server answers its open connections once the
+/// master's own has the socket (each answer closing its connection; see
+/// [`gate::Phase`]).
 const DRAIN: Duration = Duration::from_secs(5);
 
 /// [`prepare`] again every second until it works or `stop` is set (then
@@ -86,6 +87,7 @@ pub fn prepare_until(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc
     while !stop.load(Ordering::SeqCst) {
         match prepare(cfg, named, leader.clone(), stop) {
             Ok(p) => return Some(p),
+            Err(_) if stop.load(Ordering::SeqCst) => return None,
             Err(why) => {
                 if why != last {
                     tracing::warn!(%why, "this follower redirects every request to the leader for now");
@@ -115,6 +117,8 @@ pub fn prepare(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc<Atomi
     let trust = Trust::load(store.clone(), &ca_dir, false).map_err(|e| e.to_string())?;
     let read_model = ReadModel::new(store.clone());
     let tokens = ApiTokens::load(store.clone()).map_err(|e| e.to_string())?;
+    // Before the watch starts: what the load then does not find again goes.
+    let cordons = Cordons::load(store.clone(), read_model.clone()).map_err(|e| e.to_string())?;
     let progress = Arc::new(Progress::default());
     let own_stop = Arc::new(AtomicBool::new(false));
     let guard = StopOnDrop(own_stop.clone());
@@ -124,7 +128,7 @@ pub fn prepare(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc<Atomi
         let (progress, stop) = (progress.clone(), own_stop.clone());
         std::thread::Builder::new()
             .name("flotilla-follower".into())
-            .spawn(move || watch::follow(&conn, &mut mirror, &progress, &stop))
+            .spawn(move || watch::follow(&conn, &mirror::LOADED, &mut mirror, &progress, &stop))
             .map_err(|e| format!("cannot start the follower's thread: {e}"))?;
     }
     // Reads are served once the whole view is loaded, never from half of it.
@@ -136,7 +140,6 @@ pub fn prepare(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc<Atomi
     }
     let peers = Directory::join(conn_for_peers, Peer { name: named.name.clone(), api_url: named.api_url.clone() })
         .map_err(|e| e.to_string())?;
-    let cordons = Cordons::load(store.clone(), read_model.clone()).map_err(|e| e.to_string())?;
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(|e| e.to_string())?;
     let following = Following { leader, progress };
     let role = Role {
@@ -192,12 +195,12 @@ impl Prepared {
     pub fn serve(self, listener: std::net::TcpListener) -> std::io::Result<Follower> {
         let Prepared { state, following, max_json, workers, _stop: stop } = self;
         let (state_for_blobs, following_for_blobs) = (state.clone(), following.clone());
-        let draining = gate::Draining::default();
-        let drain = draining.clone();
+        let phase = gate::Phase::default();
+        let in_app = phase.clone();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(web::Data::new(following.clone()))
-                .app_data(web::Data::new(drain.clone()))
+                .app_data(web::Data::new(in_app.clone()))
                 .wrap(actix_web::middleware::from_fn(gate::route))
                 .wrap(actix_web::middleware::from_fn(crate::http::metrics::track))
                 .configure(|c| crate::http::configure(c, state.clone(), max_json))
@@ -212,16 +215,22 @@ impl Prepared {
         actix_web::rt::spawn(server);
         let fetcher = fetch_blobs(&state_for_blobs, &following_for_blobs);
         tracing::info!("this follower serves reads from its own view of the store");
-        Ok(Follower { handle, draining, stop, fetcher })
+        Ok(Follower { handle, phase, stop, fetcher })
     }
 }
 
 impl Follower {
+    /// This master won: reads go on from the view while it boots, the
+    /// rest is answered `503 taking_over`.
+    pub fn take_over(&self) {
+        self.phase.taking_over();
+    }
+
     /// Stops taking connections at once (the master's server takes the
     /// socket); the open ones are answered for [`DRAIN`] more, each answer
     /// closing its connection, then the server and the watch stop.
     pub async fn stop(self) {
-        self.draining.0.store(true, Ordering::SeqCst);
+        self.phase.draining();
         self.handle.pause().await;
         let Follower { handle, stop, fetcher, .. } = self;
         if let Some(f) = fetcher {

@@ -66,7 +66,22 @@ fn standby_answer(req: &HttpRequest, state: &(String, Seen)) -> HttpResponse {
             "store_engine": "etcd",
         }));
     }
+    if info.is_some_and(|i| i.name == *name) {
+        // This master won and boots; its own server takes the socket next.
+        return taking_over();
+    }
     to_leader(req, leader.as_ref())
+}
+
+/// `503 taking_over`: this master won the election and is starting (a
+/// redirect would point at itself).
+pub fn taking_over() -> HttpResponse {
+    HttpResponse::ServiceUnavailable().insert_header(("Retry-After", "1")).json(serde_json::json!({
+        "error": {
+            "code": "taking_over",
+            "message": "this master has just been elected leader and is starting; retry in a moment",
+        }
+    }))
 }
 
 /// `307` to the same path on the leader (method and body kept), or `503

@@ -290,6 +290,11 @@ impl ReadModel {
     // ------------------------------------------------------------ leaked
 
     /// Instances agents hold that the master does not know, by node.
+    /// Every cordon, by node.
+    pub fn cordons(&self) -> Arc<OrdMap<NodeId, Arc<CordonRecord>>> {
+        self.cordons.load_full()
+    }
+
     /// The node's cordon, if an operator took it out of placement.
     pub fn cordon_of(&self, node: &NodeId) -> Option<Arc<CordonRecord>> {
         self.cordons.load().get(node).cloned()

@@ -291,12 +291,14 @@ const KNOCK_EVERY: Duration = Duration::from_millis(100);
 
 /// Resolves once the leader's process is surely gone: its API port
 /// refuses two connections in a row (its machine answers, its process
-/// does not), or another process answers there (`GET /api/v1/health` says
-/// another pid: the dead leader restarted in place by its service
-/// manager, now waiting as a follower). A machine gone, or a paused
-/// process, never refuses, and is left to its lease. Pending forever
-/// otherwise, or for an API URL it cannot resolve.
-async fn leader_process_gone(api_url: &str, pid: u32) {
+/// does not), or twice in a row a master of the leader's own name answers
+/// there, not leading, with another pid (the dead leader restarted in
+/// place by its service manager, now waiting as a follower). Another
+/// master answering (an `advertise_url` shared behind a load balancer)
+/// proves nothing and is ignored. A machine gone, or a paused process,
+/// never refuses, and is left to its lease. Pending forever otherwise, or
+/// for an API URL it cannot resolve.
+async fn leader_process_gone(api_url: &str, leader: &LeaderInfo) {
     let addr = reqwest::Url::parse(api_url)
         .ok()
         .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)));
@@ -304,37 +306,57 @@ async fn leader_process_gone(api_url: &str, pid: u32) {
     // `advertise_url`) would knock on the knocker's own machine.
     let unspecified = |a: &str| a.starts_with("0.0.0.0:") || a.starts_with("[::]:");
     let Some(addr) = addr.filter(|a| !unspecified(a)) else { return futures::future::pending().await };
-    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_millis(500)).build().ok();
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .ok();
     let health = format!("{}/api/v1/health", api_url.trim_end_matches('/'));
-    let mut refused = 0;
+    let (mut refused, mut replaced) = (0, 0);
     loop {
         tokio::time::sleep(KNOCK_EVERY).await;
         match tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(&addr)).await {
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                refused += 1;
+                (refused, replaced) = (refused + 1, 0);
                 if refused >= 2 {
                     return;
                 }
             }
             Ok(Ok(_)) => {
                 refused = 0;
-                if let Some(c) = &client
-                    && let Some(other) = answering_pid(c, &health).await
-                    && other != pid
-                {
+                let answer = match &client {
+                    Some(c) => answering(c, &health).await,
+                    None => None,
+                };
+                replaced = match answer {
+                    Some(a) if restarted(&a, leader) => replaced + 1,
+                    _ => 0,
+                };
+                if replaced >= 2 {
                     return;
                 }
             }
-            _ => refused = 0,
+            _ => (refused, replaced) = (0, 0),
         }
     }
 }
 
-/// The pid `GET /api/v1/health` names, if it answers with one.
-async fn answering_pid(client: &reqwest::Client, url: &str) -> Option<u32> {
+/// What a master's `GET /api/v1/health` says of it: (name, pid, role).
+type Answer = (String, u32, String);
+
+async fn answering(client: &reqwest::Client, url: &str) -> Option<Answer> {
     let r = client.get(url).send().await.ok()?;
     let v: serde_json::Value = r.json().await.ok()?;
-    u32::try_from(v.get("pid")?.as_u64()?).ok()
+    let pid = u32::try_from(v.get("pid")?.as_u64()?).ok()?;
+    Some((v.get("name")?.as_str()?.to_string(), pid, v.get("role")?.as_str()?.to_string()))
+}
+
+/// Whether `answer` is the leader restarted in place: its own name, not
+/// leading, another process (and not the one asking).
+fn restarted(answer: &Answer, leader: &LeaderInfo) -> bool {
+    let (name, pid, role) = answer;
+    *name == leader.name && *pid != leader.pid && *pid != std::process::id() && role != "leader"
 }
 
 /// Waits (at most a few seconds: the caller tries again anyway) until the
@@ -374,9 +396,9 @@ fn wait_for_vacancy(
         };
         let knock = async {
             let Some(leader) = dead else { return futures::future::pending().await };
-            leader_process_gone(&leader.api_url, leader.pid).await;
+            leader_process_gone(&leader.api_url, &leader).await;
             tracing::warn!(leader = %leader.name, api = %leader.api_url, pid = leader.pid,
-                "the leader's process is gone (its API port refuses connections or another process answers it): revoking its lease");
+                "the leader's process is gone (its API port refuses connections, or it was restarted in place): revoking its lease");
             let lease = leader.lease;
             match members.run(|c| async move { c.lease_client().revoke(lease).await }, unreached).await {
                 Ok(_) => told.store(true, Ordering::SeqCst),
@@ -551,5 +573,22 @@ impl Renewal {
             }
             tokio::time::sleep_until((sent + period).into()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_leader_itself_restarted_in_place_counts_as_gone() {
+        let leader = LeaderInfo { name: "m0".into(), api_url: "http://vip:7070".into(), pid: 100, lease: 1 };
+        let me = std::process::id();
+        let answer = |name: &str, pid: u32, role: &str| (name.to_string(), pid, role.to_string());
+        assert!(restarted(&answer("m0", 200, "follower"), &leader), "a new process of the leader's name");
+        assert!(!restarted(&answer("m0", 100, "follower"), &leader), "the leader's own process");
+        assert!(!restarted(&answer("m0", 200, "leader"), &leader), "leading: a later term, not a dead one");
+        assert!(!restarted(&answer("m1", 200, "follower"), &leader), "another master behind a shared URL");
+        assert!(!restarted(&answer("m0", me, "follower"), &leader), "the asking process itself");
     }
 }

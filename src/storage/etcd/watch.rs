@@ -8,18 +8,19 @@
 //! put until the head's delete and handed over together, so a follower
 //! shows such a request whole or not at all.
 //!
-//! How current the view is ([`Progress`]): every [`ASK_EVERY`] the watch
-//! asks etcd for a progress report; etcd answers once every change up to
-//! its revision at that moment has been sent. The view is then at most as
-//! old as the ask, which is what `lag` reports: an upper bound, never an
-//! underestimate.
+//! How current the view is ([`Progress`]): every [`ASK_EVERY`] (one ask
+//! at a time) the watch reads etcd's current revision linearizably, then
+//! asks for a progress report; etcd answers once every change up to its
+//! revision has been sent. An answer at or past the revision read means
+//! the view held every write etcd had when the read began, so `lag` (the
+//! time since that read) is an upper bound, never an underestimate, even
+//! from a member that is behind.
 
-use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use etcd_client::{EventType, WatchOptions};
+use etcd_client::{EventType, GetOptions, WatchOptions};
 
 use super::conn::Conn;
 use super::layout::prefix_end;
@@ -29,13 +30,13 @@ use crate::storage::keys::master_cf;
 /// How often the watch asks etcd how far it has sent.
 pub const ASK_EVERY: Duration = Duration::from_millis(200);
 
-/// An ask unanswered this long: the member is gone or stuck; the watch
-/// resumes on the next one.
+/// Nothing at all from the watch this long while an ask waits: the member
+/// is gone or stuck; the watch resumes on the next one.
 const SILENT_LIMIT: Duration = Duration::from_secs(10);
 
-/// Unanswered asks kept (etcd does not answer while it catches the watch
-/// up; the oldest are dropped, which can only overstate the lag).
-const ASKS_KEPT: usize = 64;
+/// An ask unanswered this long is asked again (etcd may drop one while it
+/// catches the watch up).
+const ASK_AGAIN: Duration = Duration::from_secs(2);
 
 /// One change under the prefix, in a column family's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,10 +47,12 @@ pub enum Change {
 
 /// What a follower does with the changes (its read model).
 pub trait Apply {
-    /// Forgets everything: the whole prefix follows.
-    fn reset(&mut self);
+    /// A read of the whole view begins: what it does not put again is gone
+    /// at [`end_load`](Self::end_load) (the view stays whole meanwhile).
+    fn begin_load(&mut self);
     fn apply(&mut self, change: Change);
-    /// The end of a group of changes (one watch response, one load): publish.
+    fn end_load(&mut self);
+    /// The end of a group of changes (one watch response): publish.
     fn flush(&mut self);
 }
 
@@ -103,17 +106,22 @@ enum End {
 /// Held changes of a redo record being applied (`None`: none is).
 type Held = Option<Vec<Change>>;
 
-/// Follows the prefix into `apply` until `stop` (blocking: its own thread).
-pub fn follow(conn: &Conn, apply: &mut dyn Apply, progress: &Progress, stop: &AtomicBool) {
+/// Follows the prefix into `apply` until `stop` (blocking: its own
+/// thread). A load reads the column families `cfs` only; the watch
+/// delivers changes to every column family.
+pub fn follow(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, progress: &Progress, stop: &AtomicBool) {
     let mut next = None;
     let mut held: Held = None;
     let mut pause = Duration::from_millis(100);
     while !stop.load(Ordering::SeqCst) {
         let from = match next {
             Some(r) => r,
-            None => match load(conn, apply, &mut held) {
+            None => match load(conn, cfs, apply, &mut held) {
                 Ok(rev) => {
-                    progress.applied(rev);
+                    // A redo record half applied: not whole until its head goes.
+                    if held.is_none() {
+                        progress.applied(rev);
+                    }
                     rev + 1
                 }
                 Err(e) => {
@@ -144,34 +152,34 @@ pub fn follow(conn: &Conn, apply: &mut dyn Apply, progress: &Progress, stop: &At
     }
 }
 
-/// Reads the whole prefix at one revision into `apply` (after a reset).
-fn load(conn: &Conn, apply: &mut dyn Apply, held: &mut Held) -> Result<i64, StorageError> {
-    let prefix = conn.layout.prefix().to_vec();
-    let end = prefix_end(&prefix);
-    let mut from = prefix;
-    let mut rev = 0;
-    apply.reset();
-    *held = None;
-    loop {
-        let (page, more, at) = conn.range(from.clone(), end.clone(), usize::MAX, false, rev)?;
-        rev = at;
-        let Some((last, _)) = page.last() else { break };
-        from = last.clone();
-        from.push(0);
-        for (k, v) in page {
-            if k == conn.layout.redo_head() {
-                // A record committed and not yet wholly applied: the rest
-                // of it comes through the watch, held until its head goes.
-                *held = Some(Vec::new());
-            } else if let Some(change) = change(conn, &k, Some(v)) {
-                apply.apply(change);
+/// Reads the column families `cfs` at one revision into `apply`; the
+/// revision read.
+fn load(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, held: &mut Held) -> Result<i64, StorageError> {
+    // The revision every page reads at, and whether a redo record is under way.
+    let head = conn.layout.redo_head();
+    let (found, _, rev) = conn.range(head.clone(), prefix_end(&head), 1, false, 0)?;
+    *held = found.iter().any(|(k, _)| *k == head).then(Vec::new);
+    apply.begin_load();
+    for cf in cfs {
+        let prefix = conn.layout.cf_prefix(cf);
+        let end = prefix_end(&prefix);
+        let mut from = prefix;
+        loop {
+            let (page, more, _) = conn.range(from.clone(), end.clone(), usize::MAX, false, rev)?;
+            let Some((last, _)) = page.last() else { break };
+            from = last.clone();
+            from.push(0);
+            for (k, v) in page {
+                if let Some(change) = change(conn, &k, Some(v)) {
+                    apply.apply(change);
+                }
+            }
+            if !more {
+                break;
             }
         }
-        if !more {
-            break;
-        }
     }
-    apply.flush();
+    apply.end_load();
     Ok(rev)
 }
 
@@ -194,6 +202,7 @@ async fn watch(
     stop: &AtomicBool,
 ) -> End {
     let (member, mut client) = conn.members.pick();
+    let kv = client.kv_client();
     let options = WatchOptions::new().with_prefix().with_start_revision(from);
     let mut stream = match client.watch(conn.layout.prefix().to_vec(), Some(options)).await {
         Ok(s) => s,
@@ -202,30 +211,47 @@ async fn watch(
             return End::Broken(e.to_string());
         }
     };
-    let mut asks: VecDeque<Instant> = VecDeque::new();
+    // The one ask waiting: when it was made, and etcd's revision then.
+    let mut ask: Option<(Instant, i64)> = None;
+    let mut heard = Instant::now();
     let mut tick = tokio::time::interval(ASK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let head = conn.layout.redo_head();
+    let leader_key = conn.layout.leader();
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 if stop.load(Ordering::SeqCst) {
                     return End::Stopped;
                 }
+                if ask.is_some() && heard.elapsed() > SILENT_LIMIT {
+                    conn.members.failed(member);
+                    return End::Broken(format!("nothing from the watch for {SILENT_LIMIT:?}"));
+                }
+                if ask.is_some_and(|(at, _)| at.elapsed() < ASK_AGAIN) {
+                    continue;
+                }
+                // etcd's revision now (a linearizable read: a member behind
+                // cannot answer it with an older one), then the ask: an
+                // answer at or past it means the view holds every write
+                // etcd had when the read began.
+                let asked = Instant::now();
+                let mut kv = kv.clone();
+                let now = match kv.get(leader_key.clone(), Some(GetOptions::new().with_count_only())).await {
+                    Ok(r) => r.header().map_or(0, |h| h.revision()),
+                    Err(e) => {
+                        conn.members.failed(member);
+                        return End::Broken(e.to_string());
+                    }
+                };
                 if let Err(e) = stream.request_progress().await {
                     conn.members.failed(member);
                     return End::Broken(e.to_string());
                 }
-                if asks.front().is_some_and(|a| a.elapsed() > SILENT_LIMIT) {
-                    conn.members.failed(member);
-                    return End::Broken(format!("no progress report for {SILENT_LIMIT:?}"));
-                }
-                asks.push_back(Instant::now());
-                if asks.len() > ASKS_KEPT {
-                    asks.pop_front();
-                }
+                ask = Some((asked, now));
             }
             message = stream.message() => {
+                heard = Instant::now();
                 let resp = match message {
                     Ok(Some(r)) => r,
                     Ok(None) => return End::Broken("the watch stream ended".into()),
@@ -247,9 +273,12 @@ async fn watch(
                 if resp.events().is_empty() {
                     // A progress report: everything up to `revision` was sent.
                     *next = Some(next.unwrap_or(from).max(revision + 1));
+                    let answered = ask.take();
                     if held.is_none() {
                         progress.applied(revision);
-                        if let Some(asked) = asks.pop_front() {
+                        if let Some((asked, needed)) = answered
+                            && revision >= needed
+                        {
                             progress.current(asked);
                         }
                     }

@@ -123,6 +123,22 @@ async fn a_follower_serves_reads_from_its_own_view_and_sends_the_rest_to_the_lea
     let (from_leader, from_follower) =
         (first_events(&raw, &leader_api, 8).await, first_events(&raw, &follower_api, 8).await);
     assert_eq!(from_leader, from_follower);
+    // Live: once a follower's stream has caught up from the store, a new
+    // event reaches it only through the follower's watch.
+    let mut live = SseReader::open(&raw, &follower_api, "?after=0&kind=operation.created", None).await;
+    let caught_up = live.until(Duration::from_secs(20), |e| e.data["data"]["operation"] == op.as_str()).await;
+    assert!(caught_up.last().is_some_and(|e| e.data["data"]["operation"] == op.as_str()), "{caught_up:#?}");
+    let c = env.cluster("mr").await;
+    let first = all_instances(&c)[0]["id"].as_str().expect("an instance").to_string();
+    let (status, resp) = env.post_empty(&format!("/clusters/mr/instances/{first}/restart")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{resp:#}");
+    let restart = resp["operation"]["id"].as_str().expect("op id").to_string();
+    let seen = live.next(Duration::from_secs(10)).await;
+    assert!(
+        seen.as_ref().is_some_and(|e| e.data["data"]["operation"] == restart.as_str()),
+        "the follower's stream did not carry the leader's new event: {seen:#?}"
+    );
+    env.wait_op(&restart).await;
 
     // Writes and what only the leader knows: sent there, path and query kept.
     let r = raw.post(format!("{follower_api}/clusters/mr/scale?dry_run=true")).json(&json!({})).send().await.unwrap();
@@ -190,9 +206,7 @@ async fn reads_on_followers_never_fail_while_the_leader_is_killed() {
     env.kill_master();
     let (now, _) = env.follow_leader(Some(0), Duration::from_secs(20)).await;
     env.wait_ready().await;
-    // A write on the new leader reaches the follower left. (A stop:
-    // package blobs are not shared between masters yet, so the new leader
-    // could not install a new member of a package uploaded to the old one.)
+    // A write on the new leader reaches the follower left.
     let c = env.cluster("mr").await;
     let first = summary(&c)["members"][0][0].as_str().expect("an instance").to_string();
     let op = env.run_op(&format!("/clusters/mr/instances/{first}/stop"), None).await;
