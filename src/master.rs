@@ -367,7 +367,12 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         });
     }
     // Agents are admitted once every cluster actor runs (see `Boot::started`).
-    let _ = booted.await;
+    // A failure the master cannot survive (the leadership lost while it
+    // boots) ends it here too.
+    tokio::select! {
+        _ = booted => {}
+        cause = shared.tasks.fatal_failure() => return Err(MasterError::Fatal(cause)),
+    }
 
     let agent_listener = TcpListener::bind(&cfg.agent_addr)
         .await

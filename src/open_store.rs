@@ -134,7 +134,7 @@ enum Serving {
 }
 
 impl Serving {
-    fn take_over(&self) {
+    fn take_over(&mut self) {
         if let Serving::Follower(f) = self {
             f.take_over();
         }

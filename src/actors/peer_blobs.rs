@@ -25,9 +25,17 @@ fn deadline(size: u64) -> Duration {
     Duration::from_secs(60 + size / (8 << 20))
 }
 
+/// The headers naming the master a transfer is meant for and the one
+/// sending it: a master refuses a transfer meant for another, so a push
+/// that lands on the wrong master (a URL shared behind a load balancer)
+/// never counts toward the majority.
+pub const TO_HEADER: &str = "x-flotilla-peer-to";
+pub const FROM_HEADER: &str = "x-flotilla-peer-from";
+
 fn client() -> Result<reqwest::Client, Error> {
     reqwest::Client::builder()
         .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(Duration::from_secs(2))
         .build()
         .map_err(|e| Error::unavailable(format!("cannot make the client to other masters: {e}")))
@@ -47,7 +55,11 @@ pub async fn replicate(dir: &Arc<Directory>, blobs: &BlobStore, sha256: &str, si
         .map_err(Error::internal)?
         .map_err(|e| Error::unavailable(format!("cannot list the masters: {e}")))?;
     let need = peers.len() / 2 + 1;
-    let others: Vec<Peer> = peers.into_iter().filter(|p| p.name != dir.me().name).collect();
+    // One push per address, never to this master's own.
+    let mut others: Vec<Peer> =
+        peers.into_iter().filter(|p| p.name != dir.me().name && !same_url(&p.api_url, &dir.me().api_url)).collect();
+    others.sort_by(|a, b| a.api_url.cmp(&b.api_url));
+    others.dedup_by(|a, b| same_url(&a.api_url, &b.api_url));
     let total = others.len() + 1;
     if need <= 1 {
         return Ok(());
@@ -56,10 +68,10 @@ pub async fn replicate(dir: &Arc<Directory>, blobs: &BlobStore, sha256: &str, si
     let path = blobs.path_for(sha256).map_err(Error::from)?;
     let (tx, mut rx) = tokio::sync::mpsc::channel(others.len().max(1));
     for peer in others {
-        let (client, path, tx, secret) = (client.clone(), path.clone(), tx.clone(), dir.secret().to_string());
+        let (client, path, tx, dir) = (client.clone(), path.clone(), tx.clone(), dir.clone());
         let url = blob_url(&peer, sha256);
         tokio::spawn(async move {
-            let sent = push(&client, &url, &secret, &path, size).await;
+            let sent = push(&client, &url, &dir, &peer.name, &path, size).await;
             let _ = tx.send(sent.map_err(|e| format!("{}: {e}", peer.name))).await;
         });
     }
@@ -80,10 +92,15 @@ pub async fn replicate(dir: &Arc<Directory>, blobs: &BlobStore, sha256: &str, si
     )))
 }
 
+fn same_url(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
+}
+
 async fn push(
     client: &reqwest::Client,
     url: &str,
-    secret: &str,
+    dir: &Directory,
+    to: &str,
     path: &std::path::Path,
     size: u64,
 ) -> Result<(), String> {
@@ -91,7 +108,9 @@ async fn push(
     let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
     let r = client
         .put(url)
-        .header("authorization", format!("Peer {secret}"))
+        .header("authorization", format!("Peer {}", dir.secret()))
+        .header(TO_HEADER, to)
+        .header(FROM_HEADER, &dir.me().name)
         .header("content-length", size)
         .timeout(deadline(size))
         .body(body)
@@ -114,6 +133,8 @@ pub async fn fetch(
     let mut r = client
         .get(blob_url(peer, sha256))
         .header("authorization", format!("Peer {}", dir.secret()))
+        .header(TO_HEADER, &peer.name)
+        .header(FROM_HEADER, &dir.me().name)
         .timeout(deadline(size))
         .send()
         .await
@@ -146,9 +167,19 @@ pub async fn fetch(
     kept
 }
 
+/// A tarball no package names (its package deleted on the leader, or an
+/// upload refused) is removed once it has been left this long (an upload
+/// in flight has its tarball on a follower before its record).
+const UNNAMED_GRACE: Duration = Duration::from_secs(600);
+
+/// The longest pause before fetching again a tarball no master gave.
+const MAX_RETRY: Duration = Duration::from_secs(300);
+
 /// Runs forever: every [`LOOK_EVERY`], each package whose tarball is not on
 /// this master's disk is fetched from another master (the leader first,
-/// when `leader` names one).
+/// when `leader` names one), again after a growing pause for one that no
+/// master gave; tarballs no package names are removed after
+/// [`UNNAMED_GRACE`].
 pub async fn keep_complete(
     dir: Arc<Directory>,
     blobs: Arc<BlobStore>,
@@ -156,19 +187,22 @@ pub async fn keep_complete(
     leader: impl Fn() -> Option<String>,
 ) {
     let Ok(client) = client() else { return };
-    let mut complained = std::collections::HashSet::new();
+    // Digests no master gave: when to try again, and the pause after that.
+    let mut retry: std::collections::HashMap<String, (tokio::time::Instant, Duration)> = Default::default();
     loop {
         tokio::time::sleep(LOOK_EVERY).await;
+        let packages = read_model.packages();
         let mut missing = Vec::new();
-        for p in read_model.packages().values() {
-            if !blobs.contains(&p.record.sha256).await.unwrap_or(true) {
-                missing.push((
-                    p.record.sha256.clone(),
-                    p.record.size,
-                    format!("{}/{}", p.record.name, p.record.package_version),
-                ));
+        for p in packages.values() {
+            let sha = &p.record.sha256;
+            if retry.get(sha).is_some_and(|(at, _)| tokio::time::Instant::now() < *at) {
+                continue;
+            }
+            if !blobs.contains(sha).await.unwrap_or(true) {
+                missing.push((sha.clone(), p.record.size, format!("{}/{}", p.record.name, p.record.package_version)));
             }
         }
+        remove_unnamed(&blobs, &packages).await;
         if missing.is_empty() {
             continue;
         }
@@ -176,7 +210,7 @@ pub async fn keep_complete(
         let Ok(Ok(mut peers)) = tokio::task::spawn_blocking(move || d.all()).await else { continue };
         peers.retain(|p| p.name != dir.me().name);
         if let Some(url) = leader() {
-            peers.sort_by_key(|p| p.api_url.trim_end_matches('/') != url.trim_end_matches('/'));
+            peers.sort_by_key(|p| !same_url(&p.api_url, &url));
         }
         for (sha, size, name) in missing {
             let mut why = Vec::new();
@@ -184,15 +218,36 @@ pub async fn keep_complete(
                 match fetch(&client, &dir, &blobs, peer, &sha, size).await {
                     Ok(()) => {
                         tracing::info!(package = %name, from = %peer.name, "fetched a package's tarball this master lacked");
-                        complained.remove(&sha);
                         why.clear();
                         break;
                     }
                     Err(e) => why.push(format!("{}: {e}", peer.name)),
                 }
             }
-            if !why.is_empty() && complained.insert(sha.clone()) {
-                tracing::warn!(package = %name, tried = %why.join("; "), "no other master gave this package's tarball; trying again");
+            if why.is_empty() {
+                retry.remove(&sha);
+                continue;
+            }
+            let pause = retry.get(&sha).map_or(LOOK_EVERY, |(_, p)| (*p * 2).min(MAX_RETRY));
+            if pause >= MAX_RETRY / 2 || !retry.contains_key(&sha) {
+                tracing::warn!(package = %name, tried = %why.join("; "), retry_in = ?pause, "no other master gave this package's tarball");
+            }
+            retry.insert(sha, (tokio::time::Instant::now() + pause, pause));
+        }
+    }
+}
+
+/// Removes the tarballs no package names that were left [`UNNAMED_GRACE`] ago.
+async fn remove_unnamed(blobs: &BlobStore, packages: &imbl::OrdMap<(String, String), super::read_model::PackageView>) {
+    let b = blobs.clone();
+    let Ok(Ok(held)) = tokio::task::spawn_blocking(move || b.digests()).await else { return };
+    let named: std::collections::HashSet<&str> = packages.values().map(|p| p.record.sha256.as_str()).collect();
+    for (sha, written) in held {
+        let old = written.elapsed().is_ok_and(|age| age > UNNAMED_GRACE);
+        if old && !named.contains(sha.as_str()) {
+            match blobs.remove(&sha).await {
+                Ok(()) => tracing::info!(sha256 = %sha, "removed a package tarball no package names"),
+                Err(e) => tracing::warn!(sha256 = %sha, error = %e, "cannot remove a tarball no package names"),
             }
         }
     }

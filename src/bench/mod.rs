@@ -9,10 +9,12 @@
 //! - [`ceilings`]: the machine's fdatasync and spawn rates, measured in the same run
 //! - [`client`], [`stats`], [`report`]: timed API calls, percentiles, the report
 //! - [`master_proc`]: the master under test, a child process
+//! - [`failover`]: three masters on three etcd members, the leader killed and paused (`bench failover`)
 //! - [`package`]: the package deployed
 
 pub mod ceilings;
 pub mod client;
+pub mod failover;
 pub mod linearity;
 pub mod master_proc;
 pub mod package;
@@ -116,6 +118,11 @@ pub enum BenchMode {
     /// driver): requests fulfilled per second, request -> node ready, the
     /// master's CPU per launch.
     Pools(pools::PoolsArgs),
+    /// Three masters on three etcd members (`dev --ha`'s ports): the
+    /// leader killed again and again, then paused; leader loss -> a write
+    /// accepted by the next leader, p50/p99, and reads on every master
+    /// meanwhile.
+    Failover(failover::FailoverArgs),
 }
 
 /// Concurrent committers of the store probe: as many instance commands as
@@ -144,6 +151,24 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
         }
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         return Ok(Report { mode: "pools".into(), cores, pools: Some(figures?), ..Report::default() });
+    }
+    if let Some(BenchMode::Failover(f)) = &args.mode {
+        let dir = args
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("flotilla-bench-failover-{}", std::process::id())));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let figures = failover::run(f, &dir).await;
+        if args.data_dir.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let report = Report { mode: "failover".into(), cores, failover: Some(figures?), ..Report::default() };
+        if let Some(path) = &args.json {
+            let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+            std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        return Ok(report);
     }
     check_workload(&args)?;
     // The simulated agents' sockets.
@@ -201,7 +226,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
             report.mode = "linearity".into();
             linearity::run(&args, &mut setup, &mut report).await
         }
-        Some(BenchMode::Pools(_)) => Err("bench pools runs apart (see `run`)".into()),
+        Some(BenchMode::Pools(_)) | Some(BenchMode::Failover(_)) => Err("this mode runs apart (see `run`)".into()),
     };
     progress.finish_and_clear();
     let reads = api.reads.summary();

@@ -87,6 +87,9 @@ pub struct Report {
     /// `flotilla bench pools` figures.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pools: Option<Value>,
+    /// `flotilla bench failover` figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<Value>,
     /// Each target of issue 7 this run can judge: the figure, the target, met or not.
     pub targets: BTreeMap<String, Value>,
 }
@@ -138,6 +141,16 @@ impl Report {
     pub fn table(&self) -> String {
         let mut s = String::new();
         let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<34} {v}\n"));
+        if let Some(f) = &self.failover {
+            let p =
+                |v: &Value| format!("p50 {} ms, p99 {} ms, max {} ms ({} x)", v["p50"], v["p99"], v["max"], v["count"]);
+            row("leader SIGKILL -> write accepted", p(&f["kills"]));
+            row("leader SIGSTOP -> write accepted", format!("{} (lease TTL {} s)", p(&f["pauses"]), f["lease_ttl_s"]));
+            row("reads on the leader", p(&f["leader_read_ms"]));
+            row("reads on a follower", p(&f["follower_read_ms"]));
+            row("reads during the failovers", format!("{}, {} failed", f["reads_during"], f["reads_failed"]));
+            return s;
+        }
         if let Some(p) = &self.pools {
             row(
                 "node requests (one node each)",

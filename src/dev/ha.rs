@@ -121,7 +121,7 @@ impl Ha {
     }
 
     /// Waits until every member has a leader (and none of ours exited).
-    async fn wait_etcd(&self, children: &mut [(String, Child)]) -> Result<(), DevError> {
+    pub async fn wait_etcd(&self, children: &mut [(String, Child)]) -> Result<(), DevError> {
         let http = reqwest::Client::builder().no_proxy().build().map_err(setup("http client"))?;
         for (client, _) in ETCD_PORTS {
             let url = format!("http://127.0.0.1:{client}/health");

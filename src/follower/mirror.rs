@@ -77,9 +77,12 @@ impl Mirror {
                 let r: ClusterRecord = decode_value(cf, key, value)?;
                 let id = r.id;
                 let name = r.name.clone();
-                match rm.cluster_cell(&name) {
+                match rm.cluster_cell(&name).filter(|cell| cell.load().record.id == id) {
                     Some(cell) => cell.set_record(r),
                     None => {
+                        // New, or a new cluster of an old one's name (the
+                        // old one's delete not seen: a load after a compaction).
+                        self.names.retain(|other, n| *other == id || *n != name);
                         let cell = ClusterCell::new(r);
                         if let Some(waiting) = self.orphans.remove(&id) {
                             cell.put_instances(waiting.into_iter().map(entry));
@@ -345,7 +348,9 @@ mod tests {
         let rm = ReadModel::new(store.clone());
         let tokens = ApiTokens::load(store).unwrap();
         let mut m = Mirror::new(rm.clone(), tokens.clone(), Box::new(|_| {}));
-        let (kept, gone) = (td::cluster("kept"), td::cluster("gone"));
+        let (kept, gone, old_re) = (td::cluster("kept"), td::cluster("gone"), td::cluster("re"));
+        let mut new_re = td::cluster("re");
+        new_re.id = ClusterId::random();
         let token = |id: &str| TokenRecord {
             version: crate::storage::records::RECORD_VERSION,
             id: id.into(),
@@ -360,6 +365,7 @@ mod tests {
             WriteOp::put_instance(&td::instance(&kept, 2)).unwrap(),
             WriteOp::put_cluster(&gone).unwrap(),
             WriteOp::put_instance(&td::instance(&gone, 1)).unwrap(),
+            WriteOp::put_cluster(&old_re).unwrap(),
             WriteOp::put_token(&token("t1")).unwrap(),
             WriteOp::put_token(&token("t2")).unwrap(),
         ];
@@ -368,21 +374,24 @@ mod tests {
             m.apply(ch);
         }
         m.end_load();
-        assert_eq!(rm.clusters().len(), 2);
+        assert_eq!(rm.clusters().len(), 3);
         // A second load (after a compaction) finds less: while it runs,
         // readers still see the whole first view.
         m.begin_load();
         for ch in changes(vec![
             WriteOp::put_cluster(&kept).unwrap(),
             WriteOp::put_instance(&td::instance(&kept, 2)).unwrap(),
+            // Deleted and made again under its name between the two loads.
+            WriteOp::put_cluster(&new_re).unwrap(),
             WriteOp::put_token(&token("t2")).unwrap(),
         ]) {
             m.apply(ch);
         }
-        assert_eq!(rm.clusters().len(), 2, "the view emptied during a load");
+        assert_eq!(rm.clusters().len(), 3, "the view emptied during a load");
         assert!(tokens.contains("t1"), "a token refused during a load");
         m.end_load();
         assert!(rm.cluster("gone").is_none());
+        assert_eq!(rm.cluster("re").map(|c| c.record.id), Some(new_re.id), "the cluster made again is shown");
         let kept_now = rm.cluster("kept").unwrap();
         assert_eq!(kept_now.instances.len(), 1);
         assert!(kept_now.instances.contains_key(&td::instance(&kept, 2).id));

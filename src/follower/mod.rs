@@ -222,8 +222,13 @@ impl Prepared {
 impl Follower {
     /// This master won: reads go on from the view while it boots, the
     /// rest is answered `503 taking_over`.
-    pub fn take_over(&self) {
+    pub fn take_over(&mut self) {
         self.phase.taking_over();
+        // The master's own fetcher takes over (and its blob store's open
+        // clears unfinished transfers).
+        if let Some(f) = self.fetcher.take() {
+            f.abort();
+        }
     }
 
     /// Stops taking connections at once (the master's server takes the

@@ -14,6 +14,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::AppState;
 use super::error::ApiError;
+use crate::actors::peer_blobs::{FROM_HEADER, TO_HEADER};
 use crate::error::Error;
 use crate::storage::etcd::peers::Directory;
 
@@ -26,10 +27,20 @@ fn peer<'a>(state: &'a AppState, req: &HttpRequest) -> Result<&'a Directory, Err
         return Err(Error::not_found("route", "no such endpoint; see /api/v1"));
     };
     let shown = req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Peer "));
-    match shown {
-        Some(s) if bool::from(s.as_bytes().ct_eq(dir.secret().as_bytes())) => Ok(dir),
-        _ => Err(Error::Unauthorized { message: "only another master of this installation may call this".into() }),
+    if !shown.is_some_and(|s| bool::from(s.as_bytes().ct_eq(dir.secret().as_bytes()))) {
+        return Err(Error::Unauthorized { message: "only another master of this installation may call this".into() });
     }
+    // Meant for this master, from another one: a transfer that reached the
+    // wrong master (an address shared by several) must not count.
+    let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let (to, from) = (header(TO_HEADER), header(FROM_HEADER));
+    if to != Some(dir.me().name.as_str()) || from.is_none_or(|f| f == dir.me().name) {
+        return Err(Error::conflict(
+            "wrong_master",
+            format!("this is master {:?}; the transfer is meant for {to:?} from {from:?}", dir.me().name),
+        ));
+    }
+    Ok(dir)
 }
 
 pub async fn get(

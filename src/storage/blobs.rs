@@ -99,6 +99,24 @@ impl BlobStore {
         }
     }
 
+    /// Every blob held (its digest) with when it was last written (blocking).
+    pub fn digests(&self) -> Result<Vec<(String, std::time::SystemTime)>, StorageError> {
+        let entries = std::fs::read_dir(&self.dir).map_err(|e| StorageError::io(&self.dir, e))?;
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+            if validate_sha256(&name).is_err() {
+                continue;
+            }
+            if let Ok(meta) = entry.metadata()
+                && meta.is_file()
+            {
+                out.push((name, meta.modified().unwrap_or(std::time::UNIX_EPOCH)));
+            }
+        }
+        Ok(out)
+    }
+
     /// Removes every `.tmp-*` file (blocking); returns how many were removed.
     /// Only safe while no upload is running, i.e. at open.
     pub fn cleanup_temps(&self) -> Result<usize, StorageError> {

@@ -8,6 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// Held by each test that runs `flotilla dev --ha`'s fixed ports (etcd
+/// 12379.., masters 7070..): `dev --ha` itself and `bench failover`.
+pub static HA_PORTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `flotilla dev` in a temp dir, stopped (Ctrl-C) when dropped.
 pub struct Dev {
     child: Child,

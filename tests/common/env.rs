@@ -518,7 +518,7 @@ impl TestEnv {
         cmd.stdin(Stdio::null());
     }
 
-    fn spawn_master(&self) -> Child {
+    pub(super) fn spawn_master(&self) -> Child {
         let (out, err) = self.log("master.log");
         let mut cmd = self.command();
         cmd.arg("master")

@@ -129,6 +129,13 @@ impl TestEnv {
         self.master_config = Some(path);
     }
 
+    /// Starts master `i` again (after it exited): it waits as a follower.
+    pub fn respawn_ha(&mut self, i: usize) {
+        assert!(self.ha_child(i).is_none(), "master {i} still runs");
+        let child = if i == 0 { self.spawn_master() } else { self.spawn_other(i) };
+        *self.ha_child(i) = Some(child);
+    }
+
     /// Master `i`'s data dir.
     pub fn ha_dir(&self, i: usize) -> std::path::PathBuf {
         if i == 0 { self.master_dir() } else { self.root_path.join(format!("master-{i}")) }

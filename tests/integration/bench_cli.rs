@@ -486,3 +486,36 @@ fn bench_pools_serves_every_request_and_prints_its_figures() {
         assert!(text.contains(row), "{row}: {text}");
     }
 }
+
+/// `bench failover` on three real etcd members and three real masters:
+/// every kill and pause is followed by a write on the next leader, a
+/// killed leader is replaced well within its lease, a paused one only
+/// when its lease expires (nothing may revoke a live leader's lease), and
+/// no read on a surviving master fails meanwhile.
+#[tokio::test]
+async fn bench_failover_times_leader_loss_and_no_read_fails() {
+    let _ports = crate::common::dev::HA_PORTS.lock().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json = dir.path().join("f.json");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["bench", "--data-dir"])
+        .arg(dir.path().join("run"))
+        .arg("--json")
+        .arg(&json)
+        .args(["failover", "--kills", "3", "--pauses", "1", "--reads", "100"])
+        .output()
+        .await
+        .expect("run flotilla bench failover");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for row in ["leader SIGKILL -> write accepted", "leader SIGSTOP -> write accepted", "reads on a follower"] {
+        assert!(text.contains(row), "{row}: {text}");
+    }
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).expect("the JSON report")).unwrap();
+    let f = &report["failover"];
+    assert_eq!((f["kills"]["count"].as_u64(), f["pauses"]["count"].as_u64()), (Some(3), Some(1)), "{f:#}");
+    assert_eq!(f["reads_failed"], 0, "{f:#}");
+    let ttl_ms = f["lease_ttl_s"].as_f64().unwrap() * 1000.0;
+    assert!(f["kills"]["max"].as_f64().unwrap() < ttl_ms, "a killed leader waited out its lease: {f:#}");
+    assert!(f["pauses"]["p50"].as_f64().unwrap() >= ttl_ms * 0.5, "a paused leader lost its lease early: {f:#}");
+}

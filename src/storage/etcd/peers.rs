@@ -16,7 +16,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use super::bridge::etcd_error;
 use super::conn::Conn;
 use super::layout::prefix_end;
-use super::members::{read_retryable, unreached};
+use super::members::read_retryable;
 use crate::storage::StorageError;
 
 /// One master as the others reach it.
@@ -28,28 +28,59 @@ pub struct Peer {
 }
 
 /// This master's entry and the installation's other masters.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Directory {
     conn: Conn,
     me: Peer,
     secret: String,
 }
 
+impl std::fmt::Debug for Directory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Directory").field("me", &self.me).finish_non_exhaustive()
+    }
+}
+
 impl Directory {
-    /// Writes this master's entry and reads (or makes) the peer secret (blocking).
+    /// Writes this master's entry and reads (or makes) the peer secret
+    /// (blocking). Refuses a name another master's entry holds with another
+    /// address: two masters of one name would count as one.
     pub fn join(conn: Conn, me: Peer) -> Result<Directory, StorageError> {
         let mut key = conn.layout.masters();
         key.extend_from_slice(me.name.as_bytes());
         let value = serde_json::to_vec(&me).map_err(|e| StorageError::Codec(e.to_string()))?;
         let members = conn.members.clone();
-        conn.bridge.call("naming this master", conn.timeout, async move {
-            let put = |c: etcd_client::Client| {
-                let (key, value) = (key.clone(), value.clone());
-                async move { c.kv_client().put(key, value, None).await }
+        let k = key.clone();
+        let found = conn.bridge.call("naming this master", conn.timeout, async move {
+            let txn = |c: etcd_client::Client| {
+                let (key, value) = (k.clone(), value.clone());
+                async move {
+                    let txn = Txn::new()
+                        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                        .and_then([TxnOp::put(key.clone(), value, None)])
+                        .or_else([TxnOp::get(key, None)]);
+                    c.kv_client().txn(txn).await
+                }
             };
-            members.run(put, unreached).await.map_err(|e| etcd_error("naming this master", e))?;
-            Ok(())
+            // Harmless to repeat: a put only where nothing is.
+            let r = members.run(txn, read_retryable).await.map_err(|e| etcd_error("naming this master", e))?;
+            Ok(r.op_responses().into_iter().find_map(|op| match op {
+                etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                _ => None,
+            }))
         })?;
+        if let Some(raw) = found {
+            let other: Option<Peer> = serde_json::from_slice(&raw).ok();
+            if other.as_ref().is_none_or(|o| o.api_url.trim_end_matches('/') != me.api_url.trim_end_matches('/')) {
+                let at = other.map_or_else(|| "an address that does not parse".to_string(), |o| o.api_url);
+                return Err(StorageError::Etcd(format!(
+                    "another master of this installation is named {:?} (at {at}); give each master its own --name \
+                     (if that master is gone for good: etcdctl del {})",
+                    me.name,
+                    String::from_utf8_lossy(&key)
+                )));
+            }
+        }
         let secret = secret(&conn)?;
         Ok(Directory { conn, me, secret })
     }

@@ -41,6 +41,41 @@ async fn a_package_is_on_a_majority_of_masters_when_accepted_and_survives_the_le
     assert!(copies >= 2, "the upload was accepted with {copies} of 3 masters holding it");
     assert!(eventually(20, || (0..3).all(|i| held(&env, i, &sha).as_deref() == Some(sha.as_str()))).await);
 
+    // Only another master may call the blob route, for the master it names.
+    let secret = etcd.ctl(&["get", "/ha-blobs/_peer_secret", "--print-value-only"]).trim().to_string();
+    assert_eq!(secret.len(), 64, "the peer secret in etcd: {secret:?}");
+    let url = format!("{}/internal/v1/blobs/{sha}", env.ha_api(1).trim_end_matches("/api/v1"));
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    let call = |auth: &str, to: &str, from: &str| {
+        plain
+            .get(&url)
+            .header("authorization", auth)
+            .header("x-flotilla-peer-to", to)
+            .header("x-flotilla-peer-from", from)
+    };
+    let status = |r: reqwest::Result<reqwest::Response>| r.expect("the blob route").status();
+    assert_eq!(status(plain.get(&url).send().await), StatusCode::UNAUTHORIZED);
+    assert_eq!(status(call("Peer nope", "m1", "m2").send().await), StatusCode::UNAUTHORIZED);
+    assert_eq!(status(call(&format!("Bearer {}", env.token), "m1", "m2").send().await), StatusCode::UNAUTHORIZED);
+    let peer = format!("Peer {secret}");
+    assert_eq!(status(call(&peer, "m2", "m0").send().await), StatusCode::CONFLICT, "a transfer meant for another");
+    let got = call(&peer, "m1", "m2").send().await.expect("the blob").bytes().await.expect("its bytes");
+    assert_eq!(hex::encode(Sha256::digest(&got)), sha, "master 1 served another tarball");
+    // A tarball whose bytes are not its name is refused, and not kept.
+    let fake = "0".repeat(64);
+    let fake_url = url.replace(&sha, &fake);
+    let r = plain
+        .put(&fake_url)
+        .header("authorization", &peer)
+        .header("x-flotilla-peer-to", "m1")
+        .header("x-flotilla-peer-from", "m2")
+        .body(b"not what the name says".to_vec())
+        .send()
+        .await
+        .expect("a put");
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(held(&env, 1, &fake).is_none(), "a tarball of the wrong digest was kept");
+
     // A master whose disk lost it fetches it again.
     std::fs::remove_file(env.ha_dir(2).join("packages").join(&sha)).expect("remove master 2's copy");
     let back = eventually(20, || held(&env, 2, &sha).as_deref() == Some(sha.as_str())).await;

@@ -35,6 +35,7 @@ async fn leader(dev: &Dev, urls: &[String], within: Duration, not: Option<u64>) 
 
 #[tokio::test]
 async fn dev_ha_runs_three_masters_on_etcd_survives_the_leaders_death_and_leaves_nothing() {
+    let _ports = crate::common::dev::HA_PORTS.lock().await;
     let mut dev = Dev::start_ha(2);
     let endpoints: Value = serde_json::from_slice(&std::fs::read(dev.endpoints()).unwrap()).unwrap();
     let urls: Vec<String> =

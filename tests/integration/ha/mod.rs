@@ -7,4 +7,5 @@ mod fencing;
 mod followers;
 mod masters;
 mod migrate;
+mod rolling;
 mod store;
