@@ -34,6 +34,10 @@ pub struct FailoverArgs {
     /// Reads timed on the leader, then on a follower, before the kills.
     #[arg(long, default_value_t = 2000)]
     pub reads: usize,
+    /// The leader lease's TTL in seconds (`[etcd] lease_ttl_secs`): how
+    /// long a vanished machine keeps its leadership.
+    #[arg(long, default_value_t = crate::storage::etcd::EtcdSettings::default().lease_ttl_secs)]
+    pub lease_ttl: i64,
 }
 
 /// The masters and etcd members, stopped however the run ends.
@@ -67,6 +71,10 @@ pub async fn run(a: &FailoverArgs, dir: &Path) -> Result<Value, String> {
         return Err("--kills and --pauses: at least one of them".into());
     }
     let ha = Ha::prepare(dir).map_err(|e| e.to_string())?;
+    // Its config ends with the `[etcd]` table.
+    let mut config = std::fs::read_to_string(&ha.config).map_err(|e| format!("{}: {e}", ha.config.display()))?;
+    config.push_str(&format!("lease_ttl_secs = {}\n", a.lease_ttl));
+    std::fs::write(&ha.config, config).map_err(|e| format!("{}: {e}", ha.config.display()))?;
     let exe = std::env::current_exe().map_err(|e| format!("finding the flotilla binary: {e}"))?;
     let mut fleet = Fleet { ha, etcd: Vec::new(), masters: Vec::new(), exe };
     let result = async {
@@ -262,7 +270,7 @@ async fn drive(a: &FailoverArgs, fleet: &mut Fleet, token: &str) -> Result<Value
     Ok(json!({
         "kills": kills.summary(),
         "pauses": pauses.summary(),
-        "lease_ttl_s": crate::storage::etcd::EtcdSettings::default().lease_ttl_secs,
+        "lease_ttl_s": a.lease_ttl,
         "leader_read_ms": leader_reads,
         "follower_read_ms": follower_reads,
         "reads_during": reads.load(Ordering::SeqCst),

@@ -102,7 +102,10 @@ pub async fn route(
         let answer = crate::http::standby::to_leader(req.request(), leader.as_ref());
         req.into_response(answer).map_into_right_body()
     };
-    if phase == DRAINING {
+    // On its way out: no connection is kept for another request (the
+    // server closing an idle one under a client's next request would fail
+    // that request).
+    if phase != FOLLOWING {
         res.response_mut().head_mut().set_connection_type(ConnectionType::Close);
     }
     Ok(res)

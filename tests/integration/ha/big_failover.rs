@@ -1,0 +1,110 @@
+//! The leader killed (`kill -9`) in the middle of a scale-out to 150 real
+//! instances on three real agents: a follower leads, the operation ends
+//! `Succeeded` on it, each instance runs once (one process tree, started
+//! once), and reads on the followers never fail meanwhile.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::common::etcd::EtcdCluster;
+use crate::common::package::PackageBuilder;
+use crate::common::procfs::pids_by_instance;
+use crate::common::scripts::started_at;
+use crate::common::{TestEnv, all_instances, id_of, pid_alive, pid_of};
+
+const SPEC: &str = r#"
+[component]
+name = "wide"
+version = "1.0.0"
+
+[[roles]]
+name = "svc"
+count = { min = 1, max = 200 }
+start = ["bin/start.sh"]
+stop_grace = "2s"
+"#;
+
+#[tokio::test]
+async fn a_scale_out_to_150_real_instances_ends_on_the_next_leader_after_a_kill_9() {
+    let etcd = EtcdCluster::start(3);
+    let mut env = TestEnv::start_ha("ha-wide", &etcd, 3).await;
+    let (leader, _) = env.follow_leader(None, Duration::from_secs(10)).await;
+    assert_eq!(leader, 0);
+    env.serving_follower(1).await;
+    env.serving_follower(2).await;
+    let start = "set -eu\ndate +%s%N >> data/started_at\nexec sleep 100000\n";
+    env.upload(&PackageBuilder::new("wide", "1.0.0").spec(SPEC).script("bin/start.sh", start)).await;
+    let body = json!({"name": "wide", "package": {"name": "wide", "version": "1.0.0"}, "roles": {"svc": {"count": 10}}});
+    env.create_active(body).await;
+    // Every master has the tarball before the leader goes.
+    let sha = env.get("/packages/wide/1.0.0").await.1["package"]["sha256"].as_str().expect("sha256").to_string();
+    for i in 0..3 {
+        let path = env.ha_dir(i).join("packages").join(&sha);
+        assert!(crate::common::procfs::eventually(20, || path.exists()).await, "master {i} lacks the tarball");
+    }
+
+    // Readers on both followers all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (reads, failures) = (Arc::new(AtomicU64::new(0)), Arc::new(std::sync::Mutex::new(Vec::new())));
+    let mut readers = Vec::new();
+    for i in 1..=2 {
+        let url = format!("{}/clusters/wide?instances=false", env.ha_api(i));
+        let client = crate::common::env::client_with_token(&env.token);
+        let (stop, reads, failures) = (stop.clone(), reads.clone(), failures.clone());
+        readers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                match client.get(&url).timeout(Duration::from_secs(10)).send().await {
+                    Ok(r) if r.status() == StatusCode::OK => {}
+                    Ok(r) => failures.lock().unwrap().push(format!("{url}: {}", r.status())),
+                    Err(e) => failures.lock().unwrap().push(format!("{url}: {e}")),
+                }
+                reads.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+
+    let (status, resp) = env.post("/clusters/wide/scale", json!({"role": "svc", "add": 140})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{resp:#}");
+    let op = resp["operation"]["id"].as_str().expect("op id").to_string();
+    // Killed once the scale-out is well under way: some new members run.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let c = env.cluster("wide").await;
+        let running = all_instances(&c).iter().filter(|i| i["status"] == "Running").count();
+        if running >= 30 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the scale-out did not get going: {running} running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.kill_master();
+    env.follow_leader(Some(0), Duration::from_secs(20)).await;
+    env.wait_ready().await;
+    let done = env.wait_op(&op).await;
+    env.assert_succeeded(&done);
+
+    let c = env.cluster("wide").await;
+    assert_eq!(c["status"], "Active", "{}", c["status"]);
+    let members = all_instances(&c);
+    assert_eq!(members.len(), 150);
+    let running = pids_by_instance();
+    for m in &members {
+        assert_eq!(m["status"], "Running", "{m:#}");
+        let pid = pid_of(m);
+        assert!(pid_alive(pid), "{} reports pid {pid}, not alive", id_of(m));
+        let pids = running.get(&id_of(m)).cloned().unwrap_or_default();
+        assert_eq!(pids, vec![pid], "{} runs another process tree than the one shown", id_of(m));
+        assert_eq!(started_at(m).len(), 1, "{} was started more than once", id_of(m));
+    }
+    stop.store(true, Ordering::SeqCst);
+    for r in readers {
+        r.await.unwrap();
+    }
+    let failures = failures.lock().unwrap();
+    assert!(failures.is_empty(), "{} of {} reads failed: {failures:#?}", failures.len(), reads.load(Ordering::SeqCst));
+}
