@@ -8,6 +8,7 @@ import { actorsView } from './actors.js';
 import { clusterView, clustersView } from './clusters.js';
 import { eventsView, remember } from './events.js';
 import { Live } from './live.js';
+import { watchMaster } from './masters.js';
 import { nodesView, poolsView } from './nodes.js';
 import { operationView, operationsView } from './operations.js';
 import { fill, h } from './ui.js';
@@ -91,6 +92,7 @@ async function start() {
   }
   if (!started) {
     started = true;
+    watchMaster();
     live.subscribe(remember);
     live.run();
     window.addEventListener('hashchange', route);

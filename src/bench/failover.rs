@@ -85,7 +85,8 @@ pub async fn run(a: &FailoverArgs, dir: &Path) -> Result<Value, String> {
         // The first one makes the installation's CA and token (`--init`)
         // and leads; the others start once it listens.
         let endpoints = dir.join("endpoints.json");
-        let first = fleet.ha.spawn_master(&fleet.exe, &fleet.ha.root, 0, Some(&endpoints)).map_err(|e| e.to_string())?;
+        let first =
+            fleet.ha.spawn_master(&fleet.exe, &fleet.ha.root, 0, Some(&endpoints)).map_err(|e| e.to_string())?;
         fleet.masters.push(Some(first));
         let token_file = fleet.ha.root.join("master").join("token");
         let deadline = Instant::now() + Duration::from_secs(60);

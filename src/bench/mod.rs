@@ -101,6 +101,10 @@ pub struct BenchArgs {
     /// Master settings for the run, `KEY=VALUE` (e.g. `actor_threads=2`).
     #[arg(long = "master-set", value_name = "KEY=VALUE")]
     pub master_set: Vec<String>,
+    /// A config file the master starts with (e.g. `store = "etcd"` and its
+    /// `[etcd]` table, to measure the master on etcd); `--master-set` wins.
+    #[arg(long, value_name = "FILE")]
+    pub master_config: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -284,7 +288,7 @@ pub async fn start_master(
         (Some(api), Some(agents)) => Ok(MasterProc::attach(api, agents, args.token.clone())),
         _ => {
             progress.set_message("starting the master");
-            MasterProc::spawn(dir, &env).await
+            MasterProc::spawn_with_config(dir, &env, args.master_config.as_deref()).await
         }
     }
 }

@@ -22,6 +22,7 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
     ("api.js", "text/javascript; charset=utf-8", include_bytes!("../../assets/dashboard/api.js")),
     ("live.js", "text/javascript; charset=utf-8", include_bytes!("../../assets/dashboard/live.js")),
     ("ui.js", "text/javascript; charset=utf-8", include_bytes!("../../assets/dashboard/ui.js")),
+    ("masters.js", "text/javascript; charset=utf-8", include_bytes!("../../assets/dashboard/masters.js")),
     ("actions.js", "text/javascript; charset=utf-8", include_bytes!("../../assets/dashboard/actions.js")),
     ("actors.js", "text/javascript; charset=utf-8", include_bytes!("../../assets/dashboard/actors.js")),
     ("clusters.js", "text/javascript; charset=utf-8", include_bytes!("../../assets/dashboard/clusters.js")),

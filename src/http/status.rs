@@ -44,7 +44,19 @@ pub async fn health(state: web::Data<AppState>) -> HttpResponse {
         store_engine: if role.leadership.is_some() || following.is_some() { "etcd" } else { "rocksdb" }.into(),
         applied_revision: following.map(|f| f.progress.applied_revision()),
         lag_ms: following.map(|f| f.progress.lag().as_millis() as u64),
+        masters: masters(&state),
     })
+}
+
+/// The installation's masters as last read; read again in the background
+/// when that is over 5 s old (health never waits on etcd).
+fn masters(state: &AppState) -> Vec<super::dto::MasterDto> {
+    let Some(dir) = state.shared.peers.clone() else { return Vec::new() };
+    let (peers, stale) = dir.known(std::time::Duration::from_secs(5));
+    if stale {
+        tokio::task::spawn_blocking(move || dir.all());
+    }
+    peers.into_iter().map(|p| super::dto::MasterDto { name: p.name, api_url: p.api_url }).collect()
 }
 
 pub async fn not_found() -> Result<HttpResponse, ApiError> {

@@ -175,3 +175,38 @@ fn an_operation_that_waited_for_a_node_shows_its_request_and_the_pool_on_the_das
     let seen: serde_json::Value = serde_json::from_str(stdout.trim()).expect("the script's JSON line");
     assert_eq!(seen["ok"], true, "{seen}");
 }
+
+/// `flotilla dev --ha` in the browser: the header names the leader and
+/// its term; the leader killed, the page says so and links to another
+/// master; the link opens the dashboard on the new leader (a later term),
+/// signed in (`tests/browser/ha.mjs`).
+#[test]
+fn a_failover_shows_on_the_dashboard_and_its_link_opens_the_new_leader() {
+    require_browser_tools();
+    let _ports = crate::common::dev::HA_PORTS.blocking_lock();
+    let dev = Dev::start_ha(1);
+    let url = login_url(&dev);
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-ha");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).expect("screenshot dir");
+    let run = Command::new("node")
+        .arg(browser_dir().join("ha.mjs"))
+        .arg(&url)
+        .arg(&out)
+        .current_dir(browser_dir())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "the failover page run failed ({}); screenshots in {}\nstdout: {stdout}\nstderr: {}\nflotilla dev:\n{}",
+        run.status,
+        out.display(),
+        String::from_utf8_lossy(&run.stderr),
+        dev.log()
+    );
+    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).expect("the script's JSON line");
+    assert_eq!(seen["ok"], true, "{seen}");
+    eprintln!("the failover on the dashboard: {seen}");
+}

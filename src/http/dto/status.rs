@@ -37,6 +37,17 @@ pub struct HealthDto {
     /// On a follower: how stale its reads may be, in milliseconds (its
     /// read model held every write etcd had this long ago; an upper bound).
     pub lag_ms: Option<u64>,
+    /// Every master of the installation (on etcd; as last read from it):
+    /// where a client goes when this one stops answering.
+    pub masters: Vec<MasterDto>,
+}
+
+/// One master of the installation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MasterDto {
+    pub name: String,
+    /// Its API's base URL.
+    pub api_url: String,
 }
 
 /// One actor (or supervised task) of the supervision tree.

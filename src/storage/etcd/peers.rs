@@ -33,6 +33,8 @@ pub struct Directory {
     conn: Conn,
     me: Peer,
     secret: String,
+    /// The last list read, and when (`GET /health` shows it).
+    known: std::sync::Arc<std::sync::Mutex<(Option<std::time::Instant>, Vec<Peer>)>>,
 }
 
 impl std::fmt::Debug for Directory {
@@ -82,7 +84,7 @@ impl Directory {
             }
         }
         let secret = secret(&conn)?;
-        Ok(Directory { conn, me, secret })
+        Ok(Directory { conn, me, secret, known: Default::default() })
     }
 
     pub fn me(&self) -> &Peer {
@@ -102,7 +104,21 @@ impl Directory {
         if !peers.iter().any(|p| p.name == self.me.name) {
             peers.push(self.me.clone());
         }
+        *self.known.lock().unwrap_or_else(|p| p.into_inner()) = (Some(std::time::Instant::now()), peers.clone());
         Ok(peers)
+    }
+
+    /// The masters as last read (never waits for etcd), and whether that
+    /// read is older than `fresh`: then this caller (one per `fresh`) is
+    /// to read them again, off the request's thread.
+    pub fn known(&self, fresh: std::time::Duration) -> (Vec<Peer>, bool) {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let stale = known.0.is_none_or(|t| t.elapsed() > fresh);
+        if stale {
+            known.0 = Some(std::time::Instant::now());
+        }
+        let peers = if known.1.is_empty() { vec![self.me.clone()] } else { known.1.clone() };
+        (peers, stale)
     }
 }
 

@@ -38,7 +38,8 @@ async fn a_scale_out_to_150_real_instances_ends_on_the_next_leader_after_a_kill_
     env.serving_follower(2).await;
     let start = "set -eu\ndate +%s%N >> data/started_at\nexec sleep 100000\n";
     env.upload(&PackageBuilder::new("wide", "1.0.0").spec(SPEC).script("bin/start.sh", start)).await;
-    let body = json!({"name": "wide", "package": {"name": "wide", "version": "1.0.0"}, "roles": {"svc": {"count": 10}}});
+    let body =
+        json!({"name": "wide", "package": {"name": "wide", "version": "1.0.0"}, "roles": {"svc": {"count": 10}}});
     env.create_active(body).await;
     // Every master has the tarball before the leader goes.
     let sha = env.get("/packages/wide/1.0.0").await.1["package"]["sha256"].as_str().expect("sha256").to_string();
