@@ -54,6 +54,14 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
             })
         }
         StoreKind::Etcd => {
+            // The others reach this master (and tell clients to) by it.
+            if ["//0.0.0.0:", "//[::]:"].iter().any(|u| named.api_url.contains(u)) {
+                return Err(OpenError::Storage(StorageError::Etcd(format!(
+                    "with several masters each needs an address the others can reach: {} is not one; set \
+                     advertise_url (and --name)",
+                    named.api_url
+                ))));
+            }
             let seen = election::Seen::default();
             let socket = || api.try_clone().map_err(OpenError::Listen);
             // Redirects until the follower's own view is loaded.

@@ -12,17 +12,26 @@ import { fill, h } from './ui.js';
 const badge = document.getElementById('master');
 const banner = document.getElementById('failover');
 let last = null;
+let masters = [];
 let firstTerm = null;
+let looking = false;
 
 async function look() {
+  if (looking) return;
+  looking = true;
+  // A master that vanished answers nothing at all: give up after 3 s.
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), 3000);
   try {
-    const health = await api('GET', '/health');
+    const health = await api('GET', '/health', undefined, { signal: abort.signal });
     if (health.store_engine !== 'etcd') {
       badge.hidden = true;
       banner.hidden = true;
       return;
     }
     last = health;
+    // (A master just started answers without the list: keep the last one.)
+    if (health.masters?.length) masters = health.masters;
     firstTerm ??= health.term;
     badge.hidden = false;
     badge.dataset.role = health.role;
@@ -31,7 +40,6 @@ async function look() {
     badge.textContent = health.role === 'leader'
       ? `${health.name} leads · term ${health.term}`
       : `follower of term ${health.term} · ${health.lag_ms ?? '?'} ms behind`;
-    const masters = health.masters || [];
     badge.title = `${masters.length} masters: ${masters.map((m) => m.name).join(', ')}` +
       (health.term !== firstTerm ? ` (a failover since this page opened: term ${firstTerm} then ${health.term})` : '');
     // A follower serves reads, not this page's writes and views of what
@@ -43,17 +51,23 @@ async function look() {
     }
   } catch (e) {
     if (!last || e.status === 401) return;
-    const others = (last.masters || []).filter((m) => m.api_url.replace(/\/$/, '') !== location.origin);
+    const others = masters.filter((m) => m.name !== last.name);
+    const why = e.name === 'AbortError' ? 'no answer within 3 s' : e.message;
     banner.hidden = false;
     fill(banner,
-      h('strong', {}, `${last.name} does not answer`), ` (${e.message}): another master takes over within seconds. `,
+      h('strong', {}, `${last.name} does not answer`), ` (${why}): another master takes over within seconds. `,
       others.length ? 'Open another: ' : '',
       others.map((m) => link(m.name, m.api_url)));
+  } finally {
+    clearTimeout(timer);
+    looking = false;
   }
 }
 
-/** A link to another master's dashboard, the token in its fragment. */
+/** A link to another master's dashboard, the token in its fragment (an
+ *  http(s) address only: anything else from the store is shown, not linked). */
 function link(text, url) {
+  if (!/^https?:\/\//.test(url)) return h('span', {}, `${text} (${url})`);
   return h('a', { class: 'master-link', href: `${url.replace(/\/$/, '')}/#token=${encodeURIComponent(token())}` }, text);
 }
 

@@ -54,13 +54,15 @@ pub async fn replicate(dir: &Arc<Directory>, blobs: &BlobStore, sha256: &str, si
         .await
         .map_err(Error::internal)?
         .map_err(|e| Error::unavailable(format!("cannot list the masters: {e}")))?;
-    let need = peers.len() / 2 + 1;
-    // One push per address, never to this master's own.
+    // One push per address, never to this master's own; the majority is
+    // of the distinct addresses (an entry left by a master renamed since
+    // counts once).
     let mut others: Vec<Peer> =
         peers.into_iter().filter(|p| p.name != dir.me().name && !same_url(&p.api_url, &dir.me().api_url)).collect();
     others.sort_by(|a, b| a.api_url.cmp(&b.api_url));
     others.dedup_by(|a, b| same_url(&a.api_url, &b.api_url));
     let total = others.len() + 1;
+    let need = total / 2 + 1;
     if need <= 1 {
         return Ok(());
     }
@@ -202,7 +204,7 @@ pub async fn keep_complete(
                 missing.push((sha.clone(), p.record.size, format!("{}/{}", p.record.name, p.record.package_version)));
             }
         }
-        remove_unnamed(&blobs, &packages).await;
+        remove_unnamed(&blobs, &read_model).await;
         if missing.is_empty() {
             continue;
         }
@@ -237,18 +239,39 @@ pub async fn keep_complete(
     }
 }
 
-/// Removes the tarballs no package names that were left [`UNNAMED_GRACE`] ago.
-async fn remove_unnamed(blobs: &BlobStore, packages: &imbl::OrdMap<(String, String), super::read_model::PackageView>) {
+/// Removes the tarballs no package names that were left [`UNNAMED_GRACE`]
+/// ago. Which packages exist is read from the store itself, not the read
+/// model: a package the model leaves out (its spec no longer parses under
+/// this build) or does not hold yet (a follower's view behind) still keeps
+/// its tarball.
+async fn remove_unnamed(blobs: &BlobStore, read_model: &super::read_model::ReadModel) {
     let b = blobs.clone();
     let Ok(Ok(held)) = tokio::task::spawn_blocking(move || b.digests()).await else { return };
-    let named: std::collections::HashSet<&str> = packages.values().map(|p| p.record.sha256.as_str()).collect();
-    for (sha, written) in held {
-        let old = written.elapsed().is_ok_and(|age| age > UNNAMED_GRACE);
-        if old && !named.contains(sha.as_str()) {
-            match blobs.remove(&sha).await {
-                Ok(()) => tracing::info!(sha256 = %sha, "removed a package tarball no package names"),
-                Err(e) => tracing::warn!(sha256 = %sha, error = %e, "cannot remove a tarball no package names"),
-            }
+    let named_in_view: std::collections::HashSet<String> =
+        read_model.packages().values().map(|p| p.record.sha256.clone()).collect();
+    let old: Vec<String> = held
+        .into_iter()
+        .filter(|(sha, written)| written.elapsed().is_ok_and(|age| age > UNNAMED_GRACE) && !named_in_view.contains(sha))
+        .map(|(sha, _)| sha)
+        .collect();
+    if old.is_empty() {
+        return;
+    }
+    let store = read_model.store().clone();
+    let stored = tokio::task::spawn_blocking(move || {
+        crate::storage::meta::load::<crate::storage::records::PackageRecord>(
+            &*store,
+            crate::storage::keys::master_cf::PACKAGES,
+        )
+    })
+    .await;
+    // Unknown (the store did not answer, or a record does not decode): keep all.
+    let Ok(Ok(stored)) = stored else { return };
+    let named: std::collections::HashSet<String> = stored.into_iter().map(|p| p.sha256).collect();
+    for sha in old.into_iter().filter(|sha| !named.contains(sha)) {
+        match blobs.remove(&sha).await {
+            Ok(()) => tracing::info!(sha256 = %sha, "removed a package tarball no package names"),
+            Err(e) => tracing::warn!(sha256 = %sha, error = %e, "cannot remove a tarball no package names"),
         }
     }
 }

@@ -55,14 +55,22 @@ impl Fleet {
         Ok(())
     }
 
-    async fn stop(mut self) {
+    /// Kills everything (a paused master too); the data goes unless
+    /// `keep` (a failed run: its logs are there).
+    async fn stop(mut self, keep: bool) {
         for m in self.masters.iter_mut().flatten() {
+            if let Some(pid) = m.id() {
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGCONT);
+            }
             let _ = m.kill().await;
         }
         for (_, e) in self.etcd.iter_mut() {
             let _ = e.kill().await;
         }
-        self.ha.remove_data();
+        if !keep {
+            self.ha.remove_data();
+        }
     }
 }
 
@@ -77,14 +85,15 @@ pub async fn run(a: &FailoverArgs, dir: &Path) -> Result<Value, String> {
     std::fs::write(&ha.config, config).map_err(|e| format!("{}: {e}", ha.config.display()))?;
     let exe = std::env::current_exe().map_err(|e| format!("finding the flotilla binary: {e}"))?;
     let mut fleet = Fleet { ha, etcd: Vec::new(), masters: Vec::new(), exe };
-    let result = async {
+    let endpoints = dir.join("endpoints.json");
+    let _ = std::fs::remove_file(&endpoints);
+    let run = async {
         for i in 0..3 {
             fleet.etcd.push((format!("etcd-{i}"), fleet.ha.spawn_etcd(i).map_err(|e| e.to_string())?));
         }
         fleet.ha.wait_etcd(&mut fleet.etcd).await.map_err(|e| e.to_string())?;
         // The first one makes the installation's CA and token (`--init`)
         // and leads; the others start once it listens.
-        let endpoints = dir.join("endpoints.json");
         let first =
             fleet.ha.spawn_master(&fleet.exe, &fleet.ha.root, 0, Some(&endpoints)).map_err(|e| e.to_string())?;
         fleet.masters.push(Some(first));
@@ -105,9 +114,18 @@ pub async fn run(a: &FailoverArgs, dir: &Path) -> Result<Value, String> {
             fleet.masters.push(Some(child));
         }
         drive(a, &mut fleet, &token).await
+    };
+    // Ctrl-C stops the members and masters too (they run in process
+    // groups of their own, on fixed ports).
+    let result = tokio::select! {
+        r = run => r,
+        () = crate::shutdown::signal() => Err("interrupted".to_string()),
+    };
+    let keep = result.is_err();
+    if keep {
+        eprintln!("flotilla bench failover: the masters' and etcd's data are kept in {}", dir.display());
     }
-    .await;
-    fleet.stop().await;
+    fleet.stop(keep).await;
     result
 }
 
@@ -169,7 +187,9 @@ async fn first_write(
             }
             let r = c
                 .post(format!("{u}/api/v1/tokens"))
-                .timeout(Duration::from_millis(500))
+                // Long enough that a write is not timed out here and
+                // counted only at a later try.
+                .timeout(Duration::from_secs(2))
                 .json(&json!({"name": format!("failover-{n}"), "scope": "read"}))
                 .send()
                 .await;

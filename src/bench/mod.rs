@@ -163,7 +163,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
             .unwrap_or_else(|| std::env::temp_dir().join(format!("flotilla-bench-failover-{}", std::process::id())));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let figures = failover::run(f, &dir).await;
-        if args.data_dir.is_none() {
+        if args.data_dir.is_none() && figures.is_ok() {
             let _ = std::fs::remove_dir_all(&dir);
         }
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);

@@ -91,7 +91,8 @@ pub async fn route(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<impl MessageBody>, Error> {
-    let phase = req.app_data::<web::Data<Phase>>().map_or(FOLLOWING, |p| p.get());
+    let phase_now = |req: &actix_web::HttpRequest| req.app_data::<web::Data<Phase>>().map_or(FOLLOWING, |p| p.get());
+    let phase = phase_now(req.request());
     let own = served(req.method(), req.path()) && !(phase == DRAINING && lasting(&req));
     let mut res = if own {
         next.call(req).await?.map_into_left_body()
@@ -105,7 +106,8 @@ pub async fn route(
     // On its way out: no connection is kept for another request (the
     // server closing an idle one under a client's next request would fail
     // that request).
-    if phase != FOLLOWING {
+    // (Read again: a long poll may have begun while following.)
+    if phase_now(res.request()) != FOLLOWING {
         res.response_mut().head_mut().set_connection_type(ConnectionType::Close);
     }
     Ok(res)

@@ -12,7 +12,7 @@
 // OUT_DIR. Prints one JSON line with what it saw; exits non-zero (with the
 // reason) on the first failed expectation.
 
-import { chromium } from 'playwright-core';
+import { expect, launch, requireChromium } from './common.mjs';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
@@ -21,25 +21,13 @@ if (!loginUrl || !outDir) {
   console.error('usage: node dashboard.mjs LOGIN_URL OUT_DIR [READ_LOGIN_URL]');
   process.exit(2);
 }
-const CHROMIUM = '/usr/bin/chromium';
-if (!existsSync(CHROMIUM)) {
-  console.error(`${CHROMIUM} is missing: scripts/setup.sh installs Debian's chromium`);
-  process.exit(3);
-}
+requireChromium();
 
 const seen = { steps: [] };
 const problems = [];
 const step = (s) => { seen.steps.push(s); console.error(`dashboard: ${s}`); };
-function expect(cond, what) {
-  if (!cond) throw new Error(`expected ${what}`);
-}
 
-const browser = await chromium.launch({
-  executablePath: CHROMIUM,
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync'],
-});
+const browser = await launch();
 const requests = [];
 /** A page of a fresh context (its own sessionStorage), its troubles recorded. */
 async function newPage() {

@@ -11,8 +11,7 @@
 // next election itself, the same page shows the later term). Prints one JSON line with what it saw; exits non-zero with the
 // reason on the first failed expectation.
 
-import { chromium } from 'playwright-core';
-import { existsSync } from 'node:fs';
+import { expect, launch, requireChromium } from './common.mjs';
 import { join } from 'node:path';
 
 const [, , loginUrl, outDir] = process.argv;
@@ -20,21 +19,9 @@ if (!loginUrl || !outDir) {
   console.error('usage: node ha.mjs LOGIN_URL OUT_DIR');
   process.exit(2);
 }
-const CHROMIUM = '/usr/bin/chromium';
-if (!existsSync(CHROMIUM)) {
-  console.error(`${CHROMIUM} is missing: scripts/setup.sh installs Debian's chromium`);
-  process.exit(3);
-}
-function expect(cond, what) {
-  if (!cond) throw new Error(`expected ${what}`);
-}
+requireChromium();
 
-const browser = await chromium.launch({
-  executablePath: CHROMIUM,
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync'],
-});
+const browser = await launch();
 const seen = {};
 try {
   const context = await browser.newContext({ viewport: { width: 1440, height: 900 } });

@@ -9,8 +9,7 @@
 // request. Asserts on what the page shows; prints one JSON line with what
 // it saw; exits non-zero with the reason on the first failed expectation.
 
-import { chromium } from 'playwright-core';
-import { existsSync } from 'node:fs';
+import { expect, launch, requireChromium } from './common.mjs';
 import { join } from 'node:path';
 
 const [, , loginUrl, opId, pool, outDir] = process.argv;
@@ -18,21 +17,9 @@ if (!loginUrl || !opId || !pool || !outDir) {
   console.error('usage: node pools.mjs LOGIN_URL OPERATION_ID POOL OUT_DIR');
   process.exit(2);
 }
-const CHROMIUM = '/usr/bin/chromium';
-if (!existsSync(CHROMIUM)) {
-  console.error(`${CHROMIUM} is missing: scripts/setup.sh installs Debian's chromium`);
-  process.exit(3);
-}
-function expect(cond, what) {
-  if (!cond) throw new Error(`expected ${what}`);
-}
+requireChromium();
 
-const browser = await chromium.launch({
-  executablePath: CHROMIUM,
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync'],
-});
+const browser = await launch();
 const problems = [];
 const seen = {};
 try {

@@ -27,6 +27,18 @@ impl TestEnv {
         env
     }
 
+    /// [`start_ha`](Self::start_ha), then waits until master 0 leads and
+    /// every other serves reads as a follower.
+    pub async fn start_ha_serving(name: &str, etcd: &EtcdCluster, masters: usize) -> TestEnv {
+        let mut env = TestEnv::start_ha(name, etcd, masters).await;
+        let (leader, h) = env.follow_leader(None, Duration::from_secs(10)).await;
+        assert_eq!(leader, 0, "master 0 started first and leads: {h:#}");
+        for i in 1..masters {
+            env.serving_follower(i).await;
+        }
+        env
+    }
+
     /// Every master's agent address, comma-separated (the agents' `--master`).
     pub(super) fn master_list(&self) -> String {
         if self.master_addrs.is_empty() {

@@ -153,27 +153,7 @@ fn an_operation_that_waited_for_a_node_shows_its_request_and_the_pool_on_the_das
     let op = op.to_string();
     let ended = dev.json(&["op", "get", &op]);
     assert_eq!(ended["operation"]["status"].as_str().or(ended["status"].as_str()), Some("Succeeded"), "{ended}");
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-pools");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).expect("screenshot dir");
-    let run = Command::new("node")
-        .arg(browser_dir().join("pools.mjs"))
-        .args([url.as_str(), op.as_str(), "dash"])
-        .arg(&out)
-        .current_dir(browser_dir())
-        .output()
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "the pools page run failed ({}); screenshots in {}\nstdout: {stdout}\nstderr: {}\nflotilla dev:\n{}",
-        run.status,
-        out.display(),
-        String::from_utf8_lossy(&run.stderr),
-        dev.log()
-    );
-    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).expect("the script's JSON line");
-    assert_eq!(seen["ok"], true, "{seen}");
+    run_script(&dev, "pools.mjs", &[url.as_str(), op.as_str(), "dash"], "dashboard-pools");
 }
 
 /// `flotilla dev --ha` in the browser: the header names the leader and
@@ -186,12 +166,20 @@ fn a_failover_shows_on_the_dashboard_and_its_link_opens_the_new_leader() {
     let _ports = crate::common::dev::HA_PORTS.blocking_lock();
     let dev = Dev::start_ha(1);
     let url = login_url(&dev);
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-ha");
+    let seen = run_script(&dev, "ha.mjs", &[url.as_str()], "dashboard-ha");
+    eprintln!("the failover on the dashboard: {seen}");
+}
+
+/// Runs `tests/browser/<script> ARGS... OUT_DIR` against `dev`, its
+/// screenshots in `$CARGO_TARGET_TMPDIR/<out>`; asserts it succeeded and
+/// answers the JSON line it printed.
+fn run_script(dev: &Dev, script: &str, args: &[&str], out: &str) -> serde_json::Value {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).expect("screenshot dir");
     let run = Command::new("node")
-        .arg(browser_dir().join("ha.mjs"))
-        .arg(&url)
+        .arg(browser_dir().join(script))
+        .args(args)
         .arg(&out)
         .current_dir(browser_dir())
         .stdin(Stdio::null())
@@ -200,7 +188,7 @@ fn a_failover_shows_on_the_dashboard_and_its_link_opens_the_new_leader() {
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(
         run.status.success(),
-        "the failover page run failed ({}); screenshots in {}\nstdout: {stdout}\nstderr: {}\nflotilla dev:\n{}",
+        "{script} failed ({}); screenshots in {}\nstdout: {stdout}\nstderr: {}\nflotilla dev:\n{}",
         run.status,
         out.display(),
         String::from_utf8_lossy(&run.stderr),
@@ -208,5 +196,5 @@ fn a_failover_shows_on_the_dashboard_and_its_link_opens_the_new_leader() {
     );
     let seen: serde_json::Value = serde_json::from_str(stdout.trim()).expect("the script's JSON line");
     assert_eq!(seen["ok"], true, "{seen}");
-    eprintln!("the failover on the dashboard: {seen}");
+    seen
 }

@@ -213,11 +213,22 @@ pub fn campaign(
         let lease = bridge.call("granting a lease", c.timeout, async move {
             m.run(|c| async move { c.lease_client().grant(ttl, None).await }, unreached)
                 .await
-                .map(|r| r.id())
+                .map(|r| (r.id(), r.ttl()))
                 .map_err(|e| etcd_error("granting a lease", e))
         });
         let lease = match lease {
-            Ok(l) => l,
+            Ok((l, granted_ttl)) => {
+                // etcd raises a TTL below its floor (1.5 × its election
+                // timeout) without a word: say so, the lease lasts longer.
+                if granted_ttl > ttl {
+                    tracing::warn!(
+                        asked = ttl,
+                        granted = granted_ttl,
+                        "etcd granted a longer leader lease than lease_ttl_secs asks (its floor is 1.5 x its election timeout)"
+                    );
+                }
+                l
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "campaign: no lease from etcd; trying again");
                 waiting(None);

@@ -84,7 +84,32 @@ impl Directory {
             }
         }
         let secret = secret(&conn)?;
-        Ok(Directory { conn, me, secret, known: Default::default() })
+        let dir = Directory { conn, me, secret, known: Default::default() };
+        dir.forget_old_names()?;
+        Ok(dir)
+    }
+
+    /// Removes entries of this master's address under another name (this
+    /// master before a rename): the same master must not count twice.
+    fn forget_old_names(&self) -> Result<(), StorageError> {
+        let from = self.conn.layout.masters();
+        let (pairs, _, _) = self.conn.range(from.clone(), prefix_end(&from), usize::MAX, false, 0)?;
+        for (key, value) in pairs {
+            let Ok(p) = serde_json::from_slice::<Peer>(&value) else { continue };
+            if p.name != self.me.name && p.api_url.trim_end_matches('/') == self.me.api_url.trim_end_matches('/') {
+                tracing::info!(old = %p.name, new = %self.me.name, "this master was named otherwise before; its old entry goes");
+                let members = self.conn.members.clone();
+                self.conn.bridge.call("forgetting an old name", self.conn.timeout, async move {
+                    let del = |c: etcd_client::Client| {
+                        let key = key.clone();
+                        async move { c.kv_client().delete(key, None).await }
+                    };
+                    members.run(del, read_retryable).await.map_err(|e| etcd_error("forgetting an old name", e))?;
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(())
     }
 
     pub fn me(&self) -> &Peer {

@@ -31,11 +31,7 @@ stop_grace = "2s"
 #[tokio::test]
 async fn a_scale_out_to_150_real_instances_ends_on_the_next_leader_after_a_kill_9() {
     let etcd = EtcdCluster::start(3);
-    let mut env = TestEnv::start_ha("ha-wide", &etcd, 3).await;
-    let (leader, _) = env.follow_leader(None, Duration::from_secs(10)).await;
-    assert_eq!(leader, 0);
-    env.serving_follower(1).await;
-    env.serving_follower(2).await;
+    let mut env = TestEnv::start_ha_serving("ha-wide", &etcd, 3).await;
     let start = "set -eu\ndate +%s%N >> data/started_at\nexec sleep 100000\n";
     env.upload(&PackageBuilder::new("wide", "1.0.0").spec(SPEC).script("bin/start.sh", start)).await;
     let body =

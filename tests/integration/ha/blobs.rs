@@ -26,11 +26,7 @@ fn held(env: &TestEnv, i: usize, sha: &str) -> Option<String> {
 #[tokio::test]
 async fn a_package_is_on_a_majority_of_masters_when_accepted_and_survives_the_leader() {
     let etcd = EtcdCluster::start(3);
-    let mut env = TestEnv::start_ha("ha-blobs", &etcd, 3).await;
-    let (leader, _) = env.follow_leader(None, Duration::from_secs(10)).await;
-    assert_eq!(leader, 0);
-    env.serving_follower(1).await;
-    env.serving_follower(2).await;
+    let mut env = TestEnv::start_ha_serving("ha-blobs", &etcd, 3).await;
 
     let pkg = PackageBuilder::new("mr", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP);
     let uploaded = env.upload(&pkg).await;

@@ -10,12 +10,9 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::super::master_restart::SPEC;
 use crate::common::TestEnv;
 use crate::common::etcd::EtcdCluster;
 use crate::common::http::all_instances;
-use crate::common::package::PackageBuilder;
-use crate::common::scripts::RECORD_AND_SLEEP;
 use crate::common::sse::SseReader;
 
 /// Polls `check` every 50 ms for up to `secs` seconds until it holds.
@@ -89,9 +86,7 @@ async fn a_follower_serves_reads_from_its_own_view_and_sends_the_rest_to_the_lea
     let (leader_api, follower_api) = (env.ha_api(0), env.ha_api(1));
     let raw = raw_client(&env.token);
 
-    env.upload(&PackageBuilder::new("mr", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP)).await;
-    let body = json!({"name": "mr", "package": {"name": "mr", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}});
-    let created = env.create_active(body).await;
+    let created = super::create_mr(&env, 2).await;
 
     // The follower shows what the leader shows (within its lag).
     let same = until(20, || async {
@@ -167,14 +162,8 @@ async fn a_follower_serves_reads_from_its_own_view_and_sends_the_rest_to_the_lea
 #[tokio::test]
 async fn reads_on_followers_never_fail_while_the_leader_is_killed() {
     let etcd = EtcdCluster::start(3);
-    let mut env = TestEnv::start_ha("ha-follow-kill", &etcd, 3).await;
-    let (leader, _) = env.follow_leader(None, Duration::from_secs(10)).await;
-    assert_eq!(leader, 0);
-    env.serving_follower(1).await;
-    env.serving_follower(2).await;
-    env.upload(&PackageBuilder::new("mr", "1.0.0").spec(SPEC).script("bin/start.sh", RECORD_AND_SLEEP)).await;
-    let body = json!({"name": "mr", "package": {"name": "mr", "version": "1.0.0"}, "roles": {"svc": {"count": 2}}});
-    env.create_active(body).await;
+    let mut env = TestEnv::start_ha_serving("ha-follow-kill", &etcd, 3).await;
+    super::create_mr(&env, 2).await;
     for i in 1..=2 {
         let api = env.ha_api(i);
         let raw = raw_client(&env.token);

@@ -10,3 +10,18 @@ mod masters;
 mod migrate;
 mod rolling;
 mod store;
+
+use serde_json::{Value, json};
+
+use crate::common::TestEnv;
+use crate::common::package::PackageBuilder;
+use crate::common::scripts::RECORD_AND_SLEEP;
+
+/// Uploads `master_restart`'s package and makes cluster `mr` of `count`
+/// members, Active; the cluster.
+pub(crate) async fn create_mr(env: &TestEnv, count: u32) -> Value {
+    let spec = super::master_restart::SPEC;
+    env.upload(&PackageBuilder::new("mr", "1.0.0").spec(spec).script("bin/start.sh", RECORD_AND_SLEEP)).await;
+    let body = json!({"name": "mr", "package": {"name": "mr", "version": "1.0.0"}, "roles": {"svc": {"count": count}}});
+    env.create_active(body).await
+}
