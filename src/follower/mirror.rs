@@ -265,6 +265,17 @@ mod tests {
     use crate::storage::WriteOp;
     use crate::storage::testdata as td;
 
+    fn token(id: &str) -> TokenRecord {
+        TokenRecord {
+            version: crate::storage::records::RECORD_VERSION,
+            id: id.into(),
+            name: id.into(),
+            secret_sha256: [7; 32],
+            created_at: time::OffsetDateTime::now_utc(),
+            scope: crate::scope::Scope::Read,
+        }
+    }
+
     fn changes(ops: Vec<WriteOp>) -> Vec<Change> {
         ops.into_iter()
             .map(|op| match op {
@@ -317,14 +328,7 @@ mod tests {
         assert_eq!(web.instances.get(&i1.id).unwrap().record.status, failed.status);
         assert_eq!(announced.lock().unwrap().len(), 1);
         assert_eq!(announced.lock().unwrap()[0][0].0, 7);
-        let token = TokenRecord {
-            version: crate::storage::records::RECORD_VERSION,
-            id: "abc123".into(),
-            name: "ci".into(),
-            secret_sha256: [7; 32],
-            created_at: time::OffsetDateTime::now_utc(),
-            scope: crate::scope::Scope::Read,
-        };
+        let token = token("abc123");
         for ch in changes(vec![WriteOp::put_token(&token).unwrap()]) {
             m.apply(ch);
         }
@@ -351,14 +355,6 @@ mod tests {
         let (kept, gone, old_re) = (td::cluster("kept"), td::cluster("gone"), td::cluster("re"));
         let mut new_re = td::cluster("re");
         new_re.id = ClusterId::random();
-        let token = |id: &str| TokenRecord {
-            version: crate::storage::records::RECORD_VERSION,
-            id: id.into(),
-            name: id.into(),
-            secret_sha256: [7; 32],
-            created_at: time::OffsetDateTime::now_utc(),
-            scope: crate::scope::Scope::Read,
-        };
         let first = vec![
             WriteOp::put_cluster(&kept).unwrap(),
             WriteOp::put_instance(&td::instance(&kept, 1)).unwrap(),
