@@ -117,6 +117,10 @@ pub struct Start {
     /// Show the cluster at once (it is durable: boot); a new cluster is
     /// shown once its create is.
     pub visible: bool,
+    /// The incarnation it replaces (a restart): its restarts and last exit
+    /// carry over, and its listing in the actor tree is taken over in
+    /// place, with no moment unlisted.
+    pub predecessor: Option<Arc<ActorStats>>,
 }
 
 static STARTED: AtomicU64 = AtomicU64::new(0);
@@ -141,6 +145,9 @@ impl ClusterActor {
         let cluster = start.record.id;
         let stats = ActorStats::new("cluster", name.as_str(), Some("supervisor".into()));
         stats.set_state(format!("{:?}", start.record.status));
+        if let Some(dead) = &start.predecessor {
+            stats.inherit(dead);
+        }
         if start.visible {
             shared.read_model.register_actor(&stats);
         }

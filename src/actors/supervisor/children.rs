@@ -21,8 +21,9 @@ impl Handler<ClusterPanicked> for Supervisor {
             self.shared.read_model.unregister_actor(&stats);
             return;
         }
-        // Listed while it is restarted (or failed), with how it ended: its
-        // context's drop unregistered it.
+        // Listed while it is restarted (or failed), with how it ended (its
+        // `on_panic` listed it already; again here for a report that came
+        // some other way).
         self.shared.read_model.register_actor(&stats);
         let child = spec("cluster");
         let restart = self.restarts.entry(name.clone()).or_default().failed(child, std::time::Instant::now());
@@ -97,10 +98,10 @@ impl Supervisor {
             resume,
             history: stored.history,
             visible: true,
+            predecessor: Some(dead.clone()),
         };
-        self.shared.read_model.unregister_actor(dead);
+        // The successor's listing replaces the dead one's (same key).
         let handle = ClusterActor::start(start, self.shared.clone(), ctx.address());
-        handle.stats.inherit(dead);
         self.shared.registry.insert(name, handle);
     }
 }

@@ -300,7 +300,7 @@ impl Actor for Supervisor {
                 let instances = by_cluster.remove(&c.id).unwrap_or_default();
                 let name = c.name.clone();
                 let history = history.remove(&c.id).unwrap_or_default();
-                let start = Start { record: c, instances, resume, history, visible: true };
+                let start = Start { record: c, instances, resume, history, visible: true, predecessor: None };
                 let handle = ClusterActor::start(start, act.shared.clone(), ctx.address());
                 act.shared.registry.insert(&name, handle);
             }
@@ -348,7 +348,14 @@ impl Handler<Create> for Supervisor {
         // The name is taken from here on, so a concurrent create of the same
         // name gets 409 even before this one is durable. The cluster becomes
         // visible to readers once its create is durable.
-        let start = Start { record, instances: Vec::new(), resume: None, history: VecDeque::new(), visible: false };
+        let start = Start {
+            record,
+            instances: Vec::new(),
+            resume: None,
+            history: VecDeque::new(),
+            visible: false,
+            predecessor: None,
+        };
         let handle = ClusterActor::start(start, self.shared.clone(), ctx.address());
         self.shared.registry.insert(&name, handle.clone());
         self.stats.end(None);
