@@ -334,7 +334,12 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     if let Some(leadership) = &role.leadership {
         let stats = ActorStats::new("leadership", "leadership", Some("master".into()));
         read_model.register_actor(&stats);
-        actix::spawn(crate::actors::role::watch_leadership(leadership.clone(), shared.tasks.clone(), stats));
+        actix::spawn(crate::actors::role::watch_leadership(
+            leadership.clone(),
+            shared.tasks.clone(),
+            stats,
+            shared.links.clone(),
+        ));
     }
     let (started, booted) = tokio::sync::oneshot::channel();
     let boot = Boot {

@@ -124,6 +124,16 @@ impl NodeLinks {
         old
     }
 
+    /// Closes every link (a leadership suspended: the agents dial again,
+    /// and reach whichever master leads); how many.
+    pub fn close_all(&self) -> usize {
+        let links = self.0.load();
+        for link in links.values() {
+            link.close();
+        }
+        links.len()
+    }
+
     /// Removes the link of `node` if it is still connection `connection`.
     pub fn remove_if(&self, node: &NodeId, connection: u64) -> bool {
         let mut removed = false;
@@ -177,7 +187,7 @@ pub struct NodeLink {
 
 /// How long a request waits for a suspended leadership to be renewed
 /// before it fails (a lost one ends the master meanwhile).
-const SUSPENDED_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const SUSPENDED_WAIT: Duration = Duration::from_secs(10);
 
 const MANAGER_PANIC: u8 = 1;
 const WRITER_PANIC: u8 = 2;

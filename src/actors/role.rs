@@ -70,20 +70,53 @@ impl Role {
 /// The `leadership` child: waits until the leadership is lost, then ends
 /// the master with why (`supervision::spec("leadership")`: never
 /// restarted; a master that no longer leads must not go on writing or
-/// commanding, and comes back as a follower).
+/// commanding, and comes back as a follower). Suspended (the lease not
+/// renewed in time) for as long as a command waits for it to end
+/// ([`SUSPENDED_WAIT`](super::node_link::SUSPENDED_WAIT), when every
+/// waiting command has failed anyway), every agent's link is closed:
+/// another master may lead by now, and the agents must reach it rather
+/// than stay with one that commands nothing (this one refuses them until
+/// it renews). A shorter suspension (etcd slow for a moment under load)
+/// only delays the commands.
 pub async fn watch_leadership(
     leadership: Arc<Leadership>,
     tasks: Arc<super::supervised::Tasks>,
     stats: Arc<super::read_model::ActorStats>,
+    links: super::node_link::NodeLinks,
 ) {
-    stats.set_state(format!("leading (term {})", leadership.term));
+    let leading = format!("leading (term {})", leadership.term);
+    stats.set_state(&leading);
     let mut lost = leadership.lost();
+    // Since when it is suspended, and whether its links were closed.
+    let mut suspended: Option<(std::time::Instant, bool)> = None;
     let why = loop {
         if let Some(why) = lost.borrow_and_update().clone() {
             break why;
         }
-        if lost.changed().await.is_err() {
-            break "the lease thread ended".to_string();
+        match (&mut suspended, leadership.is_valid()) {
+            (None, false) => {
+                suspended = Some((std::time::Instant::now(), false));
+                stats.set_state(format!("suspended (term {}): lease not renewed in time", leadership.term));
+            }
+            (Some((since, closed @ false)), false) if since.elapsed() >= super::node_link::SUSPENDED_WAIT => {
+                *closed = true;
+                let n = links.close_all();
+                tracing::error!(
+                    links = n,
+                    "the leadership is still suspended: the agents' links are closed, they dial the masters again"
+                );
+            }
+            (Some(_), true) => {
+                suspended = None;
+                stats.set_state(&leading);
+            }
+            _ => {}
+        }
+        // Looked at every 100 ms (no command leaves while suspended: the
+        // links check before each request).
+        match tokio::time::timeout(std::time::Duration::from_millis(100), lost.changed()).await {
+            Ok(Err(_)) => break "the lease thread ended".to_string(),
+            Ok(Ok(())) | Err(_) => {}
         }
     };
     let cause = format!("this master's leadership (term {}) is lost: {why}", leadership.term);

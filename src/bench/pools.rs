@@ -205,7 +205,11 @@ async fn watch_spool(spool: std::path::PathBuf, mut stopped: watch::Receiver<boo
                 let agent = SimAgent::new(NodeId::new(m.node), address(n), (20000, 29999), Latency::default());
                 n += 1;
                 let (tx, rx) = watch::channel(false);
-                rt.spawn(agent.serve(m.master_addr, Arc::from(m.join_token.as_str()), rx));
+                rt.spawn(agent.serve(
+                    crate::agent::masters::Masters::one(m.master_addr),
+                    Arc::from(m.join_token.as_str()),
+                    rx,
+                ));
                 running.insert(id.to_string(), tx);
             }
         }

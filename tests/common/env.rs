@@ -86,6 +86,10 @@ pub struct TestEnv {
     /// and the processes of masters 1.. (master 0 is `master`).
     pub(super) master_addrs: Vec<(String, String)>,
     pub(super) others: Vec<Option<Child>>,
+    /// Master 0's network namespace and config, when not the host's and
+    /// the env's (`HaLayout`).
+    pub(super) first_netns: Option<String>,
+    pub(super) first_config: Option<PathBuf>,
 }
 
 impl TestEnv {
@@ -204,7 +208,8 @@ impl TestEnv {
     /// another fleet with the same prefix has the same node ids.
     pub fn fleet_config(&self, agents: usize, latency: Latency) -> FleetConfig {
         FleetConfig {
-            master: self.agent_socket(),
+            masters: flotilla::agent::masters::Masters::parse(&self.master_list())
+                .expect("the masters' agent addresses"),
             agents,
             prefix: SIM_PREFIX.into(),
             // Simulated instances bind nothing: a wide range costs nothing.
@@ -233,7 +238,7 @@ impl TestEnv {
         agent_listen_ip: &str,
         config: Option<&str>,
     ) -> TestEnv {
-        TestEnv::new_with(name, master_env, agent_flags, nodes, agent_listen_ip, config, 1).await
+        TestEnv::new_with(name, master_env, agent_flags, nodes, agent_listen_ip, config, 1, None).await
     }
 
     /// [`TestEnv::new`] with `masters` masters (more than one: on fixed
@@ -247,6 +252,7 @@ impl TestEnv {
         agent_listen_ip: &str,
         config: Option<&str>,
         masters: usize,
+        layout: Option<super::ha_env::HaLayout>,
     ) -> TestEnv {
         let slot = NEXT_SLOT.fetch_add(1, Ordering::SeqCst).wrapping_add(std::process::id().wrapping_mul(37));
         let k = slot % 250 + 1;
@@ -278,16 +284,33 @@ impl TestEnv {
             fleet: None,
             master_addrs: Vec::new(),
             others: Vec::new(),
+            first_netns: None,
+            first_config: None,
         };
         if masters > 1 {
             env.master_addrs =
                 (1..=masters).map(|i| (format!("127.0.{k}.{i}:7070"), format!("127.0.{k}.{i}:7071"))).collect();
-            (env.http_addr, env.agent_addr) = env.master_addrs[0].clone();
         }
         if let Some(text) = config {
             let path = env.root_path.join("master.toml");
             std::fs::write(&path, text).expect("write the master's config file");
             env.master_config = Some(path);
+        }
+        if let Some(l) = layout {
+            assert_eq!(l.addrs.len(), masters, "an address per master");
+            env.master_addrs = l.addrs;
+            env.first_netns = l.netns;
+            if let Some(ips) = l.agent_ips {
+                env.agent_ips = ips;
+            }
+            if let Some(text) = l.first_config {
+                let path = env.root_path.join("master-0.toml");
+                std::fs::write(&path, text).expect("write master 0's config file");
+                env.first_config = Some(path);
+            }
+        }
+        if masters > 1 {
+            (env.http_addr, env.agent_addr) = env.master_addrs[0].clone();
         }
         env.master = Some(env.spawn_master());
         env.wait_endpoints().await;
@@ -461,15 +484,7 @@ impl TestEnv {
         netns: Option<&str>,
     ) -> Command {
         let (out, err) = self.log(&format!("{name}.log"));
-        let mut cmd = match netns {
-            Some(ns) => {
-                let mut c = Command::new("nsenter");
-                c.arg(format!("--net=/run/netns/{ns}")).arg(env!("CARGO_BIN_EXE_flotilla"));
-                self.scrub(&mut c);
-                c
-            }
-            None => self.command(),
-        };
+        let mut cmd = self.command_in(netns);
         cmd.arg("agent")
             .args(["--node-id", node_id, "--master", &self.agent_addr, "--address", address])
             .arg("--data-dir")
@@ -501,7 +516,19 @@ impl TestEnv {
     }
 
     pub(super) fn command(&self) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+        self.command_in(None)
+    }
+
+    /// The binary, run in network namespace `netns` if given.
+    pub(super) fn command_in(&self, netns: Option<&str>) -> Command {
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg(env!("CARGO_BIN_EXE_flotilla"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_flotilla")),
+        };
         self.scrub(&mut cmd);
         cmd
     }
@@ -520,7 +547,8 @@ impl TestEnv {
 
     pub(super) fn spawn_master(&self) -> Child {
         let (out, err) = self.log("master.log");
-        let mut cmd = self.command();
+        let mut cmd = self.command_in(self.first_netns.as_deref());
+        let config = self.first_config.as_ref().or(self.master_config.as_ref());
         cmd.arg("master")
             .arg("--data-dir")
             .arg(self.root_path.join("master"))
@@ -530,7 +558,7 @@ impl TestEnv {
             .arg("--init")
             .arg("--token-file")
             .arg(self.root_path.join("master").join("token"))
-            .args(self.master_config.iter().flat_map(|p| [std::ffi::OsStr::new("--config"), p.as_os_str()]))
+            .args(config.iter().flat_map(|p| [std::ffi::OsStr::new("--config"), p.as_os_str()]))
             .envs(self.master_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(out)
             .stderr(err);

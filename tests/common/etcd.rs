@@ -18,11 +18,19 @@ pub struct EtcdCluster {
     members: Vec<Option<Child>>,
     dir: tempfile::TempDir,
     initial: String,
+    /// A host address each member also takes clients on (port 23790 + i).
+    also_on: Option<String>,
 }
 
 impl EtcdCluster {
     /// Starts `n` members and waits until they have a leader.
     pub fn start(n: usize) -> EtcdCluster {
+        EtcdCluster::start_also_on(n, None)
+    }
+
+    /// [`start`](Self::start), each member also taking clients on `ip`
+    /// (port 23790 + its index; see [`endpoints_on`](Self::endpoints_on)).
+    pub fn start_also_on(n: usize, ip: Option<&str>) -> EtcdCluster {
         let etcd = which("etcd");
         assert!(
             etcd.is_some(),
@@ -40,6 +48,7 @@ impl EtcdCluster {
             members: Vec::new(),
             dir,
             initial,
+            also_on: ip.map(str::to_string),
         };
         for i in 0..n {
             let child = c.spawn(i, "new");
@@ -60,7 +69,7 @@ impl EtcdCluster {
             .args(["--name", &format!("m{i}")])
             .arg("--data-dir")
             .arg(self.dir.path().join(format!("m{i}")))
-            .args(["--listen-client-urls", &format!("http://{ip}:2379")])
+            .args(["--listen-client-urls", &self.listen_urls(i)])
             .args(["--advertise-client-urls", &format!("http://{ip}:2379")])
             .args(["--listen-peer-urls", &format!("http://{ip}:2380")])
             .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
@@ -75,6 +84,21 @@ impl EtcdCluster {
             .stderr(log)
             .spawn()
             .expect("spawn etcd")
+    }
+
+    fn listen_urls(&self, i: usize) -> String {
+        let own = format!("http://{}:2379", self.ips[i]);
+        match &self.also_on {
+            Some(extra) => format!("{own},http://{extra}:{}", 23790 + i),
+            None => own,
+        }
+    }
+
+    /// The members' client URLs on the address of
+    /// [`start_also_on`](Self::start_also_on).
+    pub fn endpoints_on(&self) -> Vec<String> {
+        let extra = self.also_on.as_ref().expect("started with start_also_on");
+        (0..self.ips.len()).map(|i| format!("http://{extra}:{}", 23790 + i)).collect()
     }
 
     /// Waits until every running member answers healthy (it has a leader).

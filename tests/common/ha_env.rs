@@ -14,15 +14,43 @@ use serde_json::Value;
 use super::TestEnv;
 use super::etcd::EtcdCluster;
 
+/// Where [`TestEnv::start_ha_laid_out`] runs its masters.
+pub struct HaLayout {
+    /// Each master's API and agent address, master 0 first.
+    pub addrs: Vec<(String, String)>,
+    /// Master 0 runs in this network namespace.
+    pub netns: Option<String>,
+    /// Master 0's config text (the others get the env's).
+    pub first_config: Option<String>,
+    /// The agents' addresses (they dial from them), if not loopback ones.
+    pub agent_ips: Option<Vec<String>>,
+}
+
 impl TestEnv {
     /// `masters` masters (2 or 3) on `etcd` and three agents, Ready.
     pub async fn start_ha(name: &str, etcd: &EtcdCluster, masters: usize) -> TestEnv {
         let config = super::env::etcd_config(name, etcd);
-        let mut env = TestEnv::new_with(name, &[], &[], 3, "127.0.0.1", Some(&config), masters).await;
+        TestEnv::start_ha_laid_out(name, &config, masters, None).await
+    }
+
+    /// [`start_ha`](Self::start_ha) with the masters where `layout` puts
+    /// them, master 0 with its own config (`config` for the others).
+    pub async fn start_ha_laid_out(name: &str, config: &str, masters: usize, layout: Option<HaLayout>) -> TestEnv {
+        let mut env = TestEnv::new_with(name, &[], &[], 3, "127.0.0.1", Some(config), masters, layout).await;
         for i in 1..=3 {
             let agent = env.spawn_agent(i);
             env.agents.push(agent);
         }
+        env.wait_ready().await;
+        env
+    }
+
+    /// `masters` masters on `etcd` and `agents` simulated agents that know
+    /// all of them (they find the leader as real agents do), Ready.
+    pub async fn start_ha_sim(name: &str, etcd: &EtcdCluster, masters: usize, agents: usize) -> TestEnv {
+        let config = super::env::etcd_config(name, etcd);
+        let mut env = TestEnv::new_with(name, &[], &[], agents, "127.0.0.1", Some(&config), masters, None).await;
+        env.fleet = Some(flotilla::bench::sim::Fleet::start(&env.fleet_config(agents, Default::default())));
         env.wait_ready().await;
         env
     }

@@ -9,6 +9,7 @@ pub mod fake_master;
 pub mod faulty;
 pub mod ha_env;
 pub mod http;
+pub mod netns;
 pub mod package;
 pub mod procfs;
 pub mod scripts;

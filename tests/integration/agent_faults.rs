@@ -167,7 +167,8 @@ async fn a_node_that_dials_again_replaces_its_half_open_connection() {
     }
     new.adopt_credentials(&old);
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(Arc::clone(&new).serve(env.agent_socket(), env.join_token.as_str().into(), stop_rx));
+    let master = flotilla::agent::masters::Masters::one(env.agent_socket());
+    tokio::spawn(Arc::clone(&new).serve(master, env.join_token.as_str().into(), stop_rx));
 
     env.until(15, "the new connection accepted, the old one closed by the master", async || {
         let n = env.node("sim-1").await;

@@ -14,77 +14,13 @@
 //! the agent stops nothing of its instances runs.
 
 use std::process::Child;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::common::netns::Netns;
 use crate::common::scripts::started_at;
 use crate::common::{PackageBuilder, TestEnv, all_instances, id_of, instance_pids, pid_of};
-
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
-/// A network namespace joined to this one by a veth pair, both ends up,
-/// a /30 between them; deleted (with the pair) when dropped.
-struct Netns {
-    name: String,
-    host_if: String,
-    host_ip: String,
-    ns_ip: String,
-}
-
-fn ip(args: &[&str]) {
-    let out = std::process::Command::new("ip").args(args).output().unwrap_or_else(|e| {
-        panic!("cannot run `ip {}` (iproute2, installed by scripts/setup.sh): {e}", args.join(" "))
-    });
-    assert!(
-        out.status.success(),
-        "`ip {}` failed (the partition test needs root and network namespaces): {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl Netns {
-    fn make() -> Netns {
-        let n = NEXT.fetch_add(1, Ordering::SeqCst);
-        let pid = std::process::id();
-        let tag = format!("{}{n}", pid % 100_000);
-        let (a, b) = (200 + pid % 50, (pid / 50 % 60) * 4 + n);
-        let ns = Netns {
-            name: format!("flt-part-{tag}"),
-            host_if: format!("fph{tag}"),
-            host_ip: format!("10.{a}.{b}.1"),
-            ns_ip: format!("10.{a}.{b}.2"),
-        };
-        let peer = format!("fpn{tag}");
-        ip(&["netns", "add", &ns.name]);
-        ip(&["link", "add", &ns.host_if, "type", "veth", "peer", "name", &peer]);
-        ip(&["link", "set", &peer, "netns", &ns.name]);
-        ip(&["addr", "add", &format!("{}/30", ns.host_ip), "dev", &ns.host_if]);
-        ip(&["link", "set", &ns.host_if, "up"]);
-        ip(&["netns", "exec", &ns.name, "ip", "addr", "add", &format!("{}/30", ns.ns_ip), "dev", &peer]);
-        ip(&["netns", "exec", &ns.name, "ip", "link", "set", &peer, "up"]);
-        ip(&["netns", "exec", &ns.name, "ip", "link", "set", "lo", "up"]);
-        ns
-    }
-
-    /// Every packet between the namespace and the host is lost from now.
-    fn cut(&self) {
-        ip(&["link", "set", &self.host_if, "down"]);
-    }
-
-    fn heal(&self) {
-        ip(&["link", "set", &self.host_if, "up"]);
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip").args(["link", "del", &self.host_if]).output();
-        let _ = std::process::Command::new("ip").args(["netns", "del", &self.name]).output();
-    }
-}
 
 /// The agent in the namespace, stopped with SIGTERM when dropped (it was
 /// started with `--stop-instances-on-exit`, so its instances stop too).
@@ -120,8 +56,8 @@ impl Drop for NsAgent {
 /// a cluster `other` of one on `node-1`; every node Ready.
 async fn setup(name: &str, ns: &Netns, node_down_after: &str) -> (TestEnv, NsAgent) {
     let env =
-        TestEnv::start_listening_on(name, &[("FLOTILLA_MASTER_NODE_DOWN_AFTER", node_down_after)], &ns.host_ip).await;
-    let mut cmd = env.extra_agent_command("agent-p", "node-p", &ns.ns_ip, Some(&env.join_token), Some(&ns.name));
+        TestEnv::start_listening_on(name, &[("FLOTILLA_MASTER_NODE_DOWN_AFTER", node_down_after)], ns.host_ip()).await;
+    let mut cmd = env.extra_agent_command("agent-p", "node-p", ns.ns_ip(), Some(&env.join_token), Some(&ns.name));
     let agent = NsAgent(cmd.spawn().expect("spawn the agent in the namespace"));
     env.until(30, "node-p Ready", async || {
         let (_, n) = env.get("/nodes/node-p").await;

@@ -179,7 +179,7 @@ impl Subject {
             }
             Kind::Sim => Subject::Sim {
                 fleet: Some(Fleet::start(&FleetConfig {
-                    master,
+                    masters: flotilla::agent::masters::Masters::one(master),
                     agents: 1,
                     prefix: "battery-sim-".into(),
                     port_range: (20000, 29999),

@@ -10,7 +10,6 @@
 //! are in [`super::faults`].
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,6 +24,7 @@ use super::state::SimState;
 use crate::agent::connection::{
     MAX_REQUESTS_IN_FLIGHT, REPLY_QUEUE, dial, next_connection, split_after_handshake, write_frames,
 };
+use crate::agent::masters::Masters;
 use crate::agent::node::failure;
 use crate::agent::outbox::Outbox;
 use crate::ids::{InstanceId, NodeId};
@@ -108,7 +108,7 @@ impl SimAgent {
 
     async fn enroll(
         &self,
-        master: SocketAddr,
+        masters: Masters,
         join_token: &str,
         max_backoff: Duration,
     ) -> Option<Arc<rustls::ClientConfig>> {
@@ -118,16 +118,8 @@ impl SimAgent {
         let enrolled = match crate::protocol::tls::credentials::NewKey::generate() {
             Ok(key) => {
                 let timeout = Duration::from_secs(30);
-                crate::agent::enroll::request(
-                    &self.node,
-                    join_token,
-                    key,
-                    crate::agent::masters::Masters::one(master),
-                    &self.address,
-                    timeout,
-                    max_backoff,
-                )
-                .await
+                crate::agent::enroll::request(&self.node, join_token, key, masters, &self.address, timeout, max_backoff)
+                    .await
             }
             Err(e) => Err(e.into()),
         };
@@ -141,12 +133,16 @@ impl SimAgent {
     }
 
     /// Enrolls with `join_token` (once; the credentials stay in memory),
-    /// then dials the master until `shutdown`, serving each connection.
-    pub async fn serve(self: Arc<Self>, master: SocketAddr, join_token: Arc<str>, mut shutdown: watch::Receiver<bool>) {
+    /// then dials the masters until `shutdown`, serving each connection:
+    /// as the real agent, the next master at once when one cannot be
+    /// reached, refuses or ends the session, a jittered pause after a
+    /// whole round.
+    pub async fn serve(self: Arc<Self>, masters: Masters, join_token: Arc<str>, mut shutdown: watch::Receiver<bool>) {
         let _ = self.runtime.set(tokio::runtime::Handle::current());
         let max_backoff = Duration::from_secs(2);
+        let mut masters = masters;
         let tls = tokio::select! {
-            tls = self.enroll(master, &join_token, max_backoff) => match tls {
+            tls = self.enroll(masters.clone(), &join_token, max_backoff) => match tls {
                 Some(tls) => tls,
                 None => return,
             },
@@ -157,7 +153,7 @@ impl SimAgent {
             if *shutdown.borrow() {
                 return;
             }
-            let connected = match dial(master, &self.address).await {
+            let connected = match dial(masters.current(), &self.address).await {
                 Ok(tcp) => crate::protocol::tls::connect(tls.clone(), tcp, Duration::from_secs(30)).await,
                 Err(e) => Err(e),
             };
@@ -171,6 +167,9 @@ impl SimAgent {
                 if let Err(e) = r {
                     tracing::debug!(node = %self.node, error = %e, "simulated agent's connection ended");
                 }
+            }
+            if masters.len() > 1 && !masters.advance() {
+                continue;
             }
             tokio::select! {
                 _ = tokio::time::sleep(crate::agent::connection::jittered(backoff)) => {}
@@ -489,7 +488,7 @@ mod tests {
         let agent = SimAgent::new(NodeId::new("kick"), "127.0.0.1".into(), (20000, 20010), Latency::default());
         let (stop, rx) = watch::channel(false);
         let token: Arc<str> = authority.join_token().into();
-        let task = tokio::spawn(agent.clone().serve(listener.local_addr().unwrap(), token, rx));
+        let task = tokio::spawn(agent.clone().serve(Masters::one(listener.local_addr().unwrap()), token, rx));
         let wait = Duration::from_secs(5);
         // It enrolls first, then dials again with its certificate.
         let (stream, _) = tokio::time::timeout(wait, listener.accept()).await.unwrap().unwrap();

@@ -15,20 +15,21 @@ pub mod agent;
 pub mod faults;
 pub mod state;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
 pub use agent::{Latency, SimAgent};
 
+use crate::agent::masters::Masters;
 use crate::ids::{InstanceId, NodeId};
 
 /// How to build a fleet.
 #[derive(Debug, Clone)]
 pub struct FleetConfig {
-    /// The master's agent listener.
-    pub master: SocketAddr,
+    /// The masters' agent listeners (several on etcd: the sims find the
+    /// leader as real agents do).
+    pub masters: Masters,
     pub agents: usize,
     /// Node ids are `<prefix><n>`, n from 1.
     pub prefix: String,
@@ -104,7 +105,7 @@ impl Fleet {
         for i in 0..cfg.agents {
             let node = NodeId::new(format!("{}{}", cfg.prefix, i + 1));
             let agent = SimAgent::new(node, address(i), cfg.port_range, cfg.latency);
-            tasks.push(rt.spawn(agent.clone().serve(cfg.master, token.clone(), rx.clone())));
+            tasks.push(rt.spawn(agent.clone().serve(cfg.masters.clone(), token.clone(), rx.clone())));
             agents.push(agent);
         }
         Fleet { agents, stop, tasks, _apart: None }

@@ -37,6 +37,11 @@ pub struct HealthDto {
     /// On a follower: how stale its reads may be, in milliseconds (its
     /// read model held every write etcd had this long ago; an upper bound).
     pub lag_ms: Option<u64>,
+    /// On a leader: its lease could not be renewed in time (etcd is
+    /// unreachable from it, or without quorum), so it sends agents no
+    /// command until a renewal succeeds; if another master took over
+    /// meanwhile, it exits once etcd answers.
+    pub suspended: bool,
     /// Every master of the installation (on etcd; as last read from it):
     /// where a client goes when this one stops answering.
     pub masters: Vec<MasterDto>,

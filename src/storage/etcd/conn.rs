@@ -1,25 +1,18 @@
 //! One master's connection to etcd: the client, its runtime, the key
-//! layout, the transaction limits and the fence, and the one way a write
-//! reaches etcd ([`Conn::txn`]).
-//!
-//! Every transaction also moves a stamp (`<prefix>_stamp`: the term and a
-//! counter), comparing its revision with the one this master's previous
-//! write left. So a write whose answer was lost (a timeout, a connection
-//! reset after sending) is settled for good by a barrier on the stamp: if
-//! the barrier applies, the lost write never can; if not, the stamp says
-//! which one landed. A stamp moved by anyone else means another writer:
-//! this master stops.
-
-use std::time::Duration;
+//! layout, the transaction limits and the fence; range reads at one
+//! revision, and one stamped, fenced transaction ([`Conn::send_chain`]).
+//! How transactions are chained by their stamps, sent together and settled
+//! when an answer is lost is [`chain`](super::chain).
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
 
 use super::bridge::{Bridge, etcd_error};
 use super::layout::{Layout, prefix_end};
 use super::members::{Members, read_retryable, unreached};
-use super::txn::{EtcdWrite, Limits};
+use super::txn::Limits;
 use crate::storage::StorageError;
 use crate::storage::meta::Scan;
 
@@ -47,10 +40,9 @@ pub struct Conn {
     /// How long one request may take before it counts as lost.
     pub timeout: Duration,
     stamps: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// The write stamp's mod revision as this master's last write left it.
-    stamp_rev: std::sync::Arc<std::sync::atomic::AtomicI64>,
-    /// The last write was unanswered and settled as not landed.
-    lost_in_flight: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The write stamp's value as this master's last landed write left it
+    /// (`None`: no stamp yet under the prefix).
+    pub(super) last_stamp: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
     /// Told when the fence refuses a write (the leadership is over).
     pub on_deposed: Option<std::sync::Arc<dyn Fn(String) + Send + Sync>>,
 }
@@ -61,26 +53,6 @@ impl std::fmt::Debug for Conn {
             .field("prefix", &String::from_utf8_lossy(self.layout.prefix()))
             .field("fence", &self.fence)
             .finish()
-    }
-}
-
-/// How a transaction ended when it did not succeed.
-#[derive(Debug)]
-pub enum TxnFailure {
-    /// Nothing of it was applied (the fence refused it, etcd refused it
-    /// before applying, or the stamp shows it did not land).
-    Refused(StorageError),
-    /// Nobody can tell yet whether it landed (etcd did not answer, nor
-    /// afterwards for the stamp): [`Conn::settle`] with this stamp tells,
-    /// once etcd answers again.
-    Unknown(StorageError, Vec<u8>),
-}
-
-impl TxnFailure {
-    pub fn into_error(self) -> StorageError {
-        match self {
-            TxnFailure::Refused(e) | TxnFailure::Unknown(e, _) => e,
-        }
     }
 }
 
@@ -95,219 +67,107 @@ impl Conn {
             fence: None,
             timeout,
             stamps: Default::default(),
-            stamp_rev: Default::default(),
-            lost_in_flight: Default::default(),
+            last_stamp: Default::default(),
             on_deposed: None,
         }
     }
 
-    fn stamp_key(&self) -> Vec<u8> {
+    pub(super) fn stamp_key(&self) -> Vec<u8> {
         let mut k = self.layout.prefix().to_vec();
         k.extend_from_slice(b"_stamp");
         k
     }
 
-    fn term(&self) -> i64 {
+    pub(super) fn term(&self) -> i64 {
         self.fence.as_ref().map_or(0, |f| f.term)
     }
 
     /// The next stamp: the term and a counter, unique to one transaction.
-    fn next_stamp(&self) -> Vec<u8> {
+    pub(super) fn next_stamp(&self) -> Vec<u8> {
         let n = self.stamps.fetch_add(1, Ordering::Relaxed) + 1;
         let mut stamp = self.term().to_be_bytes().to_vec();
         stamp.extend_from_slice(&n.to_be_bytes());
         stamp
     }
 
-    /// Learns where the stamp is now (boot, before the first write).
+    /// The stamp's value as this master's last landed write left it.
+    pub(super) fn last_stamp(&self) -> Option<Vec<u8>> {
+        self.last_stamp.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(super) fn set_last_stamp(&self, stamp: Option<Vec<u8>>) {
+        *self.last_stamp.lock().unwrap_or_else(|p| p.into_inner()) = stamp;
+    }
+
+    /// Learns the stamp's value now (boot, before the first write).
     pub fn read_stamp(&self) -> Result<(), StorageError> {
         let members = self.members.clone();
         let key = self.stamp_key();
-        let rev = self.bridge.call("reading the write stamp", self.timeout, async move {
+        let value = self.bridge.call("reading the write stamp", self.timeout, async move {
             let get = |c: etcd_client::Client| {
                 let key = key.clone();
                 async move { c.kv_client().get(key, None).await }
             };
             let r = members.run(get, read_retryable).await.map_err(|e| etcd_error("reading the write stamp", e))?;
-            Ok(r.kvs().first().map_or(0, |kv| kv.mod_revision()))
+            Ok(r.kvs().first().map(|kv| kv.value().to_vec()))
         })?;
-        self.stamp_rev.store(rev, Ordering::SeqCst);
+        self.set_last_stamp(value);
         Ok(())
     }
 
-    /// Sends `ops` with the stamp, if the fence and the stamp's revision
-    /// are as this master left them; otherwise answers the leader key's
-    /// create revision and the stamp (value, mod revision) as they are.
-    /// `retry` says which failures send it to the next member.
-    fn send(
-        &self,
-        what: &'static str,
-        mut ops: Vec<TxnOp>,
-        stamp: &[u8],
-        retry: fn(&etcd_client::Error) -> bool,
-        limit: Duration,
-    ) -> Result<Sent, Classified> {
+    /// `ops` as a transaction that applies only if the stamp holds `base`
+    /// (`None`: no stamp yet) and the fence holds, and then puts `stamp`;
+    /// otherwise it reads the stamp and the leader key as they are.
+    pub(super) fn stamped(&self, mut ops: Vec<TxnOp>, base: Option<&[u8]>, stamp: &[u8]) -> Txn {
         ops.push(TxnOp::put(self.stamp_key(), stamp.to_vec(), None));
-        let mut when =
-            vec![Compare::mod_revision(self.stamp_key(), CompareOp::Equal, self.stamp_rev.load(Ordering::SeqCst))];
+        let mut when = vec![match base {
+            Some(v) => Compare::value(self.stamp_key(), CompareOp::Equal, v.to_vec()),
+            None => Compare::version(self.stamp_key(), CompareOp::Equal, 0),
+        }];
         let mut otherwise = vec![TxnOp::get(self.stamp_key(), None)];
         if let Some(f) = &self.fence {
             when.push(Compare::create_revision(f.key.clone(), CompareOp::Equal, f.term));
             otherwise.push(TxnOp::get(f.key.clone(), None));
         }
-        let txn = Txn::new().when(when).and_then(ops).or_else(otherwise);
-        let members = self.members.clone();
-        // Sent again to another member only when it surely reached none.
-        let sent = self.bridge.call(what, limit, async move {
-            let send = |c: etcd_client::Client| {
-                let txn = txn.clone();
-                async move { c.kv_client().txn(txn).await }
-            };
-            Ok(members.run(send, retry).await.map_err(Classified::of))
-        });
-        let r = match sent {
-            Ok(r) => r?,
-            Err(e) => return Err(Classified::Unknown(e)),
-        };
-        let revision = r.header().map_or(0, |h| h.revision());
-        if r.succeeded() {
-            self.stamp_rev.store(revision, Ordering::SeqCst);
-            return Ok(Sent::Applied);
-        }
-        let (mut stamp, mut leader) = (None, 0);
-        for op in r.op_responses() {
-            if let etcd_client::TxnOpResponse::Get(g) = op
-                && let Some(kv) = g.kvs().first()
-            {
-                if kv.key() == self.stamp_key() {
-                    stamp = Some((kv.value().to_vec(), kv.mod_revision()));
-                } else {
-                    leader = kv.create_revision();
-                }
-            }
-        }
-        Ok(Sent::Refused { stamp, leader })
+        Txn::new().when(when).and_then(ops).or_else(otherwise)
     }
 
-    fn deposed(&self, why: String) -> StorageError {
+    /// Sends `txns` all at once and waits for every answer (at most
+    /// `limit`: past it, each unanswered one is unknown). Each is sent
+    /// again to another member only when it surely reached none.
+    pub(super) fn send_all(
+        &self,
+        what: &'static str,
+        txns: Vec<Txn>,
+        limit: Duration,
+    ) -> Vec<Result<Sent, Classified>> {
+        let n = txns.len();
+        let members = self.members.clone();
+        let stamp_key = self.stamp_key();
+        let answers = self.bridge.call(what, limit, async move {
+            let each = txns.into_iter().map(|txn| {
+                let members = members.clone();
+                async move {
+                    let send = |c: etcd_client::Client| {
+                        let txn = txn.clone();
+                        async move { c.kv_client().txn(txn).await }
+                    };
+                    members.run(send, unreached).await.map_err(Classified::of)
+                }
+            });
+            Ok(futures::future::join_all(each).await)
+        });
+        match answers {
+            Ok(answers) => answers.into_iter().map(|a| a.map(|r| Sent::of(&r, &stamp_key))).collect(),
+            Err(e) => (0..n).map(|_| Err(Classified::Unknown(e.duplicate()))).collect(),
+        }
+    }
+
+    pub(super) fn deposed(&self, why: String) -> StorageError {
         if let Some(hook) = &self.on_deposed {
             hook(why);
         }
         StorageError::Deposed { term: self.term() }
-    }
-
-    /// Applies `writes` in one transaction, fenced, and waits for it.
-    ///
-    /// Each transaction also compares the stamp's revision with the one
-    /// this master's last write left, and moves it: so after a write whose
-    /// answer was lost, a barrier (a transaction on the stamp alone, on the
-    /// same compare) settles it for good ([`Conn::settle`]).
-    pub fn txn(&self, writes: Vec<EtcdWrite>) -> Result<(), TxnFailure> {
-        let ops: Vec<TxnOp> = writes.into_iter().map(EtcdWrite::into_op).collect();
-        // A write settled as not landed is sent again once (an etcd leader
-        // election drops the proposals under way): it never lands twice,
-        // the barrier made sure the first one cannot land any more.
-        match self.txn_once(ops.clone()) {
-            Err(TxnFailure::Refused(e)) if matches!(e, StorageError::Etcd(_)) && self.settled_not_landed() => {
-                tracing::warn!(error = %crate::error::ErrorChain(&e), "an etcd write was lost in flight; sending it again");
-                self.txn_once(ops)
-            }
-            other => other,
-        }
-    }
-
-    /// Whether the last write failed unanswered and was settled as not
-    /// landed (so it may be sent again).
-    fn settled_not_landed(&self) -> bool {
-        self.lost_in_flight.swap(false, Ordering::SeqCst)
-    }
-
-    fn txn_once(&self, ops: Vec<TxnOp>) -> Result<(), TxnFailure> {
-        self.lost_in_flight.store(false, Ordering::SeqCst);
-        let stamp = self.next_stamp();
-        match self.send("a write transaction", ops, &stamp, unreached, self.timeout) {
-            Ok(Sent::Applied) => Ok(()),
-            // Refused because an earlier try of this very write landed.
-            Ok(Sent::Refused { stamp: Some((found, rev)), .. }) if found == stamp => {
-                self.stamp_rev.store(rev, Ordering::SeqCst);
-                Ok(())
-            }
-            Ok(Sent::Refused { leader, .. }) if self.fence.is_some() && leader != self.term() => {
-                Err(TxnFailure::Refused(self.deposed(format!(
-                    "a write was refused by the fence: the leader key is no longer term {}'s",
-                    self.term()
-                ))))
-            }
-            Ok(Sent::Refused { .. }) => Err(TxnFailure::Refused(
-                self.deposed(
-                    "a write was refused: the store's write stamp moved, another writer is at work under this prefix"
-                        .into(),
-                ),
-            )),
-            Err(Classified::Definite(e)) => Err(TxnFailure::Refused(e)),
-            Err(Classified::Unknown(e)) => match self.settle(&stamp) {
-                Ok(true) => Ok(()),
-                Ok(false) => {
-                    self.lost_in_flight.store(true, Ordering::SeqCst);
-                    Err(TxnFailure::Refused(e))
-                }
-                Err(later) => Err(TxnFailure::Unknown(
-                    StorageError::Etcd(format!(
-                        "{}; whether it landed is not known yet: {}",
-                        crate::error::ErrorChain(&e),
-                        crate::error::ErrorChain(&later)
-                    )),
-                    stamp,
-                )),
-            },
-        }
-    }
-
-    /// Whether the write that carried `stamp` landed, for good: a barrier
-    /// moves the stamp if the write has not (then it never can: it compares
-    /// the revision the barrier changed), else the stamp shows which of
-    /// them did. Tried until etcd answers (an etcd leader election takes a
-    /// second or two), at most 3 s.
-    pub fn settle(&self, stamp: &[u8]) -> Result<bool, StorageError> {
-        // Long enough for an etcd leader election; past it the write is
-        // left unknown (503) and settled before the next one.
-        let deadline = std::time::Instant::now() + self.timeout.min(Duration::from_secs(3));
-        let mut pause = Duration::from_millis(20);
-        loop {
-            let barrier = self.next_stamp();
-            // Short tries, each on the next member after a failure of any
-            // kind: a barrier is tiny, and whichever lands, the stamp
-            // settles it.
-            let (member, _) = self.members.pick();
-            let attempt = self.timeout.min(Duration::from_secs(2));
-            let last = match self.send("settling a write", Vec::new(), &barrier, unreached, attempt) {
-                Ok(Sent::Applied) => return Ok(false),
-                Ok(Sent::Refused { leader, .. }) if self.fence.is_some() && leader != self.term() => {
-                    return Err(
-                        self.deposed(format!("settling a write: the leader key is no longer term {}'s", self.term()))
-                    );
-                }
-                Ok(Sent::Refused { stamp: Some((found, rev)), .. }) if ours(&found, self.term(), stamp) => {
-                    self.stamp_rev.store(rev, Ordering::SeqCst);
-                    return Ok(found == stamp);
-                }
-                Ok(Sent::Refused { .. }) => {
-                    return Err(self.deposed(
-                        "settling a write: the store's write stamp moved, another writer is at work under this prefix"
-                            .into(),
-                    ));
-                }
-                Err(Classified::Definite(e) | Classified::Unknown(e)) => {
-                    self.members.failed(member);
-                    e
-                }
-            };
-            if std::time::Instant::now() + pause >= deadline {
-                return Err(last);
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(500));
-        }
     }
 
     /// One value by etcd key (blocking).
@@ -412,23 +272,39 @@ impl Conn {
 }
 
 /// How a transaction ended when etcd answered.
-enum Sent {
+pub(super) enum Sent {
     Applied,
-    /// A compare failed: the stamp and the leader key's create revision found.
+    /// A compare failed: the stamp's value (`None`: no stamp) and the
+    /// leader key's create revision (0: no leader key) found.
     Refused {
-        stamp: Option<(Vec<u8>, i64)>,
+        stamp: Option<Vec<u8>>,
         leader: i64,
     },
 }
 
-/// Whether `found` is the stamp of `sent` or of a later barrier of this
-/// term (a counter at least `sent`'s).
-fn ours(found: &[u8], term: i64, sent: &[u8]) -> bool {
-    found.len() == 16 && sent.len() == 16 && found[..8] == term.to_be_bytes() && found[8..] >= sent[8..]
+impl Sent {
+    fn of(r: &etcd_client::TxnResponse, stamp_key: &[u8]) -> Sent {
+        if r.succeeded() {
+            return Sent::Applied;
+        }
+        let (mut stamp, mut leader) = (None, 0);
+        for op in r.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(g) = op
+                && let Some(kv) = g.kvs().first()
+            {
+                if kv.key() == stamp_key {
+                    stamp = Some(kv.value().to_vec());
+                } else {
+                    leader = kv.create_revision();
+                }
+            }
+        }
+        Sent::Refused { stamp, leader }
+    }
 }
 
 /// An etcd client error, sorted by whether the write can have landed.
-enum Classified {
+pub(super) enum Classified {
     Definite(StorageError),
     Unknown(StorageError),
 }

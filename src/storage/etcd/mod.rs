@@ -7,7 +7,8 @@
 //! | [`layout`] | where each column family's keys and the control keys live |
 //! | [`members`] | a client per member, and moving to the next when one cannot answer |
 //! | [`copy`] | `flotilla store migrate`: a single master's RocksDB state into etcd |
-//! | [`conn`] | one fenced, stamped transaction; range reads at one revision |
+//! | [`conn`] | the client, layout, limits and fence; one stamped transaction; range reads at one revision |
+//! | [`chain`] | transactions chained by their stamps: sent together, landing in order; settling a lost answer |
 //! | [`txn`] | coalescing a group-commit round into etcd's per-transaction limits |
 //! | [`sink`] | the writer's sink: rounds as transactions, oversized requests through a redo record |
 //! | [`election`] | the campaign for the leader key, its lease and the renewal thread |
@@ -23,6 +24,7 @@
 //! Every write carries the leader's fence: a deposed leader cannot write.
 
 pub mod bridge;
+pub mod chain;
 pub mod conn;
 pub mod copy;
 pub mod election;
@@ -255,7 +257,7 @@ impl EtcdStore {
             }
             None => {
                 conn.txn(vec![txn::EtcdWrite::Put(schema_key, super::codec::encode(&version)?)])
-                    .map_err(conn::TxnFailure::into_error)?;
+                    .map_err(chain::TxnFailure::into_error)?;
             }
         }
         let last = last_event(&conn)?;

@@ -13,7 +13,8 @@
 
 use sha2::{Digest, Sha256};
 
-use super::conn::{Conn, TxnFailure};
+use super::chain::{ChainFailure, TxnFailure};
+use super::conn::Conn;
 use super::layout::prefix_end;
 use super::txn::{Cost, EtcdWrite, Limits, TxnBuilder};
 use crate::storage::writer::{BatchSink, SinkError};
@@ -27,9 +28,9 @@ pub struct EtcdSink {
     /// or a committed redo record is half applied: the writer refuses
     /// everything after it (the master exits; the next leader reads the truth).
     broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// The stamp of a write whose outcome is not known yet (etcd stopped
+    /// The stamps of writes whose outcome is not known yet (etcd stopped
     /// answering): settled before anything else is written.
-    unsettled: std::cell::RefCell<Option<Vec<u8>>>,
+    unsettled: std::cell::RefCell<Option<Vec<Vec<u8>>>>,
 }
 
 impl EtcdSink {
@@ -50,23 +51,31 @@ impl EtcdSink {
         self.conn.layout.prefix().len() + 24
     }
 
-    fn flush(&self, txn: &mut TxnBuilder) -> Result<(), StorageError> {
-        if txn.is_empty() {
-            *txn = TxnBuilder::default();
-            return Ok(());
-        }
-        let writes = std::mem::take(txn).into_writes();
-        self.send(writes)
+    /// Sends the round's transactions built so far, all at once (they
+    /// land in order); each comes with the index of its first request. A
+    /// failure names the first request not durable.
+    fn flush(&self, txns: &mut Vec<(Vec<EtcdWrite>, usize)>) -> Result<(), (usize, StorageError)> {
+        let built = std::mem::take(txns);
+        let firsts: Vec<usize> = built.iter().map(|(_, first)| *first).collect();
+        self.conn
+            .txns(built.into_iter().map(|(w, _)| w).collect())
+            .map_err(|ChainFailure { landed, failure }| (firsts[landed], self.failed(failure)))
     }
 
     fn send(&self, writes: Vec<EtcdWrite>) -> Result<(), StorageError> {
-        self.conn.txn(writes).map_err(|f| match f {
+        self.conn.txn(writes).map_err(|f| self.failed(f))
+    }
+
+    /// The error of a failed write, keeping its stamps if its outcome is
+    /// not known yet.
+    fn failed(&self, f: TxnFailure) -> StorageError {
+        match f {
             TxnFailure::Refused(e) => e,
-            TxnFailure::Unknown(e, stamp) => {
-                *self.unsettled.borrow_mut() = Some(stamp);
+            TxnFailure::Unknown(e, stamps) => {
+                *self.unsettled.borrow_mut() = Some(stamps);
                 e
             }
-        })
+        }
     }
 
     /// Settles a write whose outcome was unknown: not landed, writing goes
@@ -74,14 +83,14 @@ impl EtcdSink {
     /// is behind the store and it writes nothing more; etcd still silent,
     /// nothing is written yet (a clear refusal, `503`).
     fn settle(&self) -> Result<(), StorageError> {
-        let Some(stamp) = self.unsettled.borrow().clone() else { return Ok(()) };
-        match self.conn.settle(&stamp) {
-            Ok(false) => {
+        let Some(stamps) = self.unsettled.borrow().clone() else { return Ok(()) };
+        match self.conn.settle(&stamps) {
+            Ok(None) => {
                 tracing::warn!("a write whose outcome was unknown did not land: writing goes on");
                 *self.unsettled.borrow_mut() = None;
                 Ok(())
             }
-            Ok(true) => {
+            Ok(Some(_)) => {
                 self.broken.store(true, std::sync::atomic::Ordering::SeqCst);
                 Err(StorageError::Etcd(
                     "a write reported failed did land in etcd: this master's memory is behind its store, it writes nothing more (the next leader reads the truth)".into(),
@@ -125,12 +134,16 @@ impl EtcdSink {
         let layout = &self.conn.layout;
         let chunk = (self.conn.limits.max_bytes / 2).max(1024);
         let chunks: Vec<&[u8]> = record.chunks(chunk).collect();
-        for (i, c) in chunks.iter().enumerate() {
-            self.send(vec![EtcdWrite::Put(layout.redo_chunk(i as u32), c.to_vec())])?;
-        }
         let head =
             Head { chunks: chunks.len() as u32, len: record.len() as u64, sha256: Sha256::digest(&record).into() };
-        self.send(vec![EtcdWrite::Put(layout.redo_head(), head.encode())])?;
+        // Chained: the head lands only after every chunk did.
+        let mut txns: Vec<Vec<EtcdWrite>> = chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| vec![EtcdWrite::Put(layout.redo_chunk(i as u32), c.to_vec())])
+            .collect();
+        txns.push(vec![EtcdWrite::Put(layout.redo_head(), head.encode())]);
+        self.conn.txns(txns).map_err(|f| self.failed(f.failure))?;
         // Committed: from here on the next leader finishes it if we do not.
         Ok(apply(self, writes))
     }
@@ -151,9 +164,12 @@ impl BatchSink for EtcdSink {
         self.settle().map_err(|error| SinkError { durable: 0, error })?;
         let limits = self.limits();
         let overhead = self.overhead();
+        let failed = |(durable, error)| SinkError { durable, error };
+        // The round's transactions, each with its first request, sent
+        // together at the end or before a redo record.
+        let mut txns: Vec<(Vec<EtcdWrite>, usize)> = Vec::new();
         let mut txn = TxnBuilder::default();
-        // The first request of the transaction being built: every one
-        // before it is durable once the transactions before it landed.
+        // The first request of the transaction being built.
         let mut first = 0;
         let mut start = 0;
         for (i, &end) in ends.iter().enumerate() {
@@ -161,40 +177,54 @@ impl BatchSink for EtcdSink {
             start = end;
             let cost = Cost::of(req, overhead);
             if !cost.fits(&limits) {
-                self.flush(&mut txn).map_err(|error| SinkError { durable: first, error })?;
+                close(&mut txn, first, &mut txns);
+                self.flush(&mut txns).map_err(failed)?;
                 self.redo(req)
                     .map_err(|(committed, error)| SinkError { durable: i + usize::from(committed), error })?;
                 first = i + 1;
                 continue;
             }
             if !txn.cost.plus(cost).fits(&limits) {
-                self.flush(&mut txn).map_err(|error| SinkError { durable: first, error })?;
+                close(&mut txn, first, &mut txns);
                 first = i;
             }
             txn.add(&self.conn.layout, req, cost);
         }
-        self.flush(&mut txn).map_err(|error| SinkError { durable: first, error })
+        close(&mut txn, first, &mut txns);
+        self.flush(&mut txns).map_err(failed)
+    }
+}
+
+/// Ends the transaction being built (starting at request `first`), if it
+/// has anything.
+fn close(txn: &mut TxnBuilder, first: usize, txns: &mut Vec<(Vec<EtcdWrite>, usize)>) {
+    let built = std::mem::take(txn);
+    if !built.is_empty() {
+        txns.push((built.into_writes(), first));
     }
 }
 
 /// Applies a committed redo record's writes, then deletes the record.
 fn apply(sink: &EtcdSink, writes: Vec<EtcdWrite>) -> Result<(), StorageError> {
     let limits = sink.limits();
+    let mut parts = Vec::new();
     let mut part = Vec::new();
     let mut bytes = 0;
     for w in writes {
         if !part.is_empty() && (part.len() + 1 > limits.max_ops || bytes + w.bytes() > limits.max_bytes) {
-            sink.send(std::mem::take(&mut part))?;
+            parts.push(std::mem::take(&mut part));
             bytes = 0;
         }
         bytes += w.bytes();
         part.push(w);
     }
     if !part.is_empty() {
-        sink.send(part)?;
+        parts.push(part);
     }
+    // Chained: the record goes only after every part landed.
     let p = sink.conn.layout.redo_prefix();
-    sink.send(vec![EtcdWrite::DeleteRange(p.clone(), prefix_end(&p))])
+    parts.push(vec![EtcdWrite::DeleteRange(p.clone(), prefix_end(&p))]);
+    sink.conn.txns(parts).map_err(|f| sink.failed(f.failure))
 }
 
 /// At takeover, before anything is read: finishes a committed redo record

@@ -14,7 +14,7 @@ use crate::common::etcd::EtcdCluster;
 use crate::common::package::PackageBuilder;
 use crate::common::procfs::pids_by_instance;
 use crate::common::scripts::started_at;
-use crate::common::{TestEnv, all_instances, id_of, pid_alive, pid_of};
+use crate::common::{TestEnv, all_instances, id_of, pid_alive, pid_of, sim};
 
 const SPEC: &str = r#"
 [component]
@@ -104,4 +104,59 @@ async fn a_scale_out_to_150_real_instances_ends_on_the_next_leader_after_a_kill_
     }
     let failures = failures.lock().unwrap();
     assert!(failures.is_empty(), "{} of {} reads failed: {failures:#?}", failures.len(), reads.load(Ordering::SeqCst));
+}
+
+/// The same with 2,000 simulated instances on 20 simulated agents that
+/// know all three masters: the kill lands mid-scale-out, the next leader
+/// ends it `Succeeded`, every instance `Running` and started once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_out_to_2000_simulated_instances_ends_on_the_next_leader_after_a_kill_9() {
+    const TOTAL: usize = 2000;
+    let etcd = EtcdCluster::start(3);
+    let mut env = TestEnv::start_ha_sim("ha-simw", &etcd, 3, 20).await;
+    let (leader, h) = env.follow_leader(None, Duration::from_secs(10)).await;
+    assert_eq!(leader, 0, "master 0 started first and leads: {h:#}");
+    env.upload(&sim::package("simw", "1.0.0", TOTAL as u32)).await;
+    let body = json!({"name": "simw", "package": {"name": "simw", "version": "1.0.0"}, "roles": {"d": {"count": 100}}});
+    env.create_active(body).await;
+    for i in 1..=2 {
+        env.serving_follower(i).await;
+    }
+
+    let (status, resp) = env.post("/clusters/simw/scale", json!({"role": "d", "add": TOTAL - 100})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{resp:#}");
+    let op = resp["operation"]["id"].as_str().expect("op id").to_string();
+    // Killed once the scale-out is under way and far from done.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let running = env.fleet().running();
+        if running >= 300 {
+            assert!(running < TOTAL, "the scale-out ended before the kill: {running} running");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the scale-out did not get going: {running} running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    env.kill_master();
+    env.follow_leader(Some(0), Duration::from_secs(20)).await;
+    env.wait_ready().await;
+    let done = env.wait_op(&op).await;
+    env.assert_succeeded(&done);
+
+    let c = env.cluster("simw").await;
+    assert_eq!(c["status"], "Active", "{}", c["status"]);
+    let members = all_instances(&c);
+    assert_eq!(members.len(), TOTAL);
+    let not_running: Vec<_> = members.iter().filter(|m| m["status"] != "Running").take(3).collect();
+    assert!(not_running.is_empty(), "not Running, e.g. {not_running:#?}");
+    assert_eq!(env.fleet().running(), TOTAL, "the simulated agents do not run {TOTAL} instances");
+    let mut starts = std::collections::HashMap::new();
+    for a in &env.fleet().agents {
+        for (id, i) in &a.state.lock().unwrap().instances {
+            *starts.entry(id.to_string()).or_insert(0u32) += i.starts;
+        }
+    }
+    for m in &members {
+        assert_eq!(starts.get(&id_of(m)), Some(&1), "{} was not started exactly once", id_of(m));
+    }
 }

@@ -8,6 +8,7 @@ mod fencing;
 mod followers;
 mod masters;
 mod migrate;
+mod partition;
 mod rolling;
 mod store;
 
