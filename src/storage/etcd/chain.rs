@@ -145,7 +145,12 @@ impl Conn {
                     known = j + 1;
                     self.set_last_stamp(Some(stamps[j].clone()));
                 }
-                Err(stop) => return (i, Some(stop)),
+                Err(stop) => {
+                    if matches!(stop, Stop::Early) {
+                        self.sent_again.fetch_add((ops.len() - i) as u64, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    return (i, Some(stop));
+                }
             }
         }
         (known, None)

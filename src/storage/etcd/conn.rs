@@ -43,6 +43,9 @@ pub struct Conn {
     /// The write stamp's value as this master's last landed write left it
     /// (`None`: no stamp yet under the prefix).
     pub(super) last_stamp: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    /// Transactions sent again: etcd evaluated them before their
+    /// predecessor in the chain landed.
+    pub sent_again: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Told when the fence refuses a write (the leadership is over).
     pub on_deposed: Option<std::sync::Arc<dyn Fn(String) + Send + Sync>>,
 }
@@ -68,6 +71,7 @@ impl Conn {
             timeout,
             stamps: Default::default(),
             last_stamp: Default::default(),
+            sent_again: Default::default(),
             on_deposed: None,
         }
     }

@@ -276,6 +276,12 @@ impl EtcdStore {
         EtcdStore::open(bridge, members, settings, fence, DEFAULT_QUEUE, super::master_store::DEFAULT_EVENTS_RETAINED)
     }
 
+    /// Transactions sent again because etcd evaluated them before the one
+    /// chained before them had landed (see [`chain`]).
+    pub fn sent_again(&self) -> u64 {
+        self.conn.sent_again.load(Ordering::Relaxed)
+    }
+
     /// The writer every write goes through.
     pub fn writer(&self) -> &StoreWriter {
         &self.writer

@@ -108,7 +108,9 @@ async fn a_leader_cut_off_from_etcd_stops_commanding_in_time_a_follower_leads_an
         }
         Err(e) => e.to_string(),
     };
-    eprintln!("partition: suspended {suspended_at:?}, master {now} led {led_at:?} after the cut; the old leader's write: {refused}");
+    eprintln!(
+        "partition: suspended {suspended_at:?}, master {now} led {led_at:?} after the cut; the old leader's write: {refused}"
+    );
 
     // The agents reach the new leader (the old one lets them go once it
     // has been suspended for as long as a command waits, 10 s); the
