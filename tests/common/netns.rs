@@ -6,8 +6,66 @@
 //! again.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Chromium fails a page's requests with `ERR_NETWORK_CHANGED` when a
+/// network interface or address comes or goes under it: tests that add or
+/// remove them (namespaces, veth pairs, addresses; a local pool's
+/// launches) hold this shared, a test driving Chromium holds it alone.
+/// Shared holders never wait for a waiting browser (one test may hold it
+/// twice): `(shared holders, browsing)`.
+static INTERFACES: Mutex<(usize, bool)> = Mutex::new((0, false));
+static CHANGED: Condvar = Condvar::new();
+
+/// Held while a test may add or remove network interfaces.
+pub struct Changing(());
+
+/// Held while a test drives Chromium.
+pub struct Browsing(());
+
+fn state() -> std::sync::MutexGuard<'static, (usize, bool)> {
+    INTERFACES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn wait(g: std::sync::MutexGuard<'static, (usize, bool)>) -> std::sync::MutexGuard<'static, (usize, bool)> {
+    CHANGED.wait(g).unwrap_or_else(|p| p.into_inner())
+}
+
+/// Waits until no test drives Chromium, then holds interfaces changing.
+pub fn changing_interfaces() -> Changing {
+    let mut g = state();
+    while g.1 {
+        g = wait(g);
+    }
+    g.0 += 1;
+    Changing(())
+}
+
+impl Drop for Changing {
+    fn drop(&mut self) {
+        state().0 -= 1;
+        CHANGED.notify_all();
+    }
+}
+
+/// Waits until no test changes interfaces or browses, then browses.
+pub fn browsing() -> Browsing {
+    let mut g = state();
+    while g.0 > 0 || g.1 {
+        g = wait(g);
+    }
+    g.1 = true;
+    Browsing(())
+}
+
+impl Drop for Browsing {
+    fn drop(&mut self) {
+        state().1 = false;
+        CHANGED.notify_all();
+    }
+}
 
 /// Runs `ip ARGS`, panicking with the reason when it fails.
 pub fn ip(args: &[&str]) {
@@ -37,6 +95,7 @@ pub struct Netns {
     pub links: Vec<Link>,
     /// Addresses added to the host's loopback for the namespace to reach.
     host_addrs: Vec<String>,
+    _changing: Changing,
 }
 
 impl Netns {
@@ -52,6 +111,7 @@ impl Netns {
             net: format!("10.{a}.{b}"),
             links: Vec::new(),
             host_addrs: Vec::new(),
+            _changing: changing_interfaces(),
         };
         ip(&["netns", "add", &ns.name]);
         ip(&["netns", "exec", &ns.name, "ip", "link", "set", "lo", "up"]);

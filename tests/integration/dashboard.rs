@@ -85,6 +85,7 @@ fn an_operator_scales_out_and_watches_a_restart_from_the_dashboard() {
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).expect("screenshot dir");
 
+    let _alone = crate::common::netns::browsing();
     let mut child = Command::new("node")
         .arg(browser_dir().join("dashboard.mjs"))
         .arg(&url)
@@ -177,6 +178,7 @@ fn run_script(dev: &Dev, script: &str, args: &[&str], out: &str) -> serde_json::
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).expect("screenshot dir");
+    let _alone = crate::common::netns::browsing();
     let run = Command::new("node")
         .arg(browser_dir().join(script))
         .args(args)

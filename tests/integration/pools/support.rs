@@ -18,6 +18,7 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 pub(super) struct Space {
     pub(super) prefix: String,
     pub(super) network: String,
+    _changing: crate::common::netns::Changing,
 }
 
 impl Space {
@@ -27,6 +28,7 @@ impl Space {
         Space {
             prefix: format!("tp{}{}", pid % 10_000, (b'a' + n as u8) as char),
             network: format!("10.{}.{}.0/24", 232 + pid % 8, (pid / 8 % 20) * 12 + n),
+            _changing: crate::common::netns::changing_interfaces(),
         }
     }
 
