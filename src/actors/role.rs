@@ -65,6 +65,12 @@ impl Role {
     pub fn may_act(&self) -> bool {
         self.following.is_none() && self.leadership.as_ref().is_none_or(|l| l.is_valid())
     }
+
+    /// Whether it leads but its lease's renewal is overdue (`GET /health`'s
+    /// `suspended`).
+    pub fn suspended(&self) -> bool {
+        self.following.is_none() && self.leadership.as_ref().is_some_and(|l| l.is_suspended())
+    }
 }
 
 /// The `leadership` child: waits until the leadership is lost, then ends
@@ -93,7 +99,7 @@ pub async fn watch_leadership(
         if let Some(why) = lost.borrow_and_update().clone() {
             break why;
         }
-        match (&mut suspended, leadership.is_valid()) {
+        match (&mut suspended, !leadership.is_suspended()) {
             (None, false) => {
                 suspended = Some((std::time::Instant::now(), false));
                 stats.set_state(format!("suspended (term {}): lease not renewed in time", leadership.term));
@@ -114,9 +120,8 @@ pub async fn watch_leadership(
         }
         // Looked at every 100 ms (no command leaves while suspended: the
         // links check before each request).
-        match tokio::time::timeout(std::time::Duration::from_millis(100), lost.changed()).await {
-            Ok(Err(_)) => break "the lease thread ended".to_string(),
-            Ok(Ok(())) | Err(_) => {}
+        if let Ok(Err(_)) = tokio::time::timeout(std::time::Duration::from_millis(100), lost.changed()).await {
+            break "the lease thread ended".to_string();
         }
     };
     let cause = format!("this master's leadership (term {}) is lost: {why}", leadership.term);

@@ -44,7 +44,7 @@ pub async fn health(state: web::Data<AppState>) -> HttpResponse {
         store_engine: if role.leadership.is_some() || following.is_some() { "etcd" } else { "rocksdb" }.into(),
         applied_revision: following.map(|f| f.progress.applied_revision()),
         lag_ms: following.map(|f| f.progress.lag().as_millis() as u64),
-        suspended: following.is_none() && !role.may_act(),
+        suspended: role.suspended(),
         masters: masters(&state),
     })
 }

@@ -82,17 +82,18 @@ impl Conn {
         let mut landed = 0;
         // A write settled as not landed is sent again once (an etcd leader
         // election drops the proposals under way): it never lands twice,
-        // the barrier made sure the first one cannot land any more.
-        let mut resent = false;
+        // the barrier made sure the first one cannot land any more. Once
+        // per transaction: the one sent again last.
+        let mut resent: Option<usize> = None;
         while landed < ops.len() {
             let end = (landed + IN_FLIGHT).min(ops.len());
             let (n, stop) = self.pipeline(&ops[landed..end]);
             landed += n;
             match stop {
                 None | Some(Stop::Early) => {}
-                Some(Stop::Lost(e)) if !resent => {
+                Some(Stop::Lost(e)) if resent != Some(landed) => {
                     tracing::warn!(error = %crate::error::ErrorChain(&e), "an etcd write was lost in flight; sending it again");
-                    resent = true;
+                    resent = Some(landed);
                 }
                 Some(Stop::Lost(e)) => return Err(ChainFailure { landed, failure: TxnFailure::Refused(e) }),
                 Some(Stop::Failed(failure)) => return Err(ChainFailure { landed, failure }),
@@ -202,11 +203,13 @@ impl Conn {
         let deadline = std::time::Instant::now() + self.timeout.min(Duration::from_secs(3));
         let mut pause = Duration::from_millis(20);
         let base = self.last_stamp();
-        // Every barrier tried: one may land although its answer was lost.
-        let mut barriers: Vec<Vec<u8>> = Vec::new();
+        // Every barrier tried since the write went unanswered, kept across
+        // calls until it is settled: one may land although its answer was
+        // lost, even after a call that gave up (a request the bridge timed
+        // out on still runs).
         loop {
             let barrier = self.next_stamp();
-            barriers.push(barrier.clone());
+            self.barriers().push(barrier.clone());
             // Short tries, each on the next member after a failure of any
             // kind: a barrier is tiny, and whichever lands, the stamp
             // settles it.
@@ -216,6 +219,7 @@ impl Conn {
             let answer = self.send_all("settling a write", vec![txn], attempt).pop();
             let last = match answer {
                 Some(Ok(Sent::Applied)) => {
+                    self.barriers().clear();
                     self.set_last_stamp(Some(barrier));
                     return Ok(None);
                 }
@@ -225,10 +229,12 @@ impl Conn {
                     );
                 }
                 Some(Ok(Sent::Refused { stamp: Some(found), .. })) if stamps.contains(&found) => {
+                    self.barriers().clear();
                     self.set_last_stamp(Some(found.clone()));
                     return Ok(stamps.iter().position(|s| *s == found));
                 }
-                Some(Ok(Sent::Refused { stamp: Some(found), .. })) if barriers.contains(&found) => {
+                Some(Ok(Sent::Refused { stamp: Some(found), .. })) if self.barriers().contains(&found) => {
+                    self.barriers().clear();
                     self.set_last_stamp(Some(found));
                     return Ok(None);
                 }

@@ -46,6 +46,8 @@ pub struct Conn {
     /// Transactions sent again: etcd evaluated them before their
     /// predecessor in the chain landed.
     pub sent_again: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The barriers sent for a write not settled yet ([`Conn::settle`]).
+    barriers: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
     /// Told when the fence refuses a write (the leadership is over).
     pub on_deposed: Option<std::sync::Arc<dyn Fn(String) + Send + Sync>>,
 }
@@ -72,6 +74,7 @@ impl Conn {
             stamps: Default::default(),
             last_stamp: Default::default(),
             sent_again: Default::default(),
+            barriers: Default::default(),
             on_deposed: None,
         }
     }
@@ -97,6 +100,10 @@ impl Conn {
     /// The stamp's value as this master's last landed write left it.
     pub(super) fn last_stamp(&self) -> Option<Vec<u8>> {
         self.last_stamp.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(super) fn barriers(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+        self.barriers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(super) fn set_last_stamp(&self, stamp: Option<Vec<u8>>) {

@@ -136,6 +136,12 @@ impl Leadership {
         self.state.epoch.elapsed() >= from && !self.state.left().is_zero()
     }
 
+    /// Whether its renewal is overdue (suspended: no command until one
+    /// succeeds); not while it only waits out a revoked leader's TTL.
+    pub fn is_suspended(&self) -> bool {
+        self.state.left().is_zero()
+    }
+
     /// Resolves with the reason once the leadership is lost.
     pub fn lost(&self) -> tokio::sync::watch::Receiver<Option<String>> {
         self.state.lost.subscribe()

@@ -96,6 +96,7 @@ impl EtcdSink {
                     "a write reported failed did land in etcd: this master's memory is behind its store, it writes nothing more (the next leader reads the truth)".into(),
                 ))
             }
+            Err(e @ StorageError::Deposed { .. }) => Err(e),
             Err(e) => Err(StorageError::Etcd(format!(
                 "etcd does not answer, and whether an earlier write landed is still unknown; nothing is written until it answers: {}",
                 crate::error::ErrorChain(&e)
