@@ -141,8 +141,17 @@ export function actorsView(root, { live }) {
     return { top, under };
   }
 
-  /** The supervision tree: each actor under the one its `parent` names. */
-  function treeRows(actors, under) {
+  /** A master of the installation as `GET /actors` lists it (`masters`). */
+  function masterText(m) {
+    const term = m.term != null ? `, term ${m.term}` : '';
+    const pid = m.pid != null ? `, pid ${m.pid}` : '';
+    return `${m.role}${term}${pid}`;
+  }
+
+  /** The supervision tree: each actor under the one its `parent` names;
+   * on etcd, this master is the root and each other master a root of its
+   * own beside it (a process of its own: not in this tree). */
+  function treeRows(actors, under, masters) {
     const byParent = new Map();
     for (const a of actors) {
       // `master`, `supervisor` (the supervisor's id) or `kind/id`.
@@ -174,10 +183,20 @@ export function actorsView(root, { live }) {
         walk(`${a.kind}/${a.id}`, depth + 1);
       }
     };
+    const me = masters.find((m) => m.this);
     rows.push(h('tr', { class: 'actor-row', dataset: { kind: 'master', id: 'master' } },
-      h('td', { class: 'name', title: 'the root: restarted by the service manager' }, h('span', { class: 'kind' }, 'master')),
-      h('td', { colspan: 9, class: 'muted' }, 'the root (its store writer and supervisor end it if they fail)')));
+      h('td', { class: 'name', title: 'the root: restarted by the service manager' }, h('span', { class: 'kind' }, 'master'),
+        me ? ` ${me.name}` : ''),
+      h('td', { colspan: 9, class: 'muted' }, me ? `this master: ${masterText(me)} · ` : '',
+        'the root (its store writer and supervisor end it if they fail)')));
     walk('master', 1);
+    for (const m of masters.filter((x) => !x.this)) {
+      rows.push(h('tr', { class: 'actor-row peer-master', dataset: { kind: 'master', id: m.name } },
+        h('td', { class: 'name', title: 'another master: a process of its own, supervised by its service manager' },
+          h('span', { class: 'kind' }, 'master'), ` ${m.name}`),
+        h('td', { colspan: 9, class: m.role === 'unreachable' ? 'error-text' : 'muted' }, `${masterText(m)} · `,
+          h('a', { href: `${m.api_url}/api/v1/health` }, 'its health'), m.error ? ` · ${m.error}` : '')));
+    }
     return rows;
   }
 
@@ -187,7 +206,7 @@ export function actorsView(root, { live }) {
     const kind = kindFilter.value;
     let rows;
     if (sortBy.value === 'tree' && !kind) {
-      rows = treeRows(actors, under);
+      rows = treeRows(actors, under, top.masters ?? []);
     } else {
       const pick = { mailbox: (a) => a.mailbox ?? 0, oldest: (a) => a.oldest_message_ms ?? -1, restarts: (a) => a.restarts ?? 0, tree: () => 0 }[sortBy.value];
       rows = [...actors, ...insts]

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod openapi;
 mod packages;
 mod peer_blobs;
+mod peers_view;
 pub mod pools;
 pub mod standby;
 mod status;

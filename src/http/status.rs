@@ -78,7 +78,9 @@ pub struct ActorsQuery {
 ///
 /// The supervisor, cluster actors, node managers, and instance actors
 /// (those of `?cluster=`, or the first `limit` overall), each with its
-/// mailbox, what it handles now and for how long.
+/// mailbox, what it handles now and for how long. On etcd, also every
+/// master of the installation (`masters`: this one, the root, and the
+/// others as their own health says now).
 #[utoipa::path(get, path = "/api/v1/actors", operation_id = "list_actors", tag = "status", params(ActorsQuery), responses(
     (status = 200, description = "The actors", body = ActorsDto),
     (status = 400, response = super::error::BadRequest)))]
@@ -123,7 +125,8 @@ pub async fn actors(state: web::Data<AppState>, q: web::Query<ActorsQuery>) -> H
             }));
         }
     }
-    HttpResponse::Ok().json(ActorsDto { actors: out, instance_actors: instance_total })
+    let masters = if q.cluster.is_none() { super::peers_view::masters(&state).await } else { Vec::new() };
+    HttpResponse::Ok().json(ActorsDto { actors: out, instance_actors: instance_total, masters })
 }
 
 fn node_dto(state: &AppState, n: &crate::actors::read_model::NodeEntry, with_instances: bool) -> NodeDto {

@@ -3,7 +3,8 @@
 //
 //   node ha.mjs LOGIN_URL OUT_DIR
 //
-// The header says which master leads and in which term; the leader's
+// The header says which master leads and in which term, the actor tree
+// lists the two other masters following; the leader's
 // process is then killed (its pid from /api/v1/health); the page says the
 // master it talks to no longer leads (or answers) and links to another;
 // the link opens the dashboard on the new leader, signed in, in a later
@@ -33,6 +34,12 @@ try {
   seen.before = await badge.innerText();
   seen.termBefore = Number(await badge.getAttribute('data-term'));
   expect(/leads · term \d+/.test(seen.before), `the leader and its term in the header, not ${seen.before}`);
+  // The actor tree (the home view): this master its root, the two others
+  // beside it as their own health says (following).
+  await page.evaluate(() => { window.location.hash = '#/actors'; });
+  await page.waitForFunction(() => document.querySelectorAll('#actor-tree tr.peer-master').length === 2);
+  seen.peers = await page.locator('#actor-tree tr.peer-master').allInnerTexts();
+  expect(seen.peers.every((t) => t.includes('follower')), `the other masters following: ${seen.peers}`);
   await page.screenshot({ path: join(outDir, 'leader.png') });
 
   const health = await page.evaluate(async () => (await fetch('/api/v1/health')).json());

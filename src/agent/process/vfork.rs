@@ -43,8 +43,9 @@
 //! `execve` copies into the new program. A vfork child shares the agent's
 //! address space, so it cannot clear the flag for itself alone: it clears the
 //! shared flag right before `execve` (the new program inherits "off" no
-//! more), and the parent sets it again as soon as the child has left. Spawns
-//! that do this hold one lock, so no child can inherit another's window;
+//! more), and the parent sets it again as soon as the child has left. Every
+//! spawn holds one lock from reading the flag until its child has left, so
+//! no child can inherit another's window (nor read the flag inside one);
 //! during a window (the length of an `exec`) the agent's own new memory may
 //! get huge pages.
 #![allow(unsafe_code)]
@@ -173,8 +174,16 @@ struct Prepared {
     report: RawFd,
 }
 
-/// Held by a spawn while the agent's no-huge-pages flag is cleared.
+/// Held by every spawn from reading the agent's no-huge-pages flag until
+/// its child has left (the flag cleared meanwhile when it was set).
 static THP_WINDOW: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Test hooks: no spawn is inside its window while this is held (a test
+/// reads or changes the flag under it).
+#[cfg(test)]
+pub(crate) fn hold_thp_window() -> std::sync::MutexGuard<'static, ()> {
+    THP_WINDOW.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// All signals, as the kernel's 64-bit set (glibc's `sigfillset` leaves out
 /// the two it uses itself, which must be blocked too).
@@ -197,8 +206,11 @@ pub fn spawn(exec: &Exec) -> io::Result<u32> {
     let terminated = |v: &[*const c_char]| v.iter().copied().chain(std::iter::once(std::ptr::null())).collect();
     let argv: Vec<*const c_char> = exec.argv.iter().map(|c| c.as_ptr()).collect();
     let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
-    // Before anything the child could see: whether the agent runs with huge
-    // pages off (the allocator's doing; a test may change it).
+    // Whether the agent runs with huge pages off (the allocator's doing; a
+    // test may change it), read under the lock: read outside it, it could
+    // be read inside another spawn's window (cleared for that child), and
+    // this child would then exec after that spawn set it again, off.
+    let window = THP_WINDOW.lock().unwrap_or_else(|p| p.into_inner());
     let thp_off = nix::sys::prctl::get_thp_disable().unwrap_or(false);
     let prepared = Prepared {
         candidates: exec.candidates.iter().map(|c| c.as_ptr()).collect(),
@@ -221,7 +233,6 @@ pub fn spawn(exec: &Exec) -> io::Result<u32> {
     let mut stack = vec![0u8; CHILD_STACK];
     // Stacks grow down; the top must be 16-byte aligned.
     let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
-    let window = thp_off.then(|| THP_WINDOW.lock().unwrap_or_else(|p| p.into_inner()));
     let old_mask = set_mask(ALL_SIGNALS);
     // SAFETY: `child` only reads `prepared` (alive until clone returns, which
     // with CLONE_VFORK is after the child called exec or exited) and runs on

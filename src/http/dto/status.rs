@@ -127,6 +127,22 @@ impl From<ActorInfo> for ActorDto {
     }
 }
 
+/// One master of the installation as `GET /actors` sees it now.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MasterStateDto {
+    pub name: String,
+    /// Its API's base URL.
+    pub api_url: String,
+    /// The master that answered this request (the root of `actors`).
+    pub this: bool,
+    /// `leader`, `leader (suspended)`, `follower`, or `unreachable` (its
+    /// health did not answer within 500 ms: `error` says why).
+    pub role: String,
+    pub term: Option<i64>,
+    pub pid: Option<u32>,
+    pub error: Option<String>,
+}
+
 /// `GET /actors`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ActorsDto {
@@ -135,4 +151,8 @@ pub struct ActorsDto {
     pub actors: Vec<ActorDto>,
     /// How many instance actors there are (of `?cluster=`, or in all).
     pub instance_actors: usize,
+    /// On etcd: every master of the installation, this one first (each
+    /// is the root of its own tree; another's tree is its own `GET
+    /// /actors`). Empty with the embedded store.
+    pub masters: Vec<MasterStateDto>,
 }

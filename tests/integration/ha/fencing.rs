@@ -45,14 +45,7 @@ async fn a_paused_leader_woken_after_a_takeover_writes_nothing_commands_nothing_
     // Woken up: it believes it leads until its first write or renewal says
     // otherwise, then exits with that cause.
     env.signal_ha(0, Signal::SIGCONT);
-    let exit = env.ha_exit_within(0, Duration::from_secs(20)).await;
-    let log = env.ha_log(0);
-    assert!(exit.is_some(), "the woken leader did not exit\n{log}");
-    assert!(
-        log.contains("leadership")
-            && ["refused by the fence", "lease is gone", "another master leads"].iter().any(|why| log.contains(why)),
-        "the woken leader's log does not say why it stopped\n{log}"
-    );
+    super::exits_saying_why(&mut env, 0, Duration::from_secs(20), "the woken leader").await;
     // It changed nothing: the new leader still leads in its term, every
     // member runs once, the same processes as before it woke.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -157,6 +157,22 @@ async fn a_follower_serves_reads_from_its_own_view_and_sends_the_rest_to_the_lea
     let refused =
         until(20, || async { get(&viewer, &format!("{follower_api}/clusters")).await.0 == StatusCode::UNAUTHORIZED });
     assert!(refused.await, "a revoked token still reads on the follower");
+
+    // The installation's masters beside the actor tree: the leader its
+    // root, the follower as its own health says; unreachable once gone.
+    let (_, a) = env.get("/actors").await;
+    let m = a["masters"].as_array().expect("masters").clone();
+    assert_eq!(m.len(), 2, "{a:#}");
+    assert_eq!((&m[0]["this"], &m[0]["role"], &m[0]["term"]), (&json!(true), &json!("leader"), &lh["term"]), "{m:#?}");
+    let pid1 = env.ha_pid(1);
+    assert_eq!(
+        (&m[1]["this"], &m[1]["role"], &m[1]["pid"]),
+        (&json!(false), &json!("follower"), &json!(pid1)),
+        "{m:#?}"
+    );
+    env.signal_ha(1, nix::sys::signal::Signal::SIGKILL);
+    let gone = until(20, || async { env.get("/actors").await.1["masters"][1]["role"] == "unreachable" });
+    assert!(gone.await, "a killed follower is not shown unreachable: {:#}", env.get("/actors").await.1["masters"]);
 }
 
 #[tokio::test]

@@ -18,6 +18,19 @@ use crate::common::TestEnv;
 use crate::common::package::PackageBuilder;
 use crate::common::scripts::RECORD_AND_SLEEP;
 
+/// Master `i`, deposed, exits within `within` and its log says why (its
+/// lease gone, a write refused by the fence, or another master leading).
+pub(crate) async fn exits_saying_why(env: &mut TestEnv, i: usize, within: std::time::Duration, who: &str) {
+    let exit = env.ha_exit_within(i, within).await;
+    let log = env.ha_log(i);
+    assert!(exit.is_some(), "{who} did not exit\n{log}");
+    assert!(
+        log.contains("leadership")
+            && ["refused by the fence", "lease is gone", "another master leads"].iter().any(|why| log.contains(why)),
+        "{who}'s log does not say why it stopped\n{log}"
+    );
+}
+
 /// Uploads `master_restart`'s package and makes cluster `mr` of `count`
 /// members, Active; the cluster.
 pub(crate) async fn create_mr(env: &TestEnv, count: u32) -> Value {

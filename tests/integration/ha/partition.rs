@@ -125,14 +125,7 @@ async fn a_leader_cut_off_from_etcd_stops_commanding_in_time_a_follower_leads_an
     // Healed: etcd tells the old leader its lease is gone; it exits with
     // that cause, and started again it follows.
     ns.heal_link(1);
-    let exit = env.ha_exit_within(0, Duration::from_secs(30)).await;
-    let log0 = env.ha_log(0);
-    assert!(exit.is_some(), "the old leader did not exit after the heal\n{log0}");
-    assert!(
-        log0.contains("leadership")
-            && ["lease is gone", "refused by the fence", "another master leads"].iter().any(|w| log0.contains(w)),
-        "the old leader's log does not say why it stopped\n{log0}"
-    );
+    super::exits_saying_why(&mut env, 0, Duration::from_secs(30), "the old leader, healed").await;
     env.respawn_ha(0);
     let h = env.serving_follower(0).await;
     assert_eq!(h["term"].as_i64(), Some(term1), "{h:#}");
