@@ -68,6 +68,11 @@ pub(super) async fn run(state: &AppState, name: &str, req: OpRequest, dry_run: b
         match answered {
             Ok(answer) => return answer,
             Err(Unanswered::Dropped) if sent < MAX_SENDS => successor(state, name, &handle, deadline, limit).await?,
+            // Its cluster deleted meanwhile: the actor stops once the delete
+            // has ended (the name freed first), dropping what it had taken.
+            Err(Unanswered::Failed) if state.shared.registry.get(name).is_none_or(|h| h.cluster != handle.cluster) => {
+                return Err(ApiError(Error::not_found("cluster", name)));
+            }
             Err(Unanswered::Failed) => return Err(failed_handling(name, upgrade, dry_run)),
             // The caller waited the whole limit, whatever this try had left.
             Err(Unanswered::Late(_)) => return Err(not_taken(limit)),
