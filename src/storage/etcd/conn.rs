@@ -1,6 +1,7 @@
 //! One master's connection to etcd: the client, its runtime, the key
 //! layout, the transaction limits and the fence; range reads at one
-//! revision, and one stamped, fenced transaction ([`Conn::send_chain`]).
+//! revision; a stamped, fenced transaction ([`Conn::stamped`]) and sending
+//! several at once ([`Conn::send_all`]).
 //! How transactions are chained by their stamps, sent together and settled
 //! when an answer is lost is [`chain`](super::chain).
 
