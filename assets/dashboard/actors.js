@@ -195,7 +195,8 @@ export function actorsView(root, { live }) {
         h('td', { class: 'name', title: 'another master: a process of its own, supervised by its service manager' },
           h('span', { class: 'kind' }, 'master'), ` ${m.name}`),
         h('td', { colspan: 9, class: m.role === 'unreachable' ? 'error-text' : 'muted' }, `${masterText(m)} · `,
-          h('a', { href: `${m.api_url}/api/v1/health` }, 'its health'), m.error ? ` · ${m.error}` : '')));
+          /^https?:\/\//.test(m.api_url) ? h('a', { href: `${m.api_url}/api/v1/health` }, 'its health') : m.api_url,
+          m.error ? ` · ${m.error}` : '')));
     }
     return rows;
   }

@@ -52,13 +52,24 @@ pub async fn masters(state: &AppState) -> Vec<MasterStateDto> {
     }];
     let others = peers.into_iter().filter(|p| p.name != me).map(|p| async move {
         let url = format!("{}/api/v1/health", p.api_url.trim_end_matches('/'));
-        let asked = async { client().get(&url).timeout(ASK_LIMIT).send().await?.error_for_status()?.json().await };
+        let asked = async {
+            let r = client().get(&url).timeout(ASK_LIMIT).send().await?;
+            // Up, but its health is not open (`open_health = false`).
+            if matches!(r.status().as_u16(), 401 | 403) {
+                return Ok(None);
+            }
+            r.error_for_status()?.json::<serde_json::Value>().await.map(Some)
+        };
         let (role, term, pid, error) = match asked.await {
-            Ok(h) => {
-                let h: serde_json::Value = h;
-                let role = h["role"].as_str().unwrap_or("unknown").to_string();
+            Ok(Some(h)) => {
+                let role = match (h["role"].as_str(), h["suspended"] == true) {
+                    (Some("leader"), true) => "leader (suspended)".to_string(),
+                    (Some(r), _) => r.to_string(),
+                    (None, _) => "unknown".to_string(),
+                };
                 (role, h["term"].as_i64(), h["pid"].as_u64().map(|p| p as u32), None)
             }
+            Ok(None) => ("answering (its health needs a token)".to_string(), None, None, None),
             Err(e) => ("unreachable".to_string(), None, None, Some(crate::error::ErrorChain(&e).to_string())),
         };
         MasterStateDto { name: p.name, api_url: p.api_url, this: false, role, term, pid, error }

@@ -104,7 +104,9 @@ impl Netns {
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let pid = std::process::id();
         let tag = format!("{}{n}", pid % 100_000);
-        let (a, b) = (200 + pid % 50, (pid / 50 % 60) * 4 + n);
+        // 10.200-229 (pools' Spaces use 10.232-239, dev's pools 10.245-246,
+        // the HA partition test's host addresses 10.250).
+        let (a, b) = (200 + pid % 30, (pid / 30 % 60) * 4 + n);
         let mut ns = Netns {
             name: format!("flt-part-{tag}"),
             tag,
@@ -130,13 +132,15 @@ impl Netns {
         };
         let peer = format!("fpn{}{}", self.tag, if k == 0 { String::new() } else { format!("x{k}") });
         ip(&["link", "add", &link.host_if, "type", "veth", "peer", "name", &peer]);
+        // Deleted with the namespace from here on, whatever fails next.
+        self.links.push(link);
+        let link = &self.links[k];
         ip(&["link", "set", &peer, "netns", &self.name]);
         ip(&["addr", "add", &format!("{}/30", link.host_ip), "dev", &link.host_if]);
         ip(&["link", "set", &link.host_if, "up"]);
         ip(&["netns", "exec", &self.name, "ip", "addr", "add", &format!("{}/30", link.ns_ip), "dev", &peer]);
         ip(&["netns", "exec", &self.name, "ip", "link", "set", &peer, "up"]);
-        self.links.push(link);
-        &self.links[k]
+        link
     }
 
     /// The first link's host end.
@@ -170,6 +174,8 @@ impl Netns {
     /// Adds `addr` to the host's loopback (removed when dropped) and routes
     /// the namespace's traffic for it through the first link.
     pub fn reach_host_addr(&mut self, addr: &str) {
+        // One a killed run of the same test left behind goes first.
+        let _ = std::process::Command::new("ip").args(["addr", "del", &format!("{addr}/32"), "dev", "lo"]).output();
         ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"]);
         self.host_addrs.push(addr.to_string());
         let via = self.links[0].host_ip.clone();

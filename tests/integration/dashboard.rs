@@ -147,6 +147,9 @@ fn an_operation_that_waited_for_a_node_shows_its_request_and_the_pool_on_the_das
          [node_pools.settings]\nprefix = \"{prefix}\"\nnetwork = \"10.246.{}.0/24\"\n",
         std::process::id() % 250
     );
+    // Its local pool adds a namespace and a veth for the node it launches:
+    // not while another test's page is open (its own page reloads once).
+    let changing = crate::common::netns::changing_interfaces();
     let dev = Dev::start_with(0, Some(&config));
     let url = login_url(&dev);
     let created = dev.json(&["cluster", "create", "w", "--package", "web:1.0.0", "--role", "server=1"]);
@@ -154,6 +157,7 @@ fn an_operation_that_waited_for_a_node_shows_its_request_and_the_pool_on_the_das
     let op = op.to_string();
     let ended = dev.json(&["op", "get", &op]);
     assert_eq!(ended["operation"]["status"].as_str().or(ended["status"].as_str()), Some("Succeeded"), "{ended}");
+    drop(changing);
     run_script(&dev, "pools.mjs", &[url.as_str(), op.as_str(), "dash"], "dashboard-pools");
 }
 

@@ -61,6 +61,8 @@ async fn dev_restarts_a_killed_agent_and_ctrl_c_leaves_nothing_running() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_with_a_local_pool_runs_its_spare_node_and_ctrl_c_deletes_it() {
+    // Its local pool adds and removes namespaces and veths.
+    let _changing = crate::common::netns::changing_interfaces();
     let prefix = format!("dv{}", std::process::id() % 100_000);
     let config = format!(
         "[[node_pools]]\nname = \"spare\"\ndriver = \"local\"\nmax_nodes = 2\nmin_ready = 1\nlabels = {{ kind = \"ns\" }}\n\

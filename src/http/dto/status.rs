@@ -135,7 +135,8 @@ pub struct MasterStateDto {
     pub api_url: String,
     /// The master that answered this request (the root of `actors`).
     pub this: bool,
-    /// `leader`, `leader (suspended)`, `follower`, or `unreachable` (its
+    /// `leader`, `leader (suspended)`, `follower`, `answering (its health
+    /// needs a token)` (`open_health = false` there), or `unreachable` (its
     /// health did not answer within 500 ms: `error` says why).
     pub role: String,
     pub term: Option<i64>,

@@ -85,8 +85,9 @@ async fn a_leader_cut_off_from_etcd_stops_commanding_in_time_a_follower_leads_an
     }
     let (suspended_at, led_at) = (suspended_at.unwrap(), led_at.unwrap());
     // Suspended at 0.9 TTL after its last renewal was sent, which was at
-    // most a third of the TTL before the cut (plus this loop's polling).
-    assert!(suspended_at < TTL + Duration::from_millis(500), "suspended {suspended_at:?} after the cut (TTL {TTL:?})");
+    // most a third of the TTL before the cut (plus this loop's polling, up
+    // to a second per master that is slow to answer).
+    assert!(suspended_at < TTL + Duration::from_secs(1), "suspended {suspended_at:?} after the cut (TTL {TTL:?})");
     assert!(suspended_at < led_at, "suspended at {suspended_at:?}, but another master led at {led_at:?}");
     let (now, h1) = new_leader.unwrap();
     let term1 = h1["term"].as_i64().expect("term");
