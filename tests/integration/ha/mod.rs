@@ -19,14 +19,17 @@ use crate::common::package::PackageBuilder;
 use crate::common::scripts::RECORD_AND_SLEEP;
 
 /// Master `i`, deposed, exits within `within` and its log says why (its
-/// lease gone, a write refused by the fence, or another master leading).
+/// lease gone, a write refused by the fence, the leader key found another's
+/// while settling a write, or another master leading).
 pub(crate) async fn exits_saying_why(env: &mut TestEnv, i: usize, within: std::time::Duration, who: &str) {
     let exit = env.ha_exit_within(i, within).await;
     let log = env.ha_log(i);
     assert!(exit.is_some(), "{who} did not exit\n{log}");
     assert!(
         log.contains("leadership")
-            && ["refused by the fence", "lease is gone", "another master leads"].iter().any(|why| log.contains(why)),
+            && ["refused by the fence", "lease is gone", "another master leads", "the leader key is no longer"]
+                .iter()
+                .any(|why| log.contains(why)),
         "{who}'s log does not say why it stopped\n{log}"
     );
 }
