@@ -202,29 +202,18 @@ both_modes!(foreground_start_is_idempotent_and_stop_kills_it);
 /// started with, not the agent's.
 #[tokio::test]
 async fn an_instance_does_not_inherit_the_agents_huge_pages_or_fd_limit() {
-    use nix::sys::prctl::{get_thp_disable, set_thp_disable};
     crate::fd_limit::raise();
     let (soft, _) = crate::fd_limit::original().expect("raise() records the original limit");
-    // Read and changed only while no other test's spawn is inside its
-    // window (the flag is the whole process's).
-    let was = {
-        let _w = super::vfork::hold_thp_window();
-        let was = get_thp_disable().unwrap();
-        set_thp_disable(true).unwrap();
-        was
-    };
+    // Changed only while no other test's spawn is inside its window (the
+    // flag is the whole process's).
+    let was = super::vfork::swap_thp_disable(true);
     let f = Fixture::new("thp", true);
     f.script("bin/run.sh", "exec sleep 1000");
     let spec = spec(&["bin/run.sh"]);
     let started = f.ctl.start(&f.start_req(&spec, None)).await;
     // The child shared the agent's address space until its exec: the flag
     // it cleared there for the new program is the agent's, set again since.
-    let agent_still_off = {
-        let _w = super::vfork::hold_thp_window();
-        let off = get_thp_disable().unwrap();
-        set_thp_disable(was).unwrap();
-        off
-    };
+    let agent_still_off = super::vfork::swap_thp_disable(was);
     assert!(agent_still_off, "the agent's own huge pages were turned back on by a spawn");
     let id = started.unwrap().identity;
     assert_eq!(status_field(id.pid, "THP_enabled"), vec!["1"], "the instance runs with huge pages disabled");

@@ -178,11 +178,14 @@ struct Prepared {
 /// its child has left (the flag cleared meanwhile when it was set).
 static THP_WINDOW: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Test hooks: no spawn is inside its window while this is held (a test
-/// reads or changes the flag under it).
+/// Test hooks: sets the agent's no-huge-pages flag to `off` while no spawn
+/// is inside its window; what it was.
 #[cfg(test)]
-pub(crate) fn hold_thp_window() -> std::sync::MutexGuard<'static, ()> {
-    THP_WINDOW.lock().unwrap_or_else(|p| p.into_inner())
+pub(crate) fn swap_thp_disable(off: bool) -> bool {
+    let _window = THP_WINDOW.lock().unwrap_or_else(|p| p.into_inner());
+    let was = nix::sys::prctl::get_thp_disable().expect("PR_GET_THP_DISABLE");
+    nix::sys::prctl::set_thp_disable(off).expect("PR_SET_THP_DISABLE");
+    was
 }
 
 /// All signals, as the kernel's 64-bit set (glibc's `sigfillset` leaves out

@@ -28,6 +28,40 @@ start = ["bin/start.sh"]
 stop_grace = "2s"
 "#;
 
+/// Scales `cluster` out by `body`, kills the leader (`kill -9`) once
+/// `running` counts `at_least` (within `within`), follows the next leader
+/// and waits for the scale-out to end `Succeeded` there; the cluster then,
+/// `Active`.
+async fn scale_out_across_a_kill(
+    env: &mut TestEnv,
+    cluster: &str,
+    body: serde_json::Value,
+    at_least: usize,
+    within: Duration,
+    running: impl AsyncFn(&TestEnv) -> usize,
+) -> serde_json::Value {
+    let (status, resp) = env.post(&format!("/clusters/{cluster}/scale"), body).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{resp:#}");
+    let op = resp["operation"]["id"].as_str().expect("op id").to_string();
+    let deadline = Instant::now() + within;
+    loop {
+        let n = running(env).await;
+        if n >= at_least {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the scale-out did not get going: {n} running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    env.kill_master();
+    env.follow_leader(Some(0), Duration::from_secs(20)).await;
+    env.wait_ready().await;
+    let done = env.wait_op(&op).await;
+    env.assert_succeeded(&done);
+    let c = env.cluster(cluster).await;
+    assert_eq!(c["status"], "Active", "{}", c["status"]);
+    c
+}
+
 #[tokio::test]
 async fn a_scale_out_to_150_real_instances_ends_on_the_next_leader_after_a_kill_9() {
     let etcd = EtcdCluster::start(3);
@@ -65,28 +99,12 @@ async fn a_scale_out_to_150_real_instances_ends_on_the_next_leader_after_a_kill_
         }));
     }
 
-    let (status, resp) = env.post("/clusters/wide/scale", json!({"role": "svc", "add": 140})).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{resp:#}");
-    let op = resp["operation"]["id"].as_str().expect("op id").to_string();
     // Killed once the scale-out is well under way: some new members run.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let c = env.cluster("wide").await;
-        let running = all_instances(&c).iter().filter(|i| i["status"] == "Running").count();
-        if running >= 30 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the scale-out did not get going: {running} running");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    env.kill_master();
-    env.follow_leader(Some(0), Duration::from_secs(20)).await;
-    env.wait_ready().await;
-    let done = env.wait_op(&op).await;
-    env.assert_succeeded(&done);
-
-    let c = env.cluster("wide").await;
-    assert_eq!(c["status"], "Active", "{}", c["status"]);
+    let running = async |env: &TestEnv| {
+        all_instances(&env.cluster("wide").await).iter().filter(|i| i["status"] == "Running").count()
+    };
+    let body = json!({"role": "svc", "add": 140});
+    let c = scale_out_across_a_kill(&mut env, "wide", body, 30, Duration::from_secs(60), running).await;
     let members = all_instances(&c);
     assert_eq!(members.len(), 150);
     let running = pids_by_instance();
@@ -123,28 +141,14 @@ async fn a_scale_out_to_2000_simulated_instances_ends_on_the_next_leader_after_a
         env.serving_follower(i).await;
     }
 
-    let (status, resp) = env.post("/clusters/simw/scale", json!({"role": "d", "add": TOTAL - 100})).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{resp:#}");
-    let op = resp["operation"]["id"].as_str().expect("op id").to_string();
     // Killed once the scale-out is under way and far from done.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let running = env.fleet().running();
-        if running >= 300 {
-            assert!(running < TOTAL, "the scale-out ended before the kill: {running} running");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the scale-out did not get going: {running} running");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    env.kill_master();
-    env.follow_leader(Some(0), Duration::from_secs(20)).await;
-    env.wait_ready().await;
-    let done = env.wait_op(&op).await;
-    env.assert_succeeded(&done);
-
-    let c = env.cluster("simw").await;
-    assert_eq!(c["status"], "Active", "{}", c["status"]);
+    let running = async |env: &TestEnv| {
+        let n = env.fleet().running();
+        assert!(n < TOTAL, "the scale-out ended before the kill: {n} running");
+        n
+    };
+    let body = json!({"role": "d", "add": TOTAL - 100});
+    let c = scale_out_across_a_kill(&mut env, "simw", body, 300, Duration::from_secs(120), running).await;
     let members = all_instances(&c);
     assert_eq!(members.len(), TOTAL);
     let not_running: Vec<_> = members.iter().filter(|m| m["status"] != "Running").take(3).collect();
