@@ -1,7 +1,6 @@
 //! Starts a master: opens storage, loads the read model, starts the actors,
 //! the agent listener and the admin API. Runs inside an actix `System`.
 
-use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -22,6 +21,7 @@ use crate::actors::trust::Trust;
 use crate::actors::{Limits, Shared, Timing};
 use crate::config::MasterConfig;
 use crate::spec::ComponentSpec;
+use crate::storage::meta::ClusterState;
 use crate::storage::{BlobStore, MetaStore, meta};
 
 #[derive(Debug, thiserror::Error)]
@@ -169,27 +169,25 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         crate::open_store::OpenError::Listen(source) => MasterError::Listen { addr: cfg.http_addr.clone(), source },
     })?;
     let (store, role, peers, handover) = (opened.store, opened.role, opened.peers, opened.handover);
+    let (won, view) = (opened.won, opened.view);
+    let from_view = view.is_some();
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
     let loader = store.clone();
+    let check_view = cfg.etcd.takeover == crate::storage::etcd::Takeover::Checked;
     let (snapshot, history, gone) = tokio::task::spawn_blocking(move || {
-        let snap = meta::load_boot(&*loader)?;
-        let running: std::collections::HashSet<_> = snap.operations.iter().map(|o| o.id).collect();
-        let mut history: HashMap<_, VecDeque<_>> = snap.clusters.iter().map(|c| (c.id, VecDeque::new())).collect();
-        let mut gone = Vec::new();
-        for (cluster, created, id) in meta::all_cluster_operations(&*loader)? {
-            if running.contains(&id) {
-                continue;
-            }
-            match history.get_mut(&cluster) {
-                Some(ended) => ended.push_back((created, id)),
-                None => gone.push((created, id, cluster)),
-            }
+        if let (true, Some(view)) = (check_view, &view)
+            && let Some(diff) = ClusterState::load(&*loader).map_err(MasterError::Storage)?.difference(view)
+        {
+            return Err(MasterError::Fatal(format!(
+                "the view this master kept as a follower differs from the store ([etcd] takeover = \"checked\"): {diff}"
+            )));
         }
-        Ok::<_, crate::storage::StorageError>((snap, history, gone))
+        let snap = meta::load_boot_with(&*loader, view).map_err(MasterError::Storage)?;
+        let (history, gone) = meta::ended_operations(&*loader, &snap).map_err(MasterError::Storage)?;
+        Ok((snap, history, gone))
     })
     .await
-    .map_err(|e| MasterError::Storage(crate::storage::StorageError::Codec(e.to_string())))?
-    .map_err(MasterError::Storage)?;
+    .map_err(|e| MasterError::Storage(crate::storage::StorageError::Codec(e.to_string())))??;
 
     // Instances of a cluster that is gone (a delete a crash cut short
     // between its steps) are not the master's to run: not indexed, their
@@ -321,7 +319,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     }
     // From the start (SIGUSR2's default action would end the master); the
     // pools join the dump once they run.
-    actix::spawn(dump_on_sigusr2(read_model.clone(), shared.pools.clone()));
+    actix::spawn(crate::actors::dump::on_sigusr2(read_model.clone(), shared.pools.clone()));
     // Listed in `GET /actors` under the root, as the tree declares it.
     let writer = ActorStats::new("store_writer", "store_writer", Some("master".into()));
     read_model.register_actor(&writer);
@@ -464,6 +462,14 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     .run();
 
     tracing::info!(api = %format!("http://{http_addr}/api/v1"), agents = %agent_addr, threads, "master ready");
+    if let Some((at, revision)) = won {
+        let took = crate::actors::role::TookOver {
+            from: if from_view { "view" } else { "store" },
+            ms: at.elapsed().as_millis() as u64,
+        };
+        tracing::info!(from = took.from, ms = took.ms, revision, "took over as the leader");
+        let _ = role.took_over.set(took);
+    }
     if let Some(path) = &cfg.endpoints_file {
         write_endpoints(path, http_addr, agent_addr).map_err(io_err(path))?;
     }
@@ -551,41 +557,6 @@ impl Drop for ExitGuard {
             tracing::warn!("actor threads still running {EXIT_JOIN_TIMEOUT:?} after the stop; exiting anyway");
         }
         self.store.quiesce();
-    }
-}
-
-/// `kill -USR2 <master>`: every actor's state, mailbox depth, oldest
-/// message and what it handles now, and every running operation's step,
-/// to the log.
-async fn dump_on_sigusr2(rm: Arc<ReadModel>, pools: Arc<std::sync::OnceLock<Arc<crate::actors::pools::Pools>>>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut usr2) = signal(SignalKind::user_defined2()) else { return };
-    while usr2.recv().await.is_some() {
-        let mut actors = rm.actors();
-        actors.sort_by(|a, b| (a.kind, &a.id).cmp(&(b.kind, &b.id)));
-        tracing::info!(target: "flotilla::dump", actors = actors.len(), "SIGUSR2: actors");
-        for a in &actors {
-            let now = match (&a.current, a.current_ms) {
-                (Some(c), Some(ms)) => format!("handling {c} for {ms} ms"),
-                (Some(c), None) => format!("handling {c}"),
-                _ => "idle".into(),
-            };
-            let oldest = a.oldest_message_ms.map(|ms| format!(", oldest {ms} ms")).unwrap_or_default();
-            let error = a.last_error.as_deref().map(|e| format!(", last error: {e}")).unwrap_or_default();
-            tracing::info!(
-                target: "flotilla::dump",
-                "{} {}: {}, mailbox {}{oldest}, {now}, handled {}{error}",
-                a.kind, a.id, a.state, a.mailbox, a.handled
-            );
-        }
-        for op in rm.running_operations().values() {
-            let step = op.steps.iter().find(|s| s.status == crate::storage::records::StepStatus::Running);
-            let step = step.map_or("between steps", |s| s.name.as_str());
-            tracing::info!(target: "flotilla::dump", "operation {} {:?} on {}: {:?}, {step}", op.id, op.kind, op.cluster, op.status);
-        }
-        if let Some(p) = pools.get() {
-            p.dump();
-        }
     }
 }
 

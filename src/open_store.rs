@@ -10,7 +10,8 @@ use crate::config::{MasterConfig, StoreKind};
 use crate::storage::etcd::conn::{Conn, Fence};
 use crate::storage::etcd::election::{self, Campaign, LeaderInfo};
 use crate::storage::etcd::peers::{Directory, Peer};
-use crate::storage::etcd::{self, EtcdStore, Fenced, layout::Layout};
+use crate::storage::etcd::{self, EtcdStore, Fenced, Takeover, layout::Layout};
+use crate::storage::meta::ClusterState;
 use crate::storage::{MasterStore, MetaStore, StorageError};
 
 /// The store the master runs on, and its role.
@@ -23,6 +24,14 @@ pub struct Opened {
     /// etcd): it goes on answering reads while the master boots; stop it
     /// right before the master's own server takes the socket.
     pub handover: Option<Handover>,
+    /// When this master won (on etcd), and the etcd revision read right
+    /// after its store opened: every write of an earlier leader is at or
+    /// below it.
+    pub won: Option<(std::time::Instant, i64)>,
+    /// Its clusters and instances from the view it kept as a follower, when
+    /// that held every write up to the win's revision in time (`[etcd]
+    /// takeover`); else they are read from the store.
+    pub view: Option<ClusterState>,
 }
 
 /// Why the store could not be opened.
@@ -51,6 +60,8 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
                 role: Arc::new(Role::single(named.name, named.api_url)),
                 peers: None,
                 handover: None,
+                won: None,
+                view: None,
             })
         }
         StoreKind::Etcd => {
@@ -113,6 +124,7 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
                         seen.set(Some(&election::Leader { info: Some(l.info.clone()), term: l.term }));
                     }
                     serving.take_over();
+                    opened.view = view_at_win(&serving, &opened, cfg.etcd.takeover).await;
                     opened.handover = Some(Handover(serving));
                     Ok(opened)
                 }
@@ -123,6 +135,22 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
             }
         }
     }
+}
+
+/// The follower's view at the win's revision, when `takeover` wants it
+/// and the view gets there within [`crate::follower::VIEW_WAIT`].
+async fn view_at_win(serving: &Serving, opened: &Opened, takeover: Takeover) -> Option<ClusterState> {
+    let revision = opened.won?.1;
+    let why = match (serving, takeover) {
+        (_, Takeover::Store) => return None,
+        (Serving::Follower(f), _) => match f.view_at(revision, crate::follower::VIEW_WAIT).await {
+            Some(view) => return Some(view),
+            None => format!("its view did not reach revision {revision} within {:?}", crate::follower::VIEW_WAIT),
+        },
+        (Serving::Standby(_), _) => "it had not loaded a view as a follower yet".to_string(),
+    };
+    tracing::info!(%why, "this master reads its clusters and instances from the store");
+    None
 }
 
 /// See [`Opened::handover`].
@@ -202,9 +230,27 @@ fn lead(cfg: &MasterConfig, named: Named, mut on_leader: OnLeader) -> Result<Ope
             }
         }),
     };
+    let won = std::time::Instant::now();
     let conn = Conn::new(bridge.clone(), members.clone(), layout, settings.limits(), settings.call_limit());
-    let peers = Directory::join(conn, Peer { name: named.name.clone(), api_url: named.api_url.clone() })?;
+    let peers = Directory::join(conn.clone(), Peer { name: named.name.clone(), api_url: named.api_url.clone() })?;
     let store = EtcdStore::open(bridge, members, settings, Some(fence), cfg.writer_queue, cfg.events_retained as u64)?;
-    let role = Role { leadership: Some(leadership), name: named.name, api_url: named.api_url, following: None };
-    Ok(Opened { store: Arc::new(store), role: Arc::new(role), peers: Some(Arc::new(peers)), handover: None })
+    // After the open (which finished a redo record an earlier leader left):
+    // a linearizable read, so every write before the win is at or below it.
+    let leader_key = conn.layout.leader();
+    let (_, _, revision) = conn.range(leader_key.clone(), etcd::layout::prefix_end(&leader_key), 1, false, 0)?;
+    let role = Role {
+        leadership: Some(leadership),
+        name: named.name,
+        api_url: named.api_url,
+        following: None,
+        took_over: Default::default(),
+    };
+    Ok(Opened {
+        store: Arc::new(store),
+        role: Arc::new(role),
+        peers: Some(Arc::new(peers)),
+        handover: None,
+        won: Some((won, revision)),
+        view: None,
+    })
 }

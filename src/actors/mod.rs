@@ -49,6 +49,7 @@ pub mod agent_listener;
 pub mod announce;
 pub mod cluster;
 pub mod cordons;
+pub mod dump;
 pub mod gone_operations;
 pub mod instance;
 pub mod leaked;

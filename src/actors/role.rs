@@ -35,6 +35,18 @@ pub struct Role {
     pub api_url: String,
     /// Set on a follower: whom it follows and how current its view is.
     pub following: Option<Following>,
+    /// How this master took over once it won (several masters on etcd).
+    pub took_over: std::sync::OnceLock<TookOver>,
+}
+
+/// How a master that won booted (`GET /health` `took_over`).
+#[derive(Debug, Clone)]
+pub struct TookOver {
+    /// `view`: its clusters and instances from the view it kept as a
+    /// follower; `store`: read from the store again.
+    pub from: &'static str,
+    /// From winning the campaign to serving as the leader.
+    pub ms: u64,
 }
 
 /// A follower's place: the leader it sends writes to, and its view's progress.
@@ -47,7 +59,7 @@ pub struct Following {
 impl Role {
     /// The only master (the embedded store).
     pub fn single(name: String, api_url: String) -> Role {
-        Role { leadership: None, name, api_url, following: None }
+        Role { leadership: None, name, api_url, following: None, took_over: Default::default() }
     }
 
     /// The term this master leads in (0 with the embedded store), or, on

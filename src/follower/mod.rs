@@ -36,6 +36,8 @@ use crate::storage::etcd::layout::Layout;
 use crate::storage::etcd::peers::{Directory, Peer};
 use crate::storage::etcd::replica::ReplicaStore;
 use crate::storage::etcd::watch::{self, Progress};
+use crate::storage::meta::ClusterState;
+use crate::storage::records::{ClusterRecord, InstanceRecord};
 use crate::storage::{BlobStore, MetaStore};
 
 /// Sets the flag when dropped: the follower's watch thread ends.
@@ -63,7 +65,17 @@ pub struct Follower {
     stop: StopOnDrop,
     /// Fetches package tarballs this master lacks (`actors::peer_blobs`).
     fetcher: Option<tokio::task::JoinHandle<()>>,
+    /// Its view, and how far it has come: what this master boots from
+    /// when it wins ([`Follower::view_at`]).
+    view: Arc<ReadModel>,
+    progress: Arc<Progress>,
 }
+
+/// How long a master that won waits for its view to hold every write made
+/// before the win; past it, it reads the store instead. The view is
+/// normally there within a watch round trip (tens of milliseconds); a view
+/// this far behind is no faster than reading again.
+pub const VIEW_WAIT: Duration = Duration::from_secs(3);
 
 /// Starts fetching the tarballs of the packages this follower sees and
 /// lacks, from the leader first.
@@ -147,6 +159,7 @@ pub fn prepare(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc<Atomi
         name: named.name.clone(),
         api_url: named.api_url.clone(),
         following: Some(following.clone()),
+        took_over: Default::default(),
     };
     let shared = Shared {
         in_flight: Default::default(),
@@ -195,6 +208,7 @@ impl Prepared {
     pub fn serve(self, listener: std::net::TcpListener) -> std::io::Result<Follower> {
         let Prepared { state, following, max_json, workers, _stop: stop } = self;
         let (state_for_blobs, following_for_blobs) = (state.clone(), following.clone());
+        let (view, progress) = (state.shared.read_model.clone(), following.progress.clone());
         let phase = gate::Phase::default();
         let in_app = phase.clone();
         let server = HttpServer::new(move || {
@@ -215,7 +229,7 @@ impl Prepared {
         actix_web::rt::spawn(server);
         let fetcher = fetch_blobs(&state_for_blobs, &following_for_blobs);
         tracing::info!("this follower serves reads from its own view of the store");
-        Ok(Follower { handle, phase, stop, fetcher })
+        Ok(Follower { handle, phase, stop, fetcher, view, progress })
     }
 }
 
@@ -229,6 +243,25 @@ impl Follower {
         if let Some(f) = self.fetcher.take() {
             f.abort();
         }
+    }
+
+    /// The clusters and instances of this follower's view once it holds
+    /// every write up to etcd revision `revision`; `None` when it does not
+    /// within `within`. Called once this master leads and has read
+    /// etcd's revision: no other master can write any more, so the view
+    /// it waits for is the store's state, and it stays so while the
+    /// master boots (nothing else writes clusters or instances before its
+    /// actors start).
+    pub async fn view_at(&self, revision: i64, within: Duration) -> Option<ClusterState> {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.progress.applied_revision() < revision {
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let view = self.view.clone();
+        tokio::task::spawn_blocking(move || cluster_state(&view)).await.ok()
     }
 
     /// Stops taking connections at once (the master's server takes the
@@ -247,4 +280,17 @@ impl Follower {
             drop(stop);
         });
     }
+}
+
+/// Every cluster and instance `view` holds, in the store's key order.
+fn cluster_state(view: &ReadModel) -> ClusterState {
+    let cells = view.clusters();
+    let mut clusters = Vec::with_capacity(cells.len());
+    let mut instances = Vec::new();
+    for cell in cells.values() {
+        let snap = cell.load();
+        clusters.push(ClusterRecord::clone(&snap.record));
+        instances.extend(snap.instances.values().map(|e| InstanceRecord::clone(&e.record)));
+    }
+    ClusterState::sorted(clusters, instances)
 }

@@ -17,7 +17,7 @@ pub use envelopes::{
     ClusterPage, NodePage, OperationEnvelope, OperationPage, PackageDetail, PackageEnvelope, PackageList,
 };
 pub use previews::{PackageCheckDto, PackagePreview, PackageUploadAnswer};
-pub use status::{ActorDto, ActorsDto, HealthDto, MasterDto, MasterStateDto};
+pub use status::{ActorDto, ActorsDto, HealthDto, MasterDto, MasterStateDto, TookOverDto};
 pub use tokens::{
     CreateTokenBody, CreatedToken, RevokeAnswer, RevokedToken, TokenCreatePreview, TokenDto, TokenList,
     TokenRevokePreview, WhoAmI,

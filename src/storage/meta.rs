@@ -9,6 +9,7 @@
 //! acknowledged once durable, and visible to reads from then on), the same
 //! key order (byte-wise), and a feed of what it applied.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -119,10 +120,62 @@ pub fn events_after(store: &dyn MetaStore, after: u64, limit: usize) -> Result<V
         .collect()
 }
 
+/// Clusters and their instances as the boot takes them, in the store's
+/// key order (clusters by id, instances grouped by cluster): read from the
+/// store, or taken from a follower's view of it at one revision.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ClusterState {
+    pub clusters: Vec<ClusterRecord>,
+    pub instances: Vec<InstanceRecord>,
+}
+
+impl ClusterState {
+    /// Puts records gathered in any order into the store's key order.
+    pub fn sorted(mut clusters: Vec<ClusterRecord>, mut instances: Vec<InstanceRecord>) -> ClusterState {
+        clusters.sort_by_cached_key(|c| keys::cluster_key(&c.id));
+        instances.sort_by_cached_key(|i| keys::instance_key(&i.cluster_id, &i.id));
+        ClusterState { clusters, instances }
+    }
+
+    /// Reads them from the store (blocking).
+    pub fn load(store: &dyn MetaStore) -> Result<ClusterState, StorageError> {
+        Ok(ClusterState { clusters: load(store, master_cf::CLUSTERS)?, instances: load(store, master_cf::INSTANCES)? })
+    }
+
+    /// The first difference from `other` (`self` being the store's, whose
+    /// instances of a cluster no longer stored do not count: the boot
+    /// drops them), for an operator: a record's id and what differs.
+    pub fn difference(&self, other: &ClusterState) -> Option<String> {
+        fn first<T: PartialEq + std::fmt::Debug>(
+            what: &str,
+            a: &[T],
+            b: &[T],
+            id: impl Fn(&T) -> String,
+        ) -> Option<String> {
+            if a.len() != b.len() {
+                return Some(format!("{} {what} in the store, {} in the view", a.len(), b.len()));
+            }
+            let (x, y) = a.iter().zip(b).find(|(x, y)| x != y)?;
+            Some(format!("{what} {}: {x:?} in the store, {y:?} in the view", id(x)))
+        }
+        let clusters: HashSet<_> = self.clusters.iter().map(|c| c.id).collect();
+        let instances: Vec<_> = self.instances.iter().filter(|i| clusters.contains(&i.cluster_id)).cloned().collect();
+        first("clusters", &self.clusters, &other.clusters, |c| c.name.clone())
+            .or_else(|| first("instances", &instances, &other.instances, |i| i.id.to_string()))
+    }
+}
+
 /// Reads what the master starts from: the live records, and the
 /// operations that had not ended (those with a plan), with their results
 /// and plans. Ended operations stay in the store (blocking).
 pub fn load_boot(store: &dyn MetaStore) -> Result<MasterSnapshot, StorageError> {
+    load_boot_with(store, None)
+}
+
+/// [`load_boot`], with the clusters and instances given (`known`: a
+/// follower's view at a revision no older than the store's) rather than
+/// read (blocking).
+pub fn load_boot_with(store: &dyn MetaStore, known: Option<ClusterState>) -> Result<MasterSnapshot, StorageError> {
     let mut operations = Vec::new();
     for (key, _) in store.scan(master_cf::OP_PLANS, &Scan::default(), usize::MAX)? {
         let Some(id) = uuid::Uuid::from_slice(&key).ok().map(OperationId) else { continue };
@@ -138,15 +191,44 @@ pub fn load_boot(store: &dyn MetaStore) -> Result<MasterSnapshot, StorageError> 
         Some((k, _)) => keys::event_seq(k)
             .ok_or_else(|| StorageError::Codec(format!("events: key {} is not a sequence number", hex::encode(k))))?,
     };
+    let ClusterState { clusters, instances } = match known {
+        Some(k) => k,
+        None => ClusterState::load(store)?,
+    };
     Ok(MasterSnapshot {
-        clusters: load(store, master_cf::CLUSTERS)?,
-        instances: load(store, master_cf::INSTANCES)?,
+        clusters,
+        instances,
         nodes: load(store, master_cf::NODES)?,
         packages: load(store, master_cf::PACKAGES)?,
         operations,
         last_event_seq,
         leftovers: load(store, master_cf::LEFTOVERS)?,
     })
+}
+
+/// Each cluster's ended operations still stored, oldest first.
+pub type Histories = HashMap<ClusterId, VecDeque<(u64, OperationId)>>;
+
+/// Ended operations of clusters that no longer exist (created nanos, id, cluster).
+pub type Orphaned = Vec<(u64, OperationId, ClusterId)>;
+
+/// The ended operations still stored (those not in `snap.operations`):
+/// each cluster's history, and those of clusters that no longer exist
+/// (blocking).
+pub fn ended_operations(store: &dyn MetaStore, snap: &MasterSnapshot) -> Result<(Histories, Orphaned), StorageError> {
+    let running: HashSet<_> = snap.operations.iter().map(|o| o.id).collect();
+    let mut history: Histories = snap.clusters.iter().map(|c| (c.id, VecDeque::new())).collect();
+    let mut gone = Vec::new();
+    for (cluster, created, id) in all_cluster_operations(store)? {
+        if running.contains(&id) {
+            continue;
+        }
+        match history.get_mut(&cluster) {
+            Some(ended) => ended.push_back((created, id)),
+            None => gone.push((created, id, cluster)),
+        }
+    }
+    Ok((history, gone))
 }
 
 /// One cluster as the store holds it: what its actor is restarted from.

@@ -781,5 +781,9 @@ impl Drop for TestEnv {
 /// A master's config file putting its store on `etcd` under `/<name>/`.
 pub fn etcd_config(name: &str, etcd: &super::etcd::EtcdCluster) -> String {
     let endpoints: Vec<String> = etcd.endpoints.iter().map(|e| format!("{e:?}")).collect();
-    format!("store = \"etcd\"\n\n[etcd]\nendpoints = [{}]\nprefix = \"/{name}/\"\n", endpoints.join(", "))
+    // Every takeover in the tests compares the view it boots from with the store.
+    format!(
+        "store = \"etcd\"\n\n[etcd]\nendpoints = [{}]\nprefix = \"/{name}/\"\ntakeover = \"checked\"\n",
+        endpoints.join(", ")
+    )
 }

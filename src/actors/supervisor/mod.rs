@@ -164,9 +164,9 @@ pub struct Boot {
     /// Operations that had not ended (with their plans).
     pub operations: Vec<OperationRecord>,
     /// Each cluster's ended operations still stored, oldest first.
-    pub history: HashMap<ClusterId, VecDeque<(u64, OperationId)>>,
+    pub history: crate::storage::meta::Histories,
     /// Operations still stored of clusters that no longer exist.
-    pub gone: Vec<(u64, OperationId, ClusterId)>,
+    pub gone: crate::storage::meta::Orphaned,
     /// Told once every cluster actor runs (and the registry is full): the
     /// master admits agents only then, so no report of theirs finds a
     /// cluster missing (and is acknowledged as unknown).

@@ -45,6 +45,18 @@ pub struct HealthDto {
     /// Every master of the installation (on etcd; as last read from it):
     /// where a client goes when this one stops answering.
     pub masters: Vec<MasterDto>,
+    /// On a master that won a campaign: how it took over.
+    pub took_over: Option<TookOverDto>,
+}
+
+/// How a master that won the campaign became the leader.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TookOverDto {
+    /// `view`: its clusters and instances came from the read model it kept
+    /// as a follower; `store`: it read them from etcd again.
+    pub from: String,
+    /// Milliseconds from winning the campaign to serving as the leader.
+    pub ms: u64,
 }
 
 /// One master of the installation.

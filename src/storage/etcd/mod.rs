@@ -86,6 +86,28 @@ pub struct EtcdSettings {
     /// One request's limit before it counts as lost.
     #[serde(with = "crate::storage::serde_time::duration_text")]
     pub request_timeout: Duration,
+    /// How a follower that wins boots: from the view it kept (see [`Takeover`]).
+    pub takeover: Takeover,
+}
+
+/// Where a master that wins the campaign takes its clusters and instances
+/// from (`[etcd] takeover`). The rest of what it boots from (operations in
+/// flight with their plans, nodes, packages, tokens: small) is read from
+/// the store either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Takeover {
+    /// From the read model it kept from the watch as a follower, once that
+    /// holds every write made before the win (from the store when it does
+    /// not within [`crate::follower::VIEW_WAIT`], or the master never
+    /// served as a follower): no reload of 100,000 instances at takeover.
+    #[default]
+    View,
+    /// From the store, read again (as a single master's restart does).
+    Store,
+    /// Both, compared: a view that differs from the store ends the master
+    /// with the difference (the test suites' setting).
+    Checked,
 }
 
 impl Default for EtcdSettings {
@@ -103,6 +125,7 @@ impl Default for EtcdSettings {
             lease_ttl_secs: 2,
             revoke_dead_leader: true,
             request_timeout: Duration::from_secs(5),
+            takeover: Takeover::View,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The leader killed (`kill -9`) in the middle of a scale-out to 150 real
 //! instances on three real agents: a follower leads, the operation ends
 //! `Succeeded` on it, each instance runs once (one process tree, started
-//! once), and reads on the followers never fail meanwhile.
+//! once), and reads on the followers never fail meanwhile. The new leader
+//! boots from the view it kept as a follower, checked against the store.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -55,6 +56,10 @@ async fn scale_out_across_a_kill(
     env.kill_master();
     env.follow_leader(Some(0), Duration::from_secs(20)).await;
     env.wait_ready().await;
+    // It booted from the view it kept as a follower (the tests' `takeover
+    // = "checked"` compared that view with the store first).
+    let h = env.get("/health").await.1;
+    assert_eq!(h["took_over"]["from"], "view", "{h:#}");
     let done = env.wait_op(&op).await;
     env.assert_succeeded(&done);
     let c = env.cluster(cluster).await;
