@@ -38,6 +38,8 @@ pub struct FailoverArgs {
     /// long a vanished machine keeps its leadership.
     #[arg(long, default_value_t = crate::storage::etcd::EtcdSettings::default().lease_ttl_secs)]
     pub lease_ttl: i64,
+    #[command(flatten)]
+    pub load: super::failover_load::LoadArgs,
 }
 
 /// The masters and etcd members, stopped however the run ends.
@@ -172,14 +174,15 @@ async fn settled(c: &reqwest::Client, urls: &[String]) -> Result<(usize, i32), S
     }
 }
 
-/// From `since`, the time until a master other than `gone` accepts a write.
+/// From `since`, the time until a master other than `gone` accepts a
+/// write, and which master did.
 async fn first_write(
     c: &reqwest::Client,
     urls: &[String],
     gone: usize,
     since: Instant,
     n: usize,
-) -> Result<f64, String> {
+) -> Result<(f64, usize), String> {
     loop {
         for (i, u) in urls.iter().enumerate() {
             if i == gone {
@@ -194,7 +197,7 @@ async fn first_write(
                 .send()
                 .await;
             if r.is_ok_and(|r| r.status() == reqwest::StatusCode::CREATED) {
-                return Ok(since.elapsed().as_secs_f64() * 1000.0);
+                return Ok((since.elapsed().as_secs_f64() * 1000.0, i));
             }
         }
         if since.elapsed() > Duration::from_secs(30) {
@@ -226,6 +229,7 @@ async fn drive(a: &FailoverArgs, fleet: &mut Fleet, token: &str) -> Result<Value
     let follower = (leader + 1) % 3;
     let leader_reads = time_reads(&c, &urls[leader], a.reads).await?;
     let follower_reads = time_reads(&c, &urls[follower], a.reads).await?;
+    let load = super::failover_load::start(&c, &a.load).await?;
 
     // Readers on every master all along; a read fails unless its master is
     // the one last killed and not yet back as a serving follower (`down`).
@@ -252,6 +256,9 @@ async fn drive(a: &FailoverArgs, fleet: &mut Fleet, token: &str) -> Result<Value
         }));
     }
     let (kills, pauses) = (Samples::default(), Samples::default());
+    // The new leader's own figure (`took_over` in its health): from its
+    // win to serving, and how many booted from their follower's view.
+    let (took_over, from_view) = (Samples::default(), AtomicU64::new(0));
     let outcome = async {
         for n in 0..a.kills + a.pauses {
             let (leader, pid) = settled(&c, &urls).await?;
@@ -261,7 +268,15 @@ async fn drive(a: &FailoverArgs, fleet: &mut Fleet, token: &str) -> Result<Value
             let signal = if pause { nix::sys::signal::Signal::SIGSTOP } else { nix::sys::signal::Signal::SIGKILL };
             let t = Instant::now();
             nix::sys::signal::kill(pid, signal).map_err(|e| format!("signalling the leader: {e}"))?;
-            let ms = first_write(&c, &urls, leader, t, n).await?;
+            let (ms, next) = first_write(&c, &urls, leader, t, n).await?;
+            if let Some(h) = health(&c, &urls[next]).await
+                && let Some(took) = h["took_over"]["ms"].as_u64()
+            {
+                took_over.add(Duration::from_millis(took));
+                if h["took_over"]["from"] == "view" {
+                    from_view.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             if pause {
                 pauses.add(Duration::from_secs_f64(ms / 1000.0));
                 // Woken, it learns it was deposed and exits.
@@ -286,6 +301,10 @@ async fn drive(a: &FailoverArgs, fleet: &mut Fleet, token: &str) -> Result<Value
     for r in readers {
         let _ = r.await;
     }
+    let load = match load {
+        Some(l) => Some(l.stop(&c).await),
+        None => None,
+    };
     outcome?;
     let failed = failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
     Ok(json!({
@@ -297,5 +316,8 @@ async fn drive(a: &FailoverArgs, fleet: &mut Fleet, token: &str) -> Result<Value
         "reads_during": reads.load(Ordering::SeqCst),
         "reads_failed": failed.len(),
         "read_failures": failed.iter().take(10).collect::<Vec<_>>(),
+        "took_over_ms": took_over.summary(),
+        "took_over_from_view": from_view.load(Ordering::Relaxed),
+        "load": load,
     }))
 }

@@ -15,6 +15,7 @@
 pub mod ceilings;
 pub mod client;
 pub mod failover;
+pub mod failover_load;
 pub mod linearity;
 pub mod master_proc;
 pub mod package;

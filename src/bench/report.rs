@@ -149,6 +149,29 @@ impl Report {
             row("reads on the leader", p(&f["leader_read_ms"]));
             row("reads on a follower", p(&f["follower_read_ms"]));
             row("reads during the failovers", format!("{}, {} failed", f["reads_during"], f["reads_failed"]));
+            row(
+                "new leader: win -> serving",
+                format!("{} ({} of them from their view)", p(&f["took_over_ms"]), f["took_over_from_view"]),
+            );
+            let l = &f["load"];
+            if !l.is_null() {
+                row(
+                    "under load",
+                    format!("{} simulated agents, {} instances, {} clients", l["agents"], l["instances"], l["clients"]),
+                );
+                row(
+                    "scale-outs through the kills",
+                    format!(
+                        "{} accepted, {} succeeded, {} failed, {} answers lost",
+                        l["ops_accepted"], l["ops_succeeded"], l["ops_failed"], l["answers_lost"]
+                    ),
+                );
+                row("scale-out accepted -> ended", p(&l["op_ms"]));
+                row("operations stored, by kind and status", l["stored_operations"].to_string());
+                for f in l["failures"].as_array().into_iter().flatten() {
+                    row("  failed", f.as_str().unwrap_or_default().to_string());
+                }
+            }
             return s;
         }
         if let Some(p) = &self.pools {

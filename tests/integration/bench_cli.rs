@@ -491,7 +491,10 @@ fn bench_pools_serves_every_request_and_prints_its_figures() {
 /// every kill and pause is followed by a write on the next leader, a
 /// killed leader is replaced well within its lease, a paused one only
 /// when its lease expires (nothing may revoke a live leader's lease), and
-/// no read on a surviving master fails meanwhile.
+/// no read on a surviving master fails meanwhile. Under load: simulated
+/// agents that know every master, 2,000 simulated instances, two clients
+/// scaling out through the kills: every operation stored ends
+/// `Succeeded`, and each new leader booted from its follower's view.
 #[tokio::test]
 async fn bench_failover_times_leader_loss_and_no_read_fails() {
     let _ports = crate::common::dev::HA_PORTS.lock().await;
@@ -503,6 +506,7 @@ async fn bench_failover_times_leader_loss_and_no_read_fails() {
         .arg("--json")
         .arg(&json)
         .args(["failover", "--kills", "3", "--pauses", "1", "--reads", "100"])
+        .args(["--agents", "10", "--instances", "2000", "--clients", "2"])
         .output()
         .await
         .expect("run flotilla bench failover");
@@ -518,4 +522,14 @@ async fn bench_failover_times_leader_loss_and_no_read_fails() {
     let ttl_ms = f["lease_ttl_s"].as_f64().unwrap() * 1000.0;
     assert!(f["kills"]["max"].as_f64().unwrap() < ttl_ms, "a killed leader waited out its lease: {f:#}");
     assert!(f["pauses"]["p50"].as_f64().unwrap() >= ttl_ms * 0.5, "a paused leader lost its lease early: {f:#}");
+    assert_eq!(f["took_over_from_view"], 4, "each new leader had a follower's view to boot from: {f:#}");
+    let load = &f["load"];
+    assert_eq!(load["ops_failed"], 0, "{load:#}");
+    assert!(load["ops_accepted"].as_u64().unwrap() > 0, "no scale-out ran through the kills: {load:#}");
+    assert_eq!(load["ops_accepted"], load["ops_succeeded"], "{load:#}");
+    let stored = load["stored_operations"].as_object().unwrap_or_else(|| panic!("{load:#}"));
+    assert_eq!(stored.get("Create Succeeded").and_then(|n| n.as_u64()), Some(2), "{load:#}");
+    for (kind_status, n) in stored {
+        assert!(kind_status.ends_with(" Succeeded"), "{n} operations {kind_status}: {load:#}");
+    }
 }
