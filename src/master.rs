@@ -170,6 +170,8 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     })?;
     let (store, role, peers, handover) = (opened.store, opened.role, opened.peers, opened.handover);
     let (won, view) = (opened.won, opened.view);
+    // Where a takeover's time goes (logged once serving).
+    let opened_at = std::time::Instant::now();
     let from_view = view.is_some();
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
     let loader = store.clone();
@@ -188,6 +190,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     })
     .await
     .map_err(|e| MasterError::Storage(crate::storage::StorageError::Codec(e.to_string())))??;
+    let read_at = std::time::Instant::now();
 
     // Instances of a cluster that is gone (a delete a crash cut short
     // between its steps) are not the master's to run: not indexed, their
@@ -376,6 +379,7 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
         _ = booted => {}
         cause = shared.tasks.fatal_failure() => return Err(MasterError::Fatal(cause)),
     }
+    let booted_at = std::time::Instant::now();
 
     let agent_listener = TcpListener::bind(&cfg.agent_addr)
         .await
@@ -462,12 +466,26 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     .run();
 
     tracing::info!(api = %format!("http://{http_addr}/api/v1"), agents = %agent_addr, threads, "master ready");
-    if let Some((at, revision)) = won {
+    if let Some((at, marked)) = won {
+        let revision = marked.unwrap_or_default();
         let took = crate::actors::role::TookOver {
             from: if from_view { "view" } else { "store" },
             ms: at.elapsed().as_millis() as u64,
         };
-        tracing::info!(from = took.from, ms = took.ms, revision, "took over as the leader");
+        let ms =
+            |from: std::time::Instant, to: std::time::Instant| to.saturating_duration_since(from).as_millis() as u64;
+        tracing::info!(
+            from = took.from,
+            ms = took.ms,
+            revision,
+            // The store opened and the view there; the rest read; every
+            // cluster actor started; the agent listener, pools and server up.
+            open_ms = ms(at, opened_at),
+            read_ms = ms(opened_at, read_at),
+            actors_ms = ms(read_at, booted_at),
+            serve_ms = ms(booted_at, std::time::Instant::now()),
+            "took over as the leader"
+        );
         let _ = role.took_over.set(took);
     }
     if let Some(path) = &cfg.endpoints_file {

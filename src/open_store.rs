@@ -24,10 +24,10 @@ pub struct Opened {
     /// etcd): it goes on answering reads while the master boots; stop it
     /// right before the master's own server takes the socket.
     pub handover: Option<Handover>,
-    /// When this master won (on etcd), and the etcd revision read right
-    /// after its store opened: every write of an earlier leader is at or
-    /// below it.
-    pub won: Option<(std::time::Instant, i64)>,
+    /// When this master won (on etcd), and the revision of the marker it
+    /// put once its store was open (or why it could not): every write of
+    /// an earlier leader is below it.
+    pub won: Option<(std::time::Instant, Result<i64, String>)>,
     /// Its clusters and instances from the view it kept as a follower, when
     /// that held every write up to the win's revision in time (`[etcd]
     /// takeover`); else they are read from the store.
@@ -103,7 +103,7 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
                         if let Ok(Some(prepared)) = prepared {
                             match socket().and_then(|s| prepared.serve(s).map_err(OpenError::Listen)) {
                                 Ok(follower) => {
-                                    std::mem::replace(&mut serving, Serving::Follower(follower)).stop().await;
+                                    std::mem::replace(&mut serving, Serving::Follower(Box::new(follower))).stop().await;
                                 }
                                 Err(e) => tracing::warn!(error = ?e, "the follower cannot serve; redirecting every request"),
                             }
@@ -140,16 +140,17 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
 /// The follower's view at the win's revision, when `takeover` wants it
 /// and the view gets there within [`crate::follower::VIEW_WAIT`].
 async fn view_at_win(serving: &Serving, opened: &Opened, takeover: Takeover) -> Option<ClusterState> {
-    let revision = opened.won?.1;
-    let why = match (serving, takeover) {
-        (_, Takeover::Store) => return None,
-        (Serving::Follower(f), _) => match f.view_at(revision, crate::follower::VIEW_WAIT).await {
-            Some(view) => return Some(view),
-            None => format!("its view did not reach revision {revision} within {:?}", crate::follower::VIEW_WAIT),
+    let marked = opened.won.as_ref()?.1.clone();
+    let why = match (serving, takeover, marked) {
+        (_, Takeover::Store, _) => return None,
+        (_, _, Err(why)) => format!("it could not mark its win in etcd: {why}"),
+        (Serving::Follower(f), _, Ok(revision)) => match f.view_at(revision, crate::follower::VIEW_WAIT).await {
+            Ok(view) => return Some(view),
+            Err(why) => why,
         },
-        (Serving::Standby(_), _) => "it had not loaded a view as a follower yet".to_string(),
+        (Serving::Standby(_), _, _) => "it had not loaded a view as a follower yet".to_string(),
     };
-    tracing::info!(%why, "this master reads its clusters and instances from the store");
+    tracing::warn!(%why, "this master reads its clusters and instances from the store");
     None
 }
 
@@ -166,7 +167,7 @@ impl Handover {
 /// What answers the API socket while this master does not lead.
 enum Serving {
     Standby(crate::http::standby::Standby),
-    Follower(crate::follower::Follower),
+    Follower(Box<crate::follower::Follower>),
 }
 
 impl Serving {
@@ -235,9 +236,12 @@ fn lead(cfg: &MasterConfig, named: Named, mut on_leader: OnLeader) -> Result<Ope
     let peers = Directory::join(conn.clone(), Peer { name: named.name.clone(), api_url: named.api_url.clone() })?;
     let store = EtcdStore::open(bridge, members, settings, Some(fence), cfg.writer_queue, cfg.events_retained as u64)?;
     // After the open (which finished a redo record an earlier leader left):
-    // a linearizable read, so every write before the win is at or below it.
-    let leader_key = conn.layout.leader();
-    let (_, _, revision) = conn.range(leader_key.clone(), etcd::layout::prefix_end(&leader_key), 1, false, 0)?;
+    // every write before the win is below this put, and a follower's watch
+    // that has delivered it has delivered them all (events arrive in
+    // order; a progress report may not, on an etcd before 3.5.13).
+    let marked = conn
+        .put_control(conn.layout.took_over(), format!("{} term {}", named.name, leadership.term).into_bytes())
+        .map_err(|e| e.to_string());
     let role = Role {
         leadership: Some(leadership),
         name: named.name,
@@ -250,7 +254,7 @@ fn lead(cfg: &MasterConfig, named: Named, mut on_leader: OnLeader) -> Result<Ope
         role: Arc::new(role),
         peers: Some(Arc::new(peers)),
         handover: None,
-        won: Some((won, revision)),
+        won: Some((won, marked)),
         view: None,
     })
 }

@@ -38,6 +38,9 @@ pub struct FailoverArgs {
     /// long a vanished machine keeps its leadership.
     #[arg(long, default_value_t = crate::storage::etcd::EtcdSettings::default().lease_ttl_secs)]
     pub lease_ttl: i64,
+    /// How a follower that wins boots (`[etcd] takeover`: view, store or checked).
+    #[arg(long, default_value = "store", value_parser = ["view", "store", "checked"])]
+    pub takeover: String,
     #[command(flatten)]
     pub load: super::failover_load::LoadArgs,
 }
@@ -83,7 +86,7 @@ pub async fn run(a: &FailoverArgs, dir: &Path) -> Result<Value, String> {
     let ha = Ha::prepare(dir).map_err(|e| e.to_string())?;
     // Its config ends with the `[etcd]` table.
     let mut config = std::fs::read_to_string(&ha.config).map_err(|e| format!("{}: {e}", ha.config.display()))?;
-    config.push_str(&format!("lease_ttl_secs = {}\n", a.lease_ttl));
+    config.push_str(&format!("lease_ttl_secs = {}\ntakeover = {:?}\n", a.lease_ttl, a.takeover));
     std::fs::write(&ha.config, config).map_err(|e| format!("{}: {e}", ha.config.display()))?;
     let exe = std::env::current_exe().map_err(|e| format!("finding the flotilla binary: {e}"))?;
     let mut fleet = Fleet { ha, etcd: Vec::new(), masters: Vec::new(), exe };

@@ -86,6 +86,8 @@ pub struct Load {
     clients: Vec<tokio::task::JoinHandle<()>>,
     counts: Arc<Counts>,
     args: LoadArgs,
+    /// Clients that ran (no more than clusters: one operation at a time on each).
+    running: usize,
 }
 
 /// Why a write did not go through.
@@ -241,11 +243,13 @@ pub async fn start(c: &reqwest::Client, a: &LoadArgs) -> Result<Option<Load>, St
             let (c, urls, stop, counts, clusters, step, every) =
                 (c.clone(), urls.clone(), stop.clone(), counts.clone(), clusters.clone(), a.step, every);
             tokio::spawn(async move {
-                let mut n = i;
-                while !stop.load(Ordering::SeqCst) && !clusters.is_empty() {
-                    let name = &clusters[n % clusters.len()];
-                    n += every;
-                    let path = format!("/clusters/{name}/scale");
+                // Its clusters; one whose operation failed is left alone
+                // from then on (it is in `Error`: an operator would look).
+                let mut mine: Vec<&String> = clusters.iter().skip(i).step_by(every).collect();
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) && !mine.is_empty() {
+                    n = (n + 1) % mine.len();
+                    let path = format!("/clusters/{}/scale", mine[n]);
                     match run_op(&c, &urls, &path, &json!({ "role": "d", "add": step }), &counts).await {
                         Ok(took) => {
                             counts.succeeded.fetch_add(1, Ordering::Relaxed);
@@ -254,13 +258,16 @@ pub async fn start(c: &reqwest::Client, a: &LoadArgs) -> Result<Option<Load>, St
                         Err(WriteError::Lost) => {
                             counts.answers_lost.fetch_add(1, Ordering::Relaxed);
                         }
-                        Err(WriteError::Failed(why)) => counts.fail(why),
+                        Err(WriteError::Failed(why)) => {
+                            counts.fail(why);
+                            mine.remove(n);
+                        }
                     }
                 }
             })
         })
         .collect();
-    Ok(Some(Load { fleet, stop, clients, counts, args: a.clone() }))
+    Ok(Some(Load { fleet, stop, clients, counts, args: a.clone(), running: every }))
 }
 
 /// Waits (120 s at most) until `n` simulated agents are `Ready` on the leader.
@@ -325,7 +332,7 @@ impl Load {
         json!({
             "agents": self.args.agents,
             "instances": self.args.instances,
-            "clients": self.args.clients,
+            "clients": self.running,
             "step": self.args.step,
             "ops_accepted": counts.accepted.load(Ordering::Relaxed),
             "ops_succeeded": counts.succeeded.load(Ordering::Relaxed),
@@ -341,26 +348,55 @@ impl Load {
 }
 
 /// Every operation the masters still store (those whose acceptance was
-/// lost in a kill included), counted by kind and status: all must have
-/// ended `Succeeded`.
+/// lost in a kill included), counted by kind and status, once none is
+/// pending or running (one whose acceptance a kill lost may still run when
+/// the clients stop; 120 s at most): all must have ended `Succeeded`.
 async fn stored_operations(c: &reqwest::Client) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let listed = list_operations(c).await;
+        let done = |by: &std::collections::BTreeMap<String, u64>| {
+            !by.keys().any(|k| k.ends_with(" Pending") || k.ends_with(" Running"))
+        };
+        match listed {
+            Ok(by) if done(&by) || Instant::now() > deadline => return json!(by),
+            Err(why) if Instant::now() > deadline => return json!({ "error": why }),
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// Every stored operation, counted by kind and status, read page by page
+/// from whichever master answers.
+async fn list_operations(c: &reqwest::Client) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let urls = Ha::api_urls();
     let mut by = std::collections::BTreeMap::<String, u64>::new();
-    let mut after: Option<String> = None;
-    for u in Ha::api_urls().iter().cycle().take(30) {
-        let mut url = format!("{u}/api/v1/operations?limit=1000");
+    let (mut after, mut at, mut tries) = (None::<String>, 0, 0);
+    loop {
+        let mut url = format!("{}/api/v1/operations?limit=1000", urls[at % urls.len()]);
         if let Some(a) = &after {
             url.push_str(&format!("&after={a}"));
         }
-        let Ok(r) = c.get(&url).timeout(Duration::from_secs(30)).send().await else { continue };
-        let Ok(page) = r.json::<Value>().await else { continue };
+        let page = match c.get(&url).timeout(Duration::from_secs(30)).send().await {
+            Ok(r) if r.status().is_success() => r.json::<Value>().await.map_err(|e| format!("{url}: {e}"))?,
+            other => {
+                tries += 1;
+                if tries > 30 {
+                    return Err(format!("{url}: {:?}", other.map(|r| r.status())));
+                }
+                at += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         for op in page["operations"].as_array().into_iter().flatten() {
-            *by.entry(format!("{} {}", op["kind"].as_str().unwrap_or("?"), op["status"].as_str().unwrap_or("?")))
-                .or_default() += 1;
+            let kind_status =
+                format!("{} {}", op["kind"].as_str().unwrap_or("?"), op["status"].as_str().unwrap_or("?"));
+            *by.entry(kind_status).or_default() += 1;
         }
         match page["next"].as_str() {
             Some(next) => after = Some(next.to_string()),
-            None => return json!(by),
+            None => return Ok(by),
         }
     }
-    json!({ "error": "the operations could not be listed" })
 }

@@ -28,6 +28,16 @@ use crate::storage::records::{
 /// Hands appended events (number, stored value) to the event feed.
 pub type Announce = Box<dyn FnMut(Vec<(u64, Vec<u8>)>) + Send>;
 
+/// How many cluster and instance records the view holds no readable
+/// value of (stored by a newer build, or damaged): a master must not boot
+/// from such a view (its cluster would look gone, its name free).
+pub type Unreadable = Arc<std::sync::atomic::AtomicUsize>;
+
+/// The etcd revision each cluster and instance key the view holds was
+/// last changed at: a master that boots from the view first checks it
+/// against a keys-only read of the store (`Follower::view_at`).
+pub type Revisions = Arc<std::sync::Mutex<HashMap<(&'static str, Vec<u8>), i64>>>;
+
 /// Applies the store's changes to a follower's read model.
 pub struct Mirror {
     read_model: Arc<ReadModel>,
@@ -42,6 +52,10 @@ pub struct Mirror {
     appended: Vec<(u64, Vec<u8>)>,
     /// During a load: every key it put (what it did not is gone at its end).
     loading: Option<HashSet<(&'static str, Vec<u8>)>>,
+    /// Cluster and instance keys whose last value could not be read.
+    unread: HashSet<(&'static str, Vec<u8>)>,
+    unreadable: Unreadable,
+    revisions: Revisions,
 }
 
 /// The column families a load reads (events come only from the watch: a
@@ -58,7 +72,13 @@ pub const LOADED: [&str; 8] = [
 ];
 
 impl Mirror {
-    pub fn new(read_model: Arc<ReadModel>, tokens: Arc<ApiTokens>, announce: Announce) -> Mirror {
+    pub fn new(
+        read_model: Arc<ReadModel>,
+        tokens: Arc<ApiTokens>,
+        announce: Announce,
+        unreadable: Unreadable,
+        revisions: Revisions,
+    ) -> Mirror {
         Mirror {
             read_model,
             tokens,
@@ -67,7 +87,35 @@ impl Mirror {
             orphans: HashMap::new(),
             appended: Vec::new(),
             loading: None,
+            unread: HashSet::new(),
+            unreadable,
+            revisions,
         }
+    }
+
+    /// Notes the revision `key` was last changed at (`None`: deleted).
+    fn changed(&self, cf: &'static str, key: &[u8], revision: Option<i64>) {
+        if cf != master_cf::CLUSTERS && cf != master_cf::INSTANCES {
+            return;
+        }
+        let mut revisions = self.revisions.lock().unwrap_or_else(|p| p.into_inner());
+        match revision {
+            Some(r) => revisions.insert((cf, key.to_vec()), r),
+            None => revisions.remove(&(cf, key.to_vec())),
+        };
+    }
+
+    /// Notes whether the last value of `key` could be read.
+    fn readable(&mut self, cf: &'static str, key: &[u8], yes: bool) {
+        if cf != master_cf::CLUSTERS && cf != master_cf::INSTANCES {
+            return;
+        }
+        if yes {
+            self.unread.remove(&(cf, key.to_vec()));
+        } else {
+            self.unread.insert((cf, key.to_vec()));
+        }
+        self.unreadable.store(self.unread.len(), std::sync::atomic::Ordering::SeqCst);
     }
 
     fn put(&mut self, cf: &'static str, key: &[u8], value: &[u8]) -> Result<(), crate::storage::StorageError> {
@@ -133,6 +181,7 @@ impl Mirror {
     }
 
     fn delete(&mut self, cf: &'static str, key: &[u8]) {
+        self.changed(cf, key, None);
         let rm = &self.read_model;
         match cf {
             master_cf::CLUSTERS => {
@@ -219,15 +268,20 @@ impl Mirror {
 
 impl Apply for Mirror {
     fn begin_load(&mut self) {
-        // Instances waiting for their cluster come again if still stored.
+        // Instances waiting for their cluster come again if still stored,
+        // and records it cannot read are found again.
         self.orphans.clear();
+        self.unread.clear();
         self.loading = Some(HashSet::new());
     }
 
     fn apply(&mut self, change: Change) {
         match change {
-            Change::Put { cf, key, value } => {
-                if let Err(e) = self.put(cf, &key, &value) {
+            Change::Put { cf, key, value, revision } => {
+                self.changed(cf, &key, Some(revision));
+                let read = self.put(cf, &key, &value);
+                self.readable(cf, &key, read.is_ok());
+                if let Err(e) = read {
                     // One record this build cannot read must not stop the
                     // view; the leader logs the same record at its boot.
                     tracing::error!(cf, key = %hex::encode(&key), error = %e, "a follower cannot read a stored record; not shown");
@@ -236,7 +290,10 @@ impl Apply for Mirror {
                     seen.insert((cf, key));
                 }
             }
-            Change::Delete { cf, key } => self.delete(cf, &key),
+            Change::Delete { cf, key } => {
+                self.readable(cf, &key, true);
+                self.delete(cf, &key);
+            }
         }
     }
 
@@ -279,7 +336,7 @@ mod tests {
     fn changes(ops: Vec<WriteOp>) -> Vec<Change> {
         ops.into_iter()
             .map(|op| match op {
-                WriteOp::Put { cf, key, value } => Change::Put { cf, key, value },
+                WriteOp::Put { cf, key, value } => Change::Put { cf, key, value, revision: 1 },
                 WriteOp::Delete { cf, key } => Change::Delete { cf, key },
                 other => panic!("not a point write: {other:?}"),
             })
@@ -295,7 +352,14 @@ mod tests {
         let tokens = ApiTokens::load(store).unwrap();
         let announced = Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = announced.clone();
-        let mut m = Mirror::new(rm.clone(), tokens.clone(), Box::new(move |e| sink.lock().unwrap().push(e)));
+        let (unreadable, revisions) = (Unreadable::default(), Revisions::default());
+        let mut m = Mirror::new(
+            rm.clone(),
+            tokens.clone(),
+            Box::new(move |e| sink.lock().unwrap().push(e)),
+            unreadable.clone(),
+            revisions.clone(),
+        );
         let c = td::cluster("web");
         let (i1, i2) = (td::instance(&c, 1), td::instance(&c, 2));
         // Instances first (another order than the leader wrote them in).
@@ -307,6 +371,8 @@ mod tests {
             m.apply(ch);
         }
         assert_eq!(rm.cluster("web").unwrap().instances.len(), 2);
+        // Each cluster and instance key with the revision it changed at.
+        assert_eq!(revisions.lock().unwrap().len(), 3);
         let mut failed = i1.clone();
         failed.status = crate::storage::records::InstanceStatus::Failed;
         let event = crate::storage::records::EventRecord {
@@ -325,6 +391,7 @@ mod tests {
         m.flush();
         let web = rm.cluster("web").unwrap();
         assert_eq!(web.instances.len(), 1);
+        assert_eq!(revisions.lock().unwrap().len(), 2, "a deleted instance's revision stays");
         assert_eq!(web.instances.get(&i1.id).unwrap().record.status, failed.status);
         assert_eq!(announced.lock().unwrap().len(), 1);
         assert_eq!(announced.lock().unwrap()[0][0].0, 7);
@@ -338,10 +405,27 @@ mod tests {
         }
         assert!(!tokens.contains(&token.id));
         assert!(rm.cluster("web").is_none());
-        // A record this build cannot read is skipped, not fatal.
-        m.apply(Change::Put { cf: master_cf::CLUSTERS, key: b"junk".to_vec(), value: b"not a record".to_vec() });
-        m.apply(Change::Put { cf: master_cf::NODES, key: b"n1".to_vec(), value: vec![0xff; 3] });
+        // A record this build cannot read is skipped, not fatal; a cluster
+        // or instance one is counted (no master boots from this view)
+        // until a readable value or a delete replaces it.
+        m.apply(Change::Put {
+            cf: master_cf::CLUSTERS,
+            key: b"junk".to_vec(),
+            value: b"not a record".to_vec(),
+            revision: 1,
+        });
+        m.apply(Change::Put { cf: master_cf::NODES, key: b"n1".to_vec(), value: vec![0xff; 3], revision: 1 });
         assert!(rm.clusters().is_empty() && rm.nodes().is_empty());
+        assert_eq!(unreadable.load(std::sync::atomic::Ordering::SeqCst), 1);
+        m.apply(Change::Delete { cf: master_cf::CLUSTERS, key: b"junk".to_vec() });
+        assert_eq!(unreadable.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let key = crate::storage::keys::instance_key(&c.id, &i1.id);
+        m.apply(Change::Put { cf: master_cf::INSTANCES, key: key.clone(), value: vec![0xff; 3], revision: 1 });
+        assert_eq!(unreadable.load(std::sync::atomic::Ordering::SeqCst), 1);
+        for ch in changes(vec![WriteOp::put_instance(&i1).unwrap()]) {
+            m.apply(ch);
+        }
+        assert_eq!(unreadable.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 
     #[test]
@@ -351,7 +435,8 @@ mod tests {
             Arc::new(crate::storage::MasterStore::open(&dir.path().join("db")).unwrap());
         let rm = ReadModel::new(store.clone());
         let tokens = ApiTokens::load(store).unwrap();
-        let mut m = Mirror::new(rm.clone(), tokens.clone(), Box::new(|_| {}));
+        let mut m =
+            Mirror::new(rm.clone(), tokens.clone(), Box::new(|_| {}), Unreadable::default(), Revisions::default());
         let (kept, gone, old_re) = (td::cluster("kept"), td::cluster("gone"), td::cluster("re"));
         let mut new_re = td::cluster("re");
         new_re.id = ClusterId::random();

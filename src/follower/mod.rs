@@ -36,6 +36,7 @@ use crate::storage::etcd::layout::Layout;
 use crate::storage::etcd::peers::{Directory, Peer};
 use crate::storage::etcd::replica::ReplicaStore;
 use crate::storage::etcd::watch::{self, Progress};
+use crate::storage::keys::master_cf;
 use crate::storage::meta::ClusterState;
 use crate::storage::records::{ClusterRecord, InstanceRecord};
 use crate::storage::{BlobStore, MetaStore};
@@ -55,6 +56,7 @@ pub struct Prepared {
     following: Following,
     max_json: usize,
     workers: usize,
+    check: ViewCheck,
     _stop: StopOnDrop,
 }
 
@@ -69,6 +71,18 @@ pub struct Follower {
     /// when it wins ([`Follower::view_at`]).
     view: Arc<ReadModel>,
     progress: Arc<Progress>,
+    check: ViewCheck,
+}
+
+/// What a master checks its view against before it boots from it.
+#[derive(Clone)]
+struct ViewCheck {
+    /// Cluster and instance records the view could not read.
+    unreadable: mirror::Unreadable,
+    /// The revision of each cluster and instance key it holds.
+    revisions: mirror::Revisions,
+    /// For a keys-only read of the store at the win's revision.
+    conn: Conn,
 }
 
 /// How long a master that won waits for its view to hold every write made
@@ -132,11 +146,17 @@ pub fn prepare(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc<Atomi
     // Before the watch starts: what the load then does not find again goes.
     let cordons = Cordons::load(store.clone(), read_model.clone()).map_err(|e| e.to_string())?;
     let progress = Arc::new(Progress::default());
+    let check = ViewCheck { unreadable: Default::default(), revisions: Default::default(), conn: conn.clone() };
     let own_stop = Arc::new(AtomicBool::new(false));
     let guard = StopOnDrop(own_stop.clone());
     {
-        let mut mirror =
-            mirror::Mirror::new(read_model.clone(), tokens.clone(), Box::new(move |e| replica.announce(e)));
+        let mut mirror = mirror::Mirror::new(
+            read_model.clone(),
+            tokens.clone(),
+            Box::new(move |e| replica.announce(e)),
+            check.unreadable.clone(),
+            check.revisions.clone(),
+        );
         let (progress, stop) = (progress.clone(), own_stop.clone());
         std::thread::Builder::new()
             .name("flotilla-follower".into())
@@ -200,13 +220,20 @@ pub fn prepare(cfg: &MasterConfig, named: &Named, leader: Seen, stop: &Arc<Atomi
         cordons: Arc::new(cordons),
         pools: crate::actors::pools::Pools::new(String::new(), Vec::new()),
     };
-    Ok(Prepared { state, following, max_json: cfg.max_json_bytes, workers: cfg.http_workers.max(1), _stop: guard })
+    Ok(Prepared {
+        state,
+        following,
+        max_json: cfg.max_json_bytes,
+        workers: cfg.http_workers.max(1),
+        check,
+        _stop: guard,
+    })
 }
 
 impl Prepared {
     /// Serves `listener` (a clone of the master's API socket) until stopped.
     pub fn serve(self, listener: std::net::TcpListener) -> std::io::Result<Follower> {
-        let Prepared { state, following, max_json, workers, _stop: stop } = self;
+        let Prepared { state, following, max_json, workers, check, _stop: stop } = self;
         let (state_for_blobs, following_for_blobs) = (state.clone(), following.clone());
         let (view, progress) = (state.shared.read_model.clone(), following.progress.clone());
         let phase = gate::Phase::default();
@@ -229,7 +256,7 @@ impl Prepared {
         actix_web::rt::spawn(server);
         let fetcher = fetch_blobs(&state_for_blobs, &following_for_blobs);
         tracing::info!("this follower serves reads from its own view of the store");
-        Ok(Follower { handle, phase, stop, fetcher, view, progress })
+        Ok(Follower { handle, phase, stop, fetcher, view, progress, check })
     }
 }
 
@@ -245,23 +272,35 @@ impl Follower {
         }
     }
 
-    /// The clusters and instances of this follower's view once it holds
-    /// every write up to etcd revision `revision`; `None` when it does not
-    /// within `within`. Called once this master leads and has read
-    /// etcd's revision: no other master can write any more, so the view
-    /// it waits for is the store's state, and it stays so while the
-    /// master boots (nothing else writes clusters or instances before its
-    /// actors start).
-    pub async fn view_at(&self, revision: i64, within: Duration) -> Option<ClusterState> {
+    /// The clusters and instances of this follower's view once the change
+    /// at etcd revision `revision` has arrived through its watch (every
+    /// earlier one has, then); why not when it has not within `within`, or
+    /// the view left out a record it could not read (the store's read
+    /// then says what is wrong). Called once this master leads and has put
+    /// its marker: no other master can write any more, so the view it
+    /// waits for is the store's state, and it stays so while the master
+    /// boots (nothing else writes clusters or instances before its actors
+    /// start).
+    pub async fn view_at(&self, revision: i64, within: Duration) -> Result<ClusterState, String> {
         let deadline = tokio::time::Instant::now() + within;
-        while self.progress.applied_revision() < revision {
+        while self.progress.through_events() < revision {
             if tokio::time::Instant::now() >= deadline {
-                return None;
+                return Err(format!("its view did not reach revision {revision} within {within:?}"));
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let view = self.view.clone();
-        tokio::task::spawn_blocking(move || cluster_state(&view)).await.ok()
+        let unreadable = self.check.unreadable.load(Ordering::SeqCst);
+        if unreadable > 0 {
+            return Err(format!("its view left out {unreadable} cluster or instance records it could not read"));
+        }
+        let (view, check) = (self.view.clone(), self.check.clone());
+        tokio::task::spawn_blocking(move || {
+            let state = cluster_state(&view);
+            check.against_store(revision)?;
+            Ok(state)
+        })
+        .await
+        .map_err(|e| format!("taking the view failed: {e}"))?
     }
 
     /// Stops taking connections at once (the master's server takes the
@@ -279,6 +318,36 @@ impl Follower {
             handle.stop(true).await;
             drop(stop);
         });
+    }
+}
+
+impl ViewCheck {
+    /// Whether every cluster and instance key of the store at `revision`
+    /// is in the view, last changed at the same revision, and no other
+    /// (a keys-only read: a tenth of reading the records). A watch that
+    /// lost an event (etcd 3.4 has been seen to, under load: a record
+    /// left at its previous value) fails it, and the master reads the
+    /// store instead (blocking).
+    fn against_store(&self, revision: i64) -> Result<(), String> {
+        let held = self.revisions.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for cf in [master_cf::CLUSTERS, master_cf::INSTANCES] {
+            let stored =
+                watch::revisions_at(&self.conn, cf, revision).map_err(|e| format!("checking its view: {e}"))?;
+            let mine = held.keys().filter(|(c, _)| *c == cf).count();
+            if stored.len() != mine {
+                return Err(format!(
+                    "its view holds {mine} {cf} records, the store {} at revision {revision}",
+                    stored.len()
+                ));
+            }
+            if let Some((key, at)) = stored.iter().find(|(k, at)| held.get(&(cf, k.clone())) != Some(at)) {
+                return Err(format!(
+                    "its view's {cf} record {} is not the store's (changed at revision {at}) at revision {revision}",
+                    hex::encode(key)
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -4,8 +4,10 @@
 //! handler, an instance actor in its next turn, a node manager at its
 //! agent's next frame, a link writer at its next frame, an event write
 //! (`announce/announce`), a supervised task inside its incarnation, the
-//! supervisor in its handler: the master exits), and `.../stall?ms=N` holds a cluster actor or the supervisor
-//! for N ms without taking a message (its thread stays free). The
+//! supervisor in its handler: the master exits), `.../stall?ms=N` holds a cluster actor or the supervisor
+//! for N ms without taking a message (its thread stays free), and
+//! `.../block?ms=N` blocks the thread of a cluster actor or of the
+//! supervisor for N ms (everything else on that thread waits). The
 //! supervision tests use them to fail each kind of child for real.
 
 use std::time::Duration;

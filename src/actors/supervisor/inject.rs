@@ -63,6 +63,11 @@ impl Supervisor {
                 });
                 Ok("the supervisor panics: the master exits".into())
             }
+            ("supervisor", Fault::Block(d)) => {
+                // After this answer, which goes out first.
+                ctx.run_later(std::time::Duration::from_millis(10), move |_, _| std::thread::sleep(d));
+                Ok(format!("the supervisor's thread is blocked for {d:?}"))
+            }
             ("supervisor", Fault::Stall(d)) => {
                 ctx.wait(actix::fut::wrap_future(tokio::time::sleep(d)));
                 Ok(format!("the supervisor takes no message for {d:?}"))

@@ -31,6 +31,9 @@ pub const PAGE: i64 = 500;
 /// What a range read returns: pairs in etcd keys, and whether more follow.
 pub type Page = (crate::storage::meta::Pairs, bool, i64);
 
+/// A [`Page`] whose pairs carry the revision that last changed each.
+pub type RevisionPage = (Vec<(Vec<u8>, Vec<u8>, i64)>, bool, i64);
+
 #[derive(Clone)]
 pub struct Conn {
     pub bridge: Bridge,
@@ -182,6 +185,20 @@ impl Conn {
         StorageError::Deposed { term: self.term() }
     }
 
+    /// Puts `value` at control key `key`, a plain put (outside the fence;
+    /// harmless to repeat); the revision it landed at (blocking).
+    pub fn put_control(&self, key: Vec<u8>, value: Vec<u8>) -> Result<i64, StorageError> {
+        let members = self.members.clone();
+        self.bridge.call("a control put", self.timeout, async move {
+            let put = |c: etcd_client::Client| {
+                let (key, value) = (key.clone(), value.clone());
+                async move { c.kv_client().put(key, value, None).await }
+            };
+            let r = members.run(put, read_retryable).await.map_err(|e| etcd_error("a control put", e))?;
+            Ok(r.header().map_or(0, |h| h.revision()))
+        })
+    }
+
     /// One value by etcd key (blocking).
     pub fn get_raw(&self, key: Vec<u8>) -> Result<Option<Vec<u8>>, StorageError> {
         let members = self.members.clone();
@@ -206,6 +223,32 @@ impl Conn {
         descending: bool,
         revision: i64,
     ) -> Result<Page, StorageError> {
+        let (kvs, more, rev) = self.range_opts(from, to, limit, descending, revision, false)?;
+        Ok((kvs.into_iter().map(|(k, v, _)| (k, v)).collect(), more, rev))
+    }
+
+    /// [`range`](Self::range) in ascending order, each pair with the
+    /// revision that last changed it; with `keys_only`, values are empty
+    /// (blocking).
+    pub fn range_revisions(
+        &self,
+        from: Vec<u8>,
+        to: Vec<u8>,
+        revision: i64,
+        keys_only: bool,
+    ) -> Result<RevisionPage, StorageError> {
+        self.range_opts(from, to, usize::MAX, false, revision, keys_only)
+    }
+
+    fn range_opts(
+        &self,
+        from: Vec<u8>,
+        to: Vec<u8>,
+        limit: usize,
+        descending: bool,
+        revision: i64,
+        keys_only: bool,
+    ) -> Result<RevisionPage, StorageError> {
         let members = self.members.clone();
         // `usize::MAX` (a full scan) must not wrap to a negative limit.
         let limit = limit.clamp(1, PAGE as usize) as i64;
@@ -214,6 +257,9 @@ impl Conn {
             if descending {
                 opts = opts.with_sort(SortTarget::Key, SortOrder::Descend);
             }
+            if keys_only {
+                opts = opts.with_keys_only();
+            }
             let get = |c: etcd_client::Client| {
                 let (from, opts) = (from.clone(), opts.clone());
                 async move { c.kv_client().get(from, Some(opts)).await }
@@ -221,7 +267,12 @@ impl Conn {
             let mut r = members.run(get, read_retryable).await.map_err(|e| etcd_error("a range read", e))?;
             let rev = r.header().map_or(0, |h| h.revision());
             let more = r.more();
-            Ok((r.take_kvs().into_iter().map(|kv| kv.into_key_value()).collect(), more, rev))
+            let kvs = r.take_kvs().into_iter().map(|kv| {
+                let changed = kv.mod_revision();
+                let (k, v) = kv.into_key_value();
+                (k, v, changed)
+            });
+            Ok((kvs.collect(), more, rev))
         })
     }
 

@@ -73,6 +73,13 @@ impl Layout {
         k
     }
 
+    /// Put by a master that won, once its store is open: followers see it
+    /// arrive through their watch (what it waits for before it boots from
+    /// its view: every write before it has arrived too).
+    pub fn took_over(&self) -> Vec<u8> {
+        self.control("took_over")
+    }
+
     /// Where each master of the installation names itself (`<name>` after it).
     pub fn masters(&self) -> Vec<u8> {
         self.control("masters/")

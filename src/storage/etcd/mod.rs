@@ -86,7 +86,7 @@ pub struct EtcdSettings {
     /// One request's limit before it counts as lost.
     #[serde(with = "crate::storage::serde_time::duration_text")]
     pub request_timeout: Duration,
-    /// How a follower that wins boots: from the view it kept (see [`Takeover`]).
+    /// How a follower that wins boots: from the store, or the view it kept (see [`Takeover`]).
     pub takeover: Takeover,
 }
 
@@ -97,14 +97,17 @@ pub struct EtcdSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Takeover {
-    /// From the read model it kept from the watch as a follower, once that
-    /// holds every write made before the win (from the store when it does
-    /// not within [`crate::follower::VIEW_WAIT`], or the master never
-    /// served as a follower): no reload of 100,000 instances at takeover.
-    #[default]
-    View,
     /// From the store, read again (as a single master's restart does).
+    #[default]
     Store,
+    /// From the read model it kept from the watch as a follower, once that
+    /// holds every write made before the win and a keys-only read of the
+    /// store at that revision finds every cluster and instance key in it,
+    /// changed at the same revision (else from the store). On etcd 3.4
+    /// under load a just-loaded follower's view was seen to miss a write
+    /// (BENCHMARKS.md), and the keys-only read costs about what reading the
+    /// records does there: not the default.
+    View,
     /// Both, compared: a view that differs from the store ends the master
     /// with the difference (the test suites' setting).
     Checked,
@@ -125,7 +128,7 @@ impl Default for EtcdSettings {
             lease_ttl_secs: 2,
             revoke_dead_leader: true,
             request_timeout: Duration::from_secs(5),
-            takeover: Takeover::View,
+            takeover: Takeover::Store,
         }
     }
 }

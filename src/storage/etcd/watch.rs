@@ -5,8 +5,9 @@
 //!
 //! A request the leader writes through a redo record ([`super::sink`]) is
 //! applied in several transactions; its changes are held from the head's
-//! put until the head's delete and handed over together, so a follower
-//! shows such a request whole or not at all.
+//! put until the head's delete and handed over together, and a load waits
+//! for a revision without one under way, so a follower shows such a
+//! request whole or not at all.
 //!
 //! How current the view is ([`Progress`]): every [`ASK_EVERY`] (one ask
 //! at a time) the watch reads etcd's current revision linearizably, then
@@ -38,10 +39,11 @@ const SILENT_LIMIT: Duration = Duration::from_secs(10);
 /// catches the watch up).
 const ASK_AGAIN: Duration = Duration::from_secs(2);
 
-/// One change under the prefix, in a column family's terms.
+/// One change under the prefix, in a column family's terms (a put with
+/// the etcd revision that made it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
-    Put { cf: &'static str, key: Vec<u8>, value: Vec<u8> },
+    Put { cf: &'static str, key: Vec<u8>, value: Vec<u8>, revision: i64 },
     Delete { cf: &'static str, key: Vec<u8> },
 }
 
@@ -60,6 +62,10 @@ pub trait Apply {
 #[derive(Debug)]
 pub struct Progress {
     applied: AtomicI64,
+    /// The revision of the last event applied (or of a load): unlike
+    /// `applied`, never moved by a progress report (an etcd before 3.5.13
+    /// could send one ahead of events it still had buffered; etcd#15220).
+    through_events: AtomicI64,
     /// When etcd last held nothing the view lacks (`None`: not yet).
     current_at: Mutex<Option<Instant>>,
     started: Instant,
@@ -67,7 +73,12 @@ pub struct Progress {
 
 impl Default for Progress {
     fn default() -> Self {
-        Progress { applied: AtomicI64::new(0), current_at: Mutex::new(None), started: Instant::now() }
+        Progress {
+            applied: AtomicI64::new(0),
+            through_events: AtomicI64::new(0),
+            current_at: Mutex::new(None),
+            started: Instant::now(),
+        }
     }
 }
 
@@ -75,6 +86,12 @@ impl Progress {
     /// The etcd revision the view reflects (0: not loaded yet).
     pub fn applied_revision(&self) -> i64 {
         self.applied.load(Ordering::SeqCst)
+    }
+
+    /// The revision of the last change the view applied as it arrived (or
+    /// of its last load): every write at or below it is in the view.
+    pub fn through_events(&self) -> i64 {
+        self.through_events.load(Ordering::SeqCst)
     }
 
     /// At most this old: the view held every write etcd had this long ago.
@@ -85,6 +102,12 @@ impl Progress {
 
     fn applied(&self, revision: i64) {
         self.applied.fetch_max(revision, Ordering::SeqCst);
+    }
+
+    /// Changes up to `revision` applied as they arrived (or loaded).
+    fn arrived(&self, revision: i64) {
+        self.through_events.fetch_max(revision, Ordering::SeqCst);
+        self.applied(revision);
     }
 
     fn current(&self, asked: Instant) {
@@ -116,12 +139,11 @@ pub fn follow(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, progress
     while !stop.load(Ordering::SeqCst) {
         let from = match next {
             Some(r) => r,
-            None => match load(conn, cfs, apply, &mut held) {
-                Ok(rev) => {
-                    // A redo record half applied: not whole until its head goes.
-                    if held.is_none() {
-                        progress.applied(rev);
-                    }
+            None => match load(conn, cfs, apply, stop) {
+                Ok(None) => return,
+                Ok(Some(rev)) => {
+                    held = None;
+                    progress.arrived(rev);
                     rev + 1
                 }
                 Err(e) => {
@@ -152,25 +174,67 @@ pub fn follow(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, progress
     }
 }
 
+/// Every key of column family `cf` at `revision`, with the revision that
+/// last changed it (keys only: what a view is checked against; blocking).
+pub fn revisions_at(conn: &Conn, cf: &'static str, revision: i64) -> Result<Vec<(Vec<u8>, i64)>, StorageError> {
+    let prefix = conn.layout.cf_prefix(cf);
+    let end = prefix_end(&prefix);
+    let mut from = prefix.clone();
+    let mut out = Vec::new();
+    loop {
+        let (page, more, _) = conn.range_revisions(from.clone(), end.clone(), revision, true)?;
+        let Some((last, _, _)) = page.last() else { break };
+        from = last.clone();
+        from.push(0);
+        out.extend(page.into_iter().map(|(k, _, changed)| (k[prefix.len()..].to_vec(), changed)));
+        if !more {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// How long a load waits before looking again for a redo record under way.
+const REDO_RECHECK: Duration = Duration::from_millis(50);
+
 /// Reads the column families `cfs` at one revision into `apply`; the
-/// revision read.
-fn load(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, held: &mut Held) -> Result<i64, StorageError> {
-    // The revision every page reads at, and whether a redo record is under way.
+/// revision read (`None`: `stop` was set first).
+///
+/// Never at a revision where a redo record is under way: its request is
+/// then half applied, and a view loaded there would show half of it
+/// (served, during a reload after a compaction). Its writer finishes it
+/// within a few transactions, or the next leader does as its store opens;
+/// the load waits for that, the view it had staying as it was.
+fn load(
+    conn: &Conn,
+    cfs: &[&'static str],
+    apply: &mut dyn Apply,
+    stop: &AtomicBool,
+) -> Result<Option<i64>, StorageError> {
+    // The revision every page reads at, one without a redo record.
     let head = conn.layout.redo_head();
-    let (found, _, rev) = conn.range(head.clone(), prefix_end(&head), 1, false, 0)?;
-    *held = found.iter().any(|(k, _)| *k == head).then(Vec::new);
+    let rev = loop {
+        let (found, _, rev) = conn.range(head.clone(), prefix_end(&head), 1, false, 0)?;
+        if !found.iter().any(|(k, _)| *k == head) {
+            break rev;
+        }
+        if stop.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        std::thread::sleep(REDO_RECHECK);
+    };
     apply.begin_load();
     for cf in cfs {
         let prefix = conn.layout.cf_prefix(cf);
         let end = prefix_end(&prefix);
         let mut from = prefix;
         loop {
-            let (page, more, _) = conn.range(from.clone(), end.clone(), usize::MAX, false, rev)?;
-            let Some((last, _)) = page.last() else { break };
+            let (page, more, _) = conn.range_revisions(from.clone(), end.clone(), rev, false)?;
+            let Some((last, _, _)) = page.last() else { break };
             from = last.clone();
             from.push(0);
-            for (k, v) in page {
-                if let Some(change) = change(conn, &k, Some(v)) {
+            for (k, v, changed) in page {
+                if let Some(change) = change(conn, &k, Some(v), changed) {
                     apply.apply(change);
                 }
             }
@@ -180,13 +244,13 @@ fn load(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, held: &mut Hel
         }
     }
     apply.end_load();
-    Ok(rev)
+    Ok(Some(rev))
 }
 
-fn change(conn: &Conn, key: &[u8], value: Option<Vec<u8>>) -> Option<Change> {
+fn change(conn: &Conn, key: &[u8], value: Option<Vec<u8>>, revision: i64) -> Option<Change> {
     let (cf, key) = conn.layout.split(key, &master_cf::ALL)?;
     Some(match value {
-        Some(value) => Change::Put { cf, key: key.to_vec(), value },
+        Some(value) => Change::Put { cf, key: key.to_vec(), value, revision },
         None => Change::Delete { cf, key: key.to_vec() },
     })
 }
@@ -299,7 +363,8 @@ async fn watch(
                         }
                         continue;
                     }
-                    let Some(c) = change(conn, kv.key(), put.then(|| kv.value().to_vec())) else { continue };
+                    let value = put.then(|| kv.value().to_vec());
+                    let Some(c) = change(conn, kv.key(), value, kv.mod_revision()) else { continue };
                     match held {
                         Some(changes) => changes.push(c),
                         None => apply.apply(c),
@@ -308,7 +373,7 @@ async fn watch(
                 *next = Some(next.unwrap_or(from).max(last + 1));
                 if held.is_none() {
                     apply.flush();
-                    progress.applied(last);
+                    progress.arrived(last);
                 }
             }
         }

@@ -6,6 +6,7 @@ mod blobs;
 mod dev_ha;
 mod fencing;
 mod followers;
+mod lease;
 mod masters;
 mod migrate;
 mod partition;

@@ -1,15 +1,20 @@
 //! The master's store on real etcd members: it means what the RocksDB store
 //! means (the same commits give the same reads, scan by scan), a request
 //! too large for one etcd transaction lands whole (and a leader that died
-//! half way is finished by the next), and a deposed leader cannot write.
+//! half way is finished by the next; a follower never loads half of it),
+//! and a deposed leader cannot write.
 
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flotilla::storage::etcd::conn::Fence;
+use flotilla::storage::etcd::conn::{Conn, Fence};
 use flotilla::storage::etcd::election::{self, Campaign, LeaderInfo};
 use flotilla::storage::etcd::layout::Layout;
 use flotilla::storage::etcd::members::Members;
 use flotilla::storage::etcd::txn::EtcdWrite;
+use flotilla::storage::etcd::watch::{self, Apply, Change, Progress};
 use flotilla::storage::etcd::{self, EtcdSettings, EtcdStore, Fenced, sink};
 use flotilla::storage::keys::master_cf;
 use flotilla::storage::meta::{MetaStore, Scan};
@@ -160,9 +165,6 @@ fn a_request_larger_than_a_transaction_lands_whole_and_leaves_no_redo_record() {
 fn leave_redo_record(cluster: &EtcdCluster, prefix: &str, writes: &[EtcdWrite], with_head: bool) {
     let record = sink::encode(writes);
     let layout = Layout::new(prefix);
-    let s = settings(cluster, prefix);
-    let (bridge, members) = etcd::connect(&s).unwrap();
-    let mut kv = members.pick().1.kv_client();
     let mut puts = vec![
         (layout.redo_chunk(0), record[..record.len() / 2].to_vec()),
         (layout.redo_chunk(1), record[record.len() / 2..].to_vec()),
@@ -170,6 +172,13 @@ fn leave_redo_record(cluster: &EtcdCluster, prefix: &str, writes: &[EtcdWrite], 
     if with_head {
         puts.push((layout.redo_head(), sink::head_bytes(&record, 2)));
     }
+    raw_puts(cluster, prefix, puts);
+}
+
+/// Puts `puts` (etcd keys) one by one, as plain etcd puts.
+fn raw_puts(cluster: &EtcdCluster, prefix: &str, puts: Vec<(Vec<u8>, Vec<u8>)>) {
+    let (bridge, members) = etcd::connect(&settings(cluster, prefix)).unwrap();
+    let mut kv = members.pick().1.kv_client();
     bridge
         .call("test puts", Duration::from_secs(10), async move {
             for (k, v) in puts {
@@ -178,6 +187,65 @@ fn leave_redo_record(cluster: &EtcdCluster, prefix: &str, writes: &[EtcdWrite], 
             Ok(())
         })
         .unwrap();
+}
+
+/// A follower's view of one column family's keys.
+struct Keys(Arc<Mutex<BTreeSet<Vec<u8>>>>, &'static str);
+
+impl Apply for Keys {
+    fn begin_load(&mut self) {}
+    fn apply(&mut self, change: Change) {
+        let mut keys = self.0.lock().unwrap();
+        match change {
+            Change::Put { cf, key, .. } if cf == self.1 => keys.insert(key),
+            Change::Delete { cf, key } if cf == self.1 => keys.remove(&key),
+            _ => false,
+        };
+    }
+    fn end_load(&mut self) {}
+    fn flush(&mut self) {}
+}
+
+/// A leader died half way through applying a committed redo record: a
+/// follower that loads the store then must not show the half that landed
+/// (its view would serve half a request); it loads once the next leader
+/// has finished the record, and then shows all of it.
+#[test]
+fn a_follower_never_loads_a_request_half_applied() {
+    let cluster = EtcdCluster::start(3);
+    let prefix = "/halfway/";
+    let layout = Layout::new(prefix);
+    let key = |i: u32| layout.key(master_cf::NODES, &i.to_be_bytes());
+    let writes: Vec<EtcdWrite> = (0..300u32).map(|i| EtcdWrite::Put(key(i), vec![1; 100])).collect();
+    leave_redo_record(&cluster, prefix, &writes, true);
+    raw_puts(&cluster, prefix, (0..150u32).map(|i| (key(i), vec![1; 100])).collect());
+
+    let s = settings(&cluster, prefix);
+    let (bridge, members) = etcd::connect(&s).unwrap();
+    let conn = Conn::new(bridge, members, layout.clone(), s.limits(), s.call_limit());
+    let (view, progress, stop) =
+        (Arc::new(Mutex::default()), Arc::new(Progress::default()), Arc::new(AtomicBool::new(false)));
+    let follower = {
+        let (view, progress, stop) = (view.clone(), progress.clone(), stop.clone());
+        std::thread::spawn(move || {
+            watch::follow(&conn, &[master_cf::NODES], &mut Keys(view, master_cf::NODES), &progress, &stop)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(progress.applied_revision(), 0, "the view counts as loaded with a request half applied");
+    assert_eq!(view.lock().unwrap().len(), 0, "the view shows half a request");
+
+    // The next leader finishes the record as its store opens.
+    let store = open(&cluster, prefix, None);
+    assert_eq!(store.scan(master_cf::NODES, &Scan::default(), usize::MAX).unwrap().len(), 300);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while progress.applied_revision() == 0 || view.lock().unwrap().len() < 300 {
+        assert!(std::time::Instant::now() < deadline, "the follower did not load the finished request");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(view.lock().unwrap().len(), 300);
+    stop.store(true, Ordering::SeqCst);
+    follower.join().unwrap();
 }
 
 #[test]
