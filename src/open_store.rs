@@ -137,8 +137,9 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
     }
 }
 
-/// The follower's view at the win's revision, when `takeover` wants it
-/// and the view gets there within [`crate::follower::VIEW_WAIT`].
+/// The follower's view at the win's revision, when `takeover` wants it,
+/// the view gets there within [`crate::follower::VIEW_WAIT`] and passes
+/// its check against the store (`Follower::view_at`).
 async fn view_at_win(serving: &Serving, opened: &Opened, takeover: Takeover) -> Option<ClusterState> {
     let marked = opened.won.as_ref()?.1.clone();
     let why = match (serving, takeover, marked) {
@@ -239,9 +240,13 @@ fn lead(cfg: &MasterConfig, named: Named, mut on_leader: OnLeader) -> Result<Ope
     // every write before the win is below this put, and a follower's watch
     // that has delivered it has delivered them all (events arrive in
     // order; a progress report may not, on an etcd before 3.5.13).
-    let marked = conn
-        .put_control(conn.layout.took_over(), format!("{} term {}", named.name, leadership.term).into_bytes())
-        .map_err(|e| e.to_string());
+    // (Only for a takeover from the view: a store read needs no marker.)
+    let marked = match settings.takeover {
+        Takeover::Store => Err("not needed".to_string()),
+        _ => conn
+            .put_control(conn.layout.took_over(), format!("{} term {}", named.name, leadership.term).into_bytes())
+            .map_err(|e| e.to_string()),
+    };
     let role = Role {
         leadership: Some(leadership),
         name: named.name,

@@ -243,8 +243,9 @@ pub async fn start(c: &reqwest::Client, a: &LoadArgs) -> Result<Option<Load>, St
             let (c, urls, stop, counts, clusters, step, every) =
                 (c.clone(), urls.clone(), stop.clone(), counts.clone(), clusters.clone(), a.step, every);
             tokio::spawn(async move {
-                // Its clusters; one whose operation failed is left alone
-                // from then on (it is in `Error`: an operator would look).
+                // Its clusters; one whose operation ended otherwise than
+                // `Succeeded` is left alone from then on (it is in `Error`:
+                // an operator would look).
                 let mut mine: Vec<&String> = clusters.iter().skip(i).step_by(every).collect();
                 let mut n = 0;
                 while !stop.load(Ordering::SeqCst) && !mine.is_empty() {
@@ -259,8 +260,12 @@ pub async fn start(c: &reqwest::Client, a: &LoadArgs) -> Result<Option<Load>, St
                             counts.answers_lost.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(WriteError::Failed(why)) => {
+                            // Its operation ended otherwise: the cluster is
+                            // in `Error` (a write refused for good is only counted).
+                            if why.contains("operation ") && why.contains(" ended ") {
+                                mine.remove(n);
+                            }
                             counts.fail(why);
-                            mine.remove(n);
                         }
                     }
                 }

@@ -272,6 +272,10 @@ impl Apply for Mirror {
         // and records it cannot read are found again.
         self.orphans.clear();
         self.unread.clear();
+        self.unreadable.store(0, std::sync::atomic::Ordering::SeqCst);
+        // Each key comes again with its revision (a key the read model no
+        // longer lists, an orphan's or an old cluster's, would linger).
+        self.revisions.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.loading = Some(HashSet::new());
     }
 

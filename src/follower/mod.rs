@@ -295,9 +295,8 @@ impl Follower {
         }
         let (view, check) = (self.view.clone(), self.check.clone());
         tokio::task::spawn_blocking(move || {
-            let state = cluster_state(&view);
             check.against_store(revision)?;
-            Ok(state)
+            Ok(cluster_state(&view))
         })
         .await
         .map_err(|e| format!("taking the view failed: {e}"))?
@@ -329,22 +328,32 @@ impl ViewCheck {
     /// left at its previous value) fails it, and the master reads the
     /// store instead (blocking).
     fn against_store(&self, revision: i64) -> Result<(), String> {
-        let held = self.revisions.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut stored = Vec::new();
         for cf in [master_cf::CLUSTERS, master_cf::INSTANCES] {
-            let stored =
-                watch::revisions_at(&self.conn, cf, revision).map_err(|e| format!("checking its view: {e}"))?;
+            let keys = watch::revisions_at(&self.conn, cf, revision).map_err(|e| format!("checking its view: {e}"))?;
+            stored.push((cf, keys));
+        }
+        // Compared under the lock, not copied: the mirror waits meanwhile
+        // (it has nothing to apply to clusters or instances now).
+        let held = self.revisions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut key = (master_cf::CLUSTERS, Vec::new());
+        for (cf, keys) in stored {
             let mine = held.keys().filter(|(c, _)| *c == cf).count();
-            if stored.len() != mine {
+            if keys.len() != mine {
                 return Err(format!(
                     "its view holds {mine} {cf} records, the store {} at revision {revision}",
-                    stored.len()
+                    keys.len()
                 ));
             }
-            if let Some((key, at)) = stored.iter().find(|(k, at)| held.get(&(cf, k.clone())) != Some(at)) {
-                return Err(format!(
-                    "its view's {cf} record {} is not the store's (changed at revision {at}) at revision {revision}",
-                    hex::encode(key)
-                ));
+            key.0 = cf;
+            for (k, at) in keys {
+                key.1 = k;
+                if held.get(&key) != Some(&at) {
+                    return Err(format!(
+                        "its view's {cf} record {} is not the store's (changed at revision {at}) at revision {revision}",
+                        hex::encode(&key.1)
+                    ));
+                }
             }
         }
         Ok(())

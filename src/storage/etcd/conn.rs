@@ -28,6 +28,9 @@ pub struct Fence {
 /// Keys per range request (values are records of up to a few KiB).
 pub const PAGE: i64 = 500;
 
+/// Keys per keys-only range request (a key is under 100 bytes).
+pub const KEYS_PAGE: i64 = 10_000;
+
 /// What a range read returns: pairs in etcd keys, and whether more follow.
 pub type Page = (crate::storage::meta::Pairs, bool, i64);
 
@@ -251,7 +254,7 @@ impl Conn {
     ) -> Result<RevisionPage, StorageError> {
         let members = self.members.clone();
         // `usize::MAX` (a full scan) must not wrap to a negative limit.
-        let limit = limit.clamp(1, PAGE as usize) as i64;
+        let limit = limit.clamp(1, if keys_only { KEYS_PAGE } else { PAGE } as usize) as i64;
         self.bridge.call("a range read", self.timeout, async move {
             let mut opts = GetOptions::new().with_range(to).with_limit(limit).with_revision(revision);
             if descending {

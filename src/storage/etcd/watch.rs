@@ -163,7 +163,7 @@ pub fn follow(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, progress
                 next = None;
             }
             End::Broken(why) => {
-                tracing::debug!(%why, from = ?next, "a follower's watch broke; resuming");
+                tracing::info!(%why, from = ?next, "a follower's watch broke; resuming");
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
@@ -197,6 +197,9 @@ pub fn revisions_at(conn: &Conn, cf: &'static str, revision: i64) -> Result<Vec<
 /// How long a load waits before looking again for a redo record under way.
 const REDO_RECHECK: Duration = Duration::from_millis(50);
 
+/// A load waiting this long for a redo record says so.
+const REDO_WARN_AFTER: Duration = Duration::from_secs(5);
+
 /// Reads the column families `cfs` at one revision into `apply`; the
 /// revision read (`None`: `stop` was set first).
 ///
@@ -213,6 +216,8 @@ fn load(
 ) -> Result<Option<i64>, StorageError> {
     // The revision every page reads at, one without a redo record.
     let head = conn.layout.redo_head();
+    let waiting = Instant::now();
+    let mut warned = false;
     let rev = loop {
         let (found, _, rev) = conn.range(head.clone(), prefix_end(&head), 1, false, 0)?;
         if !found.iter().any(|(k, _)| *k == head) {
@@ -220,6 +225,10 @@ fn load(
         }
         if stop.load(Ordering::SeqCst) {
             return Ok(None);
+        }
+        if !warned && waiting.elapsed() > REDO_WARN_AFTER {
+            tracing::warn!("a follower's load waits for a large write under way (an etcd redo record) to be finished");
+            warned = true;
         }
         std::thread::sleep(REDO_RECHECK);
     };
@@ -335,8 +344,11 @@ async fn watch(
                 }
                 let revision = resp.header().map_or(0, |h| h.revision());
                 if resp.events().is_empty() {
-                    // A progress report: everything up to `revision` was sent.
-                    *next = Some(next.unwrap_or(from).max(revision + 1));
+                    // A progress report: everything up to `revision` was
+                    // sent. Not where a broken watch resumes (`next`): an
+                    // etcd before 3.5.13 may send one ahead of events it
+                    // still holds (etcd#15220), and resuming past those
+                    // would lose them for good.
                     let answered = ask.take();
                     if held.is_none() {
                         progress.applied(revision);
