@@ -65,8 +65,9 @@ async fn a_crashed_instance_is_restarted_until_the_policy_gives_up() {
     env.create_active(body).await;
 
     // Three restarts, 1 s, 2 s and 4 s after each crash: never sooner (by
-    // the time the start script recorded), and within 2 s more.
-    for (delay, within) in [(1, 3), (2, 4), (4, 6)] {
+    // the time the start script recorded), and within 4 s more (2 s was
+    // exceeded once in a loaded CI run: the third restart not in by 6 s).
+    for (delay, within) in [(1, 5), (2, 6), (4, 8)] {
         let (i, after) = crash_and_wait_for_restart(&env, Duration::from_secs(within)).await;
         let delay = Duration::from_secs(delay);
         assert!(after >= delay, "restarted {after:?} after the crash, before its backoff of {delay:?}");
