@@ -172,7 +172,8 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     let (won, view) = (opened.won, opened.view);
     // Where a takeover's time goes (logged once serving).
     let opened_at = std::time::Instant::now();
-    let from_view = view.is_some();
+    let verified = view.as_ref().map(|(_, v)| *v);
+    let view = view.map(|(state, _)| state);
     let blobs = BlobStore::open(&cfg.data_dir.join("packages")).map_err(MasterError::Storage)?;
     let loader = store.clone();
     let check_view = cfg.etcd.takeover == crate::storage::etcd::Takeover::Checked;
@@ -469,13 +470,15 @@ pub async fn run(cfg: MasterConfig, init: Init) -> Result<(), MasterError> {
     if let Some((at, marked)) = won {
         let revision = marked.unwrap_or_default();
         let took = crate::actors::role::TookOver {
-            from: if from_view { "view" } else { "store" },
+            from: if verified.is_some() { "view" } else { "store" },
+            verified: verified.map(|v| v.as_str()),
             ms: at.elapsed().as_millis() as u64,
         };
         let ms =
             |from: std::time::Instant, to: std::time::Instant| to.saturating_duration_since(from).as_millis() as u64;
         tracing::info!(
             from = took.from,
+            verified = took.verified,
             ms = took.ms,
             revision,
             // The store opened and the view there; the rest read; every

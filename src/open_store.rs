@@ -30,8 +30,9 @@ pub struct Opened {
     pub won: Option<(std::time::Instant, Result<i64, String>)>,
     /// Its clusters and instances from the view it kept as a follower, when
     /// that held every write up to the win's revision in time (`[etcd]
-    /// takeover`); else they are read from the store.
-    pub view: Option<ClusterState>,
+    /// takeover`), with how it was found whole; else they are read from
+    /// the store.
+    pub view: Option<(ClusterState, crate::follower::Verified)>,
 }
 
 /// Why the store could not be opened.
@@ -100,12 +101,18 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
                     won = &mut campaign => break won,
                     prepared = &mut follow, if preparing => {
                         preparing = false;
-                        if let Ok(Some(prepared)) = prepared {
+                        if let (Ok(Some(prepared)), Serving::Standby(standby)) = (prepared, &serving) {
+                            // Paused first: a client the follower's health
+                            // already answered is never redirected after.
+                            standby.pause().await;
                             match socket().and_then(|s| prepared.serve(s).map_err(OpenError::Listen)) {
                                 Ok(follower) => {
                                     std::mem::replace(&mut serving, Serving::Follower(Box::new(follower))).stop().await;
                                 }
-                                Err(e) => tracing::warn!(error = ?e, "the follower cannot serve; redirecting every request"),
+                                Err(e) => {
+                                    standby.resume().await;
+                                    tracing::warn!(error = ?e, "the follower cannot serve; redirecting every request");
+                                }
                             }
                         }
                     }
@@ -140,7 +147,11 @@ pub async fn open(cfg: &MasterConfig, named: Named, api: &std::net::TcpListener)
 /// The follower's view at the win's revision, when `takeover` wants it,
 /// the view gets there within [`crate::follower::VIEW_WAIT`] and passes
 /// its check against the store (`Follower::view_at`).
-async fn view_at_win(serving: &Serving, opened: &Opened, takeover: Takeover) -> Option<ClusterState> {
+async fn view_at_win(
+    serving: &Serving,
+    opened: &Opened,
+    takeover: Takeover,
+) -> Option<(ClusterState, crate::follower::Verified)> {
     let marked = opened.won.as_ref()?.1.clone();
     let why = match (serving, takeover, marked) {
         (_, Takeover::Store, _) => return None,

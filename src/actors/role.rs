@@ -45,6 +45,10 @@ pub struct TookOver {
     /// `view`: its clusters and instances from the view it kept as a
     /// follower; `store`: read from the store again.
     pub from: &'static str,
+    /// From the view: how it was found the store's (`revisions`: every
+    /// revision since its load brought its watch an event; `keys`: a
+    /// keys-only read of the store matched it).
+    pub verified: Option<&'static str>,
     /// From winning the campaign to serving as the leader.
     pub ms: u64,
 }

@@ -39,7 +39,7 @@ pub struct FailoverArgs {
     #[arg(long, default_value_t = crate::storage::etcd::EtcdSettings::default().lease_ttl_secs)]
     pub lease_ttl: i64,
     /// How a follower that wins boots (`[etcd] takeover`: view, store or checked).
-    #[arg(long, default_value = "store", value_parser = ["view", "store", "checked"])]
+    #[arg(long, default_value = "view", value_parser = ["view", "store", "checked"])]
     pub takeover: String,
     #[command(flatten)]
     pub load: super::failover_load::LoadArgs,

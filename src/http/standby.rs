@@ -36,6 +36,17 @@ impl Standby {
         Ok(Standby { handle })
     }
 
+    /// Stops accepting connections (they wait in the socket's backlog for
+    /// the server that takes it next), answering those it has.
+    pub async fn pause(&self) {
+        self.handle.pause().await;
+    }
+
+    /// Accepts connections again (the server meant to take over could not).
+    pub async fn resume(&self) {
+        self.handle.resume().await;
+    }
+
     /// Stops answering (requests under way finish).
     pub async fn stop(self) {
         self.handle.stop(true).await;

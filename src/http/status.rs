@@ -46,7 +46,11 @@ pub async fn health(state: web::Data<AppState>) -> HttpResponse {
         lag_ms: following.map(|f| f.progress.lag().as_millis() as u64),
         suspended: role.suspended(),
         masters: masters(&state),
-        took_over: role.took_over.get().map(|t| super::dto::TookOverDto { from: t.from.into(), ms: t.ms }),
+        took_over: role.took_over.get().map(|t| super::dto::TookOverDto {
+            from: t.from.into(),
+            verified: t.verified.map(Into::into),
+            ms: t.ms,
+        }),
     })
 }
 

@@ -55,6 +55,12 @@ pub struct TookOverDto {
     /// `view`: its clusters and instances came from the read model it kept
     /// as a follower; `store`: it read them from etcd again.
     pub from: String,
+    /// With `from: view`, how the view was found the store's: `revisions`
+    /// (every etcd revision since its load brought the follower's watch an
+    /// event: nothing missed) or `keys` (a keys-only read of the store
+    /// matched every cluster and instance key's revision).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verified: Option<String>,
     /// Milliseconds from winning the campaign to serving as the leader.
     pub ms: u64,
 }

@@ -98,15 +98,14 @@ pub struct EtcdSettings {
 #[serde(rename_all = "snake_case")]
 pub enum Takeover {
     /// From the store, read again (as a single master's restart does).
-    #[default]
     Store,
     /// From the read model it kept from the watch as a follower, once that
-    /// holds every write made before the win and a keys-only read of the
+    /// holds every write made before the win, and either every etcd
+    /// revision since its load brought its watch an event (nothing missed:
+    /// `watch::Progress::chained_through`) or a keys-only read of the
     /// store at that revision finds every cluster and instance key in it,
-    /// changed at the same revision (else from the store). On etcd 3.4
-    /// under load a just-loaded follower's view was seen to miss a write
-    /// (BENCHMARKS.md), and the keys-only read costs about what reading the
-    /// records does there: not the default.
+    /// changed at the same revision; else from the store.
+    #[default]
     View,
     /// Both, compared: a view that differs from the store ends the master
     /// with the difference (the test suites' setting).
@@ -128,7 +127,7 @@ impl Default for EtcdSettings {
             lease_ttl_secs: 2,
             revoke_dead_leader: true,
             request_timeout: Duration::from_secs(5),
-            takeover: Takeover::Store,
+            takeover: Takeover::View,
         }
     }
 }

@@ -39,6 +39,11 @@ const SILENT_LIMIT: Duration = Duration::from_secs(10);
 /// catches the watch up).
 const ASK_AGAIN: Duration = Duration::from_secs(2);
 
+/// A watch broken this many times in a row without applying anything reads
+/// the store again (at a revision past whatever it cannot get through;
+/// about 3 s of pauses: a member that is down is left for another sooner).
+const STUCK_AFTER: u32 = 5;
+
 /// One change under the prefix, in a column family's terms (a put with
 /// the etcd revision that made it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,16 +71,23 @@ pub struct Progress {
     /// `applied`, never moved by a progress report (an etcd before 3.5.13
     /// could send one ahead of events it still had buffered; etcd#15220).
     through_events: AtomicI64,
+    /// Every revision from the last load's up to this one brought the watch
+    /// an event under the prefix ([`NO_CHAIN`]: one did not).
+    chained: AtomicI64,
     /// When etcd last held nothing the view lacks (`None`: not yet).
     current_at: Mutex<Option<Instant>>,
     started: Instant,
 }
+
+/// [`Progress::chained_through`] once a revision brought no event.
+pub const NO_CHAIN: i64 = -1;
 
 impl Default for Progress {
     fn default() -> Self {
         Progress {
             applied: AtomicI64::new(0),
             through_events: AtomicI64::new(0),
+            chained: AtomicI64::new(NO_CHAIN),
             current_at: Mutex::new(None),
             started: Instant::now(),
         }
@@ -92,6 +104,36 @@ impl Progress {
     /// of its last load): every write at or below it is in the view.
     pub fn through_events(&self) -> i64 {
         self.through_events.load(Ordering::SeqCst)
+    }
+
+    /// Every revision after the last load up to this one brought the watch
+    /// an event ([`NO_CHAIN`] once one did not, until the next load).
+    ///
+    /// etcd gives every transaction that changes anything a revision of its
+    /// own, and the watch delivers all of a revision's events together; so
+    /// when every change in etcd is under this prefix (an etcd of its own,
+    /// as `flotilla dev --ha` runs), a chain unbroken up to a revision means
+    /// the watch missed nothing up to it, whatever the cause of a miss
+    /// would be (a watch resumed past events, an etcd bug dropping some:
+    /// etcd#17529, #18089). A revision without an event (another
+    /// installation's write, a miss) breaks it.
+    pub fn chained_through(&self) -> i64 {
+        self.chained.load(Ordering::SeqCst)
+    }
+
+    /// A load at `revision`: the chain starts there.
+    fn loaded(&self, revision: i64) {
+        self.chained.store(revision, Ordering::SeqCst);
+        self.arrived(revision);
+    }
+
+    /// An event at `revision` arrived (events come in revision order).
+    fn chain(&self, revision: i64) {
+        let at = self.chained.load(Ordering::SeqCst);
+        if at == NO_CHAIN || revision <= at {
+            return;
+        }
+        self.chained.store(if revision == at + 1 { revision } else { NO_CHAIN }, Ordering::SeqCst);
     }
 
     /// At most this old: the view held every write etcd had this long ago.
@@ -132,10 +174,19 @@ type Held = Option<Vec<Change>>;
 /// Follows the prefix into `apply` until `stop` (blocking: its own
 /// thread). A load reads the column families `cfs` only; the watch
 /// delivers changes to every column family.
+///
+/// A watch in step gets one response per transaction (at most the
+/// writer's `max_txn_bytes`), but one catching up gets up to 1,000
+/// revisions' events in one: hence the connection's large message limit
+/// (with gRPC's default of 4 MiB, the failover bench's watch broke on one
+/// of 4.3 MB again at every resume, its view stuck), and a watch that
+/// still cannot get through reads the store again ([`STUCK_AFTER`]).
 pub fn follow(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, progress: &Progress, stop: &AtomicBool) {
     let mut next = None;
     let mut held: Held = None;
     let mut pause = Duration::from_millis(100);
+    // Breaks in a row without anything applied.
+    let mut stuck = 0;
     while !stop.load(Ordering::SeqCst) {
         let from = match next {
             Some(r) => r,
@@ -143,7 +194,7 @@ pub fn follow(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, progress
                 Ok(None) => return,
                 Ok(Some(rev)) => {
                     held = None;
-                    progress.arrived(rev);
+                    progress.loaded(rev);
                     rev + 1
                 }
                 Err(e) => {
@@ -162,10 +213,25 @@ pub fn follow(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, progress
                 tracing::warn!(from, "etcd compacted the revisions a follower needs; it reads the store again");
                 next = None;
             }
-            End::Broken(why) => {
+            End::Broken(why) if next.is_some_and(|n| n > from) => {
                 tracing::info!(%why, from = ?next, "a follower's watch broke; resuming");
+                stuck = 0;
                 std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            End::Broken(why) => {
+                stuck += 1;
+                if stuck >= STUCK_AFTER {
+                    tracing::warn!(
+                        %why, from, breaks = stuck,
+                        "a follower's watch cannot get past a revision; it reads the store again"
+                    );
+                    next = None;
+                    stuck = 0;
+                } else {
+                    tracing::info!(%why, from, "a follower's watch broke; resuming");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
             }
         }
         if next.is_some_and(|n| n > from) {
@@ -274,10 +340,11 @@ async fn watch(
     next: &mut Option<i64>,
     stop: &AtomicBool,
 ) -> End {
-    let (member, mut client) = conn.members.pick();
+    let (member, client) = conn.members.pick();
     let kv = client.kv_client();
     let options = WatchOptions::new().with_prefix().with_start_revision(from);
-    let mut stream = match client.watch(conn.layout.prefix().to_vec(), Some(options)).await {
+    let mut watcher = client.watch_client().max_decoding_message_size(conn.message_limit);
+    let mut stream = match watcher.watch(conn.layout.prefix().to_vec(), Some(options)).await {
         Ok(s) => s,
         Err(e) => {
             conn.members.failed(member);
@@ -364,6 +431,7 @@ async fn watch(
                 for event in resp.events() {
                     let Some(kv) = event.kv() else { continue };
                     last = last.max(kv.mod_revision());
+                    progress.chain(kv.mod_revision());
                     let put = event.event_type() == EventType::Put;
                     if kv.key() == head.as_slice() {
                         if put {

@@ -57,9 +57,12 @@ async fn scale_out_across_a_kill(
     env.follow_leader(Some(0), Duration::from_secs(20)).await;
     env.wait_ready().await;
     // It booted from the view it kept as a follower (the tests' `takeover
-    // = "checked"` compared that view with the store first).
+    // = "checked"` compared that view with the store first), trusted
+    // because every revision since its load brought its watch an event
+    // (the test's etcd holds this installation alone).
     let h = env.get("/health").await.1;
     assert_eq!(h["took_over"]["from"], "view", "{h:#}");
+    assert_eq!(h["took_over"]["verified"], "revisions", "{h:#}");
     let done = env.wait_op(&op).await;
     env.assert_succeeded(&done);
     let c = env.cluster(cluster).await;

@@ -49,6 +49,13 @@ async fn a_second_master_waits_while_one_leads_and_takes_over_with_everything_wh
     assert!(waiting, "the standby never said it waits\n{}", env.log_file("standby.log"));
     assert!(!dir.join("endpoints.json").exists(), "the standby listens while another leads");
     assert!(standby.try_wait().unwrap().is_none(), "the standby exited");
+    let serving =
+        crate::common::eventually(20, || env.log_file("standby.log").contains("serves reads from its own view")).await;
+    assert!(serving, "the standby never served reads as a follower\n{}", env.log_file("standby.log"));
+    // Another installation's write on the same etcd: a revision that
+    // brings the standby's watch no event, so the view it boots from is
+    // checked against the store's keys (`verified: keys`), not trusted.
+    etcd.ctl(&["put", "/another-installation/x", "1"]);
 
     let killed = Instant::now();
     env.kill_master();
@@ -82,6 +89,8 @@ async fn a_second_master_waits_while_one_leads_and_takes_over_with_everything_wh
     let h = health(&env.client, &api).await;
     assert_eq!(h["name"], "standby", "{h:#}");
     assert_eq!(h["role"], "leader", "{h:#}");
+    assert_eq!(h["took_over"]["from"], "view", "{h:#}");
+    assert_eq!(h["took_over"]["verified"], "keys", "{h:#}");
     let nodes: Value = env.client.get(format!("{api}/nodes")).send().await.unwrap().json().await.unwrap();
     let ids = |v: &Value| {
         let mut ids: Vec<String> =

@@ -12,6 +12,7 @@ mod migrate;
 mod partition;
 mod rolling;
 mod store;
+mod watch;
 
 use serde_json::{Value, json};
 
