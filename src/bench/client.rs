@@ -1,6 +1,13 @@
 //! The load driver's view of the admin API: each call timed, reads and
 //! writes counted apart, `503 overloaded` retried after its `Retry-After`
 //! (and counted: a load test must say how often the master pushed back).
+//!
+//! Several masters (`--api` a follower's URL): reads go to the master
+//! given, writes to whichever leads: a `307` is followed with the token
+//! (reqwest drops it for another port) and the leader remembered for the
+//! next write; a read only the leader answers is sent there each time
+//! (counted as redirected). `503 no_leader` / `taking_over` is retried
+//! after its `Retry-After`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,8 +21,10 @@ use super::stats::{ByKind, Samples};
 #[derive(Clone)]
 pub struct Api {
     http: reqwest::Client,
-    /// `http://HOST:PORT/api/v1`
+    /// `http://HOST:PORT/api/v1` of the master reads go to (the first given).
     pub base: String,
+    /// Where writes go: the leader's base, once a redirect named it.
+    leader: Arc<std::sync::Mutex<Option<String>>>,
     token: Option<String>,
     /// Reads of a bounded size: lists (paged), nodes, operations, health.
     pub reads: Arc<Samples>,
@@ -28,7 +37,21 @@ pub struct Api {
     /// The same samples by route (`GET /clusters/{}`), to say which call is slow.
     pub routes: Arc<ByKind>,
     pub overloaded: Arc<AtomicU64>,
+    /// Calls a follower sent to the leader (`307`, followed).
+    pub redirected: Arc<AtomicU64>,
+    /// `503` while no master led, or one was taking over (retried).
+    pub between_leaders: Arc<AtomicU64>,
 }
+
+/// What a call sends.
+enum Body<'a> {
+    Json(&'a Value),
+    /// Shared, not copied, when a redirect sends it again.
+    Bytes(bytes::Bytes),
+}
+
+/// Redirects followed for one call before it fails.
+const MAX_HOPS: usize = 3;
 
 /// A failed call, with what the master said.
 #[derive(Debug, thiserror::Error)]
@@ -41,8 +64,12 @@ pub struct ApiError {
 }
 
 impl Api {
+    /// A client of the master at `base` (`http://HOST:PORT`); reads go there,
+    /// writes too until a redirect names the leader.
     pub fn new(base: &str, token: Option<String>) -> Result<Api, String> {
         let http = reqwest::Client::builder()
+            // Followed here, with the token.
+            .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .pool_max_idle_per_host(64)
             // Below the server's keep-alive (5 s): a pooled connection the
@@ -54,6 +81,7 @@ impl Api {
         Ok(Api {
             http,
             base: format!("{}/api/v1", base.trim_end_matches('/')),
+            leader: Arc::default(),
             token,
             reads: Arc::default(),
             whole_cluster_reads: Arc::default(),
@@ -61,13 +89,52 @@ impl Api {
             writes: Arc::default(),
             routes: Arc::default(),
             overloaded: Arc::default(),
+            redirected: Arc::default(),
+            between_leaders: Arc::default(),
         })
     }
 
+    /// Where a call goes first: reads to this client's master, writes to
+    /// the leader once known.
+    fn first_base(&self, method: &str) -> String {
+        let leader = self.leader.lock().unwrap_or_else(|p| p.into_inner());
+        match (method, leader.as_ref()) {
+            ("GET", _) | (_, None) => self.base.clone(),
+            (_, Some(l)) => l.clone(),
+        }
+    }
+
+    /// The master a `307` answer to `path` points at (its base), if any.
+    fn redirect_target(resp: &reqwest::Response, path: &str) -> Option<String> {
+        let status = resp.status().as_u16();
+        if status != 307 && status != 308 {
+            return None;
+        }
+        let location = resp.headers().get("location")?.to_str().ok()?;
+        location.strip_suffix(path).map(str::to_string)
+    }
+
     async fn call(&self, method: &'static str, path: &str, body: Option<&Value>) -> Result<Value, ApiError> {
-        let url = format!("{}{path}", self.base);
+        let text = self.send(method, path, body.map(Body::Json)).await?;
+        parse(text).await.map_err(|(e, text)| ApiError {
+            method,
+            path: path.to_string(),
+            status: None,
+            detail: format!("{e}: {text}"),
+        })
+    }
+
+    /// Sends a call until it is answered other than `503 overloaded` or
+    /// between leaders, following redirects; its answer's text when it
+    /// succeeded. Timed from its first send to that answer (a redirect's
+    /// hop included; a retry's wait not).
+    async fn send(&self, method: &'static str, path: &str, body: Option<Body<'_>>) -> Result<String, ApiError> {
         let err = |status: Option<u16>, detail: String| ApiError { method, path: path.to_string(), status, detail };
+        let mut base = self.first_base(method);
+        let mut hops = 0;
+        let mut hop_started = None;
         loop {
+            let url = format!("{base}{path}");
             let mut req = match method {
                 "GET" => self.http.get(&url),
                 "POST" => self.http.post(&url),
@@ -78,18 +145,33 @@ impl Api {
             if let Some(t) = &self.token {
                 req = req.bearer_auth(t);
             }
-            if let Some(b) = body {
-                req = req.json(b);
-            }
-            let started = Instant::now();
+            req = match &body {
+                Some(Body::Json(b)) => req.json(b),
+                Some(Body::Bytes(b)) => req.body(b.clone()),
+                None => req,
+            };
+            let started: Instant = hop_started.take().unwrap_or_else(Instant::now);
             let resp = req.send().await.map_err(|e| err(None, e.to_string()))?;
+            if let Some(leader) = Self::redirect_target(&resp, path)
+                && hops < MAX_HOPS
+            {
+                hops += 1;
+                hop_started = Some(started);
+                self.redirected.fetch_add(1, Ordering::Relaxed);
+                if method != "GET" {
+                    *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(leader.clone());
+                }
+                base = leader;
+                continue;
+            }
             let status = resp.status();
             let retry_after =
                 resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
             let text = resp.text().await.map_err(|e| err(Some(status.as_u16()), e.to_string()))?;
             let took = started.elapsed();
-            // Long polls (`?wait=`) measure the operation, not the API.
-            if !path.contains("wait=") {
+            // Long polls (`?wait=`) measure the operation, not the API;
+            // uploads are not part of the workload.
+            if !path.contains("wait=") && !matches!(body, Some(Body::Bytes(_))) {
                 let route = route(method, path);
                 if method != "GET" {
                     self.writes.add(took)
@@ -104,10 +186,19 @@ impl Api {
                 tokio::time::sleep(Duration::from_millis(retry_after.unwrap_or(1) * 100)).await;
                 continue;
             }
+            if status.as_u16() == 503 && (text.contains("no_leader") || text.contains("taking_over")) {
+                // Sent again to the master first asked: it redirects to
+                // whoever leads next.
+                self.between_leaders.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(retry_after.unwrap_or(1) * 100)).await;
+                base = self.base.clone();
+                hops = 0;
+                continue;
+            }
             if !status.is_success() {
                 return Err(err(Some(status.as_u16()), text));
             }
-            return parse(text).await.map_err(|(e, text)| err(Some(status.as_u16()), format!("{e}: {text}")));
+            return Ok(text);
         }
     }
 
@@ -126,21 +217,7 @@ impl Api {
     /// Uploads a package (not timed: not part of the workload).
     pub async fn put_package(&self, name: &str, version: &str, bytes: Vec<u8>) -> Result<(), ApiError> {
         let path = format!("/packages/{name}/{version}");
-        let mut req = self.http.put(format!("{}{path}", self.base)).body(bytes);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.map_err(|e| ApiError {
-            method: "PUT",
-            path: path.clone(),
-            status: None,
-            detail: e.to_string(),
-        })?;
-        if resp.status().is_success() {
-            return Ok(());
-        }
-        let status = resp.status().as_u16();
-        Err(ApiError { method: "PUT", path, status: Some(status), detail: resp.text().await.unwrap_or_default() })
+        self.send("PUT", &path, Some(Body::Bytes(bytes::Bytes::from(bytes)))).await.map(|_| ())
     }
 
     /// Runs a mutating call and waits for its operation to end; returns

@@ -2,11 +2,12 @@
 //! fresh data dir (so its CPU and memory are its own, read from `/proc`),
 //! or an existing master given by `--api`.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
+
+use crate::agent::masters::Masters;
 
 pub struct MasterProc {
     child: Option<Child>,
@@ -14,7 +15,8 @@ pub struct MasterProc {
     pub pid: Option<u32>,
     /// `http://HOST:PORT`
     pub api: String,
-    pub agent_addr: SocketAddr,
+    /// Its agent listener (several masters' with `--agent-addr A,B,C`).
+    pub agents: Masters,
     pub data_dir: Option<PathBuf>,
     /// The API token: the one the child master created (`--init`), or `--token`.
     pub token: Option<String>,
@@ -63,9 +65,10 @@ impl MasterProc {
                 && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes)
             {
                 let api = v["api_url"].as_str().unwrap_or_default().to_string();
-                let agent_addr = v["agent_addr"]
+                let agents = v["agent_addr"]
                     .as_str()
                     .and_then(|a| a.parse().ok())
+                    .map(Masters::one)
                     .ok_or_else(|| format!("bad endpoints file {}", endpoints.display()))?;
                 // Written before the master listens, so before the endpoints.
                 let token = std::fs::read_to_string(&token_file)
@@ -75,7 +78,7 @@ impl MasterProc {
                     child: Some(child),
                     pid,
                     api,
-                    agent_addr,
+                    agents,
                     data_dir: Some(dir.to_path_buf()),
                     token: Some(token.trim().to_string()),
                 });
@@ -88,10 +91,10 @@ impl MasterProc {
         Err("the master did not start within 30 s".into())
     }
 
-    /// An existing master.
-    pub fn attach(api: &str, agent_addr: SocketAddr, token: Option<String>) -> MasterProc {
+    /// An existing master (or several: `api` any of them).
+    pub fn attach(api: &str, agents: Masters, token: Option<String>) -> MasterProc {
         let api = api.trim_end_matches('/').to_string();
-        MasterProc { child: None, pid: None, api, agent_addr, data_dir: None, token }
+        MasterProc { child: None, pid: None, api, agents, data_dir: None, token }
     }
 
     /// (RSS MiB, CPU seconds) of our child master.

@@ -26,7 +26,6 @@ pub mod scale;
 pub mod sim;
 pub mod stats;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -84,12 +83,15 @@ pub struct BenchArgs {
     /// Node id prefix of the simulated agents.
     #[arg(long, default_value = "sim-")]
     pub prefix: String,
-    /// Drive an existing master instead of starting one (`http://HOST:PORT`).
+    /// Drive an existing master instead of starting one (`http://HOST:PORT`;
+    /// with several masters, any of them: reads go to it, writes to the
+    /// leader its `307` names).
     #[arg(long, requires = "agent_addr")]
     pub api: Option<String>,
-    /// The existing master's agent listener (with `--api`).
+    /// The existing master's agent listener (with `--api`; several
+    /// masters' comma-separated: `HOST:PORT,HOST:PORT,...`).
     #[arg(long)]
-    pub agent_addr: Option<SocketAddr>,
+    pub agent_addr: Option<String>,
     #[arg(long, env = "FLOTILLA_TOKEN")]
     pub token: Option<String>,
     /// Where the master started for the run keeps its data (default: a
@@ -247,6 +249,8 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
     report.api.writes = writes.count;
     report.api.routes = api.routes.summaries();
     report.api.overloaded = api.overloaded.load(std::sync::atomic::Ordering::Relaxed);
+    report.api.redirected = api.redirected.load(std::sync::atomic::Ordering::Relaxed);
+    report.api.between_leaders = api.between_leaders.load(std::sync::atomic::Ordering::Relaxed);
     if report.mode == "scale" {
         report.judge();
     }
@@ -285,8 +289,11 @@ pub async fn start_master(
             env.push((cap.to_string(), "65536".to_string()));
         }
     }
-    match (&args.api, args.agent_addr) {
-        (Some(api), Some(agents)) => Ok(MasterProc::attach(api, agents, args.token.clone())),
+    match (&args.api, &args.agent_addr) {
+        (Some(api), Some(agents)) => {
+            let agents = crate::agent::masters::Masters::parse(agents).map_err(|e| format!("--agent-addr: {e}"))?;
+            Ok(MasterProc::attach(api, agents, args.token.clone()))
+        }
         _ => {
             progress.set_message("starting the master");
             MasterProc::spawn_with_config(dir, &env, args.master_config.as_deref()).await

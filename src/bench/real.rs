@@ -63,7 +63,7 @@ pub async fn run(args: &RealArgs, setup: &mut Setup, report: &mut Report) -> Res
         None => None,
     };
     progress.set_message(format!("starting {} real agents", args.nodes));
-    let master = setup.master.agent_addr.to_string();
+    let master = setup.master.agents.to_string();
     let made = api
         .post("/join-tokens", &json!({ "name": "bench-real", "uses": args.nodes.max(1) }))
         .await

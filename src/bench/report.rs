@@ -30,6 +30,10 @@ pub struct ApiFigures {
     pub writes: usize,
     /// `503 overloaded` answers (each retried after its Retry-After).
     pub overloaded: u64,
+    /// Calls a follower answered `307` (followed to the leader).
+    pub redirected: u64,
+    /// `503` while no master led or one took over (retried).
+    pub between_leaders: u64,
     /// Latency by route (long polls left out).
     pub routes: BTreeMap<String, OpSummary>,
 }
@@ -299,6 +303,10 @@ impl Report {
             );
         }
         row("503 overloaded (retried)", self.api.overloaded.to_string());
+        if self.api.redirected + self.api.between_leaders > 0 {
+            row("307 followed to the leader", self.api.redirected.to_string());
+            row("503 between leaders (retried)", self.api.between_leaders.to_string());
+        }
         row(
             "exit -> visible p50 / p99",
             format!("{} / {} ms", self.exit_visible_ms["p50"], self.exit_visible_ms["p99"]),

@@ -48,7 +48,7 @@ pub async fn run(args: &BenchArgs, setup: &mut Setup, report: &mut Report) -> Re
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let fleet = Fleet::start_apart(
         &FleetConfig {
-            masters: crate::agent::masters::Masters::one(master.agent_addr),
+            masters: master.agents.clone(),
             agents: args.agents,
             prefix: args.prefix.clone(),
             port_range: (20000, 60000),

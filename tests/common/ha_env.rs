@@ -68,7 +68,7 @@ impl TestEnv {
     }
 
     /// Every master's agent address, comma-separated (the agents' `--master`).
-    pub(super) fn master_list(&self) -> String {
+    pub fn master_list(&self) -> String {
         if self.master_addrs.is_empty() {
             return self.agent_addr.clone();
         }

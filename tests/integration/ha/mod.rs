@@ -1,6 +1,7 @@
 //! Several masters on etcd (issue 25): the store on real etcd members, the
 //! leader's election and fence, and masters that take over.
 
+mod bench_api;
 mod big_failover;
 mod blobs;
 mod dev_ha;
