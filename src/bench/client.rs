@@ -50,6 +50,9 @@ enum Body<'a> {
     Bytes(bytes::Bytes),
 }
 
+/// How long one call waits for a leader before it fails.
+const LEADERLESS_LIMIT: Duration = Duration::from_secs(60);
+
 /// Redirects followed for one call before it fails.
 const MAX_HOPS: usize = 3;
 
@@ -133,6 +136,9 @@ impl Api {
         let mut base = self.first_base(method);
         let mut hops = 0;
         let mut hop_started = None;
+        // How long a call waits for a leader (a write to one that is gone,
+        // `503` between leaders) before it fails.
+        let leaderless_until = Instant::now() + LEADERLESS_LIMIT;
         loop {
             let url = format!("{base}{path}");
             let mut req = match method {
@@ -151,7 +157,17 @@ impl Api {
                 None => req,
             };
             let started: Instant = hop_started.take().unwrap_or_else(Instant::now);
-            let resp = req.send().await.map_err(|e| err(None, e.to_string()))?;
+            let resp = match req.send().await {
+                Ok(r) => r,
+                // The leader it remembered is gone: the master given
+                // redirects to whoever leads now.
+                Err(e) if e.is_connect() && base != self.base && Instant::now() < leaderless_until => {
+                    *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    (base, hops, hop_started) = (self.base.clone(), 0, None);
+                    continue;
+                }
+                Err(e) => return Err(err(None, e.to_string())),
+            };
             if let Some(leader) = Self::redirect_target(&resp, path)
                 && hops < MAX_HOPS
             {
@@ -186,7 +202,10 @@ impl Api {
                 tokio::time::sleep(Duration::from_millis(retry_after.unwrap_or(1) * 100)).await;
                 continue;
             }
-            if status.as_u16() == 503 && (text.contains("no_leader") || text.contains("taking_over")) {
+            if status.as_u16() == 503
+                && (text.contains("no_leader") || text.contains("taking_over"))
+                && Instant::now() < leaderless_until
+            {
                 // Sent again to the master first asked: it redirects to
                 // whoever leads next.
                 self.between_leaders.fetch_add(1, Ordering::Relaxed);

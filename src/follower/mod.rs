@@ -293,15 +293,21 @@ impl Follower {
         if unreadable > 0 {
             return Err(format!("its view left out {unreadable} cluster or instance records it could not read"));
         }
-        // Every revision up to the marker brought its event: nothing was
-        // missed, no read needed (else, e.g. an etcd shared with another
-        // installation, every key's revision is read and compared).
-        let verified = if self.progress.chained_through() >= revision { Verified::Revisions } else { Verified::Keys };
+        // Every revision up to the marker brought its event: no revision
+        // was missed, and the count of cluster and instance keys (etcd's
+        // index, no record read) must agree (a revision can lose some of
+        // its events: etcd#18089 dropped deletes at a compaction's
+        // revision). Else (an etcd shared with another installation, or a
+        // difference) every key's revision is read and compared.
+        let chained = self.progress.chained_through() >= revision;
         let (view, check) = (self.view.clone(), self.check.clone());
         tokio::task::spawn_blocking(move || {
-            if verified == Verified::Keys {
+            let verified = if chained && check.counts_match(revision)? {
+                Verified::Revisions
+            } else {
                 check.against_store(revision)?;
-            }
+                Verified::Keys
+            };
             Ok((cluster_state(&view), verified))
         })
         .await
@@ -330,7 +336,8 @@ impl Follower {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verified {
     /// Every etcd revision since the view's load brought the watch an
-    /// event (`Progress::chained_through`): nothing was missed.
+    /// event (`Progress::chained_through`: no revision was missed), and
+    /// the store's counts of cluster and instance keys are the view's.
     Revisions,
     /// A keys-only read of the store found every cluster and instance key
     /// in the view, changed at the same revision.
@@ -347,6 +354,29 @@ impl Verified {
 }
 
 impl ViewCheck {
+    /// Whether the store holds as many cluster and instance keys at
+    /// `revision` as the view (counts only: etcd's index, no record read;
+    /// blocking). A difference is logged: the watch missed an event of a
+    /// revision it saw.
+    fn counts_match(&self, revision: i64) -> Result<bool, String> {
+        for cf in [master_cf::CLUSTERS, master_cf::INSTANCES] {
+            let stored = watch::count_at(&self.conn, cf, revision).map_err(|e| format!("checking its view: {e}"))?;
+            let mine =
+                self.revisions.lock().unwrap_or_else(|p| p.into_inner()).keys().filter(|(c, _)| *c == cf).count();
+            if stored != mine {
+                tracing::warn!(
+                    cf,
+                    stored,
+                    view = mine,
+                    revision,
+                    "a follower's view holds another count of records than the store though its watch missed no revision; every key is checked"
+                );
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Whether every cluster and instance key of the store at `revision`
     /// is in the view, last changed at the same revision, and no other
     /// (a keys-only read; etcd 3.4 reads the values for it all the same,

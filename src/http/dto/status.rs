@@ -57,7 +57,8 @@ pub struct TookOverDto {
     pub from: String,
     /// With `from: view`, how the view was found the store's: `revisions`
     /// (every etcd revision since its load brought the follower's watch an
-    /// event: nothing missed) or `keys` (a keys-only read of the store
+    /// event, and the store's counts of cluster and instance keys are the
+    /// view's) or `keys` (a keys-only read of the store
     /// matched every cluster and instance key's revision).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verified: Option<String>,

@@ -46,8 +46,13 @@ pub struct Conn {
     pub fence: Option<Fence>,
     /// How long one request may take before it counts as lost.
     pub timeout: Duration,
-    /// The largest answer taken ([`MESSAGE_LIMIT`]; a test sets less).
+    /// The largest answer taken ([`MESSAGE_LIMIT`], or twice the largest
+    /// transaction when that is more: one transaction's events always pass
+    /// a watch; a test sets less).
     pub message_limit: usize,
+    /// Records per range page: [`PAGE`], halved for good each time a page
+    /// was larger than `message_limit`.
+    page: std::sync::Arc<std::sync::atomic::AtomicI64>,
     stamps: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// The write stamp's value as this master's last landed write left it
     /// (`None`: no stamp yet under the prefix).
@@ -73,6 +78,7 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     /// `timeout` bounds one call, tries of other members included.
     pub fn new(bridge: Bridge, members: Members, layout: Layout, limits: Limits, timeout: Duration) -> Conn {
+        let message_limit = MESSAGE_LIMIT.max(limits.max_bytes.saturating_mul(2));
         Conn {
             bridge,
             members,
@@ -80,7 +86,8 @@ impl Conn {
             limits,
             fence: None,
             timeout,
-            message_limit: MESSAGE_LIMIT,
+            message_limit,
+            page: std::sync::Arc::new(std::sync::atomic::AtomicI64::new(PAGE)),
             stamps: Default::default(),
             last_stamp: Default::default(),
             sent_again: Default::default(),
@@ -255,39 +262,68 @@ impl Conn {
         revision: i64,
         keys_only: bool,
     ) -> Result<RevisionPage, StorageError> {
-        let (members, message_limit) = (self.members.clone(), self.message_limit);
+        let message_limit = self.message_limit;
         // `usize::MAX` (a full scan) must not wrap to a negative limit.
-        let mut limit = limit.clamp(1, if keys_only { KEYS_PAGE } else { PAGE } as usize) as i64;
-        self.bridge.call("a range read", self.timeout, async move {
-            let mut r = loop {
-                let mut opts = GetOptions::new().with_range(to.clone()).with_limit(limit).with_revision(revision);
-                if descending {
-                    opts = opts.with_sort(SortTarget::Key, SortOrder::Descend);
-                }
-                if keys_only {
-                    opts = opts.with_keys_only();
-                }
+        let most = if keys_only { KEYS_PAGE } else { self.page.load(Ordering::Relaxed) };
+        let mut limit = limit.clamp(1, most as usize) as i64;
+        let mut r = loop {
+            let members = self.members.clone();
+            let mut opts = GetOptions::new().with_range(to.clone()).with_limit(limit).with_revision(revision);
+            if descending {
+                opts = opts.with_sort(SortTarget::Key, SortOrder::Descend);
+            }
+            if keys_only {
+                opts = opts.with_keys_only();
+            }
+            let from = from.clone();
+            // Each try its own call (and timeout): an answer too large is
+            // asked again for half the records.
+            let answer = self.bridge.call("a range read", self.timeout, async move {
                 let get = |c: etcd_client::Client| {
                     let (from, opts) = (from.clone(), opts.clone());
                     async move { c.kv_client().max_decoding_message_size(message_limit).get(from, Some(opts)).await }
                 };
                 match members.run(get, read_retryable).await {
-                    Ok(r) => break r,
-                    // Records this large: fewer per page (the caller
-                    // pages on; one record always fits: etcd takes none
-                    // larger than its request limit).
-                    Err(e) if too_large(&e) && limit > 1 => limit /= 2,
-                    Err(e) => return Err(etcd_error("a range read", e)),
+                    Ok(r) => Ok(Some(r)),
+                    Err(e) if too_large(&e) && limit > 1 => Ok(None),
+                    Err(e) => Err(etcd_error("a range read", e)),
                 }
+            })?;
+            match answer {
+                Some(r) => break r,
+                // Records this large: fewer per page from now on (the
+                // caller pages on; one record always fits: etcd takes none
+                // larger than its request limit).
+                None => {
+                    limit /= 2;
+                    if !keys_only {
+                        self.page.fetch_min(limit, Ordering::Relaxed);
+                    }
+                }
+            }
+        };
+        let rev = r.header().map_or(0, |h| h.revision());
+        let more = r.more();
+        let kvs = r.take_kvs().into_iter().map(|kv| {
+            let changed = kv.mod_revision();
+            let (k, v) = kv.into_key_value();
+            (k, v, changed)
+        });
+        Ok((kvs.collect(), more, rev))
+    }
+
+    /// How many keys lie in `[from, to)` at `revision` (etcd counts them
+    /// in its index without reading a record; blocking).
+    pub fn count(&self, from: Vec<u8>, to: Vec<u8>, revision: i64) -> Result<i64, StorageError> {
+        let (members, message_limit) = (self.members.clone(), self.message_limit);
+        self.bridge.call("a count", self.timeout, async move {
+            let opts = GetOptions::new().with_range(to).with_revision(revision).with_count_only();
+            let get = |c: etcd_client::Client| {
+                let (from, opts) = (from.clone(), opts.clone());
+                async move { c.kv_client().max_decoding_message_size(message_limit).get(from, Some(opts)).await }
             };
-            let rev = r.header().map_or(0, |h| h.revision());
-            let more = r.more();
-            let kvs = r.take_kvs().into_iter().map(|kv| {
-                let changed = kv.mod_revision();
-                let (k, v) = kv.into_key_value();
-                (k, v, changed)
-            });
-            Ok((kvs.collect(), more, rev))
+            let r = members.run(get, read_retryable).await.map_err(|e| etcd_error("a count", e))?;
+            Ok(r.count())
         })
     }
 

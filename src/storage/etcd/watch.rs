@@ -39,11 +39,6 @@ const SILENT_LIMIT: Duration = Duration::from_secs(10);
 /// catches the watch up).
 const ASK_AGAIN: Duration = Duration::from_secs(2);
 
-/// A watch broken this many times in a row without applying anything reads
-/// the store again (at a revision past whatever it cannot get through;
-/// about 3 s of pauses: a member that is down is left for another sooner).
-const STUCK_AFTER: u32 = 5;
-
 /// One change under the prefix, in a column family's terms (a put with
 /// the etcd revision that made it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,10 +108,11 @@ impl Progress {
     /// own, and the watch delivers all of a revision's events together; so
     /// when every change in etcd is under this prefix (an etcd of its own,
     /// as `flotilla dev --ha` runs), a chain unbroken up to a revision means
-    /// the watch missed nothing up to it, whatever the cause of a miss
-    /// would be (a watch resumed past events, an etcd bug dropping some:
-    /// etcd#17529, #18089). A revision without an event (another
-    /// installation's write, a miss) breaks it.
+    /// the watch missed no revision up to it (a watch resumed past events,
+    /// etcd#17529 skipping some). It cannot see a revision that lost some
+    /// of its events (etcd#18089: deletes dropped at a compaction's
+    /// revision): `Follower::view_at` compares counts too. A revision
+    /// without an event (another installation's write, a miss) breaks it.
     pub fn chained_through(&self) -> i64 {
         self.chained.load(Ordering::SeqCst)
     }
@@ -165,6 +161,9 @@ enum End {
     Stopped,
     /// etcd compacted the revisions it would resume from: load again.
     Compacted,
+    /// A response larger than the connection takes: resumed from the same
+    /// revision, the watch would get at least as much again (load again).
+    TooLarge(String),
     Broken(String),
 }
 
@@ -180,13 +179,11 @@ type Held = Option<Vec<Change>>;
 /// revisions' events in one: hence the connection's large message limit
 /// (with gRPC's default of 4 MiB, the failover bench's watch broke on one
 /// of 4.3 MB again at every resume, its view stuck), and a watch that
-/// still cannot get through reads the store again ([`STUCK_AFTER`]).
+/// still cannot get through reads the store again ([`End::TooLarge`]).
 pub fn follow(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, progress: &Progress, stop: &AtomicBool) {
     let mut next = None;
     let mut held: Held = None;
     let mut pause = Duration::from_millis(100);
-    // Breaks in a row without anything applied.
-    let mut stuck = 0;
     while !stop.load(Ordering::SeqCst) {
         let from = match next {
             Some(r) => r,
@@ -213,25 +210,14 @@ pub fn follow(conn: &Conn, cfs: &[&'static str], apply: &mut dyn Apply, progress
                 tracing::warn!(from, "etcd compacted the revisions a follower needs; it reads the store again");
                 next = None;
             }
-            End::Broken(why) if next.is_some_and(|n| n > from) => {
-                tracing::info!(%why, from = ?next, "a follower's watch broke; resuming");
-                stuck = 0;
-                std::thread::sleep(pause);
+            End::TooLarge(why) => {
+                tracing::warn!(%why, from = ?next, "a follower's watch got more than it takes at once; it reads the store again");
+                next = None;
             }
             End::Broken(why) => {
-                stuck += 1;
-                if stuck >= STUCK_AFTER {
-                    tracing::warn!(
-                        %why, from, breaks = stuck,
-                        "a follower's watch cannot get past a revision; it reads the store again"
-                    );
-                    next = None;
-                    stuck = 0;
-                } else {
-                    tracing::info!(%why, from, "a follower's watch broke; resuming");
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_secs(2));
-                }
+                tracing::info!(%why, from = ?next, "a follower's watch broke; resuming");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
             }
         }
         if next.is_some_and(|n| n > from) {
@@ -258,6 +244,13 @@ pub fn revisions_at(conn: &Conn, cf: &'static str, revision: i64) -> Result<Vec<
         }
     }
     Ok(out)
+}
+
+/// How many keys column family `cf` holds at `revision` (blocking).
+pub fn count_at(conn: &Conn, cf: &'static str, revision: i64) -> Result<usize, StorageError> {
+    let prefix = conn.layout.cf_prefix(cf);
+    let end = prefix_end(&prefix);
+    Ok(usize::try_from(conn.count(prefix, end, revision)?).unwrap_or(0))
 }
 
 /// How long a load waits before looking again for a redo record under way.
@@ -395,6 +388,7 @@ async fn watch(
                 let resp = match message {
                     Ok(Some(r)) => r,
                     Ok(None) => return End::Broken("the watch stream ended".into()),
+                    Err(e) if super::conn::too_large(&e) => return End::TooLarge(e.to_string()),
                     Err(e) => {
                         conn.members.failed(member);
                         return End::Broken(e.to_string());
