@@ -62,7 +62,14 @@ pub enum NodeError {
     Suspended { node: NodeId, term: i64 },
 }
 
-pub(super) type Pending = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<AgentResponse>>>>;
+pub(super) type Pending = Arc<Mutex<HashMap<u64, ReplyTx>>>;
+
+/// Where a request's replies go. Not tokio's unbounded channel: that
+/// allocates a block of 32 replies (~3 KiB) per channel up front, and the
+/// leader holds one per command in flight (100,000 while a restart of
+/// 100 clusters of 1,000 settles: a tenth of its memory peak on etcd).
+pub(super) type ReplyTx = futures::channel::mpsc::UnboundedSender<AgentResponse>;
+type Replies = futures::channel::mpsc::UnboundedReceiver<AgentResponse>;
 
 /// A frame on its way to the socket, with the chunk-budget permit it holds
 /// until it is written.
@@ -345,9 +352,9 @@ impl NodeLink {
         self.closed.is_cancelled()
     }
 
-    fn register(&self) -> (u64, mpsc::UnboundedReceiver<AgentResponse>) {
+    fn register(&self) -> (u64, Replies) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = futures::channel::mpsc::unbounded();
         lock(&self.pending).insert(id, tx);
         (id, rx)
     }
@@ -425,13 +432,13 @@ impl NodeLink {
 
     async fn reply_within(
         &self,
-        rx: &mut mpsc::UnboundedReceiver<AgentResponse>,
+        rx: &mut Replies,
         what: &'static str,
         after: Duration,
     ) -> Result<AgentResponse, NodeError> {
         let closed = self.closed.cancelled();
         tokio::select! {
-            r = tokio::time::timeout(after, rx.recv()) => match r {
+            r = tokio::time::timeout(after, futures::StreamExt::next(rx)) => match r {
                 Ok(Some(AgentResponse::Failed(f))) => Err(NodeError::Failed(f)),
                 Ok(Some(r)) => Ok(r),
                 Ok(None) => Err(self.closed_error()),
@@ -518,7 +525,7 @@ impl NodeLink {
         instance: &InstanceId,
         blob: &PathBuf,
         progress: &AtomicU64,
-        rx: &mut mpsc::UnboundedReceiver<AgentResponse>,
+        rx: &mut Replies,
     ) -> Result<(), NodeError> {
         let pkg_err = |e: std::io::Error| NodeError::Package {
             node: self.node.clone(),
@@ -542,8 +549,8 @@ impl NodeLink {
             } else {
                 match rx.try_recv() {
                     Ok(r) => Some(r),
-                    Err(mpsc::error::TryRecvError::Disconnected) => return Err(self.closed_error()),
-                    Err(mpsc::error::TryRecvError::Empty) => None,
+                    Err(futures::channel::mpsc::TryRecvError::Closed) => return Err(self.closed_error()),
+                    Err(futures::channel::mpsc::TryRecvError::Empty) => None,
                 }
             };
             match answer {

@@ -18,7 +18,7 @@ use crate::protocol::messages::{
 /// from the socket.
 fn answer(link: &NodeLink, request_id: u64, body: AgentResponse) {
     let tx = lock(&link.pending).get(&request_id).cloned().expect("a request waiting for its answer");
-    tx.send(body).unwrap();
+    tx.unbounded_send(body).unwrap();
 }
 
 /// After the agent fails an install mid-stream (a broken package, a full

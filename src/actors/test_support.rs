@@ -368,7 +368,7 @@ impl FakeAgent {
 
     pub fn answer(&self, request_id: u64, body: AgentResponse) {
         if let Some(tx) = lock(&self.link.pending).get(&request_id).cloned() {
-            let _ = tx.send(body);
+            let _ = tx.unbounded_send(body);
         }
     }
 }

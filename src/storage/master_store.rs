@@ -198,6 +198,7 @@ impl MetaStore for MasterStore {
             batches: self.writer.batches_written(),
             commits: self.writer.commits_written(),
             queued: self.writer.queued(),
+            sent_again: None,
         }
     }
 }

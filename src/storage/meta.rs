@@ -83,6 +83,10 @@ pub struct StoreStats {
     pub commits: u64,
     /// Commits waiting in the queue.
     pub queued: usize,
+    /// On etcd: transactions sent again because etcd evaluated them
+    /// before the one they follow had landed (each costs a round trip).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sent_again: Option<u64>,
 }
 
 /// Everything the master loads at boot.

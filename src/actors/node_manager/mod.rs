@@ -228,7 +228,7 @@ impl StreamHandler<Result<AgentFrame, ProtocolError>> for NodeManagerActor {
                 let tx = lock(&self.link.pending).get(&request_id).cloned();
                 match tx {
                     Some(tx) => {
-                        let _ = tx.send(body);
+                        let _ = tx.unbounded_send(body);
                     }
                     None => tracing::debug!(node = %self.node, request_id, "reply to a request nobody waits for"),
                 }

@@ -374,6 +374,7 @@ impl MetaStore for EtcdStore {
             batches: self.writer.batches_written(),
             commits: self.writer.commits_written(),
             queued: self.writer.queued(),
+            sent_again: Some(self.sent_again()),
         }
     }
 }

@@ -84,6 +84,6 @@ impl MetaStore for ReplicaStore {
     fn freeze(&self) {}
 
     fn stats(&self) -> meta::StoreStats {
-        meta::StoreStats { batches: 0, commits: 0, queued: 0 }
+        meta::StoreStats::default()
     }
 }

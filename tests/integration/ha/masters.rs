@@ -91,6 +91,7 @@ async fn a_second_master_waits_while_one_leads_and_takes_over_with_everything_wh
     assert_eq!(h["role"], "leader", "{h:#}");
     assert_eq!(h["took_over"]["from"], "view", "{h:#}");
     assert_eq!(h["took_over"]["verified"], "keys", "{h:#}");
+    assert!(h["store"]["sent_again"].is_u64(), "the etcd store counts transactions sent again: {h:#}");
     let nodes: Value = env.client.get(format!("{api}/nodes")).send().await.unwrap().json().await.unwrap();
     let ids = |v: &Value| {
         let mut ids: Vec<String> =
