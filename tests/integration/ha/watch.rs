@@ -52,16 +52,23 @@ impl Apply for Gated {
     fn flush(&mut self) {}
 }
 
+/// One etcd member, the settings and layout of `prefix` on it, and a
+/// connection (the member lives as long as the first).
+fn on_etcd(prefix: &str) -> (EtcdCluster, EtcdSettings, Layout, Conn) {
+    let cluster = EtcdCluster::start(1);
+    let s = EtcdSettings { endpoints: cluster.endpoints.clone(), prefix: prefix.into(), ..EtcdSettings::default() };
+    let layout = Layout::new(prefix);
+    let (bridge, members) = etcd::connect(&s).unwrap();
+    let conn = Conn::new(bridge, members, layout.clone(), s.limits(), s.call_limit());
+    (cluster, s, layout, conn)
+}
+
 /// Follows a fresh prefix with watch responses of at most `limit` bytes;
 /// once loaded (and held), writes `puts` values of `size` bytes, one put
 /// each, then lets the watch start. Returns when the view holds every
 /// key (panics after 20 s): how many times it loaded.
 fn catch_up(prefix: &str, limit: usize, puts: u32, size: usize) -> usize {
-    let cluster = EtcdCluster::start(1);
-    let s = EtcdSettings { endpoints: cluster.endpoints.clone(), prefix: prefix.into(), ..EtcdSettings::default() };
-    let layout = Layout::new(prefix);
-    let (bridge, members) = etcd::connect(&s).unwrap();
-    let mut conn = Conn::new(bridge, members, layout.clone(), s.limits(), s.call_limit());
+    let (_cluster, s, layout, mut conn) = on_etcd(prefix);
     conn.message_limit = limit;
     let (keys, loads, progress, stop) = (
         Arc::new(Mutex::default()),
@@ -144,12 +151,7 @@ fn put(s: &EtcdSettings, key: Vec<u8>) -> i64 {
 /// same to the follower) breaks it until the next load.
 #[test]
 fn the_revision_chain_holds_while_every_write_is_under_the_prefix_and_breaks_on_one_that_is_not() {
-    let cluster = EtcdCluster::start(1);
-    let prefix = "/chain/";
-    let s = EtcdSettings { endpoints: cluster.endpoints.clone(), prefix: prefix.into(), ..EtcdSettings::default() };
-    let layout = Layout::new(prefix);
-    let (bridge, members) = etcd::connect(&s).unwrap();
-    let conn = Conn::new(bridge, members, layout.clone(), s.limits(), s.call_limit());
+    let (_cluster, s, layout, conn) = on_etcd("/chain/");
     let (keys, progress, stop) =
         (Arc::new(Mutex::default()), Arc::new(Progress::default()), Arc::new(AtomicBool::new(false)));
     assert_eq!(progress.chained_through(), watch::NO_CHAIN, "no chain before a load");
@@ -188,14 +190,9 @@ fn the_revision_chain_holds_while_every_write_is_under_the_prefix_and_breaks_on_
 /// revision agrees too.
 #[test]
 fn a_delete_lost_at_a_compaction_s_revision_leaves_the_chain_whole_and_the_count_shows_it() {
-    let cluster = EtcdCluster::start(1);
-    let prefix = "/lost/";
-    let s = EtcdSettings { endpoints: cluster.endpoints.clone(), prefix: prefix.into(), ..EtcdSettings::default() };
-    let layout = Layout::new(prefix);
+    let (_cluster, s, layout, conn) = on_etcd("/lost/");
     let key = |i: u32| layout.key(master_cf::NODES, &i.to_be_bytes());
     put(&s, key(1));
-    let (bridge, members) = etcd::connect(&s).unwrap();
-    let conn = Conn::new(bridge, members, layout.clone(), s.limits(), s.call_limit());
     let (keys, progress, stop) =
         (Arc::new(Mutex::default()), Arc::new(Progress::default()), Arc::new(AtomicBool::new(false)));
     let (loaded_tx, loaded_rx) = mpsc::channel();
