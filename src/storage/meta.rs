@@ -47,6 +47,11 @@ pub trait MetaStore: Send + Sync + 'static {
     fn try_commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'static, Result<(), StorageError>>;
     /// One value (blocking: call from `spawn_blocking` or boot code).
     fn get(&self, cf: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
+    /// The values of `keys`, in their order (blocking). An engine across
+    /// a network asks for them together, not one round trip each.
+    fn get_many(&self, cf: &'static str, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+        keys.iter().map(|k| self.get(cf, k)).collect()
+    }
     /// Up to `limit` pairs of a key range (blocking).
     fn scan(&self, cf: &'static str, scan: &Scan, limit: usize) -> Result<Pairs, StorageError>;
     /// Every batch made durable from now on, in order.
@@ -335,18 +340,20 @@ pub fn operations_page(
         skip = Some(*after);
     }
     let scan = Scan { prefix, from, reverse: true };
-    let mut out = Vec::with_capacity(limit.min(1000));
     // One more than asked: the cursor itself comes first.
-    for (k, _) in store.scan(cf, &scan, limit.saturating_add(1))? {
-        let Some(id) = keys::op_of_index_key(&k) else { continue };
-        if Some(id) == skip {
-            continue;
-        }
-        if out.len() == limit {
-            break;
-        }
-        if let Some(op) = header(store, &id)? {
-            out.push(op);
+    let ids: Vec<OperationId> = store
+        .scan(cf, &scan, limit.saturating_add(1))?
+        .iter()
+        .filter_map(|(k, _)| keys::op_of_index_key(k))
+        .filter(|id| Some(*id) != skip)
+        .take(limit)
+        .collect();
+    // Read together (on etcd, one round trip for the page, not one each).
+    let op_keys: Vec<Vec<u8>> = ids.iter().map(keys::operation_key).collect();
+    let mut out = Vec::with_capacity(ids.len());
+    for (key, raw) in op_keys.iter().zip(store.get_many(master_cf::OPERATIONS, &op_keys)?) {
+        if let Some(raw) = raw {
+            out.push(db::decode_value(master_cf::OPERATIONS, key, &raw)?);
         }
     }
     Ok(out)

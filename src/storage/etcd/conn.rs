@@ -225,6 +225,27 @@ impl Conn {
         })
     }
 
+    /// The values of `keys`, in their order, asked for together (at most
+    /// [`GETS_AT_ONCE`] in flight; blocking).
+    pub fn get_many(&self, keys: Vec<Vec<u8>>) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+        use futures::StreamExt;
+        let members = self.members.clone();
+        self.bridge.call("reads", self.timeout, async move {
+            let gets = keys.into_iter().map(|key| {
+                let members = members.clone();
+                async move {
+                    let get = |c: etcd_client::Client| {
+                        let key = key.clone();
+                        async move { c.kv_client().get(key, None).await }
+                    };
+                    let mut r = members.run(get, read_retryable).await.map_err(|e| etcd_error("a read", e))?;
+                    Ok::<_, StorageError>(r.take_kvs().into_iter().next().map(|kv| kv.into_key_value().1))
+                }
+            });
+            futures::stream::iter(gets).buffered(GETS_AT_ONCE).collect::<Vec<_>>().await.into_iter().collect()
+        })
+    }
+
     /// Up to `limit` (at most [`PAGE`]) pairs of `[from, to)`, ascending or
     /// descending, at `revision` (0: the newest); with whether more follow
     /// and the revision read (blocking).
@@ -383,6 +404,9 @@ impl Conn {
         Ok(out)
     }
 }
+
+/// Point reads [`Conn::get_many`] keeps in flight at once.
+pub const GETS_AT_ONCE: usize = 64;
 
 /// The largest answer taken from etcd (gRPC's default is 4 MiB): a watch
 /// catching up gets up to 1,000 revisions' events in one (4.3 MB came

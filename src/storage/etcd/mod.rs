@@ -344,6 +344,11 @@ impl MetaStore for EtcdStore {
         self.conn.get_raw(self.conn.layout.key(cf, key))
     }
 
+    fn get_many(&self, cf: &'static str, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+        EtcdStore::check_cf(cf)?;
+        self.conn.get_many(keys.iter().map(|k| self.conn.layout.key(cf, k)).collect())
+    }
+
     fn scan(&self, cf: &'static str, scan: &Scan, limit: usize) -> Result<meta::Pairs, StorageError> {
         EtcdStore::check_cf(cf)?;
         self.conn.scan(cf, scan, limit)

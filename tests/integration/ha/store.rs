@@ -127,6 +127,12 @@ fn same_as_rocksdb(max_txn_ops: Option<usize>) -> u64 {
                 let got = etcd_store.scan(cf, &scan, limit).unwrap();
                 assert_eq!(got, want, "round {round}, {cf}, {scan:?} limit {limit}");
             }
+            // Point reads asked together: every key some request wrote
+            // (some deleted since) and one never written, in that order.
+            let mut keys: Vec<Vec<u8>> = (0..1 + r.below(80)).map(|_| key(&mut r)).collect();
+            keys.push(b"never-written".to_vec());
+            let want: Vec<_> = keys.iter().map(|k| rocks.get(cf, k).unwrap()).collect();
+            assert_eq!(etcd_store.get_many(cf, &keys).unwrap(), want, "round {round}, {cf}: get_many");
         }
     }
     // Appends got the same numbers, so the event logs are equal too.
