@@ -215,14 +215,7 @@ impl Conn {
     /// One value by etcd key (blocking).
     pub fn get_raw(&self, key: Vec<u8>) -> Result<Option<Vec<u8>>, StorageError> {
         let members = self.members.clone();
-        self.bridge.call("a read", self.timeout, async move {
-            let get = |c: etcd_client::Client| {
-                let key = key.clone();
-                async move { c.kv_client().get(key, None).await }
-            };
-            let mut r = members.run(get, read_retryable).await.map_err(|e| etcd_error("a read", e))?;
-            Ok(r.take_kvs().into_iter().next().map(|kv| kv.into_key_value().1))
-        })
+        self.bridge.call("a read", self.timeout, async move { read_one(&members, key).await })
     }
 
     /// The values of `keys`, in their order, asked for together (at most
@@ -231,17 +224,7 @@ impl Conn {
         use futures::StreamExt;
         let members = self.members.clone();
         self.bridge.call("reads", self.timeout, async move {
-            let gets = keys.into_iter().map(|key| {
-                let members = members.clone();
-                async move {
-                    let get = |c: etcd_client::Client| {
-                        let key = key.clone();
-                        async move { c.kv_client().get(key, None).await }
-                    };
-                    let mut r = members.run(get, read_retryable).await.map_err(|e| etcd_error("a read", e))?;
-                    Ok::<_, StorageError>(r.take_kvs().into_iter().next().map(|kv| kv.into_key_value().1))
-                }
-            });
+            let gets = keys.into_iter().map(|key| read_one(&members, key));
             futures::stream::iter(gets).buffered(GETS_AT_ONCE).collect::<Vec<_>>().await.into_iter().collect()
         })
     }
@@ -403,6 +386,16 @@ impl Conn {
         }
         Ok(out)
     }
+}
+
+/// The value of etcd key `key`, from whichever member answers.
+async fn read_one(members: &Members, key: Vec<u8>) -> Result<Option<Vec<u8>>, StorageError> {
+    let get = |c: etcd_client::Client| {
+        let key = key.clone();
+        async move { c.kv_client().get(key, None).await }
+    };
+    let mut r = members.run(get, read_retryable).await.map_err(|e| etcd_error("a read", e))?;
+    Ok(r.take_kvs().into_iter().next().map(|kv| kv.into_key_value().1))
 }
 
 /// Point reads [`Conn::get_many`] keeps in flight at once.

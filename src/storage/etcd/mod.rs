@@ -12,6 +12,7 @@
 //! | [`txn`] | coalescing a group-commit round into etcd's per-transaction limits |
 //! | [`sink`] | the writer's sink: rounds as transactions, oversized requests through a redo record |
 //! | [`election`] | the campaign for the leader key, its lease and the renewal thread |
+//! | `knock` | a waiting master's knock on the leader's API port: is its process surely gone |
 //! | [`peers`] | the installation's masters as each names itself, and the secret they present to each other |
 //! | [`replica`] | a follower's store: reads only, its event feed from the watch |
 //! | [`watch`] | a follower's view: the prefix at one revision, then the watch's changes |
@@ -28,6 +29,7 @@ pub mod chain;
 pub mod conn;
 pub mod copy;
 pub mod election;
+mod knock;
 pub mod layout;
 pub mod members;
 pub mod peers;

@@ -1,4 +1,4 @@
-//! The knock rule of `election.rs`.
+//! The knock rule of `knock.rs`.
 
 use super::*;
 
